@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# One entry point that does all set-up on a fresh Debian/Ubuntu machine, then runs what you ask:
+#   bash scripts/dev.sh test                 # set up, then run the test suite
+#   bash scripts/dev.sh build --cuda 13.1    # set up, then `invoke build --cuda 13.1` (any invoke task works)
+# Set-up (idempotent): Debian's docker.io (+ debootstrap, docker-registry, skopeo, shellcheck, htpasswd),
+# a running Docker daemon, and a virtual environment .venv with this project installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+need_pkgs=()
+command -v dockerd >/dev/null || need_pkgs+=(docker.io)
+[ -x /usr/bin/docker ] || need_pkgs+=(docker.io)
+command -v debootstrap >/dev/null || need_pkgs+=(debootstrap)
+command -v docker-registry >/dev/null || need_pkgs+=(docker-registry)
+command -v htpasswd >/dev/null || need_pkgs+=(apache2-utils)
+command -v shellcheck >/dev/null || need_pkgs+=(shellcheck)
+command -v objdump >/dev/null || need_pkgs+=(binutils)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "Missing packages: ${need_pkgs[*]}. Run as root or: sudo apt-get install -y ${need_pkgs[*]}" >&2
+    exit 5
+  fi
+  log "installing ${need_pkgs[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" ca-certificates >/dev/null
+fi
+
+# The Docker daemon: start one when none answers.
+if ! /usr/bin/docker info >/dev/null 2>&1; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "No Docker daemon answers and this user cannot start one: run 'sudo dockerd &' (or 'sudo systemctl start docker')." >&2
+    exit 5
+  fi
+  log "starting dockerd (log: /tmp/cudastack-dockerd.log)"
+  nohup dockerd >/tmp/cudastack-dockerd.log 2>&1 &
+  for _ in $(seq 1 60); do /usr/bin/docker info >/dev/null 2>&1 && break; sleep 1; done
+  /usr/bin/docker info >/dev/null 2>&1 || { echo "dockerd did not start; see /tmp/cudastack-dockerd.log" >&2; exit 5; }
+fi
+
+# The project's virtual environment.
+if [ ! -x .venv/bin/python ]; then
+  log "creating .venv"
+  python3 -m venv .venv
+fi
+if ! .venv/bin/python -c 'import cudastack, stackprobe, invoke, docker, yaml, pytest' 2>/dev/null \
+   || [ pyproject.toml -nt .venv/.installed ]; then
+  log "installing the project into .venv"
+  .venv/bin/pip install -q --upgrade pip >/dev/null
+  .venv/bin/pip install -q -e ".[test]"
+  touch .venv/.installed
+fi
+export PATH="$ROOT/.venv/bin:$PATH"
+
+cmd=${1:-test}
+shift || true
+case "$cmd" in
+  test)
+    set +e
+    python -m pytest -ra "$@"
+    rc=$?
+    set -e
+    [ $rc -eq 5 ] && { echo "pytest collected no tests" >&2; exit 1; }
+    exit $rc
+    ;;
+  bench)
+    exec python benchmarks/"${1:-build_cache}".py "${@:2}"
+    ;;
+  *)
+    exec invoke "$cmd" "$@"
+    ;;
+esac

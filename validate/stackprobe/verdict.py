@@ -1,0 +1,97 @@
+"""The verdict model shared by the static and runtime tiers (stdlib only).
+
+A :class:`Verdict` is one backend's answer for one target arch in one environment. It is plain data,
+serialised into the versioned JSON report (``stackprobe.REPORT_SCHEMA_VERSION``).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# status values
+UNBLOCKED = "unblocked"            # works, correct, faster than NCCL Ring at the decode size (runtime)
+GATE_PASSES = "gate-passes"        # static tier: every gate admits the target; runtime must still measure
+WORKS_SLOWER = "works-but-slower"  # runtime: correct but not faster than the baseline
+BLOCKED = "blocked"
+SKIPPED = "skipped"
+ERROR = "error"
+STATUSES = (UNBLOCKED, GATE_PASSES, WORKS_SLOWER, BLOCKED, SKIPPED, ERROR)
+
+# kinds of gate (why something is blocked)
+GATE_TOOLCHAIN = "toolchain"          # nvcc too old / missing, arch not supported by the toolkit
+GATE_PYTHON = "python-table"          # a Python list/dict/heuristic in the library admits or refuses
+GATE_BINARY = "compiled-binary"       # shipped .so lacks SASS/PTX for the target
+GATE_TOPOLOGY = "topology"            # needs NVLink / multicast / P2P the host lacks
+GATE_CUDA_GRAPH = "cuda-graph"        # fails under CUDA graph capture
+GATE_SETTING = "setting"              # an environment variable or flag (NCCL_ALGO ...)
+GATE_CRASH = "crash"
+GATE_HANG = "hang"
+GATE_WRONG = "wrong-result"
+GATE_NEEDS_RUNTIME = "needs-runtime"  # static tier cannot decide; GPUs must
+GATE_NOT_INSTALLED = "not-installed"
+GATE_KINDS = (GATE_TOOLCHAIN, GATE_PYTHON, GATE_BINARY, GATE_TOPOLOGY, GATE_CUDA_GRAPH, GATE_SETTING,
+              GATE_CRASH, GATE_HANG, GATE_WRONG, GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED)
+
+# what would lift a block
+LIFT_CUDA = "cuda-upgrade"
+LIFT_PACKAGE = "package-upgrade"
+LIFT_SETTING = "setting"
+LIFT_REBUILD = "rebuild-with-arch"
+LIFT_NOTHING = "nothing-on-this-topology"
+LIFT_NONE_NEEDED = "none-needed"
+LIFT_UNKNOWN = "unknown"
+
+
+@dataclass
+class Evidence:
+    """One observed fact: where it was read (file/function/command) and the value seen."""
+
+    what: str                 # e.g. "gen_trtllm_comm_module supported majors"
+    value: Any                # e.g. [9, 10, 12]
+    source: str = ""          # e.g. "flashinfer/jit/comm.py:gen_trtllm_comm_module (ast)"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Verdict:
+    """One backend's verdict.
+
+    ``status``: one of :data:`STATUSES`. ``gate``: one of :data:`GATE_KINDS` when blocked/skipped
+    (empty when passing). ``cause``: one sentence. ``lift``: one of the ``LIFT_*`` values and
+    ``lift_detail`` says concretely what (``flashinfer-python>=0.6.17``, ``NCCL_ALGO=allreduce:tree``).
+    ``tier``: "static" or "runtime". ``measurements``: runtime figures (us, GB/s) keyed by name.
+    """
+
+    backend: str
+    status: str
+    tier: str = "static"
+    gate: str = ""
+    cause: str = ""
+    lift: str = ""
+    lift_detail: str = ""
+    evidence: list[Evidence] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    measurements: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown verdict status {self.status!r}; one of {STATUSES}")
+        if self.gate and self.gate not in GATE_KINDS:
+            raise ValueError(f"unknown gate kind {self.gate!r}; one of {GATE_KINDS}")
+
+    def add(self, what: str, value: Any, source: str = "") -> "Verdict":
+        self.evidence.append(Evidence(what, value, source))
+        return self
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["evidence"] = [e.to_json() for e in self.evidence]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Verdict":
+        d = dict(d)
+        d["evidence"] = [Evidence(**e) for e in d.get("evidence", [])]
+        return cls(**d)

@@ -1,0 +1,91 @@
+"""Plan data types: the contract between the planner (recipes -> Plan) and the executor (Plan -> images).
+
+A :class:`Plan` is a small DAG per toolchain, in topological order::
+
+    base  (OS + Python venv + CUDA toolkit)           kind "base-pip" | "base-nvidia"
+     -> torch                                          kind "image"      (pip-installs torch into the chain)
+     -> flash-attn, sgl-kernel, flashinfer             kind "wheels"     (a builder stage makes wheels,
+                                                                          exported to the wheelhouse)
+     -> runtime (torch image + all wheels + sglang + the stackprobe suite)   kind "runtime"
+
+Each node's identity is ``hash``: sha256 over a canonical JSON of its inputs (recipe fields, toolchain
+fields, knobs, build args, the Dockerfile's text, parents' hashes). Its image ``tag`` carries that hash,
+so a node whose tag exists locally is cached and not built again.
+
+Dockerfiles live in ``images/<kind>.Dockerfile``; every build arg a node passes is listed in
+``Node.build_args`` (str -> str). Build args common to all kinds:
+
+``PARENT_IMAGE``  tag of the (single) image parent; absent for base nodes
+``PIP_INDEX_URL`` / ``PIP_EXTRA_INDEX_URL``  index for pip (omitted when PyPI default)
+
+Per kind (the executor and the Dockerfiles must agree on these names):
+
+* ``base-pip``:    ``OS_IMAGE`` (local tag of the bootstrapped OS), ``CUDA_PIP_SPECS`` (space separated
+                   requirement strings of the toolkit wheels), ``CUDA_VERSION`` ("13.1.1"),
+                   ``CUDA_WHEEL_ROOT`` ("nvidia/cu13" or "" for CUDA 12 per-component layout)
+* ``base-nvidia``: ``BASE_IMAGE`` ("nvidia/cuda:13.1.1-cudnn-devel-ubuntu24.04"), ``CUDA_VERSION``
+* ``image``:       ``PIP_SPECS`` (space separated pinned requirements), ``BUILD_ENV`` (space separated
+                   ``K=V`` applied to the pip command)
+* ``wheels``:      ``METHOD`` ("wheel": ``pip download --no-deps``; "source": ``pip wheel --no-deps
+                   --no-build-isolation`` from an sdist/git ref), ``PIP_SPECS``, ``BUILD_ENV`` (the
+                   component's knobs, e.g. ``MAX_JOBS=1 NVCC_THREADS=2 FLASH_ATTN_CUDA_ARCHS=120``).
+                   Stage ``builder`` holds ``/wheels``; stage ``wheels`` (FROM scratch) holds only the
+                   wheels and is exported with ``--output type=local``.
+* ``runtime``:     ``PIP_SPECS`` (sglang and friends), ``WHEEL_NAMES`` (the files from the wheelhouse
+                   to install); the build context holds ``wheelhouse/`` and ``stackprobe/``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+KNOB_SOURCES = ("recipe", "toolchain", "cli", "memory-rule", "default", "lock")
+NODE_KINDS = ("base-pip", "base-nvidia", "image", "wheels", "runtime")
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One build knob with its final value and where that value came from (one of KNOB_SOURCES).
+    ``why`` explains derived values (e.g. the memory rule: "24 GiB / 9 GiB per job -> 2, capped by 2 cores")."""
+
+    name: str
+    value: str
+    source: str
+    why: str = ""
+
+
+@dataclass
+class Node:
+    """One image (or wheel export) in the plan. ``name``: "base", "torch", "flash-attn", "sgl-kernel",
+    "flashinfer", "runtime". ``parents``: names of nodes this one needs (image parent first)."""
+
+    name: str
+    kind: str
+    dockerfile: str                     # path relative to the project root, e.g. "images/wheels.Dockerfile"
+    parents: list[str]
+    build_args: dict[str, str]
+    knobs: list[Knob] = field(default_factory=list)
+    hash: str = ""                      # sha256 hex of the canonical inputs
+    tag: str = ""                       # e.g. "cudastack/cu13.1-sm120-flashinfer:<hash[:16]>"
+    method: str = ""                    # "wheel" | "source" | "" (base/runtime)
+    memory_gib_per_job: float = 0.0     # for source nodes: declared per-compile-job budget
+    est_disk_gib: float = 0.0           # rough size estimate for the disk preflight
+    inputs: dict = field(default_factory=dict)  # the canonical inputs that were hashed (for --dry-run / lock)
+
+
+@dataclass
+class Plan:
+    """A toolchain's build plan. ``nodes`` is in topological order (parents before children)."""
+
+    toolchain: str                      # "13.1"
+    cuda_version: str                   # "13.1.1"
+    target_archs: list[str]             # ["12.0"] as given (arch specs)
+    base_kind: str                      # "pip" | "nvidia"
+    nodes: list[Node]
+    wheelhouse: str                     # "wheelhouse/cu13.1" relative to the project's state dir
+    warnings: list[str] = field(default_factory=list)
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)

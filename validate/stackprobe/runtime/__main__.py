@@ -1,0 +1,126 @@
+"""Command line of the runtime tier.
+
+``python -m stackprobe.runtime run [--world-size 1,2] [--probes nccl-ring,...] [--out DIR]``: run the probes
+(one process per GPU, each probe in its own process group) and write ``runtime.json``, ``runtime.md`` and
+``runtime.png`` into ``DIR``.
+``python -m stackprobe.runtime render REPORT.json [--out DIR]``: re-render Markdown and plot from a JSON.
+``python -m stackprobe.runtime list``: the probes and the workload presets.
+
+Exit status: 0 when the suite ran (whatever the verdicts), 2 for bad input, 3 when the baseline itself failed.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from .bench import BenchConfig
+from .probes import registry
+from .report import load, write
+from .suite import default_probes, gpu_count, run_suite
+from .verdicts import DEFAULT_TOLERANCE
+from .workload import PRESETS, default_sizes, preset
+
+_UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "M": 2**20, "MB": 2**20, "G": 2**30, "GB": 2**30}
+
+
+def parse_size(text: str) -> int:
+    """``43008``, ``32K``, ``64KB``, ``16M`` -> bytes. Raises ``ValueError`` with the accepted forms."""
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?B?)\s*", text, re.IGNORECASE)
+    if not m:
+        raise ValueError(f"{text!r} is not a size; write bytes (43008) or with K/M/G (32K, 16M)")
+    return int(m.group(1)) * _UNITS[m.group(2).upper()]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in re.split(r"[,\s]+", text.strip()) if x]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m stackprobe.runtime", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run the runtime probes and write the reports")
+    r.add_argument("--world-size", default="", help="comma list of world sizes (default: the GPUs present; 2 on CPU)")
+    r.add_argument("--probes", default="", help="comma list of probe names or module:attr (default: all for the device)")
+    r.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    r.add_argument("--preset", default="kimi-k2", help=f"workload preset ({', '.join(PRESETS)})")
+    r.add_argument("--tokens", type=int, default=None, help="tokens per verify step (decode size = tokens*hidden*2 B)")
+    r.add_argument("--sizes", default="", help="explicit sizes, decode size first (e.g. 43008,32K,64K,16M)")
+    r.add_argument("--max-size", default="16M")
+    r.add_argument("--dtype", default="bfloat16")
+    r.add_argument("--warmup", type=int, default=5)
+    r.add_argument("--iters", type=int, default=50, help="eager calls per timed repeat")
+    r.add_argument("--repeats", type=int, default=5)
+    r.add_argument("--graph-calls", type=int, default=122, help="calls captured in one CUDA graph")
+    r.add_argument("--graph-replays", type=int, default=10)
+    r.add_argument("--timeout", type=float, default=300.0, help="seconds per probe process group")
+    r.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="fraction, e.g. 0.05")
+    r.add_argument("--baseline", default="nccl-ring")
+    r.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="set in every probe process, overriding the suite's defaults (multicast off, NCCL_ALGO)")
+    r.add_argument("--label", default="", help="hardware label for the report (default derived: 2xH200-SM90-NVLink)")
+    r.add_argument("--target-arch", default="12.0")
+    r.add_argument("--nccl-tests-log", default="", help="all_reduce_perf output from the same run, to embed")
+    r.add_argument("--out", default="stackprobe-runtime", help="folder for runtime.json/.md/.png")
+    d = sub.add_parser("render", help="write Markdown and plot from a runtime JSON")
+    d.add_argument("json")
+    d.add_argument("--out", default="")
+    sub.add_parser("list", help="list probes and presets")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.cmd == "list":
+        for name, pr in registry().items():
+            print(f"{name:32s} {pr.device:5s} {pr.label}")
+        for name, w in PRESETS.items():
+            print(f"preset {name}: {w.to_json()}")
+        return 0
+    if args.cmd == "render":
+        report = load(args.json)
+        paths = write(report, args.out or Path(args.json).parent, Path(args.json).stem)
+        print("\n".join(str(p) for p in paths.values()))
+        return 0
+    try:
+        workload = preset(args.preset, args.tokens)
+        sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()] if args.sizes else \
+            default_sizes(workload, largest=parse_size(args.max_size))
+        env = {}
+        for kv in args.env:
+            if "=" not in kv:
+                raise ValueError(f"--env {kv!r}: write KEY=VALUE")
+            k, v = kv.split("=", 1)
+            env[k] = v
+        gpus = gpu_count()
+        world_sizes = _ints(args.world_size) if args.world_size else [gpus if args.device == "cuda" else 2]
+        if any(w < 1 for w in world_sizes):
+            raise ValueError(f"world sizes must be >= 1 (got {world_sizes}); no GPUs found?" if args.device == "cuda"
+                             else f"world sizes must be >= 1 (got {world_sizes})")
+        probes = [p for p in args.probes.split(",") if p.strip()] or default_probes(args.device)
+        config = BenchConfig(sizes=sizes, dtype=args.dtype, warmup=args.warmup, iters=args.iters,
+                             repeats=args.repeats, graph_calls=args.graph_calls, graph_replays=args.graph_replays)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    report = run_suite(probes, world_sizes, config, device=args.device, timeout=args.timeout,
+                       tolerance=args.tolerance, workload=workload, baseline=args.baseline, env_overrides=env,
+                       gpus=gpus, label=args.label, target_arch=args.target_arch)
+    if args.nccl_tests_log and Path(args.nccl_tests_log).is_file():
+        report["nccl_tests"] = Path(args.nccl_tests_log).read_text(errors="replace")[-6000:]
+    paths = write(report, args.out)
+    for run in report["runs"]:
+        print(f"world size {run['world_size']}:")
+        for v in run["verdicts"]:
+            m = v["measurements"]
+            print(f"  {v['backend']:36s} {v['status']:17s} graph {m.get('graph_us', '-')!s:>8.8} us  "
+                  f"ratio {m.get('ratio_to_baseline', '-')!s:.5}  {v.get('gate', '')}")
+    print("\n".join(str(p) for p in paths.values()))
+    base_ok = all(any(v["backend"] == args.baseline and v["status"] not in ("blocked", "error", "skipped")
+                      for v in run["verdicts"]) for run in report["runs"])
+    return 0 if base_ok else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""Process orchestration: every probe in its own process group, one process per rank, with a timeout.
+
+For a probe at world size ``n`` the orchestrator starts ``n`` worker processes (``python -m
+stackprobe.runtime.worker``); rank 0 leads a new process group and every other rank joins that group (same session, as setpgid requires), so
+one ``killpg`` ends them all. Each process carries ``STACKPROBE_RUN_ID`` in its environment; after the group is
+ended, ``/proc/*/environ`` is scanned for that marker and any survivor (a process that left the group) is killed,
+so no GPU process is left behind. Outcomes:
+
+* ``ok``: every rank exited 0 and wrote its result;
+* ``crash``: a rank exited non-zero or by a signal (the others are ended after a grace period); the report keeps
+  the last lines of that rank's output;
+* ``hang``: the timeout passed with a rank still running; all are killed; the last lines are kept.
+
+Every child gets multicast off unconditionally (``NCCL_NVLS_ENABLE=0``, ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``,
+``NVSHMEM_DISABLE_NVLS=1``) unless the caller overrides one explicitly: NVLink multicast can take shared GPUs out
+of service, and the PCIe target has none.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+RUN_ID_VAR = "STACKPROBE_RUN_ID"
+TAIL_LINES = 30
+
+
+@dataclass
+class ProbeRun:
+    """Outcome of one probe's process group. ``status``: ok / crash / hang. ``ranks``: each rank's result JSON
+    (ok only). ``tail``: last lines of the failing (or rank 0's) output. ``leftover_pids``: processes still
+    alive after cleanup (should be empty)."""
+
+    probe: str
+    world_size: int
+    status: str
+    seconds: float
+    ranks: list[dict] = field(default_factory=list)
+    tail: list[str] = field(default_factory=list)
+    failed_rank: int | None = None
+    returncodes: list[int | None] = field(default_factory=list)
+    killed_pids: list[int] = field(default_factory=list)
+    leftover_pids: list[int] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def child_env(probe_env: dict[str, str], overrides: dict[str, str] | None = None,
+              base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment of every probe process: the parent's, then multicast off, then the probe's own settings
+    (``NCCL_ALGO``...), then the caller's explicit overrides (``--env KEY=VALUE``), which win."""
+    env = dict(os.environ if base is None else base)
+    env.update(MULTICAST_OFF)
+    env.update(probe_env)
+    env.update(overrides or {})
+    env["PYTHONUNBUFFERED"] = "1"
+    paths = [p for p in sys.path if p and os.path.isdir(p)]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+def processes_with_marker(run_id: str) -> list[int]:
+    """PIDs whose environment holds ``STACKPROBE_RUN_ID=run_id`` (Linux ``/proc``; empty elsewhere)."""
+    needle = f"{RUN_ID_VAR}={run_id}".encode()
+    pids = []
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return pids
+    for d in proc.iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            environ = (d / "environ").read_bytes()
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        # zombies (state Z) hold no resources and vanish when reaped
+        state = stat.rsplit(")", 1)[-1].split()[0] if ")" in stat else ""
+        if needle in environ.split(b"\0") and state != "Z":
+            pids.append(int(d.name))
+    return pids
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def tail_lines(path: Path, n: int = TAIL_LINES) -> list[str]:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return lines[-n:]
+
+
+def run_probe(probe_ref: str, world_size: int, config: dict, *, device: str = "cuda", timeout: float = 300.0,
+              probe_env: dict[str, str] | None = None, env_overrides: dict[str, str] | None = None,
+              crash_grace: float = 10.0, workdir: str | None = None, name: str | None = None,
+              progress=None) -> ProbeRun:
+    """Run one probe (``module:attr``) at ``world_size`` ranks and return its :class:`ProbeRun`.
+
+    ``config``: :class:`~stackprobe.runtime.bench.BenchConfig` fields. ``timeout`` (s) covers the whole group;
+    ``crash_grace`` (s) is how long the other ranks may run on after one rank fails before they are killed.
+    """
+    name = name or probe_ref
+    tmp = Path(tempfile.mkdtemp(prefix="stackprobe-rt-", dir=workdir))
+    run_id = uuid.uuid4().hex
+    env = child_env(probe_env or {}, env_overrides)
+    env[RUN_ID_VAR] = run_id
+    spec = {"probe": probe_ref, "world_size": world_size, "store": str(tmp / "store"), "device": device,
+            "config": config, "result_dir": str(tmp)}
+    (tmp / "spec.json").write_text(json.dumps(spec))
+    logs = [tmp / f"rank{r}.log" for r in range(world_size)]
+    procs: list[subprocess.Popen] = []
+    t0 = time.monotonic()
+    pgid = None
+    try:
+        for r in range(world_size):
+            cmd = [sys.executable, "-m", "stackprobe.runtime.worker", str(tmp / "spec.json"), str(r)]
+            with open(logs[r], "wb") as log:
+                if r == 0:
+                    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                         preexec_fn=lambda: os.setpgid(0, 0))
+                    pgid = p.pid
+                else:
+                    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                         preexec_fn=lambda: os.setpgid(0, pgid))
+            procs.append(p)
+        status, failed = "ok", None
+        fail_time = None
+        while True:
+            codes = [p.poll() for p in procs]
+            bad = [r for r, c in enumerate(codes) if c not in (None, 0)]
+            if bad and failed is None:
+                failed, fail_time, status = bad[0], time.monotonic(), "crash"
+            if all(c is not None for c in codes):
+                break
+            now = time.monotonic()
+            if fail_time is not None and now - fail_time > crash_grace:
+                break
+            if now - t0 > timeout:
+                status = "hang" if failed is None else status
+                if failed is None:
+                    failed = next((r for r, c in enumerate(codes) if c is None), 0)
+                break
+            time.sleep(0.1)
+    finally:
+        killed = _cleanup(pgid, procs, run_id)
+    seconds = time.monotonic() - t0
+    run = ProbeRun(probe=name, world_size=world_size, status=status, seconds=round(seconds, 2),
+                   returncodes=[p.returncode for p in procs], failed_rank=failed, killed_pids=killed,
+                   env={k: env[k] for k in sorted(set(MULTICAST_OFF) | set(probe_env or {}) | set(env_overrides or {}))})
+    if status == "ok":
+        for r in range(world_size):
+            f = tmp / f"rank{r}.json"
+            if not f.exists():
+                run.status, run.failed_rank = "crash", r
+                run.tail = [f"rank {r} exited 0 without writing its result"] + tail_lines(logs[r])
+                break
+            run.ranks.append(json.loads(f.read_text()))
+        if run.status == "ok":
+            run.tail = tail_lines(logs[0], 10)
+    else:
+        run.tail = tail_lines(logs[failed if failed is not None else 0])
+    run.leftover_pids = processes_with_marker(run_id)
+    if progress:
+        progress(f"{name} @ world size {world_size}: {run.status} in {run.seconds:.1f} s")
+    if os.environ.get("STACKPROBE_KEEP_LOGS"):
+        run.tail.append(f"(logs kept in {tmp})")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return run
+
+
+def _cleanup(pgid: int | None, procs: list[subprocess.Popen], run_id: str) -> list[int]:
+    """End the process group (TERM, then KILL), reap the ranks, and kill any process still carrying the run's
+    marker. Returns the pids that had to be killed after the ranks had ended or been told to."""
+    if pgid is not None:
+        alive = [p for p in procs if p.poll() is None]
+        if alive:
+            _killpg(pgid, signal.SIGTERM)
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+                time.sleep(0.05)
+        _killpg(pgid, signal.SIGKILL)
+    for p in procs:
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=5)
+    killed = []
+    for _ in range(3):
+        strays = processes_with_marker(run_id)
+        if not strays:
+            break
+        for pid in strays:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.2)
+    return killed

@@ -1,0 +1,812 @@
+"""Lockfiles: every input of a toolchain's plan pinned, every output recorded, written atomically.
+
+``lockfiles/<toolchain>.lock.yaml`` (e.g. ``lockfiles/13.1.lock.yaml``) holds, per plan node:
+
+* the base: the bootstrapped OS image's id plus the Debian mirror, suite and Release date/sha256 it came
+  from (``base-pip``), or the NVIDIA base image's registry digest (``base-nvidia``);
+* per pip install the node runs (``installs``, keyed by the build arg that carries the requirements, e.g.
+  ``CUDA_PIP_SPECS``, ``PIP_SPECS``, the Dockerfile's ``VENV_PIP_SPECS``): the requested specs and the whole
+  dependency closure pip resolves for the target platform, each package with version, file name, URL and
+  sha256;
+* sdists with sha256, git refs with their commit, local source folders with a content digest;
+* ``outputs``: what a locked build produced (image id, wheel sha256) and ``pushed``: the registry digest in
+  both spellings (``registry/name@sha256:...`` and enroot ``registry#name@sha256:...``).
+
+Resolution uses pip's own resolver: ``pip install --dry-run --ignore-installed --report`` (pip >= 22.2,
+"Installation Report" format version 1: ``install[].metadata.{name,version}``,
+``install[].download_info.{url,archive_info.hashes}``), with ``--platform/--python-version/--implementation/
+--abi --only-binary=:all:`` for the image's platform (manylinux tags from the image's glibc, PEP 600), and the
+user's pip configuration switched off (``PIP_CONFIG_FILE=os.devnull``) so only the plan's indexes count.
+Sdist hashes come from the index's JSON simple API (PEP 691), which lists every file's sha256.
+
+Locked builds install with ``pip install --require-hashes --no-deps -r <requirements>`` (pip's
+hash-checking mode: every file must match a listed hash, or pip stops and names the package), using
+:func:`requirements_text` / :func:`locked_build_args`.
+
+Writes are atomic: the whole text is rendered first, written to a temporary file in the same folder,
+fsync'ed, then moved over the old file with ``os.replace`` (POSIX rename is atomic), so a reader sees the
+old lockfile or the new one and a failure at any point leaves the old one byte for byte.
+
+Errors: :class:`LockError` (exit 7) for a missing, malformed or stale lock, an unresolvable requirement or a
+hash mismatch; RegistryError (exit 8) when a base image digest cannot be read.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+import requests
+import yaml
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name, parse_sdist_filename
+
+from cudastack.errors import LockError, UsageError
+
+LOCK_VERSION = 1
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_LOCKFILES_DIR = PROJECT_ROOT / "lockfiles"
+DEFAULT_INDEX = "https://pypi.org/simple"
+MIN_MANYLINUX_MINOR = 5         # manylinux1 == manylinux_2_5 (PEP 600)
+#: glibc of well-known base distributions (Ubuntu/Debian package pages for libc6), used when the base
+#: image is not on this host to ask it directly.
+KNOWN_GLIBC = {"ubuntu24.04": "2.39", "ubuntu22.04": "2.35", "ubuntu20.04": "2.31", "bookworm": "2.36",
+               "trixie": "2.41", "bullseye": "2.31"}
+HASH_MISMATCH_HEADER = "THESE PACKAGES DO NOT MATCH THE HASHES"
+
+Progress = Callable[[str], None]
+
+
+def lock_path(toolchain: str, lockfiles_dir: str | Path | None = None) -> Path:
+    """``<lockfiles_dir>/<toolchain>.lock.yaml`` (default folder: the project's ``lockfiles/``)."""
+    return Path(lockfiles_dir or DEFAULT_LOCKFILES_DIR) / f"{toolchain}.lock.yaml"
+
+
+# ------------------------------------------------------------------------------------------- file I/O
+def render_lock(lock: dict) -> str:
+    """The lockfile text: a header comment, then YAML in a stable key order (block style)."""
+    head = (f"# cudastack lockfile for CUDA {lock.get('toolchain')}: every input of the plan pinned, every output "
+            "recorded.\n# Generated; do not edit. Refresh with: invoke lock --cuda "
+            f"{lock.get('toolchain')}\n")
+    return head + yaml.safe_dump(lock, sort_keys=False, default_flow_style=False, width=200, allow_unicode=True)
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically: temp file in the same folder, fsync, ``os.replace``, fsync
+    of the folder. On any failure the old file is untouched and the temp file removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = text.encode("utf-8")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if path.exists():
+            os.chmod(tmp, path.stat().st_mode & 0o777)
+        else:
+            os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    try:
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+
+
+def write_lock(path: str | Path, lock: dict) -> None:
+    """Validate ``lock`` against the schema, render it and write it atomically (see :func:`write_atomic`)."""
+    check_schema(lock, str(path))
+    write_atomic(path, render_lock(lock))
+
+
+def load_lock(path_or_toolchain: str | Path, lockfiles_dir: str | Path | None = None) -> dict:
+    """Read and schema-check a lockfile. ``path_or_toolchain``: a path, or a toolchain name ("13.1") looked
+    up as ``<lockfiles_dir>/<toolchain>.lock.yaml``. Raises LockError (missing, unreadable, bad schema)."""
+    p = Path(path_or_toolchain)
+    is_toolchain = bool(re.fullmatch(r"\d+\.\d+", str(path_or_toolchain)))
+    if is_toolchain:
+        p = lock_path(str(path_or_toolchain), lockfiles_dir)
+    if not p.exists():
+        tc = str(path_or_toolchain) if is_toolchain else "X"
+        raise LockError(f"No lockfile at {p}. Create it with `invoke lock --cuda {tc}` and commit it.")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise LockError(f"{p} is not readable YAML ({exc}). Restore it from version control or re-create it "
+                        "with `invoke lock`.") from None
+    check_schema(data, str(p))
+    return data
+
+
+_NODE_KEYS = {"kind", "method", "plan_hash", "index", "os_image", "base_image", "installs", "sdists", "git",
+              "paths"}
+_PKG_KEYS = {"name", "version", "filename", "url", "sha256", "requested"}
+
+
+def check_schema(lock, where: str = "lock") -> None:
+    """Raise LockError naming the key when ``lock`` does not follow the lockfile schema (version 1)."""
+    def bad(msg):
+        raise LockError(f"{where}: {msg}. Re-create the lockfile with `invoke lock --cuda X`.")
+
+    if not isinstance(lock, dict):
+        bad("the top level is not a mapping")
+    if lock.get("lock_version") != LOCK_VERSION:
+        bad(f"lock_version is {lock.get('lock_version')!r}, this tool reads version {LOCK_VERSION}")
+    for k in ("toolchain", "cuda_version"):
+        if not isinstance(lock.get(k), str):
+            bad(f"'{k}' is missing or not a string")
+    unknown = set(lock) - {"lock_version", "toolchain", "cuda_version", "base_kind", "target_archs", "resolver",
+                           "nodes", "outputs", "pushed", "warnings"}
+    if unknown:
+        bad(f"unknown top-level keys {sorted(unknown)}")
+    nodes = lock.get("nodes")
+    if not isinstance(nodes, dict) or not nodes:
+        bad("'nodes' is missing or empty")
+    for name, node in nodes.items():
+        if not isinstance(node, dict):
+            bad(f"nodes.{name} is not a mapping")
+        extra = set(node) - _NODE_KEYS
+        if extra:
+            bad(f"nodes.{name} has unknown keys {sorted(extra)}")
+        for arg, inst in (node.get("installs") or {}).items():
+            if not isinstance(inst, dict) or not isinstance(inst.get("packages"), list):
+                bad(f"nodes.{name}.installs.{arg} has no 'packages' list")
+            for i, pkg in enumerate(inst["packages"]):
+                if not isinstance(pkg, dict) or not {"name", "version", "sha256"} <= set(pkg) or set(pkg) - _PKG_KEYS:
+                    bad(f"nodes.{name}.installs.{arg}.packages[{i}] must have name, version, sha256 "
+                        f"(and optionally {sorted(_PKG_KEYS - {'name', 'version', 'sha256'})})")
+                if not re.fullmatch(r"[0-9a-f]{64}", str(pkg["sha256"])):
+                    bad(f"nodes.{name}.installs.{arg}.packages[{i}].sha256 is not 64 hex digits")
+    for section in ("outputs", "pushed"):
+        if section in lock and not isinstance(lock[section], dict):
+            bad(f"'{section}' is not a mapping")
+
+
+# ------------------------------------------------------------------------------------ target platform
+def manylinux_platforms(glibc: str, machine: str = "x86_64") -> list[str]:
+    """Every manylinux platform tag a system with ``glibc`` ("2.36") satisfies, newest first: PEP 600
+    ``manylinux_2_Y_<machine>`` for Y down to 5 plus the legacy aliases manylinux2014 (2.17), manylinux2010
+    (2.12) and manylinux1 (2.5) (PEP 599, 571, 513). pip's ``--platform`` takes exact tags only."""
+    m = re.fullmatch(r"2\.(\d+)", glibc.strip())
+    if not m:
+        raise UsageError(f"glibc version {glibc!r} is not of the form 2.N (e.g. 2.36).")
+    minor = int(m.group(1))
+    tags = [f"manylinux_2_{y}_{machine}" for y in range(minor, MIN_MANYLINUX_MINOR - 1, -1)]
+    for alias, y in (("manylinux2014", 17), ("manylinux2010", 12), ("manylinux1", 5)):
+        if minor >= y:
+            tags.append(f"{alias}_{machine}")
+    return tags
+
+
+def target_for_plan(plan, *, glibc: Optional[str] = None, client=None) -> dict:
+    """The platform the plan's images run pip on: ``{"python_version": "3.11", "glibc": "2.36",
+    "machine": "x86_64", "implementation": "cp"}``. Python comes from the toolchain's base choice; glibc
+    from ``glibc``, else by asking the local OS/base image (``getconf GNU_LIBC_VERSION``), else from
+    :data:`KNOWN_GLIBC` by the image's suite/tag. Raises LockError when neither works."""
+    base = plan.nodes[0]
+    bc = (base.inputs.get("toolchain") or {}).get("base_choice") or {}
+    py = str(bc.get("python") or "")
+    if not re.fullmatch(r"3\.\d+", py):
+        raise LockError(f"The plan's base choice names no Python version ({py!r}); add `python:` to the base in "
+                        "toolchains.yaml.")
+    image = base.build_args.get("OS_IMAGE") or base.build_args.get("BASE_IMAGE", "")
+    if not glibc and client is not None and base.kind == "base-pip":
+        try:
+            out = client.containers.run(image, ["getconf", "GNU_LIBC_VERSION"], remove=True)
+            glibc = out.decode().split()[-1]
+        except Exception:  # noqa: BLE001 - any failure falls back to the table
+            glibc = None
+    if not glibc:
+        key = next((k for k in KNOWN_GLIBC if k in image or k == bc.get("os_suite")), None)
+        glibc = KNOWN_GLIBC.get(key) if key else None
+    if not glibc:
+        raise LockError(f"Cannot tell the glibc version of the base image {image!r} (it is not on this host and "
+                        "not a known distribution); pass --glibc 2.N.")
+    return {"python_version": py, "glibc": glibc, "machine": "x86_64", "implementation": "cp"}
+
+
+# ------------------------------------------------------------------------------------------- resolving
+def _clean_env() -> dict:
+    """The environment pip runs in: no PIP_* variables, no pip config files (only the plan's indexes count);
+    the CA bundle of an intercepting proxy is kept (it is TLS trust, not a package source)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    return env
+
+
+def _cert_args() -> list[str]:
+    for var in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
+        v = os.environ.get(var)
+        if v and os.path.exists(v):
+            return ["--cert", v]
+    return []
+
+
+def index_args(index: str, extra_index: str = "", find_links: Iterable[str] = ()) -> list[str]:
+    """pip options for the node's package sources. ``index`` "" means PyPI; "none" means ``--no-index``."""
+    out = []
+    if index == "none":
+        out.append("--no-index")
+    else:
+        out += ["--index-url", index or DEFAULT_INDEX]
+    for e in (extra_index or "").split():
+        out += ["--extra-index-url", e]
+    for f in find_links:
+        out += ["--find-links", str(f)]
+    return out
+
+
+def _pkg_from_report(item: dict) -> dict:
+    meta = item.get("metadata") or {}
+    info = item.get("download_info") or {}
+    url = info.get("url", "")
+    archive = info.get("archive_info") or {}
+    sha = (archive.get("hashes") or {}).get("sha256")
+    if not sha and str(archive.get("hash", "")).startswith("sha256="):
+        sha = archive["hash"].split("=", 1)[1]
+    name = meta.get("name", "?")
+    if "vcs_info" in info or "dir_info" in info:
+        raise LockError(f"pip resolved {name} from a {'VCS' if 'vcs_info' in info else 'local folder'} source "
+                        f"({url}); lock those as git/path sources of their recipe, not as a dependency.")
+    if not sha:
+        raise LockError(f"The index gave no sha256 for {name} {meta.get('version')} ({url}); use an index that "
+                        "publishes hashes (PyPI does).")
+    pkg = {"name": canonicalize_name(name), "version": meta.get("version", "?"),
+           "filename": url.rsplit("/", 1)[-1].split("#", 1)[0], "sha256": sha}
+    if url.startswith(("https://", "http://")):
+        pkg["url"] = url.split("#", 1)[0]
+    if item.get("requested"):
+        pkg["requested"] = True
+    return pkg
+
+
+def _pip_failure(stderr: str, specs: list[str], where: str) -> LockError:
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip().startswith("ERROR")]
+    detail = " ".join(lines[-3:]) or stderr.strip()[-600:]
+    return LockError(f"pip could not resolve {' '.join(specs)} for {where}: {detail} Check the pins in the recipe "
+                     "(the version must exist on the index for the target Python and platform); nothing was written.")
+
+
+def pip_resolve(specs: list[str], *, target: dict, index: str = "", extra_index: str = "",
+                find_links: Iterable[str] = (), no_deps: bool = False, python: str = sys.executable,
+                where: str = "", timeout: float = 1800) -> list[dict]:
+    """Resolve ``specs`` (requirement strings) with pip's resolver for ``target`` (see
+    :func:`target_for_plan`) and return the install set: ``[{"name", "version", "filename", "url"?,
+    "sha256", "requested"?}]`` sorted by name. ``no_deps`` resolves only the named packages (a wheel node's
+    ``pip download --no-deps``). Runs ``python -m pip install --dry-run --ignore-installed --report``;
+    nothing is installed. Raises LockError (pip < 22.2, unresolvable, no hash)."""
+    if not specs:
+        return []
+    py_nodot = target["python_version"].replace(".", "")
+    with tempfile.TemporaryDirectory(prefix="cudastack-lock-") as tmp:
+        report = os.path.join(tmp, "report.json")
+        cmd = [python, "-m", "pip", "install", "--dry-run", "--quiet", "--report", report, "--ignore-installed",
+               "--target", os.path.join(tmp, "target"), "--only-binary=:all:",
+               "--python-version", target["python_version"], "--implementation", target["implementation"],
+               "--abi", f"{target['implementation']}{py_nodot}", "--abi", "abi3", "--abi", "none",
+               "--no-cache-dir"]
+        for plat in manylinux_platforms(target["glibc"], target["machine"]):
+            cmd += ["--platform", plat]
+        if no_deps:
+            cmd.append("--no-deps")
+        cmd += _cert_args() + index_args(index, extra_index, find_links) + list(specs)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=_clean_env(), timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise LockError(f"pip did not finish resolving {' '.join(specs)} within {timeout:.0f} s.") from None
+        if proc.returncode != 0:
+            if "no such option: --report" in proc.stderr or "no such option: --dry-run" in proc.stderr:
+                raise LockError(f"{python} has a pip older than 22.2 (no --dry-run --report); upgrade it.")
+            raise _pip_failure(proc.stderr, specs, where or "the target platform")
+        data = json.loads(Path(report).read_text())
+    if str(data.get("version")) != "1":
+        raise LockError(f"pip wrote an installation report of version {data.get('version')!r}; this tool reads "
+                        "version 1 (pip >= 22.2).")
+    pkgs = [_pkg_from_report(i) for i in data.get("install", [])]
+    return sorted(pkgs, key=lambda p: p["name"])
+
+
+def sdist_pin(name: str, version: str, *, index: str = "", find_links: Iterable[str] = (),
+              session: Optional[requests.Session] = None) -> dict:
+    """The sdist of ``name==version``: ``{"name", "version", "filename", "url", "sha256"}``. From a
+    find-links folder: the file's own sha256. From an index: the index's JSON simple API (PEP 691,
+    ``Accept: application/vnd.pypi.simple.v1+json``), whose ``files[].hashes.sha256`` are the index's own.
+    Raises LockError when no sdist of that version exists."""
+    want = canonicalize_name(name)
+    for folder in find_links:
+        for f in sorted(Path(folder).glob("*.tar.gz")):
+            try:
+                n, v = parse_sdist_filename(f.name)
+            except Exception:  # noqa: BLE001 - not an sdist name
+                continue
+            if n == want and str(v) == version:
+                return {"name": want, "version": version, "filename": f.name,
+                        "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
+    if index == "none":
+        raise LockError(f"No sdist {name}=={version} in the find-links folders.")
+    base = (index or DEFAULT_INDEX).rstrip("/")
+    s = session or requests.Session()
+    try:
+        r = s.get(f"{base}/{want}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}, timeout=60)
+    except requests.RequestException as exc:
+        raise LockError(f"The index {base} does not answer ({type(exc).__name__}); cannot pin sdist {name}.") from None
+    if r.status_code == 404:
+        raise LockError(f"The index {base} has no project {name}.")
+    if "application/vnd.pypi.simple.v1+json" not in r.headers.get("Content-Type", ""):
+        raise LockError(f"The index {base} does not serve the JSON simple API (PEP 691), so the sha256 of sdist "
+                        f"{name}=={version} cannot be read from it; use an index that does (PyPI does).")
+    for f in r.json().get("files", []):
+        fn = f.get("filename", "")
+        if not fn.endswith((".tar.gz", ".zip")):
+            continue
+        try:
+            n, v = parse_sdist_filename(fn)
+        except Exception:  # noqa: BLE001
+            continue
+        if n == want and str(v) == version and (f.get("hashes") or {}).get("sha256"):
+            return {"name": want, "version": version, "filename": fn, "url": f.get("url", ""),
+                    "sha256": f["hashes"]["sha256"]}
+    raise LockError(f"The index {base} has no sdist of {name}=={version}; check the version in the recipe.")
+
+
+def git_pin(url: str, ref: str = "", commit: str = "") -> dict:
+    """``{"url", "ref", "commit"}``. A recipe's 40-hex ``commit`` is the pin; with only a ``ref`` (branch or
+    tag) the commit is read with ``git ls-remote`` (peeled tags preferred). Raises LockError when the ref
+    does not exist or the remote does not answer."""
+    if commit and re.fullmatch(r"[0-9a-f]{40}", commit):
+        return {"url": url, "ref": ref, "commit": commit}
+    if not ref:
+        raise LockError(f"git source {url} names neither a commit nor a ref.")
+    try:
+        proc = subprocess.run(["git", "ls-remote", url, ref, f"{ref}^{{}}"], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise LockError(f"git ls-remote {url} {ref} failed ({type(exc).__name__}).") from None
+    if proc.returncode != 0:
+        raise LockError(f"git ls-remote {url} {ref} failed: {proc.stderr.strip()[-300:]}")
+    refs = dict(reversed(line.split("\t", 1)) for line in proc.stdout.splitlines() if "\t" in line)
+    for key in (f"refs/tags/{ref}^{{}}", f"refs/tags/{ref}", f"refs/heads/{ref}", ref):
+        if key in refs:
+            return {"url": url, "ref": ref, "commit": refs[key]}
+    raise LockError(f"The git remote {url} has no ref {ref!r}.")
+
+
+# ------------------------------------------------------------------------------------ what a node installs
+_ARG_DEFAULT_RE = re.compile(r"^\s*ARG\s+([A-Z0-9_]*PIP_SPECS)\s*=\s*(\"[^\"]*\"|'[^']*'|\S+)", re.M)
+
+
+def node_installs(node) -> dict[str, dict]:
+    """The pip installs a plan node runs, keyed by the build arg holding the requirements:
+    ``{"CUDA_PIP_SPECS": {"specs": [...], "no_deps": False}, ...}``. Build args ending in ``PIP_SPECS``,
+    plus ``ARG X_PIP_SPECS=default`` lines of the node's Dockerfile that the plan does not override.
+    Wheel nodes fetch with ``--no-deps``; source nodes (sdist/git/path) are pinned separately."""
+    out: dict[str, dict] = {}
+    df = (node.inputs or {}).get("dockerfile", "")
+    for m in _ARG_DEFAULT_RE.finditer(df or ""):
+        name, val = m.group(1), m.group(2).strip("\"'")
+        if name not in node.build_args and val.split():
+            out[name] = {"specs": val.split(), "no_deps": False}
+    for name, val in node.build_args.items():
+        if not name.endswith("PIP_SPECS") or not val.split():
+            continue
+        if node.kind == "wheels" and node.method == "source" and name == "PIP_SPECS":
+            continue
+        out[name] = {"specs": val.split(), "no_deps": node.kind == "wheels"}
+    return dict(sorted(out.items()))
+
+
+def _requested_specs(specs: list[str]) -> list[str]:
+    return sorted(specs)
+
+
+def _source_entry(node) -> dict:
+    entry = ((node.inputs or {}).get("recipe") or {}).get("toolchain_entry") or {}
+    return entry if isinstance(entry, dict) else {}
+
+
+# ------------------------------------------------------------------------------------------- the lock
+def resolve_lock(plan, *, target: Optional[dict] = None, python: str = sys.executable, client=None,
+                 find_links: Iterable[str] = (), previous: Optional[dict] = None,
+                 progress: Progress = lambda s: None) -> dict:
+    """Pin every input of ``plan`` (a :class:`cudastack.model.Plan`) and return the lock (a dict; write it
+    with :func:`write_lock`). ``target``: see :func:`target_for_plan` (default: asked of the plan's base).
+    ``python``: the interpreter whose pip resolves; its ``major.minor`` must equal the target's, because pip
+    evaluates environment markers with the running interpreter. ``client``: docker SDK client (for the OS
+    image record); ``find_links``: extra local folders of distributions; ``previous``: the current lock,
+    whose outputs/pushed entries are kept for nodes whose plan hash did not change.
+    Raises LockError / RegistryError / UsageError; nothing is written here."""
+    target = target or target_for_plan(plan, client=client)
+    proc = subprocess.run([python, "-c", "import sys, pip; print('%d.%d' % sys.version_info[:2], pip.__version__)"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise LockError(f"{python} cannot run pip: {proc.stderr.strip()[-300:]}")
+    host_py, pip_version = proc.stdout.split()
+    if host_py != target["python_version"]:
+        raise LockError(
+            f"The images run Python {target['python_version']} but {python} is Python {host_py}; pip evaluates "
+            f"environment markers with the interpreter it runs in. Pass --python /path/to/python{target['python_version']} "
+            "(with pip >= 22.2) to `invoke lock`."
+        )
+    find_links = [str(f) for f in find_links]
+    nodes: dict[str, dict] = {}
+    warnings: list[str] = []
+    seen: dict[str, tuple[str, str]] = {}
+    for node in plan.nodes:
+        entry: dict = {"kind": node.kind}
+        if node.method:
+            entry["method"] = node.method
+        entry["plan_hash"] = node.hash
+        index = node.build_args.get("PIP_INDEX_URL", "")
+        extra = node.build_args.get("PIP_EXTRA_INDEX_URL", "")
+        entry["index"] = index or DEFAULT_INDEX
+        if node.kind == "base-pip":
+            entry["os_image"] = _os_image_record(node.build_args.get("OS_IMAGE", ""), client)
+            progress(f"{node.name}: OS image {entry['os_image']['tag']} = {entry['os_image']['image_id'][:19]}")
+        elif node.kind == "base-nvidia":
+            from cudastack import registry
+            ref = node.build_args.get("BASE_IMAGE", "")
+            digest = registry.resolve_digest(ref)
+            r = registry.parse_reference(ref)
+            entry["base_image"] = {"ref": ref, "digest": digest, "reference": r.with_digest(digest).pinned()}
+            progress(f"{node.name}: {ref} = {digest}")
+        installs = {}
+        for arg, inst in node_installs(node).items():
+            progress(f"{node.name}: resolving {arg} ({' '.join(inst['specs'])})")
+            pkgs = pip_resolve(inst["specs"], target=target, index=index, extra_index=extra, find_links=find_links,
+                               no_deps=inst["no_deps"], python=python, where=f"node {node.name} ({arg})")
+            installs[arg] = {"requested": _requested_specs(inst["specs"]), "no_deps": inst["no_deps"],
+                             "packages": pkgs}
+            for p in pkgs:
+                prev = seen.get(p["name"])
+                if prev and prev[0] != p["version"]:
+                    warnings.append(f"{p['name']}: {prev[1]} installs {prev[0]}, {node.name} ({arg}) installs "
+                                    f"{p['version']} on top")
+                seen[p["name"]] = (p["version"], f"{node.name} ({arg})")
+            progress(f"{node.name}: {arg}: {len(pkgs)} packages pinned")
+        if installs:
+            entry["installs"] = installs
+        if node.kind == "wheels" and node.method == "source":
+            src = _source_entry(node)
+            if src.get("sdist"):
+                sd = src["sdist"]
+                entry["sdists"] = [sdist_pin(sd["package"], str(sd["version"]), index=index, find_links=find_links)]
+                progress(f"{node.name}: sdist {entry['sdists'][0]['filename']} sha256 {entry['sdists'][0]['sha256'][:12]}")
+            elif src.get("git"):
+                g = src["git"]
+                entry["git"] = [git_pin(g["url"], g.get("ref", ""), g.get("commit", ""))]
+            elif node.build_args.get("PIP_SPECS", "").strip() == "./src" or src.get("path"):
+                from cudastack.plan import dir_digest
+                folder = (getattr(node, "context", {}) or {}).get("src") or src.get("path")
+                entry["paths"] = [{"path": Path(folder).name, "sha256": dir_digest(folder)}]
+        nodes[node.name] = entry
+    lock = {
+        "lock_version": LOCK_VERSION,
+        "toolchain": plan.toolchain,
+        "cuda_version": plan.cuda_version,
+        "base_kind": plan.base_kind,
+        "target_archs": list(plan.target_archs),
+        "resolver": {"tool": f"pip {pip_version} install --dry-run --report (installation report v1)",
+                     "python_version": target["python_version"], "glibc": target["glibc"],
+                     "machine": target["machine"], "implementation": target["implementation"],
+                     "resolved_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")},
+        "nodes": nodes,
+    }
+    if warnings:
+        lock["warnings"] = warnings
+    if previous:
+        kept_out = {n: v for n, v in (previous.get("outputs") or {}).items()
+                    if n in nodes and (previous.get("nodes") or {}).get(n, {}).get("plan_hash") == nodes[n]["plan_hash"]}
+        kept_push = {n: v for n, v in (previous.get("pushed") or {}).items() if n in kept_out}
+        if kept_out:
+            lock["outputs"] = kept_out
+        if kept_push:
+            lock["pushed"] = kept_push
+    check_schema(lock, "the resolved lock")
+    return lock
+
+
+def _os_image_record(tag: str, client) -> dict:
+    if not tag:
+        raise LockError("The base-pip node has no OS_IMAGE build arg; the plan is incomplete.")
+    try:
+        from cudastack.bootstrap import os_image_record
+        rec = os_image_record(tag)
+    except UsageError:
+        raise LockError(f"The OS image {tag} is not on this host, so its id cannot be pinned. Bootstrap it first "
+                        "(invoke bootstrap-base) and lock again.") from None
+    return {k: v for k, v in rec.items() if v != "" or k in ("tag", "image_id")}
+
+
+def lock_plan(plan, path: str | Path, **kw) -> dict:
+    """Resolve ``plan`` and write the lock to ``path`` atomically (the old lock stays byte for byte on any
+    error). Keeps outputs/pushed entries of nodes whose plan hash is unchanged. Returns the lock."""
+    previous = None
+    if Path(path).exists():
+        try:
+            previous = load_lock(path)
+        except LockError:
+            previous = None
+    lock = resolve_lock(plan, previous=previous, **kw)
+    write_lock(path, lock)
+    return lock
+
+
+# ------------------------------------------------------------------------------------------- checking
+def _refresh(lock: dict) -> str:
+    return f"Refresh it with `invoke lock --cuda {lock.get('toolchain')}` and commit the new lockfile."
+
+
+def stale_entries(plan, lock: dict, *, client=None) -> list[str]:
+    """Every way ``lock`` does not match ``plan``, one line each naming the lock entry (empty: it matches).
+    Compares toolchain, node set and kind/method, each pip install's requested specs and index, the sdist/git
+    pins, the OS image's current local id (when ``client`` is given) and the base image reference."""
+    out = []
+    if lock.get("toolchain") != plan.toolchain or lock.get("cuda_version") != plan.cuda_version:
+        out.append(f"toolchain: the lock is for CUDA {lock.get('toolchain')} ({lock.get('cuda_version')}), the plan "
+                   f"for {plan.toolchain} ({plan.cuda_version})")
+    if lock.get("base_kind") and lock.get("base_kind") != plan.base_kind:
+        out.append(f"base_kind: the lock pins the '{lock.get('base_kind')}' base, the plan uses '{plan.base_kind}'")
+    lnodes = lock.get("nodes") or {}
+    for node in plan.nodes:
+        e = lnodes.get(node.name)
+        if e is None:
+            out.append(f"nodes.{node.name}: not in the lock (a new component)")
+            continue
+        if e.get("kind") != node.kind or (e.get("method") or "") != (node.method or ""):
+            out.append(f"nodes.{node.name}.kind: the lock has {e.get('kind')} {e.get('method') or ''}".rstrip()
+                       + f", the plan {node.kind} {node.method or ''}".rstrip())
+        index = node.build_args.get("PIP_INDEX_URL", "") or DEFAULT_INDEX
+        if e.get("index", DEFAULT_INDEX) != index:
+            out.append(f"nodes.{node.name}.index: the lock used {e.get('index')}, the plan uses {index}")
+        want = {arg: _requested_specs(i["specs"]) for arg, i in node_installs(node).items()}
+        have = {arg: i.get("requested", []) for arg, i in (e.get("installs") or {}).items()}
+        for arg in sorted(set(want) | set(have)):
+            if want.get(arg) != have.get(arg):
+                out.append(f"nodes.{node.name}.installs.{arg}.requested: the lock has "
+                           f"{' '.join(have.get(arg) or []) or 'nothing'}, the recipes ask for "
+                           f"{' '.join(want.get(arg) or []) or 'nothing'}")
+        src = _source_entry(node) if node.kind == "wheels" and node.method == "source" else {}
+        if src.get("sdist"):
+            sd = src["sdist"]
+            pins = [(p.get("name"), p.get("version")) for p in e.get("sdists") or []]
+            if (canonicalize_name(sd["package"]), str(sd["version"])) not in pins:
+                out.append(f"nodes.{node.name}.sdists: the lock has {pins or 'none'}, the recipe asks for "
+                           f"{sd['package']}=={sd['version']}")
+        if src.get("git"):
+            g = src["git"]
+            pins = [(p.get("url"), p.get("commit")) for p in e.get("git") or []]
+            if g.get("commit") and (g["url"], g["commit"]) not in pins:
+                out.append(f"nodes.{node.name}.git: the lock pins {pins or 'nothing'}, the recipe asks for "
+                           f"{g['url']}@{g['commit']}")
+        if node.kind == "base-pip":
+            tag = node.build_args.get("OS_IMAGE", "")
+            rec = e.get("os_image") or {}
+            if rec.get("tag") != tag:
+                out.append(f"nodes.{node.name}.os_image.tag: the lock has {rec.get('tag')}, the plan uses {tag}")
+            elif client is not None:
+                try:
+                    current = client.images.get(tag).id
+                except Exception:  # noqa: BLE001
+                    current = None
+                if current is None:
+                    out.append(f"nodes.{node.name}.os_image: {tag} is not on this host (locked id "
+                               f"{str(rec.get('image_id'))[:19]}); bootstrap it again or load it")
+                elif current != rec.get("image_id"):
+                    out.append(f"nodes.{node.name}.os_image.image_id: {tag} is now {current[:19]} on this host, the "
+                               f"lock pins {str(rec.get('image_id'))[:19]} (the OS image was bootstrapped again)")
+        if node.kind == "base-nvidia":
+            ref = node.build_args.get("BASE_IMAGE", "")
+            if (e.get("base_image") or {}).get("ref") != ref:
+                out.append(f"nodes.{node.name}.base_image.ref: the lock has {(e.get('base_image') or {}).get('ref')}, "
+                           f"the plan uses {ref}")
+    for name in sorted(set(lnodes) - {n.name for n in plan.nodes}):
+        out.append(f"nodes.{name}: in the lock but no longer in the plan")
+    return out
+
+
+def verify_plan_against_lock(plan, lock: dict, *, client=None, where: str = "the lockfile") -> None:
+    """Raise LockError listing every stale entry (see :func:`stale_entries`) and how to refresh the lock."""
+    stale = stale_entries(plan, lock, client=client)
+    if stale:
+        raise LockError(f"{where} does not match the recipes: " + "; ".join(stale) + ". " + _refresh(lock))
+
+
+# ------------------------------------------------------------------------------------------- locked builds
+def requirements_text(lock: dict, node: str, arg: str) -> str:
+    """A pip requirements file in hash-checking mode for install ``arg`` of ``node``: one
+    ``name==version --hash=sha256:...`` line per package of the closure, sorted. Install it with
+    ``pip install --require-hashes --no-deps -r FILE`` (plus the node's index options).
+    Raises LockError when the lock has no such install."""
+    try:
+        inst = lock["nodes"][node]["installs"][arg]
+    except (KeyError, TypeError):
+        raise LockError(f"The lock has no install {arg} for node {node}. {_refresh(lock)}") from None
+    lines = [f"# {node} {arg}: {' '.join(inst.get('requested', []))} (cudastack lock, hash-checking mode)"]
+    for p in sorted(inst["packages"], key=lambda p: p["name"]):
+        lines.append(f"{p['name']}=={p['version']} --hash=sha256:{p['sha256']}")
+    return "\n".join(lines) + "\n"
+
+
+def sdist_requirements_text(lock: dict, node: str) -> str:
+    """Hash-checking requirements for a source node's sdists (``name==version --hash=sha256:...``), to use with
+    ``pip download --no-deps --no-binary :all: --require-hashes -r FILE`` or ``pip wheel --no-deps ...``."""
+    sd = (lock.get("nodes", {}).get(node) or {}).get("sdists") or []
+    if not sd:
+        raise LockError(f"The lock pins no sdist for node {node}. {_refresh(lock)}")
+    return "".join(f"{p['name']}=={p['version']} --hash=sha256:{p['sha256']}\n" for p in sd)
+
+
+def locked_build_args(lock: dict, node) -> dict[str, str]:
+    """Build args a locked build of ``node`` (a plan Node) adds: for each pip install ``X_PIP_SPECS``,
+    ``X_PIP_SPECS_LOCKED`` = the hash-checking requirements text (:func:`requirements_text`); for source
+    sdists ``SDIST_LOCKED``; for an NVIDIA base ``BASE_IMAGE`` = ``name@sha256:...``. The Dockerfile writes a
+    ``*_LOCKED`` text to a file and runs ``pip install --require-hashes --no-deps -r`` on it when it is not
+    empty. Call :func:`verify_plan_against_lock` first."""
+    e = (lock.get("nodes") or {}).get(node.name)
+    if e is None:
+        raise LockError(f"The lock has no node {node.name}. {_refresh(lock)}")
+    args = {f"{arg}_LOCKED": requirements_text(lock, node.name, arg) for arg in (e.get("installs") or {})}
+    if e.get("sdists"):
+        args["SDIST_LOCKED"] = sdist_requirements_text(lock, node.name)
+    if e.get("base_image"):
+        args["BASE_IMAGE"] = e["base_image"]["reference"]
+    return args
+
+
+def write_requirements(lock: dict, node: str, folder: str | Path) -> dict[str, Path]:
+    """Write one ``<ARG>.txt`` hash-checking requirements file per install of ``node`` into ``folder``
+    (atomically); returns {arg: path}."""
+    out = {}
+    for arg in ((lock.get("nodes") or {}).get(node) or {}).get("installs") or {}:
+        p = Path(folder) / f"{arg}.txt"
+        write_atomic(p, requirements_text(lock, node, arg))
+        out[arg] = p
+    return out
+
+
+def explain_pip_hash_failure(output: str, lock: Optional[dict] = None) -> Optional[LockError]:
+    """Turn pip's hash-checking failure (``THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS
+    FILE``, followed by ``name==version from URL:`` / ``Expected sha256 ...`` / ``Got ...`` lines) into a
+    LockError naming each package, or None when ``output`` holds no such failure."""
+    if HASH_MISMATCH_HEADER not in output:
+        return None
+    block = output.split(HASH_MISMATCH_HEADER, 1)[1]
+    found = []
+    for m in re.finditer(r"^\s+([A-Za-z0-9_.\-\[\],]+==\S+) from (\S+?):?\s*\n\s+Expected sha256 ([0-9a-f]+)\s*\n"
+                         r"\s+Got\s+([0-9a-f]+)", block, re.M):
+        found.append(f"{m.group(1)} (file {m.group(2).rsplit('/', 1)[-1]}: the lock expects sha256 "
+                     f"{m.group(3)[:16]}..., the index now serves {m.group(4)[:16]}...)")
+    if not found:
+        found = [ln.strip() for ln in block.splitlines() if "==" in ln][:5]
+    tc = (lock or {}).get("toolchain", "X")
+    return LockError(
+        "pip's hash-checking mode refused " + "; ".join(found) + ". The file on the index is not the one that was "
+        "locked: someone re-uploaded or tampered with it, or the index mirrors another build. Investigate before "
+        f"trusting it; if the new file is intended, refresh the lock with `invoke lock --cuda {tc}` and review the "
+        "diff. The lockfile was not changed."
+    )
+
+
+def install_locked(lock: dict, node: str, arg: str, *, target_dir: str | Path, python: str = sys.executable,
+                   find_links: Iterable[str] = (), timeout: float = 3600) -> list[str]:
+    """Install install ``arg`` of ``node`` into ``target_dir`` on this host with pip in hash-checking mode
+    (``pip install --require-hashes --no-deps --target DIR -r <requirements>`` from the node's locked index),
+    exactly what a locked image build runs inside its Dockerfile. Returns the installed ``name==version``
+    list. Raises LockError naming every package whose file no longer matches its locked sha256."""
+    e = lock["nodes"].get(node) or {}
+    index = e.get("index", DEFAULT_INDEX)
+    with tempfile.TemporaryDirectory(prefix="cudastack-locked-") as tmp:
+        req = Path(tmp) / f"{arg}.txt"
+        req.write_text(requirements_text(lock, node, arg))
+        cmd = [python, "-m", "pip", "install", "--quiet", "--require-hashes", "--no-deps", "--no-cache-dir",
+               "--target", str(target_dir), "-r", str(req)] + _cert_args() + index_args(index, "", find_links)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=_clean_env(), timeout=timeout)
+    if proc.returncode != 0:
+        err = explain_pip_hash_failure(proc.stdout + proc.stderr, lock)
+        if err:
+            raise err
+        raise LockError(f"The locked install of {node} {arg} failed: {proc.stderr.strip()[-800:]}")
+    return [f"{p['name']}=={p['version']}" for p in lock["nodes"][node]["installs"][arg]["packages"]]
+
+
+# ------------------------------------------------------------------------------------------- outputs
+def update_lock(path: str | Path, fn: Callable[[dict], None]) -> dict:
+    """Load the lock at ``path``, apply ``fn`` (mutates the dict), validate and write atomically."""
+    lock = load_lock(path)
+    fn(lock)
+    write_lock(path, lock)
+    return lock
+
+
+def record_outputs(path: str | Path, node: str, *, image_id: Optional[str] = None, tag: Optional[str] = None,
+                   wheels: Optional[list[dict]] = None) -> dict:
+    """Record what a locked build of ``node`` produced: ``outputs.<node>.{image_id, tag, wheels: [{filename,
+    sha256}]}``. Raises LockError when the lock has no such node."""
+    def fn(lock):
+        if node not in lock["nodes"]:
+            raise LockError(f"The lock has no node {node}; {_refresh(lock)}")
+        out = lock.setdefault("outputs", {}).setdefault(node, {})
+        if image_id:
+            out["image_id"] = image_id
+        if tag:
+            out["tag"] = tag
+        if wheels is not None:
+            out["wheels"] = [{"filename": w["filename"], "sha256": w["sha256"]} for w in wheels]
+    return update_lock(path, fn)
+
+
+def wheel_records(folder: str | Path, names: Optional[Iterable[str]] = None) -> list[dict]:
+    """``[{"filename", "sha256"}]`` for the wheels in ``folder`` (all ``*.whl`` or only ``names``)."""
+    files = [Path(folder) / n for n in names] if names else sorted(Path(folder).glob("*.whl"))
+    return [{"filename": f.name, "sha256": hashlib.sha256(f.read_bytes()).hexdigest()} for f in files]
+
+
+def record_push(path: str | Path, node: str, pushed) -> dict:
+    """Record a push of ``node`` (a :class:`cudastack.registry.PushedImage`): ``pushed.<node>.{reference,
+    enroot, digest, image_id, tag}``. Never records credentials (the PushedImage holds none)."""
+    def fn(lock):
+        if node not in lock["nodes"]:
+            raise LockError(f"The lock has no node {node}; {_refresh(lock)}")
+        lock.setdefault("pushed", {})[node] = dict(pushed.as_dict())
+    return update_lock(path, fn)
+
+
+def summary(lock: dict) -> str:
+    """A short human listing of the lock's entries (for `invoke lock` and the closing notes)."""
+    lines = [f"lock for CUDA {lock['toolchain']} ({lock['cuda_version']}), base {lock.get('base_kind')}, "
+             f"resolved for Python {lock['resolver']['python_version']} glibc {lock['resolver']['glibc']}"]
+    for name, e in lock["nodes"].items():
+        lines.append(f"  {name} [{e['kind']}{' ' + e['method'] if e.get('method') else ''}]")
+        if e.get("os_image"):
+            o = e["os_image"]
+            lines.append(f"    os image {o['tag']} {o['image_id']} (mirror {o.get('mirror', '?')} {o.get('suite', '')} "
+                         f"Release {o.get('release-date', '?')})")
+        if e.get("base_image"):
+            lines.append(f"    base image {e['base_image']['reference']}")
+        for arg, inst in (e.get("installs") or {}).items():
+            req = {canonicalize_name(Requirement(s).name) for s in inst["requested"] if _is_req(s)}
+            top = [p for p in inst["packages"] if p["name"] in req]
+            lines.append(f"    {arg}: {len(inst['packages'])} packages; requested: "
+                         + ", ".join(f"{p['name']}=={p['version']} sha256:{p['sha256'][:12]}" for p in top))
+        for sd in e.get("sdists") or []:
+            lines.append(f"    sdist {sd['filename']} sha256:{sd['sha256']}")
+        for g in e.get("git") or []:
+            lines.append(f"    git {g['url']} {g.get('ref', '')} @ {g['commit']}")
+    for name, o in (lock.get("outputs") or {}).items():
+        lines.append(f"  output {name}: image {o.get('image_id', '-')}"
+                     + "".join(f"\n    wheel {w['filename']} sha256:{w['sha256']}" for w in o.get("wheels", [])))
+    for name, p in (lock.get("pushed") or {}).items():
+        lines.append(f"  pushed {name}: {p['reference']}\n    enroot {p['enroot']}")
+    return "\n".join(lines)
+
+
+def _is_req(s: str) -> bool:
+    try:
+        Requirement(s)
+        return True
+    except InvalidRequirement:
+        return False
+
+
+def shell_quote(args: list[str]) -> str:
+    return " ".join(shlex.quote(a) for a in args)

@@ -342,8 +342,10 @@ def sdist_pin(name: str, version: str, *, index: str = "", find_links: Iterable[
             if n == want and str(v) == version:
                 return {"name": want, "version": version, "filename": f.name,
                         "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
-    if index == "none":
-        raise LockError(f"No sdist {name}=={version} in the find-links folders.")
+    if index == "none" or index.startswith("file:"):
+        raise LockError(f"No sdist {name}=={version} in the find-links folders ({', '.join(map(str, find_links)) or 'none'}), "
+                        f"and the index {index!r} has no JSON simple API (PEP 691) to ask; put the sdist in a "
+                        "find-links folder or use an HTTP index that serves PEP 691 (PyPI does).")
     base = (index or DEFAULT_INDEX).rstrip("/")
     s = session or requests.Session()
     try:

@@ -404,7 +404,7 @@ def _load_entry(value: Any, file: Path, key: str, kind: str) -> Entry:
         e.packages = tuple(pk)
     sources = [k for k in ("sdist", "git", "path") if k in d]
     if method == "wheel":
-        if not e.packages:
+        if not e.packages and kind != "runtime":
             raise _fail(file, f"{key}.packages", "a wheel recipe needs its pinned packages (name==version).")
         if sources:
             raise _fail(file, f"{key}.{sources[0]}", "only source recipes name an sdist, git ref or path.")

@@ -1,0 +1,359 @@
+"""Execute a Plan: skip cached nodes, build the rest with BuildKit, export wheels, write a build record.
+
+For each node in topological order:
+
+* **cached** when its tag exists in the engine (and, for a wheels node, the wheelhouse manifest lists
+  that node at the same hash with every wheel file present and matching its sha256): nothing runs, not
+  even a ``docker build``; a no-op rebuild issues none at all.
+* **base / image / runtime** nodes: one ``docker build -t <tag>``. BuildKit tags only a finished image,
+  so a failing build leaves no tag on a broken image.
+* **wheels** nodes: ``--target wheels --output type=local,dest=<tmp>`` exports just the wheel files to a
+  temporary folder inside the state dir; their sha256 are computed, each file is moved into the
+  wheelhouse with ``os.replace`` (atomic on one filesystem) and the manifest is rewritten atomically;
+  only then is the builder stage tagged (``--target builder -t <tag>``, served from BuildKit's cache),
+  which marks the node done. A failure anywhere leaves no half-written wheel in the wheelhouse and no tag.
+
+A rerun after a failure resumes from the cached nodes. The OS image of a ``pip`` base is bootstrapped
+(debootstrap + docker import, :mod:`cudastack.bootstrap`) when its tag is missing.
+
+State folder layout (default ``.stack/``)::
+
+    wheelhouse/cu13.1/*.whl              the wheels (flat: pip install --find-links works)
+    wheelhouse/cu13.1/manifest.json      {"nodes": {name: {"hash", "tag", "wheels": {file: sha256}}}}
+    logs/<run id>/<node>.log             each node's full BuildKit log
+    records/build-cu13.1-<run id>.json   the build record; records/latest-cu13.1.json the newest one
+
+Build record (JSON): ``{"format": 1, "run_id", "toolchain", "cuda_version", "archs", "base", "status"
+("ok" | "failed"), "started", "finished" (UTC ISO 8601), "duration_s", "docker_builds" (how many docker
+builds were issued), "wheelhouse", "nodes": [{"name", "kind", "method", "hash", "tag", "status" ("built" |
+"skipped" | "failed" | "not reached"), "duration_s", "image_id", "size_bytes", "log", "wheels": {file:
+sha256}, "knobs": {name: value}}], "error"}``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from cudastack.engine import Engine, _fmt_s, resolve_ca_bundle
+from cudastack.errors import BuildError, EnvironmentError_, StackError
+from cudastack.plan import BuildPlan, PlannedNode, render_plan
+
+RECORD_FORMAT = 1
+DISK_MARGIN_GIB = 2.0
+Say = Callable[[str], None]
+_CTX_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "build", "dist", "*.egg-info", ".pytest_cache", ".git")
+
+
+def _say_default(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class Wheelhouse:
+    """One toolchain's wheelhouse folder and its manifest (see module doc)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.manifest_path = self.path / "manifest.json"
+
+    def manifest(self) -> dict:
+        try:
+            data = json.loads(self.manifest_path.read_text())
+        except (OSError, ValueError):
+            return {"nodes": {}}
+        data.setdefault("nodes", {})
+        return data
+
+    def entry(self, node: str) -> dict | None:
+        return self.manifest()["nodes"].get(node)
+
+    def has(self, node: PlannedNode, verify: bool = False) -> bool:
+        """Whether the manifest lists ``node`` at its hash with all wheels present (and, with ``verify``,
+        matching their recorded sha256)."""
+        e = self.entry(node.name)
+        if not e or e.get("hash") != node.hash or not e.get("wheels"):
+            return False
+        for fname, digest in e["wheels"].items():
+            p = self.path / fname
+            if not p.is_file():
+                return False
+            if verify and sha256_file(p) != digest:
+                return False
+        return True
+
+    def add(self, node: PlannedNode, exported: Path) -> dict[str, str]:
+        """Move the wheels found under ``exported`` into the wheelhouse (atomically per file) and record
+        them under ``node`` in the manifest (atomically). Returns {file name: sha256}."""
+        wheels = sorted(p for p in exported.rglob("*.whl") if p.is_file())
+        if not wheels:
+            raise BuildError(f"Building {node.name} exported no wheel (looked in {exported}); see its log.")
+        self.path.mkdir(parents=True, exist_ok=True)
+        digests = {p.name: sha256_file(p) for p in wheels}
+        for p in wheels:
+            os.replace(p, self.path / p.name)
+        m = self.manifest()
+        # a file name now owned by this node is no longer another node's
+        for other, e in m["nodes"].items():
+            if other != node.name:
+                e["wheels"] = {f: d for f, d in e.get("wheels", {}).items() if f not in digests}
+        m["nodes"][node.name] = {"hash": node.hash, "tag": node.tag, "wheels": digests,
+                                 "exported": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        atomic_write_text(self.manifest_path, json.dumps(m, indent=2, sort_keys=True) + "\n")
+        return digests
+
+
+def node_cached(engine: Engine, wheelhouse: Wheelhouse, node: PlannedNode) -> bool:
+    """A node is cached when its tag exists and, for wheels nodes, the wheelhouse holds its wheels."""
+    if not engine.exists(node.tag):
+        return False
+    if node.kind == "wheels":
+        return wheelhouse.has(node)
+    return True
+
+
+def cached_map(engine: Engine, wheelhouse: Wheelhouse, plan: BuildPlan) -> dict[str, bool]:
+    return {n.name: node_cached(engine, wheelhouse, n) for n in plan.nodes}
+
+
+def _make_context(ctx_root: Path, node: PlannedNode, wheelhouse: Wheelhouse, plan: BuildPlan) -> tuple[Path, dict]:
+    """A fresh build-context folder for ``node``; returns it and extra build args (SOURCE_DIR, WHEEL_NAMES)."""
+    ctx = ctx_root / f"{node.name}-{node.hash[:16]}"
+    if ctx.exists():
+        shutil.rmtree(ctx)
+    ctx.mkdir(parents=True)
+    extra: dict[str, str] = {}
+    for sub, src in node.context.items():
+        if sub == "wheelhouse":
+            continue
+        shutil.copytree(src, ctx / sub, ignore=_CTX_IGNORE, symlinks=True)
+    if node.kind == "runtime":
+        wh = ctx / "wheelhouse"
+        wh.mkdir()
+        names: list[str] = []
+        for p in node.parents:
+            pn = plan.node(p)
+            if pn.kind != "wheels":
+                continue
+            entry = wheelhouse.entry(p) or {}
+            for fname in sorted(entry.get("wheels", {})):
+                src = wheelhouse.path / fname
+                try:
+                    os.link(src, wh / fname)
+                except OSError:
+                    shutil.copy2(src, wh / fname)
+                names.append(fname)
+        extra["WHEEL_NAMES"] = " ".join(names)
+    return ctx, extra
+
+
+def _preflight_disk(engine: Engine, plan: BuildPlan, cached: dict[str, bool], state_dir: Path, say: Say) -> float:
+    need = sum(n.est_disk_gib for n in plan.nodes if not cached.get(n.name))
+    if need <= 0:
+        return 0.0
+    root, free = engine.root_dir_free_gib()
+    checks = [(root, free)]
+    state_dir.mkdir(parents=True, exist_ok=True)
+    checks.append((str(state_dir), shutil.disk_usage(state_dir).free / 2**30))
+    for where, gib in checks:
+        if gib is not None and gib < need + DISK_MARGIN_GIB:
+            raise EnvironmentError_(
+                f"Too little free disk: {where} has {gib:.1f} GiB free, but the {sum(not c for c in cached.values())} "
+                f"nodes to build need about {need:g} GiB (+{DISK_MARGIN_GIB:g} GiB margin). Free space "
+                "(`docker image prune`, `docker builder prune`) or move the Docker data root / --state-dir.")
+    say(f"disk: about {need:g} GiB needed; {root} has "
+        f"{'unknown' if free is None else f'{free:.1f} GiB'} free")
+    return need
+
+
+def _ensure_os_image(engine: Engine, plan: BuildPlan, say: Say) -> None:
+    if plan.base_kind != "pip" or not plan.base_image:
+        return
+    base = plan.nodes[0]
+    if not base.kind.startswith("base"):
+        return
+    if engine.exists(plan.base_image):
+        return
+    from cudastack.bootstrap import bootstrap_os_image
+
+    say(f"OS image {plan.base_image} is missing: bootstrapping Debian {plan.os_suite} (debootstrap + docker import)")
+    bootstrap_os_image(plan.os_suite or "bookworm", tag=plan.base_image, progress=lambda s: say(f"  {s}"),
+                       docker_cli=engine.buildkit.docker)
+
+
+def run_build(
+    plan: BuildPlan,
+    *,
+    state_dir: str | Path = ".stack",
+    ca_bundle: str | None = None,
+    engine: Engine | None = None,
+    say: Say | None = None,
+) -> dict:
+    """Build ``plan`` (see module doc) and return the build record (also written to the state dir).
+
+    Raises EnvironmentError_ (no daemon, no BuildKit path, too little disk) before any build, UsageError
+    for a missing --ca-bundle, and BuildError when a node fails (after writing a record with status
+    "failed"; the error carries the failing step's last lines and the log path).
+    """
+    say = say or _say_default
+    state = Path(state_dir).resolve()
+    bundle = resolve_ca_bundle(ca_bundle)
+    engine = engine or Engine.connect()
+    wheelhouse = Wheelhouse(state / plan.wheelhouse)
+    run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")[:-4] + "Z"
+    logs = state / "logs" / run_id
+    ctx_root = state / "ctx"
+    started = datetime.now(timezone.utc)
+    t_run = time.monotonic()
+    builds_before = engine.builds_issued
+
+    cached = cached_map(engine, wheelhouse, plan)
+    todo = [n.name for n in plan.nodes if not cached[n.name]]
+    say(f"cuda {plan.toolchain} ({plan.cuda_version}), base {plan.base_kind}, archs {','.join(plan.target_archs)}: "
+        f"{len(plan.nodes)} nodes, {len(plan.nodes) - len(todo)} cached, {len(todo)} to build "
+        f"[{engine.buildkit.describe()}]")
+    if todo:
+        _preflight_disk(engine, plan, cached, state, say)
+        _ensure_os_image(engine, plan, say)
+        if bundle:
+            say(f"CA bundle for builds: {bundle} (BuildKit secret 'cabundle', never in a layer)")
+
+    record = {
+        "format": RECORD_FORMAT, "run_id": run_id, "toolchain": plan.toolchain, "cuda_version": plan.cuda_version,
+        "archs": plan.target_archs, "base": plan.base_kind, "base_image": plan.base_image,
+        "recipes": plan.recipes_dir, "skipped_components": plan.skipped, "status": "running",
+        "started": started.isoformat(timespec="seconds"), "finished": None, "duration_s": None,
+        "docker_builds": 0, "wheelhouse": str(wheelhouse.path), "buildkit": engine.buildkit.describe(),
+        "nodes": [], "error": None,
+    }
+    secrets = {"cabundle": bundle} if bundle else {}
+    error: StackError | None = None
+    for i, node in enumerate(plan.nodes, 1):
+        entry = {"name": node.name, "kind": node.kind, "method": node.method, "hash": node.hash, "tag": node.tag,
+                 "status": "not reached", "duration_s": 0.0, "image_id": None, "size_bytes": None, "log": None,
+                 "wheels": {}, "knobs": {k.name: k.value for k in node.knobs}}
+        record["nodes"].append(entry)
+        if error is not None:
+            continue
+        if cached[node.name]:
+            entry["status"] = "skipped"
+            info = engine.inspect(node.tag)
+            entry["image_id"], entry["size_bytes"] = info["id"], info["size_bytes"]
+            if node.kind == "wheels":
+                entry["wheels"] = (wheelhouse.entry(node.name) or {}).get("wheels", {})
+            say(f"[{i}/{len(plan.nodes)}] {node.name}: cached ({node.tag})")
+            continue
+        say(f"[{i}/{len(plan.nodes)}] {node.name}: building {node.tag}"
+            + (f" ({', '.join(f'{k.name}={k.value}' for k in node.knobs if k.name in node.parallel_knobs)})"
+               if node.parallel_knobs else ""))
+        log = logs / f"{node.name}.log"
+        entry["log"] = str(log)
+        t0 = time.monotonic()
+        tmp_out = None
+        ctx = None
+        try:
+            ctx, extra = _make_context(ctx_root, node, wheelhouse, plan)
+            args = dict(node.build_args)
+            args.update(extra)
+            args = {k: v for k, v in args.items() if not (k == "WHEEL_NAMES" and node.kind != "runtime")}
+            labels = {"org.cudastack.node": node.name, "org.cudastack.hash": node.hash,
+                      "org.cudastack.toolchain": plan.toolchain}
+            common = dict(context=str(ctx), dockerfile=str(_abs_dockerfile(node)), build_args=args,
+                          secrets=secrets, labels=labels)
+            if node.kind == "wheels":
+                wheelhouse.path.mkdir(parents=True, exist_ok=True)
+                tmp_out = Path(tempfile.mkdtemp(prefix=f".export-{node.name}-", dir=wheelhouse.path.parent))
+                engine.build(name=node.name, log_path=log, say=say, target="wheels", output_dir=str(tmp_out), **common)
+                entry["wheels"] = wheelhouse.add(node, tmp_out)
+                engine.build(name=f"{node.name} (tag builder)", log_path=log, say=say, target="builder",
+                             tag=node.tag, **common)
+            else:
+                engine.build(name=node.name, log_path=log, say=say, tag=node.tag, **common)
+            info = engine.inspect(node.tag)
+            entry.update(status="built", image_id=info["id"], size_bytes=info["size_bytes"])
+            entry["duration_s"] = round(time.monotonic() - t0, 1)
+            size = f", {info['size_bytes'] / 2**30:.2f} GiB" if info["size_bytes"] else ""
+            wheels = f", wheels: {', '.join(entry['wheels'])}" if entry["wheels"] else ""
+            say(f"[{i}/{len(plan.nodes)}] {node.name}: built in {_fmt_s(entry['duration_s'])}{size}{wheels}")
+        except StackError as exc:
+            entry["status"] = "failed"
+            entry["duration_s"] = round(time.monotonic() - t0, 1)
+            error = exc
+            record["error"] = str(exc)
+        finally:
+            if tmp_out is not None:
+                shutil.rmtree(tmp_out, ignore_errors=True)
+            if ctx is not None:
+                shutil.rmtree(ctx, ignore_errors=True)
+
+    record["docker_builds"] = engine.builds_issued - builds_before
+    record["status"] = "failed" if error else "ok"
+    record["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    record["duration_s"] = round(time.monotonic() - t_run, 1)
+    rec_dir = state / "records"
+    text = json.dumps(record, indent=2) + "\n"
+    rec_path = rec_dir / f"build-cu{plan.toolchain}-{run_id}.json"
+    atomic_write_text(rec_path, text)
+    atomic_write_text(rec_dir / f"latest-cu{plan.toolchain}.json", text)
+    record["record_path"] = str(rec_path)
+    built = [n["name"] for n in record["nodes"] if n["status"] == "built"]
+    skipped = [n["name"] for n in record["nodes"] if n["status"] == "skipped"]
+    say(f"done in {_fmt_s(record['duration_s'])}: built {', '.join(built) or 'nothing'}; "
+        f"skipped {', '.join(skipped) or 'nothing'}; {record['docker_builds']} docker builds; record {rec_path}")
+    if error:
+        raise error
+    return record
+
+
+def _abs_dockerfile(node: PlannedNode) -> Path:
+    from cudastack.plan import PROJECT_ROOT
+
+    p = Path(node.dockerfile)
+    p = p if p.is_absolute() else PROJECT_ROOT / p
+    if not p.is_file():
+        raise EnvironmentError_(f"Dockerfile {p} for node {node.name} (kind {node.kind}) does not exist.")
+    return p
+
+
+def dry_run(plan: BuildPlan, *, state_dir: str | Path = ".stack", engine: Engine | None = None) -> str:
+    """The plan's text with each node's cached state when a daemon answers (else 'unknown')."""
+    cached = None
+    note = ""
+    try:
+        from cudastack.engine import connect_sdk
+
+        engine = engine or Engine(None, connect_sdk())  # type: ignore[arg-type]  (no builds: no BuildKit needed)
+        cached = cached_map(engine, Wheelhouse(Path(state_dir).resolve() / plan.wheelhouse), plan)
+    except EnvironmentError_ as exc:
+        note = f"\n(no cached state: {exc})"
+    return render_plan(plan, cached, state_dir=str(state_dir)) + note

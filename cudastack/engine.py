@@ -1,0 +1,362 @@
+"""The Docker engine: BuildKit builds through the docker CLI, everything else through the docker SDK.
+
+Why two clients: docker-py drives the classic builder only (no ``RUN --mount=type=cache``, no
+``--secret``), so builds shell out to the docker CLI with BuildKit; the SDK does daemon checks, inspect,
+tag and exists.
+
+BuildKit path detection (:func:`find_buildkit`), in order over every ``docker`` on PATH and
+``/usr/bin/docker``:
+
+1. a client with the buildx plugin (``docker buildx version`` answers): ``docker buildx build``
+   (``--load`` to put an image in the engine's store);
+2. a client older than 23.0: ``DOCKER_BUILDKIT=1 docker build`` (from 23.0 on, ``docker build`` with
+   BuildKit is a front for buildx and fails when the plugin is missing: docker 23.0 release notes).
+
+If neither exists, :class:`EnvironmentError_` says to install ``docker-buildx`` (or Debian's ``docker.io``,
+whose 20.10 client does BuildKit by itself).
+
+Each build streams BuildKit's plain progress into a log file (the whole log) and onto the terminal as one
+status line per step with the elapsed time (on a terminal, a line redrawn in place). A failing build
+raises :class:`BuildError` with the last lines of the failing step and the log's path.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from cudastack.errors import BuildError, EnvironmentError_, UsageError
+
+SYSTEM_CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt",
+                     "/etc/ssl/cert.pem", "/etc/ssl/ca-bundle.pem")
+DAEMON_HINT = ("Start one: `sudo dockerd &` (or `sudo systemctl start docker`), or point DOCKER_HOST at a "
+               "running engine. On Debian/Ubuntu `sudo apt-get install docker.io` installs one.")
+_STEP = re.compile(r"^#(\d+) (\[[^\]]+\] .*|\S.*)$")
+Say = Callable[[str], None]
+
+
+def _fmt_s(seconds: float) -> str:
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+
+
+# ------------------------------------------------------------------------------------- BuildKit path
+@dataclass(frozen=True)
+class BuildKitPath:
+    """How builds reach BuildKit: ``docker`` (client path), ``mode`` "buildx" | "env", client version."""
+
+    docker: str
+    mode: str
+    version: str
+
+    def describe(self) -> str:
+        how = "docker buildx build" if self.mode == "buildx" else "DOCKER_BUILDKIT=1 docker build"
+        return f"{how} ({self.docker}, client {self.version})"
+
+
+def _client_candidates() -> list[str]:
+    seen: list[str] = []
+    for d in os.environ.get("PATH", "").split(os.pathsep) + ["/usr/bin", "/usr/local/bin", "/bin"]:
+        p = os.path.join(d or ".", "docker")
+        if os.path.isfile(p) and os.access(p, os.X_OK):
+            real = os.path.realpath(p)
+            if real not in [os.path.realpath(s) for s in seen]:
+                seen.append(p)
+    return seen
+
+
+def _run(cmd: list[str], env: dict | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def find_buildkit(candidates: list[str] | None = None) -> BuildKitPath:
+    """Pick a docker client that can drive BuildKit (see module doc). Raises EnvironmentError_ listing
+    what was tried when none can."""
+    tried = []
+    for docker in candidates if candidates is not None else _client_candidates():
+        try:
+            ver = _run([docker, "version", "--format", "{{.Client.Version}}"])
+            version = (ver.stdout or "").strip().splitlines()[0] if ver.stdout.strip() else ""
+            if not version:
+                m = re.search(r"Version:\s*(\S+)", ver.stdout + ver.stderr)
+                version = m.group(1) if m else "?"
+            bx = _run([docker, "buildx", "version"])
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            tried.append(f"{docker} ({exc.__class__.__name__})")
+            continue
+        if bx.returncode == 0:
+            return BuildKitPath(docker, "buildx", version)
+        vt = _version_tuple(version)
+        if vt and vt < (23,):
+            return BuildKitPath(docker, "env", version)
+        tried.append(f"{docker} (client {version}: no buildx plugin, and from 23.0 on `docker build` needs it)")
+    raise EnvironmentError_(
+        "No docker client can drive BuildKit (needed for cache mounts and build secrets). Tried: "
+        f"{'; '.join(tried) or 'no docker client on PATH'}. Install the buildx plugin "
+        "(`apt-get install docker-buildx` or docker-buildx-plugin from Docker's repository), or Debian's "
+        "`docker.io` package, whose 20.10 client runs BuildKit with DOCKER_BUILDKIT=1.")
+
+
+def default_ca_bundle() -> str | None:
+    """The system CA bundle (for an intercepting HTTPS proxy inside builds), or None where none exists.
+    ``SSL_CERT_FILE`` wins when it names a file."""
+    env = os.environ.get("SSL_CERT_FILE")
+    if env and os.path.isfile(env):
+        return env
+    for p in SYSTEM_CA_BUNDLES:
+        if os.path.isfile(p):
+            return p
+    return None
+
+
+def resolve_ca_bundle(ca_bundle: str | None) -> str | None:
+    """``--ca-bundle`` (must exist) or the system default. UsageError for a missing file."""
+    if ca_bundle:
+        if not os.path.isfile(ca_bundle):
+            raise UsageError(f"--ca-bundle {ca_bundle}: no such file. Pass a PEM bundle, or leave the flag out "
+                             "to use the system bundle.")
+        return os.path.abspath(ca_bundle)
+    return default_ca_bundle()
+
+
+# -------------------------------------------------------------------------------------------- builds
+@dataclass
+class BuildResult:
+    duration_s: float
+    log: str
+    steps: int = 0
+    cached_steps: int = 0
+
+
+@dataclass
+class _Progress:
+    """Parses BuildKit plain progress: current step title, per-step line buffers, CACHED count."""
+
+    steps: "OrderedDict[str, str]" = field(default_factory=OrderedDict)
+    tails: dict = field(default_factory=dict)
+    cached: set = field(default_factory=set)
+    errors: list = field(default_factory=list)
+    current: str = ""
+    last_line: str = ""
+    final: deque = field(default_factory=lambda: deque(maxlen=40))
+
+    def feed(self, line: str) -> bool:
+        """Returns True when a new step started."""
+        self.final.append(line)
+        m = _STEP.match(line)
+        if not m:
+            return False
+        sid, rest = m.group(1), m.group(2)
+        self.tails.setdefault(sid, deque(maxlen=60)).append(rest)
+        if rest.startswith("ERROR") or " ERROR:" in rest[:12]:
+            self.errors.append(sid)
+        if rest == "CACHED":
+            self.cached.add(sid)
+        new = False
+        if sid not in self.steps and rest.startswith("["):
+            self.steps[sid] = rest
+            self.current = sid
+            new = True
+        elif sid in self.steps:
+            self.current = sid
+            if not re.match(r"^(DONE|CACHED|extracting|sha256|transferring|writing|naming|exporting)", rest):
+                self.last_line = re.sub(r"^\d+\.\d+ ", "", rest)
+        return new
+
+    def failure_excerpt(self, n: int = 25) -> str:
+        sid = self.errors[-1] if self.errors else self.current
+        title = self.steps.get(sid, f"#{sid}")
+        lines = list(self.tails.get(sid, []))[-n:]
+        summary = [l for l in self.final if l.startswith(("error:", "ERROR:", "failed to solve", "------"))]
+        body = "\n".join(f"    {l}" for l in lines)
+        tail = "\n".join(f"    {l}" for l in summary[-3:])
+        return f"failing step: {title}\n{body}" + (f"\n{tail}" if tail else "")
+
+
+class Engine:
+    """One Docker engine: the SDK client for inspect/tag/exists, the CLI for BuildKit builds.
+    ``builds_issued`` counts every ``docker build`` this object started (a no-op rebuild leaves it 0)."""
+
+    def __init__(self, buildkit: BuildKitPath, client):
+        self.buildkit = buildkit
+        self.client = client
+        self.builds_issued = 0
+
+    # --- construction / preflight ---------------------------------------------------------------
+    @classmethod
+    def connect(cls, buildkit: BuildKitPath | None = None) -> "Engine":
+        """Ping the daemon through the SDK (EnvironmentError_ with how to start one) and find a
+        BuildKit path (EnvironmentError_ with what to install)."""
+        client = connect_sdk()
+        return cls(buildkit or find_buildkit(), client)
+
+    def info(self) -> dict:
+        return self.client.info()
+
+    def root_dir_free_gib(self) -> tuple[str, float | None]:
+        """The daemon's data folder and its free space (GiB), None when it is not on this host."""
+        root = self.info().get("DockerRootDir", "/var/lib/docker")
+        try:
+            return root, shutil.disk_usage(root).free / 2**30
+        except OSError:
+            return root, None
+
+    def resources(self):
+        """The builder's cores and memory. For a daemon on this host, this host's view (which knows
+        available memory); else what ``docker info`` reports."""
+        from cudastack.plan import host_resources
+        from cudastack.rules import Resources
+
+        host = str(getattr(self.client.api, "base_url", ""))
+        if "unix" in host or "localhost" in host or "127.0.0.1" in host or "http+docker" in host:
+            return host_resources()
+        info = self.info()
+        return Resources(int(info.get("NCPU", 1)), round(info.get("MemTotal", 2**30) / 2**30, 1),
+                         f"docker info of {host}")
+
+    # --- images ---------------------------------------------------------------------------------
+    def exists(self, tag: str) -> bool:
+        import docker
+
+        try:
+            self.client.images.get(tag)
+            return True
+        except docker.errors.ImageNotFound:
+            return False
+
+    def inspect(self, tag: str) -> dict:
+        """``{"id": "sha256:...", "size_bytes": int, "created": str}`` of a local image."""
+        img = self.client.images.get(tag)
+        return {"id": img.id, "size_bytes": int(img.attrs.get("Size", 0)), "created": img.attrs.get("Created", "")}
+
+    def tag(self, source: str, target: str) -> None:
+        repo, _, tag = target.rpartition(":")
+        self.client.images.get(source).tag(repo, tag)
+
+    # --- build ----------------------------------------------------------------------------------
+    def build_command(self, *, context: str, dockerfile: str, tag: str | None = None, target: str | None = None,
+                      build_args: dict[str, str] | None = None, secrets: dict[str, str] | None = None,
+                      output_dir: str | None = None, labels: dict[str, str] | None = None) -> tuple[list[str], dict]:
+        """The docker CLI command line and environment for one BuildKit build (pure)."""
+        bk = self.buildkit
+        env = dict(os.environ)
+        if bk.mode == "buildx":
+            cmd = [bk.docker, "buildx", "build"]
+            if not output_dir:
+                cmd.append("--load")
+        else:
+            cmd = [bk.docker, "build"]
+            env["DOCKER_BUILDKIT"] = "1"
+        cmd += ["--progress=plain", "-f", dockerfile]
+        if tag:
+            cmd += ["-t", tag]
+        if target:
+            cmd += ["--target", target]
+        for k, v in (build_args or {}).items():
+            cmd += ["--build-arg", f"{k}={v}"]
+        for sid, src in (secrets or {}).items():
+            cmd += ["--secret", f"id={sid},src={src}"]
+        for k, v in (labels or {}).items():
+            cmd += ["--label", f"{k}={v}"]
+        if output_dir:
+            cmd += ["--output", f"type=local,dest={output_dir}"]
+        cmd.append(context)
+        return cmd, env
+
+    def build(self, *, name: str, log_path: str | Path, say: Say | None = None, **kwargs) -> BuildResult:
+        """Run one build (arguments as :meth:`build_command`), streaming progress and writing the full log
+        to ``log_path`` (appended). Raises BuildError with the failing step's last lines and the log path."""
+        cmd, env = self.build_command(**kwargs)
+        say = say or (lambda s: print(s, file=sys.stderr, flush=True))
+        log_path = Path(log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.builds_issued += 1
+        prog = _Progress()
+        t0 = time.monotonic()
+        tty = sys.stderr.isatty()
+        stop = threading.Event()
+
+        def status() -> str:
+            step = prog.steps.get(prog.current, "starting")
+            last = f" | {prog.last_line[:70]}" if prog.last_line else ""
+            return f"  [{name}] {_fmt_s(time.monotonic() - t0)} {step[:80]}{last}"
+
+        def heartbeat() -> None:
+            interval = 1.0 if tty else 60.0
+            while not stop.wait(interval):
+                if tty:
+                    sys.stderr.write("\r\033[K" + status()[:200])
+                    sys.stderr.flush()
+                else:
+                    say(status())
+
+        with open(log_path, "a", encoding="utf-8", errors="replace") as log:
+            log.write(f"$ {' '.join(cmd)}\n")
+            log.flush()
+            try:
+                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+                                        errors="replace", bufsize=1)
+            except OSError as exc:
+                raise EnvironmentError_(f"Could not run {cmd[0]}: {exc}.") from exc
+            hb = threading.Thread(target=heartbeat, daemon=True)
+            hb.start()
+            try:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    log.write(line)
+                    line = line.rstrip("\n")
+                    if prog.feed(line) and not tty:
+                        say(status())
+                rc = proc.wait()
+            except KeyboardInterrupt:
+                proc.terminate()
+                proc.wait()
+                raise
+            finally:
+                stop.set()
+                hb.join(timeout=2)
+                if tty:
+                    sys.stderr.write("\r\033[K")
+                    sys.stderr.flush()
+            log.write(f"# exit {rc} after {time.monotonic() - t0:.1f}s\n")
+        dur = time.monotonic() - t0
+        if rc != 0:
+            raise _build_error(name, dur, rc, log_path, prog)
+        return BuildResult(dur, str(log_path), len(prog.steps), len(prog.cached))
+
+
+def _build_error(name: str, dur: float, rc: int, log_path: Path, prog: _Progress) -> BuildError:
+    err = BuildError(f"Building {name} failed after {_fmt_s(dur)} (docker exit {rc}). Full log: {log_path}")
+    # keep the excerpt's line breaks (StackError joins whitespace in the one-paragraph message)
+    err.excerpt = prog.failure_excerpt()
+    err.log_path = str(log_path)
+    err.args = (f"{err.args[0]}\n{err.excerpt}",)
+    return err
+
+
+def connect_sdk():
+    """A docker SDK client that answers ping, or EnvironmentError_ saying how to start a daemon."""
+    try:
+        import docker
+    except ImportError as exc:  # pragma: no cover - a declared dependency
+        raise EnvironmentError_("The docker SDK is not installed: pip install docker.") from exc
+    try:
+        client = docker.from_env(timeout=120)
+        client.ping()
+    except Exception as exc:  # DockerException, requests ConnectionError, FileNotFoundError ...
+        raise EnvironmentError_(f"No Docker daemon answers ({exc.__class__.__name__}: {exc}). {DAEMON_HINT}") from exc
+    return client

@@ -1,0 +1,45 @@
+"""Static probes, one module per backend. Each exposes ``BACKENDS`` (the backend names it answers
+for) and ``probe(ctx) -> list[Verdict]``; :data:`PROBES` lists them in report order.
+
+A probe reads the gate from the installed package (calls its gate code in a child interpreter or
+reads its table with ``ast``), never from a copy of a version's table in this suite.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..archs import Arch
+
+
+@dataclass
+class Context:
+    """What every static probe gets.
+
+    ``target``: the compute capability asked for (suffix ignored for coverage decisions).
+    ``env``: :func:`stackprobe.env.collect` output. ``coverage``: package name -> PackageCoverage.
+    ``world_size``: the tensor-parallel size the verdicts are for (GPUs per node, default 8).
+    ``topology``: "pcie" | "nvlink"; ``topology_source`` says whether it was detected or assumed.
+    ``jit_compile``: run compile-only JIT builds (minutes; cached by content under ``cache_dir``).
+    """
+
+    target: Arch
+    env: dict
+    coverage: dict
+    world_size: int = 8
+    topology: str = "pcie"
+    topology_source: str = "assumed"
+    jit_compile: bool = False
+    cache_dir: Path = field(default_factory=lambda: Path(os.environ.get("STACKPROBE_CACHE", Path.home() / ".cache" / "stackprobe")))
+    timeout: float = 180.0
+
+
+def _load():
+    from . import ep_flashinfer_a2a, extras, flashinfer_fusion, nccl, sglang_custom_ar, torch_symm_mem
+    return [nccl, flashinfer_fusion, sglang_custom_ar, torch_symm_mem, ep_flashinfer_a2a, extras]
+
+
+def probes():
+    """The probe modules in report order."""
+    return _load()

@@ -1,0 +1,98 @@
+"""Command line: ``python -m stackprobe [--target-arch 12.0] [--json PATH] [--markdown PATH]``.
+
+Other forms::
+
+    python -m stackprobe --target-arch 12.0 --jit-compile          # also compile FlashInfer's fusion module
+    python -m stackprobe --compare before.json after.json          # what changed per backend, and why
+    python -m stackprobe --runtime ...                              # add the runtime tier (GPU host)
+
+Exit codes: 0 report written; 2 bad input (unknown target arch, unreadable report, bad flag);
+3 the runtime tier was asked for but is not available here.
+The runtime tier plugs in through ``stackprobe.runtime.run_runtime(report, args)`` (it adds verdicts
+with ``tier="runtime"`` to the Report :func:`stackprobe.static.run_static` made).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .report import Report, ReportError, comparison_markdown
+from .static import KNOWN_COMPUTE_CAPABILITIES, TargetArchError, run_static
+
+EXIT_OK, EXIT_USAGE, EXIT_NO_RUNTIME = 0, 2, 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m stackprobe", description=(
+        "Which allreduce backends can work in this environment for a target GPU architecture, which cannot, "
+        "why, and what would lift each gate. The static tier needs no GPU."))
+    p.add_argument("--target-arch", default="12.0",
+                   help=f"target compute capability (default 12.0); one of {', '.join(KNOWN_COMPUTE_CAPABILITIES)}")
+    p.add_argument("--json", metavar="PATH", help="write the JSON report here ('-' for stdout)")
+    p.add_argument("--markdown", metavar="PATH", help="write the Markdown matrix here ('-' for stdout)")
+    p.add_argument("--label", default="", help="a name for this environment in reports and comparisons")
+    p.add_argument("--jit-compile", action="store_true",
+                   help="compile FlashInfer's allreduce-fusion module for the target (minutes; cached by content)")
+    p.add_argument("--cache-dir", help="cache for compile results (default $STACKPROBE_CACHE or ~/.cache/stackprobe)")
+    p.add_argument("--coverage-reader", choices=("auto", "elf", "cuobjdump"), default="auto",
+                   help="fatbin reader: pyelftools (keeps the f suffix) or NVIDIA's cuobjdump")
+    p.add_argument("--world-size", type=int, default=8, help="tensor-parallel size the verdicts are for (default 8)")
+    p.add_argument("--topology", choices=("auto", "pcie", "nvlink"), default="auto",
+                   help="GPU interconnect of the target host (auto: detected with GPUs, else PCIe assumed)")
+    p.add_argument("--backend", action="append", dest="backends", metavar="NAME", help="only this backend (repeatable)")
+    p.add_argument("--timeout", type=float, default=180.0, help="seconds per child interpreter (imports, gates)")
+    p.add_argument("--runtime", action="store_true", help="also run the runtime tier (GPUs needed)")
+    p.add_argument("--compare", nargs="+", metavar="REPORT", help="compare JSON reports (first = before) and exit")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    return p
+
+
+def _emit(text: str, dest: str) -> None:
+    if dest == "-":
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    else:
+        from .report import _atomic_write
+        _atomic_write(dest, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.compare:
+        try:
+            reports = [Report.load(p) for p in args.compare]
+        except (ReportError, OSError) as e:
+            print(f"stackprobe: cannot compare: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        labels = [r.label or p for r, p in zip(reports, args.compare)]
+        sys.stdout.write(comparison_markdown(reports, labels))
+        return EXIT_OK
+    if args.world_size < 1:
+        print("stackprobe: --world-size must be at least 1 (the number of GPUs one tensor-parallel group spans).", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        report = run_static(args.target_arch, jit_compile=args.jit_compile, cache_dir=args.cache_dir,
+                            coverage_reader=args.coverage_reader, world_size=args.world_size, topology=args.topology,
+                            backends=args.backends, label=args.label, timeout=args.timeout, quiet=args.quiet)
+    except TargetArchError as e:
+        print(f"stackprobe: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.runtime:
+        try:
+            from .runtime import run_runtime  # provided by the runtime tier
+        except ImportError as e:
+            print(f"stackprobe: --runtime asked for, but the runtime tier is not available here ({e}). "
+                  "Run without --runtime for the static tier only.", file=sys.stderr)
+            return EXIT_NO_RUNTIME
+        run_runtime(report, args)
+    if args.json:
+        _emit(json.dumps(report.to_json(), indent=2, default=str) + "\n", args.json)
+    if args.markdown:
+        _emit(report.to_markdown(), args.markdown)
+    if not args.json and not args.markdown:
+        sys.stdout.write(report.to_markdown() + "\n")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,323 @@
+"""Arch coverage: which SASS and PTX architectures every shared object of a package carries, and a
+per-package verdict for a target compute capability.
+
+Two readers:
+
+* ``elf`` (default when pyelftools is importable): pyelftools locates the ``.nv_fatbin`` section; the
+  fatbin container and entry headers inside it are read with seeks, never the payloads, so a 1 GB
+  ``flash_ops.abi3.so`` costs milliseconds. Compressed entries need no decompression: the headers are
+  plain.
+* ``cuobjdump --list-elf --list-ptx`` (NVIDIA's tool) when pyelftools is missing, or on request.
+  *Measured* with cuobjdump 13.5: it lists an ``sm_120f`` cubin as ``sm_120`` (the family suffix is
+  lost), which is why the ELF reader is preferred when both exist.
+
+Fatbin layout (measured on nvcc 13.1 output, cross-checked against cuobjdump): a container header
+``<IHHQ`` = magic 0xBA55ED50, version, header size, payload size; then entries, each ``<HHIQ`` = kind
+(1 PTX, 2 ELF cubin), version, header size, padded payload size; the entry's compute capability
+number is the u32 at offset 28 (120 for sm_120) and its flags the u64 at offset 40: 0x100000 marks an
+architecture-specific (``a``) target, 0x200000 a family-specific (``f``) target, 0x2000/0x8000
+compression.
+
+Levels for a target T (:data:`LEVELS`): ``native`` SASS for T's compute capability (any suffix);
+``family`` an ``f`` SASS of T's major with a lower minor (CUDA 12.9 family rules); ``ptx-only`` no SASS
+but PTX the driver can JIT for T (a warning: slow first load, no arch-specific features); ``none``
+no kernel image for T (case C6).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import struct
+import subprocess
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+from .archs import Arch
+
+FATBIN_MAGIC = 0xBA55ED50
+_MAGIC_BYTES = struct.pack("<I", FATBIN_MAGIC)
+FLAG_ARCH_SPECIFIC = 0x100000
+FLAG_FAMILY = 0x200000
+FLAG_COMPRESSED = 0x2000 | 0x8000
+KIND_PTX, KIND_ELF = 1, 2
+LEVELS = ("native", "family", "ptx-only", "none")
+
+# distributions holding CUDA code that static coverage inspects (PyPI names)
+CUDA_DISTS = ("torch", "flash-attn", "flash_attn_3", "sglang-kernel", "sgl-kernel", "flashinfer-python",
+              "flashinfer-jit-cache", "flashinfer-cubin", "mscclpp", "b12x", "deep-ep")
+
+
+class CoverageReaderError(RuntimeError):
+    """No reader is available (neither pyelftools nor cuobjdump)."""
+
+
+@dataclass(frozen=True)
+class Image:
+    """One fatbin entry: ``kind`` "sass" or "ptx", ``arch`` its target, ``compressed``."""
+
+    kind: str
+    arch: Arch
+    compressed: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.arch.sm if self.kind == "sass" else self.arch.compute
+
+
+def _arch_from(number: int, flags: int) -> Arch:
+    suffix = "a" if flags & FLAG_ARCH_SPECIFIC else ("f" if flags & FLAG_FAMILY else "")
+    return Arch(number // 10, number % 10, suffix)
+
+
+def _iter_fatbin_entries(f, base: int, size: int):
+    """Yield (kind, arch_number, flags) for every entry of every fatbin container in the byte range
+    [base, base+size) of the open file ``f``."""
+    off = 0
+    while off + 16 <= size:
+        f.seek(base + off)
+        head = f.read(16)
+        if len(head) < 16:
+            return
+        magic, _ver, hsize, fsize = struct.unpack("<IHHQ", head)
+        if magic != FATBIN_MAGIC:
+            # padding between containers: look for the next magic in chunks
+            f.seek(base + off)
+            chunk = f.read(min(1 << 16, size - off))
+            idx = chunk.find(_MAGIC_BYTES, 1)
+            if idx < 0:
+                off += max(len(chunk) - 3, 1)
+                continue
+            off += idx
+            continue
+        eoff, end = off + hsize, off + hsize + fsize
+        while eoff + 16 <= end:
+            f.seek(base + eoff)
+            eh = f.read(48)
+            if len(eh) < 48:
+                return
+            kind, _ev, ehsize, psize = struct.unpack_from("<HHIQ", eh)
+            number = struct.unpack_from("<I", eh, 28)[0]
+            flags = struct.unpack_from("<Q", eh, 40)[0]
+            if ehsize == 0:
+                break
+            yield kind, number, flags
+            eoff += ehsize + psize
+        off = max(end, off + 16)
+
+
+def read_elf(path: str) -> list[Image]:
+    """Fatbin images of one ELF file (shared object or object file) via pyelftools. Raw CUDA ELF
+    (``.cubin``, OS ABI 0x41) gives one SASS image from ``e_flags`` (SM in bits 8..15 for ABI version
+    >= 8, in bits 0..7 before; measured on nvcc 13.1 output); the suffix is not recoverable there."""
+    from elftools.elf.elffile import ELFFile
+    from elftools.common.exceptions import ELFError
+
+    images: list[Image] = []
+    with open(path, "rb") as f:
+        ident = f.read(16)
+        if ident[:4] != b"\x7fELF":
+            return images
+        f.seek(0)
+        try:
+            elf = ELFFile(f)
+        except ELFError:
+            return images
+        if ident[7] == 0x41:  # CUDA cubin
+            flags = elf.header["e_flags"]
+            number = (flags >> 8) & 0xFF if ident[8] >= 8 else flags & 0xFF
+            return [Image("sass", Arch(number // 10, number % 10))] if number else images
+        for name in (".nv_fatbin", "__nv_relfatbin"):
+            sec = elf.get_section_by_name(name)
+            if sec is None or sec["sh_type"] == "SHT_NOBITS":
+                continue
+            for kind, number, flags in _iter_fatbin_entries(f, sec["sh_offset"], sec["sh_size"]):
+                if kind in (KIND_PTX, KIND_ELF) and number:
+                    images.append(Image("ptx" if kind == KIND_PTX else "sass", _arch_from(number, flags),
+                                        bool(flags & FLAG_COMPRESSED)))
+    return images
+
+
+_CUOBJ_LINE = re.compile(r"^(ELF|PTX) file\s+\d+:\s+\S*?\.(sm|compute)_(\d+)([af]?)\.(cubin|ptx)\s*$")
+
+
+def find_cuobjdump() -> str | None:
+    """cuobjdump on PATH, under CUDA_HOME/bin, in a PyPI toolkit (nvidia/cu13/bin) or Triton's wheel."""
+    exe = shutil.which("cuobjdump")
+    if exe:
+        return exe
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    cands = [Path(home) / "bin" / "cuobjdump"]
+    import sys
+    for entry in sys.path:
+        cands += list(Path(entry).glob("nvidia/cu*/bin/cuobjdump"))
+        cands.append(Path(entry) / "triton" / "backends" / "nvidia" / "bin" / "cuobjdump")
+    for c in cands:
+        if c.is_file() and os.access(c, os.X_OK):
+            return str(c)
+    return None
+
+
+def read_cuobjdump(path: str, exe: str) -> list[Image]:
+    """Images listed by ``cuobjdump --list-elf --list-ptx`` (suffix ``f`` is reported as plain)."""
+    p = subprocess.run([exe, "--list-elf", "--list-ptx", path], capture_output=True, text=True, timeout=600)
+    images = []
+    for line in p.stdout.splitlines():
+        m = _CUOBJ_LINE.match(line.strip())
+        if m:
+            number = int(m.group(3))
+            images.append(Image("sass" if m.group(1) == "ELF" else "ptx",
+                                Arch(number // 10, number % 10, m.group(4))))
+    return images
+
+
+def pick_reader(preference: str = "auto") -> tuple[str, str | None]:
+    """("elf", None) or ("cuobjdump", exe). ``preference``: "auto", "elf" or "cuobjdump".
+    Raises :class:`CoverageReaderError` when the asked reader (or, for auto, any) is unavailable."""
+    have_elf = True
+    try:
+        import elftools  # noqa: F401
+    except ImportError:
+        have_elf = False
+    exe = find_cuobjdump()
+    if preference == "elf" or (preference == "auto" and have_elf):
+        if not have_elf:
+            raise CoverageReaderError("pyelftools is not installed: `pip install pyelftools` or use --coverage-reader cuobjdump.")
+        return "elf", None
+    if exe:
+        return "cuobjdump", exe
+    raise CoverageReaderError(
+        "no fatbin reader: install pyelftools (`pip install pyelftools`) or put NVIDIA's cuobjdump on PATH "
+        "(CUDA toolkit, or `pip install nvidia-cuda-cuobjdump`).")
+
+
+def level_for(images: list[Image], target: Arch) -> str:
+    """One of :data:`LEVELS` for the images of one file (see module doc)."""
+    sass = [i.arch for i in images if i.kind == "sass"]
+    if any((a.major, a.minor) == (target.major, target.minor) for a in sass):
+        return "native"
+    if any(a.suffix == "f" and a.sass_runs_on(target) for a in sass):
+        return "family"
+    if any(i.arch.ptx_jits_on(target) for i in images if i.kind == "ptx"):
+        return "ptx-only"
+    return "none"
+
+
+@dataclass
+class FileCoverage:
+    """One file holding CUDA code. ``path`` relative to its site directory; ``sass``/``ptx``: sorted
+    unique arch names; ``counts``: images per arch name; ``level`` for the target."""
+
+    path: str
+    sass: list[str]
+    ptx: list[str]
+    level: str
+    counts: dict = field(default_factory=dict)
+    compressed: bool = False
+
+
+@dataclass
+class PackageCoverage:
+    """Coverage of one distribution for the target.
+
+    ``level``: the worst level over its libraries (files with the same name in different folders,
+    e.g. ``sgl_kernel/sm90/common_ops.abi3.so`` and ``sm100/common_ops.abi3.so``, are alternative
+    builds: the best of them counts), or "partial" when some libraries cover the target and others
+    do not, "no-cuda-code" when no file carries a fatbin, "unreadable" on reader errors.
+    ``files_without``: files whose level is "none" (case C6 names them).
+    """
+
+    package: str
+    version: str
+    target: str
+    reader: str
+    level: str
+    files: list[FileCoverage] = field(default_factory=list)
+    files_without: list[str] = field(default_factory=list)
+    files_ptx_only: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    scanned: int = 0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _candidate(path: str) -> bool:
+    base = os.path.basename(path)
+    return base.endswith((".so", ".cubin")) or ".so." in base
+
+
+def scan_files(files: list[tuple[str, str]], target: Arch, reader: str = "auto",
+               package: str = "", version: str = "") -> PackageCoverage:
+    """Coverage of explicit files: ``files`` is [(relative name, absolute path)]."""
+    kind, exe = pick_reader(reader)
+    cov = PackageCoverage(package, version, str(target), kind, "no-cuda-code")
+    for rel, absolute in files:
+        if not _candidate(rel):
+            continue
+        cov.scanned += 1
+        try:
+            images = read_elf(absolute) if kind == "elf" else read_cuobjdump(absolute, exe)
+        except Exception as e:  # noqa: BLE001 - one unreadable file is an error entry, not a crash
+            cov.errors.append(f"{rel}: {type(e).__name__}: {e}")
+            continue
+        if not images:
+            continue
+        counts: dict = {}
+        for i in images:
+            counts[i.name] = counts.get(i.name, 0) + 1
+        cov.files.append(FileCoverage(
+            rel, sorted({i.name for i in images if i.kind == "sass"}), sorted({i.name for i in images if i.kind == "ptx"}),
+            level_for(images, target), counts, any(i.compressed for i in images)))
+    _aggregate(cov)
+    return cov
+
+
+def _aggregate(cov: PackageCoverage) -> None:
+    if not cov.files:
+        cov.level = "unreadable" if cov.errors else "no-cuda-code"
+        return
+    rank = {lvl: i for i, lvl in enumerate(LEVELS)}
+    groups: dict = {}
+    for fc in cov.files:
+        groups.setdefault(os.path.basename(fc.path), []).append(fc)
+    best = {name: min((f.level for f in members), key=rank.__getitem__) for name, members in groups.items()}
+    cov.files_without = sorted(f.path for name, members in groups.items() if best[name] == "none" for f in members)
+    cov.files_ptx_only = sorted(f.path for name, members in groups.items() if best[name] == "ptx-only" for f in members)
+    worst = max(best.values(), key=rank.__getitem__)
+    covered = any(v in ("native", "family") for v in best.values())
+    cov.level = "partial" if worst == "none" and covered else worst
+
+
+def dist_files(name: str) -> tuple[str, list[tuple[str, str]]] | None:
+    """(version, [(relative path, absolute path)]) of an installed distribution, or None."""
+    try:
+        dist = metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        return None
+    out = []
+    for pp in dist.files or []:
+        s = str(pp)
+        if _candidate(s):
+            out.append((s, str(pp.locate())))
+    return dist.version, out
+
+
+def scan_package(name: str, target: Arch, reader: str = "auto") -> PackageCoverage | None:
+    """Coverage of installed distribution ``name`` (None when not installed)."""
+    found = dist_files(name)
+    if found is None:
+        return None
+    version, files = found
+    return scan_files(files, target, reader, package=name, version=version)
+
+
+def scan_installed(target: Arch, reader: str = "auto", names: tuple = CUDA_DISTS) -> list[PackageCoverage]:
+    """Coverage of every installed distribution among ``names``."""
+    out = []
+    for n in names:
+        c = scan_package(n, target, reader)
+        if c is not None:
+            out.append(c)
+    return out

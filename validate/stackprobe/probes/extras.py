@@ -1,0 +1,103 @@
+"""MSCCL++, FlashInfer PCIe IPC allreduce and b12x: installed or not, and their gates where readable.
+
+* FlashInfer PCIe IPC allreduce: ``flashinfer.comm.PcieIpcAllReduceWorkspace`` (present in 0.7.4, FACTS)
+  and its JIT module ``gen_pcie_ipc_comm_module``'s arch list (none: plain loads/stores and CUDA IPC);
+  built for hosts where every peer transfer crosses the CPU root complex. Needs nvcc for its JIT.
+* b12x: a top-level ``b12x`` package (FlashInfer 0.7.4 ships one that aliases
+  ``flashinfer.experimental.b12x``); imported in a child interpreter, so an import failure is a verdict.
+* MSCCL++: the ``mscclpp`` distribution; its one-shot LL kernel writes to all peers and NVLS algorithms
+  need multicast (FACTS): whether anything works on SM120 over PCIe is for the runtime tier.
+"""
+from __future__ import annotations
+
+from .. import source
+from ..env import dist_version, effective_nvcc
+from ..isolate import run_task
+from ..verdict import (BLOCKED, ERROR, GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON,
+                       GATE_TOOLCHAIN, LIFT_CUDA, LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_UNKNOWN, SKIPPED, Verdict)
+from . import flashinfer_common as fi
+
+BACKENDS = ("flashinfer-pcie-ipc-allreduce", "b12x", "mscclpp")
+
+
+def _pcie_ipc(ctx) -> Verdict:
+    v = Verdict("flashinfer-pcie-ipc-allreduce", GATE_PASSES, lift=LIFT_NONE_NEEDED)
+    fv = fi.version()
+    if fv is None:
+        v.status, v.gate, v.cause, v.lift = SKIPPED, GATE_NOT_INSTALLED, "flashinfer-python is not installed", LIFT_PACKAGE
+        return v
+    v.add("flashinfer-python version", fv, "distribution metadata")
+    exported = None
+    try:
+        exported = "PcieIpcAllReduceWorkspace" in source.defined_names(source.module_file("flashinfer.comm"))
+    except (source.SourceNotFound, SyntaxError) as e:
+        v.add("flashinfer.comm", None, f"unreadable: {e}")
+    v.add("flashinfer.comm.PcieIpcAllReduceWorkspace", exported, "flashinfer/comm/__init__.py (ast)")
+    if not exported:
+        v.status, v.gate, v.lift = SKIPPED, GATE_NOT_INSTALLED, LIFT_PACKAGE
+        v.cause = f"FlashInfer {fv} has no PCIe IPC allreduce (flashinfer.comm.PcieIpcAllReduceWorkspace)"
+        v.lift_detail = "a flashinfer-python release with flashinfer.comm.PcieIpcAllReduceWorkspace (0.7.4 has it)"
+        return v
+    try:
+        majors, where = fi.module_majors("gen_pcie_ipc_comm_module")
+        v.add("gen_pcie_ipc_comm_module supported majors", majors if majors is not None else "unrestricted", where)
+        if majors is not None and ctx.target.major not in majors:
+            v.status, v.gate, v.lift = BLOCKED, GATE_PYTHON, LIFT_PACKAGE
+            v.cause = f"gen_pcie_ipc_comm_module admits majors {majors} only"
+            return v
+    except source.SourceNotFound as e:
+        v.add("gen_pcie_ipc_comm_module", None, str(e))
+    if not effective_nvcc(ctx.env):
+        v.status, v.gate, v.lift = BLOCKED, GATE_TOOLCHAIN, LIFT_CUDA
+        v.cause = "its kernels are JIT-compiled and this environment has no nvcc"
+        v.lift_detail = "a CUDA toolkit with nvcc >= 12.8 in the image"
+        return v
+    v.cause = "present, no arch restriction, nvcc available: a PCIe-native candidate for the runtime tier"
+    return v
+
+
+def _b12x(ctx) -> Verdict:
+    v = Verdict("b12x", GATE_PASSES, lift=LIFT_NONE_NEEDED)
+    root = source.package_dir("b12x")
+    dv = dist_version("b12x")
+    if root is None:
+        v.status, v.gate, v.cause, v.lift = SKIPPED, GATE_NOT_INSTALLED, "b12x is not installed", LIFT_PACKAGE
+        v.lift_detail = "flashinfer-python[b12x] (0.7.4 ships the b12x package) or the b12x distribution"
+        return v
+    provider = f"b12x {dv}" if dv else f"a b12x package shipped by flashinfer-python {fi.version()}" if fi.version() else "unknown distribution"
+    v.add("b12x package", str(root.name), provider)
+    o = run_task("import_module", {"module": "b12x"}, timeout=ctx.timeout)
+    res = o.value if o.ok else {"imported": False, "error": o.error}
+    v.add("import b12x", "ok" if res.get("imported") else res.get("error"), "child interpreter")
+    if not res.get("imported"):
+        v.status, v.cause, v.lift = ERROR, f"import b12x failed: {res.get('error')}", LIFT_PACKAGE
+        v.lift_detail = "install its dependencies (flashinfer-python[b12x]: nvidia-cutlass-dsl, torch>=2.12)"
+        return v
+    v.status, v.gate, v.lift = SKIPPED, GATE_NEEDS_RUNTIME, LIFT_UNKNOWN
+    v.cause = "b12x imports; it has no static arch table to read: the runtime tier decides"
+    return v
+
+
+def _mscclpp(ctx) -> Verdict:
+    v = Verdict("mscclpp", SKIPPED, gate=GATE_NOT_INSTALLED, lift=LIFT_PACKAGE, cause="mscclpp is not installed")
+    dv = dist_version("mscclpp")
+    if dv is None and source.package_dir("mscclpp") is None:
+        return v
+    v.add("mscclpp version", dv, "distribution metadata")
+    o = run_task("import_module", {"module": "mscclpp"}, timeout=ctx.timeout)
+    res = o.value if o.ok else {"imported": False, "error": o.error}
+    v.add("import mscclpp", "ok" if res.get("imported") else res.get("error"), "child interpreter")
+    cov = ctx.coverage.get("mscclpp")
+    if cov is not None:
+        v.add("mscclpp coverage", cov.level, "static coverage (fatbin)")
+    if not res.get("imported"):
+        v.status, v.gate, v.cause = ERROR, "", f"import mscclpp failed: {res.get('error')}"
+        return v
+    v.status, v.gate, v.lift = SKIPPED, GATE_NEEDS_RUNTIME, LIFT_UNKNOWN
+    v.cause = ("installed; its one-shot LL kernel writes to all peers and NVLS algorithms need multicast: "
+               "on SM120 over PCIe only the runtime tier can tell")
+    return v
+
+
+def probe(ctx) -> list[Verdict]:
+    return [_pcie_ipc(ctx), _b12x(ctx), _mscclpp(ctx)]

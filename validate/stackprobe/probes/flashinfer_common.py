@@ -1,0 +1,120 @@
+"""FlashInfer helpers shared by the fusion, PCIe IPC and all-to-all probes: the JIT modules' arch
+lists read with ``ast`` from the installed ``flashinfer/jit/comm.py``, FlashInfer's own arch
+normalisation (a child interpreter), and a compile-only JIT build cached by content.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+from .. import source
+from ..coverage import level_for, read_elf
+from ..env import dist_version, effective_nvcc
+from ..isolate import run_task
+
+DIST = "flashinfer-python"
+
+
+def version() -> str | None:
+    return dist_version(DIST)
+
+
+def comm_source() -> Path:
+    """The installed ``flashinfer/jit/comm.py``. Raises source.SourceNotFound."""
+    return source.module_file("flashinfer.jit.comm")
+
+
+def module_majors(fn_name: str) -> tuple[list | None, str]:
+    """``supported_major_versions`` passed inside ``flashinfer.jit.comm.<fn_name>`` (None: the
+    module passes none, i.e. every target arch) and where it was read. Raises source.SourceNotFound."""
+    path = comm_source()
+    fns = source.functions(source.parse(path))
+    if fn_name not in fns:
+        raise source.SourceNotFound(f"{fn_name} is not defined in {path}")
+    vals = [v for v in source.keyword_literals(fns[fn_name], "supported_major_versions") if v is not None]
+    where = f"{_short(path)}:{fns[fn_name].lineno} {fn_name} (ast)"
+    return (sorted(vals[0]) if vals else None), where
+
+
+def all_module_majors() -> dict:
+    """Every ``gen_*`` function of flashinfer/jit/comm.py -> its supported majors (None = unrestricted)."""
+    path = comm_source()
+    out = {}
+    for name, fn in source.functions(source.parse(path)).items():
+        if name.startswith("gen_"):
+            vals = [v for v in source.keyword_literals(fn, "supported_major_versions") if v is not None]
+            out[name] = sorted(vals[0]) if vals else None
+    return out
+
+
+def _short(path: Path) -> str:
+    parts = Path(path).parts
+    return "/".join(parts[parts.index("flashinfer"):]) if "flashinfer" in parts else str(path)
+
+
+def gate(ctx, module_fn: str) -> dict:
+    """Run FlashInfer's own normalisation and ``module_fn`` gate for the target (workers.flashinfer_gate)."""
+    o = run_task("flashinfer_gate", {"target": ctx.target.cc, "module_fn": module_fn,
+                                     "arch_list_env": os.environ.get("FLASHINFER_CUDA_ARCH_LIST") or None},
+                 timeout=ctx.timeout)
+    if not o.ok:
+        return {"worker_error": o.error, "log": o.log[-1500:]}
+    return o.value
+
+
+def jit_compile(ctx, module_fn: str, arch_list: str) -> dict:
+    """Compile-only JIT build of ``module_fn`` for ``arch_list`` with this environment's nvcc, cached
+    under ``ctx.cache_dir/flashinfer-jit/<key>`` where key = sha256(module sources, ninja file, nvcc
+    version, flashinfer version). Returns {"ran" (compiled now), "cached", "built", "objects": [{path,
+    sass, level}], "seconds", "key", "log"}."""
+    nvcc = effective_nvcc(ctx.env) or {}
+    root = Path(ctx.cache_dir) / "flashinfer-jit"
+    root.mkdir(parents=True, exist_ok=True)
+    ws = root / "workspace"
+    # first pass: FlashInfer writes its ninja file (cheap) so the key covers the real flags
+    probe_args = {"target": ctx.target.cc, "module_fn": module_fn, "arch_list": arch_list, "workspace": str(ws)}
+    t0 = time.time()
+    key_src = hashlib.sha256()
+    o = run_task("flashinfer_jit_objects", dict(probe_args, build=False), timeout=ctx.timeout,
+                 env={"STACKPROBE_JIT_JOBS": "1"})
+    if not o.ok:
+        return {"ran": False, "cached": False, "built": False, "error": o.error, "log": o.log[-1500:]}
+    info = o.value
+    for s in info.get("sources", []):
+        try:
+            key_src.update(Path(s).read_bytes())
+        except OSError:
+            pass
+    key_src.update(info.get("ninja_text", "").encode())
+    key_src.update(json.dumps([nvcc.get("version"), nvcc.get("realpath"), version()]).encode())
+    key = key_src.hexdigest()[:24]
+    record = root / f"{key}.json"
+    if record.is_file():
+        res = json.loads(record.read_text())
+        res.update(cached=True, ran=False)
+        return res
+    jobs = os.environ.get("STACKPROBE_JIT_JOBS", "1")
+    o = run_task("flashinfer_jit_objects", dict(probe_args, timeout_s=3600), timeout=3700,
+                 env={"STACKPROBE_JIT_JOBS": jobs})
+    if not o.ok:
+        return {"ran": True, "cached": False, "built": False, "error": o.error, "log": o.log[-1500:], "key": key}
+    info = o.value
+    objects = []
+    for p in info.get("objects", []):
+        if os.path.isfile(p):
+            ims = read_elf(p)
+            objects.append({"path": os.path.basename(p), "sass": sorted({i.name for i in ims if i.kind == "sass"}),
+                            "level": level_for(ims, ctx.target)})
+        else:
+            objects.append({"path": os.path.basename(p), "sass": [], "level": "missing"})
+    res = {"ran": True, "cached": False, "built": bool(info.get("built")) and all(x["level"] != "missing" for x in objects),
+           "objects": objects, "seconds": round(time.time() - t0, 1), "key": key, "nvcc": nvcc.get("version"),
+           "arch_list": arch_list, "log": info.get("log", "")[-1500:]}
+    if res["built"]:
+        tmp = record.with_suffix(".tmp")
+        tmp.write_text(json.dumps(res))
+        os.replace(tmp, record)
+    return res

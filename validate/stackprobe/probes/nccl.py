@@ -1,0 +1,66 @@
+"""NCCL Ring (the baseline) and NCCL Tree: static part.
+
+What a static tier can say about Tree (case C12; FACTS, measured on NCCL 2.28.9): ``NCCL_ALGO=Tree``
+is process-wide, and AllGather / ReduceScatter have no Tree algorithm, so a serving engine that captures
+all three collectives in CUDA graphs fails with ncclInvalidUsage ("no algorithm/protocol available for
+function AllGather ... NCCL_ALGO was set to Tree"); the per-collective form ``NCCL_ALGO=allreduce:tree``
+leaves the others alone. On one node NCCL's "tree" is a chain, so whether it beats Ring is a
+measurement: the runtime tier decides.
+"""
+from __future__ import annotations
+
+import os
+
+from ..verdict import (BLOCKED, GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED, GATE_PASSES, GATE_SETTING, LIFT_NONE_NEEDED,
+                       LIFT_SETTING, LIFT_UNKNOWN, SKIPPED, Verdict)
+
+BACKENDS = ("nccl-ring", "nccl-tree")
+
+
+def _nccl_version(env: dict) -> tuple[str | None, str]:
+    n = env.get("nccl", {})
+    if n.get("torch"):
+        return n["torch"], "torch.cuda.nccl.version()"
+    if n.get("wheel"):
+        return n["wheel"], "nvidia-nccl wheel metadata"
+    return None, ""
+
+
+def _process_wide_tree(value: str) -> bool:
+    """True when NCCL_ALGO selects Tree for every collective (no ``coll:algo`` form)."""
+    v = value.strip().lower()
+    if not v or ":" in v:
+        return False
+    algos = {a.strip() for a in v.lstrip("^").split(",")}
+    return not v.startswith("^") and algos == {"tree"}
+
+
+def probe(ctx) -> list[Verdict]:
+    version, source = _nccl_version(ctx.env)
+    algo = os.environ.get("NCCL_ALGO", "")
+    out = []
+    ring = Verdict("nccl-ring", GATE_PASSES, lift=LIFT_NONE_NEEDED,
+                   cause="NCCL is present; Ring is the baseline every other backend is measured against.")
+    tree = Verdict("nccl-tree", SKIPPED, gate=GATE_NEEDS_RUNTIME, lift=LIFT_UNKNOWN,
+                   cause="Tree's speed on one node (a chain, not a tree) is a measurement; "
+                         "the static tier only checks the setting's form.",
+                   lift_detail="NCCL_ALGO=allreduce:tree (per-collective form) leaves AllGather/ReduceScatter on their own algorithms")
+    if version is None:
+        err = ctx.env.get("torch", {}).get("nccl_error") or ctx.env.get("torch", {}).get("import_error", "")
+        for v in (ring, tree):
+            v.status, v.gate, v.lift = SKIPPED, GATE_NOT_INSTALLED, LIFT_UNKNOWN
+            v.cause = "no NCCL in this environment (torch without NCCL and no nvidia-nccl wheel)"
+            v.add("torch NCCL query", err, "torch.cuda.nccl.version()")
+        return [ring, tree]
+    for v in (ring, tree):
+        v.add("NCCL version", version, source)
+        v.add("NCCL_ALGO", algo or "(unset)", "environment")
+    if algo and _process_wide_tree(algo):
+        tree.status, tree.gate, tree.lift = BLOCKED, GATE_SETTING, LIFT_SETTING
+        tree.cause = (f"NCCL_ALGO={algo} is process-wide: AllGather and ReduceScatter have no Tree algorithm, so "
+                      "capturing them in CUDA graphs fails with ncclInvalidUsage (case C12)")
+        ring.warnings.append(f"NCCL_ALGO={algo} in the environment also forces Tree on this baseline's process")
+    elif algo:
+        tree.add("NCCL_ALGO form", "per-collective or exclusion list: other collectives keep their algorithms", "environment")
+    out += [ring, tree]
+    return out

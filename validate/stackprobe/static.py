@@ -1,0 +1,106 @@
+"""The static tier: environment report, arch coverage and one static probe per backend, with no GPU.
+
+Entry point for other tiers and tools: :func:`run_static` returns a :class:`stackprobe.report.Report`.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from . import coverage as cov
+from . import env as envmod
+from .archs import Arch, ArchSpecError, parse_arch
+from .probes import Context, probes
+from .report import Report
+from .verdict import ERROR, Verdict
+
+# Compute capabilities a target may name (NVIDIA's CUDA GPUs compute-capability table; sm_101 was
+# renamed sm_110 in CUDA 13.0). Valid spellings per archs.VALID_FORMS.
+KNOWN_COMPUTE_CAPABILITIES = ("7.5", "8.0", "8.6", "8.7", "8.9", "9.0", "10.0", "10.3", "11.0", "12.0", "12.1")
+
+
+class TargetArchError(ValueError):
+    """An unknown or malformed target arch; the message lists the valid ones."""
+
+
+def parse_target(spec: str | Arch) -> Arch:
+    """Parse and check a target arch. Raises :class:`TargetArchError` listing the valid ones."""
+    if isinstance(spec, Arch):
+        arch = spec
+    else:
+        try:
+            arch = parse_arch(spec)
+        except ArchSpecError as e:
+            raise TargetArchError(f"{e} Known targets: {', '.join(KNOWN_COMPUTE_CAPABILITIES)}.") from e
+    if arch.cc not in KNOWN_COMPUTE_CAPABILITIES:
+        raise TargetArchError(
+            f"unknown target arch {spec!s}: no GPU has compute capability {arch.cc}. Pass one of "
+            f"{', '.join(KNOWN_COMPUTE_CAPABILITIES)} (RTX PRO 6000 Blackwell and RTX 50xx are 12.0), "
+            f"optionally with an a/f suffix (12.0a, 12.0f).")
+    return arch
+
+
+def _log(msg: str, quiet: bool) -> None:
+    if not quiet:
+        print(f"[stackprobe] {msg}", file=sys.stderr, flush=True)
+
+
+def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, cache_dir: str | Path | None = None,
+               coverage_reader: str = "auto", world_size: int = 8, topology: str = "auto",
+               backends: list[str] | None = None, label: str = "", timeout: float = 180.0,
+               quiet: bool = True) -> Report:
+    """Run the static tier for ``target_arch`` in this environment and return the Report.
+
+    ``jit_compile``: also compile FlashInfer's fusion module for the target (minutes, cached by content
+    in ``cache_dir``, default ``$STACKPROBE_CACHE`` or ``~/.cache/stackprobe``). ``coverage_reader``:
+    "auto" | "elf" | "cuobjdump". ``world_size``: the TP size verdicts are for. ``topology``: "auto"
+    (detected with GPUs present, else the target host's PCIe assumed), "pcie" or "nvlink".
+    ``backends``: restrict to these backend names. Raises TargetArchError for a bad target.
+    A probe that crashes gives an ``error`` verdict with the exception, not an exception here.
+    """
+    target = parse_target(target_arch)
+    t0 = time.time()
+    _log(f"environment (target {target})", quiet)
+    environment = envmod.collect(timeout=timeout)
+    _log("arch coverage", quiet)
+    coverage_list, reader_error = [], ""
+    try:
+        coverage_list = cov.scan_installed(target, coverage_reader)
+    except cov.CoverageReaderError as e:
+        reader_error = str(e)
+        environment.setdefault("findings", []).append({"case": "", "level": "warning", "message": f"arch coverage skipped: {e}"})
+    topo, topo_source = topology, "given"
+    if topology == "auto":
+        t = environment.get("topology") or {}
+        if environment.get("gpus") and t.get("pairs"):
+            topo, topo_source = ("nvlink" if t.get("full_nvlink") else "pcie"), "detected (nvidia-smi topo -m)"
+        else:
+            topo, topo_source = "pcie", "assumed: no GPUs here; the target host is PCIe (pass --topology nvlink to change)"
+    ctx = Context(target=target, env=environment, coverage={c.package: c for c in coverage_list},
+                  world_size=world_size, topology=topo, topology_source=topo_source, jit_compile=jit_compile,
+                  timeout=timeout)
+    if cache_dir:
+        ctx.cache_dir = Path(cache_dir)
+    report = Report(target_arch=str(target), environment=environment, coverage=[c.to_json() for c in coverage_list],
+                    label=label, options={"jit_compile": jit_compile, "coverage_reader": coverage_reader,
+                                          "reader_error": reader_error, "world_size": world_size,
+                                          "topology": topo, "topology_source": topo_source})
+    for mod in probes():
+        names = list(getattr(mod, "BACKENDS", ()))
+        if backends and not set(names) & set(backends):
+            continue
+        _log(f"probe {', '.join(names)}", quiet)
+        try:
+            verdicts = mod.probe(ctx)
+        except Exception as e:  # noqa: BLE001 - a probe bug is a verdict, not the end of the suite
+            tb = traceback.format_exc().strip().splitlines()
+            verdicts = [Verdict(n, ERROR, cause=f"static probe crashed: {type(e).__name__}: {e}",
+                                warnings=[" / ".join(tb[-3:])]) for n in names]
+        for v in verdicts:
+            if not backends or v.backend in backends:
+                report.add(v)
+    report.options["seconds"] = round(time.time() - t0, 1)
+    return report

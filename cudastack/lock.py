@@ -773,6 +773,36 @@ def record_push(path: str | Path, node: str, pushed) -> dict:
     return update_lock(path, fn)
 
 
+def prepare_locked_build(plan, path: str | Path, *, client=None) -> dict:
+    """For ``invoke build --locked``: load the lock at ``path``, verify ``plan`` against it (LockError naming
+    every stale entry, before anything is built) and add each node's locked build args
+    (:func:`locked_build_args`) to ``node.build_args`` in place. The node hashes (and tags) stay those of the
+    plan. Returns the lock."""
+    lock = load_lock(path)
+    verify_plan_against_lock(plan, lock, client=client, where=str(path))
+    for node in plan.nodes:
+        node.build_args.update(locked_build_args(lock, node))
+    return lock
+
+
+def record_build_outputs(path: str | Path, build_record: dict) -> dict:
+    """Record a build record's results (``cudastack.build.run_build``'s dict: ``nodes[].{name, status,
+    image_id, tag, wheels: {file: sha256}}``) into ``outputs`` of the lock at ``path``, atomically, for every
+    node that was built or found cached."""
+    def fn(lock):
+        for n in build_record.get("nodes", []):
+            if n.get("status") not in ("built", "skipped") or n.get("name") not in lock["nodes"]:
+                continue
+            out = lock.setdefault("outputs", {}).setdefault(n["name"], {})
+            if n.get("image_id"):
+                out["image_id"] = n["image_id"]
+            if n.get("tag"):
+                out["tag"] = n["tag"]
+            if n.get("wheels"):
+                out["wheels"] = [{"filename": f, "sha256": d} for f, d in sorted(n["wheels"].items())]
+    return update_lock(path, fn)
+
+
 def summary(lock: dict) -> str:
     """A short human listing of the lock's entries (for `invoke lock` and the closing notes)."""
     lines = [f"lock for CUDA {lock['toolchain']} ({lock['cuda_version']}), base {lock.get('base_kind')}, "

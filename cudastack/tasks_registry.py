@@ -1,4 +1,224 @@
-"""Invoke tasks (registry). Thin: parse flags, call the package, map StackError to its exit code."""
-from invoke import task  # noqa: F401
+"""Invoke tasks (registry): lock, push, pull, cluster-job, bake. Thin: parse flags, call the package, map
+StackError to its exit code."""
+from __future__ import annotations
 
-TASKS: list = []
+import sys
+
+from invoke import Exit, task
+
+from cudastack.errors import StackError, UsageError
+
+_PLAN_HELP = {
+    "cuda": "CUDA toolchain, as named in recipes/toolchains.yaml (e.g. 13.1, 12.8).",
+    "arch": "Target arch list (e.g. 12.0, 12.0a, 9.0;12.0). Default 12.0.",
+    "base": "Base image kind: 'pip' or 'nvidia'. Default: the toolchain's default_base.",
+    "skip": "Leave a component out (repeatable), as for `invoke build`.",
+    "recipes": "Recipes folder. Default: the project's recipes/.",
+    "lockfiles": "Folder of the lockfiles (<toolchain>.lock.yaml). Default: the project's lockfiles/.",
+}
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _fail(exc: StackError):
+    raise Exit(f"error: {exc}", code=exc.exit_code)
+
+
+def _plan(cuda, arch, base, skip, recipes):
+    from cudastack.plan import make_plan
+
+    return make_plan(recipes, str(cuda), archs=arch, base=base, skip=skip or ())
+
+
+def _node(plan, name):
+    try:
+        return plan.node(name)
+    except KeyError:
+        raise UsageError(f"--node {name!r} is not in the plan; nodes: {', '.join(n.name for n in plan.nodes)}.") from None
+
+
+@task(help={**_PLAN_HELP,
+            "python": "Interpreter whose pip (>= 22.2) resolves; its major.minor must equal the images' Python "
+                      "(default: this one).",
+            "glibc": "glibc version of the images (2.N) for the manylinux platform tags; default: asked of the "
+                     "local OS image, else known from the base's distribution.",
+            "find_links": "Extra folder of distributions pip may use (repeatable)."},
+      iterable=["skip", "find_links"], auto_shortflags=False)
+def lock(c, cuda="13.1", arch=None, base=None, skip=None, recipes=None, lockfiles=None, python=None, glibc=None,
+         find_links=None):
+    """Pin every input of the plan (base image, OS snapshot, every pip package's closure with sha256, sdists,
+    git commits) into lockfiles/<toolchain>.lock.yaml, atomically."""
+    from cudastack import lock as L
+
+    try:
+        plan = _plan(cuda, arch, base, skip, recipes)
+        client = None
+        try:
+            from cudastack.registry import docker_client
+            client = docker_client()
+        except StackError as exc:
+            if plan.base_kind == "pip":
+                raise
+            _say(f"note: {exc}")
+        target = L.target_for_plan(plan, glibc=glibc, client=client)
+        path = L.lock_path(plan.toolchain, lockfiles)
+        lk = L.lock_plan(plan, path, target=target, python=python or sys.executable, client=client,
+                         find_links=find_links or (), progress=_say)
+        print(L.summary(lk))
+        print(f"wrote {path}")
+    except StackError as exc:
+        _fail(exc)
+
+
+@task(help={**_PLAN_HELP,
+            "registry": "Where to push: HOST[:PORT][/NAMESPACE], e.g. 127.0.0.1:5000/cudastack or "
+                        "registry.example.com/ml. Credentials come from the Docker credential store (docker login).",
+            "node": "Node to push (default runtime).",
+            "all_nodes": "Push every image node of the plan (base, torch, ..., runtime), not only --node."},
+      iterable=["skip"], auto_shortflags=False)
+def push(c, cuda="13.1", registry=None, node="runtime", all_nodes=False, arch=None, base=None, skip=None,
+         recipes=None, lockfiles=None):
+    """Push the locked build's image(s), read the digest the registry reports (HTTP API), check it against the
+    local image and record registry/name@sha256:... and registry#name@sha256:... in the lockfile."""
+    from cudastack import lock as L
+    from cudastack import registry as R
+
+    try:
+        if not registry:
+            raise UsageError("--registry is required: HOST[:PORT][/NAMESPACE], e.g. 127.0.0.1:5000/cudastack.")
+        host, namespace = R.parse_registry_prefix(registry)
+        plan = _plan(cuda, arch, base, skip, recipes)
+        path = L.lock_path(plan.toolchain, lockfiles)
+        lk = L.load_lock(path)
+        L.verify_plan_against_lock(plan, lk, where=str(path))
+        nodes = [n for n in plan.nodes if n.kind != "wheels"] if all_nodes else [_node(plan, node)]
+        client = R.docker_client()
+        for n in nodes:
+            if n.kind == "wheels":
+                raise UsageError(f"Node {n.name} exports wheels, not an image; push its consumer (runtime).")
+            expected = ((lk.get("outputs") or {}).get(n.name) or {}).get("image_id")
+            local = R.parse_reference(n.tag)
+            try:
+                image_id = client.images.get(n.tag).id
+            except Exception:  # noqa: BLE001
+                raise UsageError(f"No local image {n.tag} for node {n.name}; build it first "
+                                 f"(invoke build --cuda {plan.toolchain} --locked).") from None
+            if expected and expected != image_id:
+                raise UsageError(f"The local image {n.tag} is {image_id[:19]}, but the locked build recorded "
+                                 f"{expected[:19]}; rebuild with `invoke build --cuda {plan.toolchain} --locked`.")
+            repo_name = local.repository.rsplit("/", 1)[-1]
+            target = f"{host}/{namespace + '/' if namespace else ''}{repo_name}:{local.tag}"
+            pushed = R.push_image(n.tag, target, client=client, progress=_say)
+            L.record_push(path, n.name, pushed)
+            print(f"{n.name}: {pushed.reference}")
+            print(f"{n.name}: {pushed.enroot}")
+    except StackError as exc:
+        _fail(exc)
+
+
+@task(help={"cuda": _PLAN_HELP["cuda"], "lockfiles": _PLAN_HELP["lockfiles"],
+            "locked": "Pull exactly the digest the lockfile records (the default and only mode).",
+            "node": "Node whose pushed image to pull (default runtime)."}, auto_shortflags=False)
+def pull(c, cuda="13.1", locked=True, node="runtime", lockfiles=None):
+    """Pull the image the lockfile records by digest and verify it (registry digest, RepoDigests, image id)."""
+    from cudastack import lock as L
+    from cudastack import registry as R
+
+    try:
+        if not locked:
+            raise UsageError("pull only works from the lockfile (--locked): a cluster must run what was validated.")
+        path = L.lock_path(str(cuda), lockfiles)
+        lk = L.load_lock(path)
+        rec = (lk.get("pushed") or {}).get(node)
+        if not rec:
+            raise UsageError(f"{path} records no push of node {node}; run `invoke push --cuda {cuda} --registry ...` "
+                             "where the image was built.")
+        image = R.pull_by_digest(rec["reference"], expected_image_id=rec.get("image_id"), progress=_say)
+        print(f"{rec['reference']} -> {image.id}")
+    except StackError as exc:
+        _fail(exc)
+
+
+@task(help={"cuda": _PLAN_HELP["cuda"], "lockfiles": _PLAN_HELP["lockfiles"],
+            "scheduler": "slurm (sbatch script with pyxis --container-image) or kubernetes (batch/v1 Job).",
+            "gpus": "GPUs per node.",
+            "nodes": "Number of nodes to validate (one suite run per node). Default 1.",
+            "image": "Image reference with a digest; default: the runtime image the lockfile records as pushed.",
+            "output": "File to write. Default: stackprobe-cu<toolchain>.sbatch / .k8s.yaml.",
+            "partition": "Slurm partition.", "account": "Slurm account.",
+            "time": "Slurm time limit ([D-]HH:MM:SS). Default 01:00:00.",
+            "namespace": "Kubernetes namespace. Default 'default'.",
+            "host_path": "Kubernetes: keep the JSON reports in this folder on each node (hostPath); default: "
+                         "an emptyDir, the reports are printed to the pod log.",
+            "pull_secret": "Kubernetes: name of an imagePullSecret (credentials stay in the cluster).",
+            "probe_arg": "Extra argument for `python -m stackprobe` (repeatable), e.g. --probe-arg=--tier "
+                         "--probe-arg=static."},
+      iterable=["probe_arg"], auto_shortflags=False)
+def cluster_job(c, cuda="13.1", scheduler=None, gpus=None, nodes=1, image=None, output=None, partition=None,
+                account=None, time="01:00:00", namespace="default", host_path=None, pull_secret=None,
+                probe_arg=None, lockfiles=None):
+    """Write a Slurm batch script or a Kubernetes Job that runs the validation suite from the pinned digest on
+    GPU nodes and keeps its JSON reports."""
+    from cudastack import cluster
+    from cudastack import lock as L
+
+    try:
+        if scheduler not in ("slurm", "kubernetes"):
+            raise UsageError("--scheduler must be 'slurm' or 'kubernetes'.")
+        try:
+            n_gpus, n_nodes = int(gpus), int(nodes)
+        except (TypeError, ValueError):
+            raise UsageError("--gpus N (GPUs per node) and --nodes K must be whole numbers.") from None
+        if not image:
+            lk = L.load_lock(str(cuda), lockfiles)
+            rec = (lk.get("pushed") or {}).get("runtime")
+            if not rec:
+                raise UsageError(f"The lockfile for CUDA {cuda} records no pushed runtime image; run `invoke push "
+                                 f"--cuda {cuda} --registry ...` or pass --image REGISTRY/NAME@sha256:...")
+            image = rec["reference"]
+        if scheduler == "slurm":
+            text = cluster.slurm_script(image, gpus=n_gpus, nodes=n_nodes, toolchain=str(cuda), partition=partition,
+                                        account=account, time_limit=time, probe_args=probe_arg or ())
+            out = output or f"stackprobe-cu{cuda}.sbatch"
+        else:
+            job = cluster.kubernetes_job(image, gpus=n_gpus, nodes=n_nodes, toolchain=str(cuda), namespace=namespace,
+                                         host_path=host_path, image_pull_secret=pull_secret,
+                                         probe_args=probe_arg or ())
+            version = cluster.validate_kubernetes(job)
+            _say(f"the Job validates against the Kubernetes {version} schema")
+            text = cluster.render_manifest(job)
+            out = output or f"stackprobe-cu{cuda}.k8s.yaml"
+        cluster.write_job(out, text)
+        print(out)
+    except StackError as exc:
+        _fail(exc)
+
+
+@task(help={**_PLAN_HELP,
+            "output": "Bake file to write (JSON). Default: bake/docker-bake.json; build contexts go next to it.",
+            "state_dir": "Folder of the local wheelhouse (as for invoke build). Default .stack/",
+            "locked": "Add the lockfile's hash-checking build args to every target (verifies the lock first)."},
+      iterable=["skip"], auto_shortflags=False)
+def bake(c, cuda="13.1", output="bake/docker-bake.json", arch=None, base=None, skip=None, recipes=None,
+         state_dir=".stack", locked=False, lockfiles=None):
+    """Write the build plan as a buildx bake file (one target per node, parents chained through named
+    contexts), for `docker buildx bake -f FILE` on remote BuildKit builders."""
+    from cudastack import bake as B
+    from cudastack import lock as L
+
+    try:
+        plan = _plan(cuda, arch, base, skip, recipes)
+        lk = None
+        if locked:
+            path = L.lock_path(plan.toolchain, lockfiles)
+            lk = L.load_lock(path)
+            L.verify_plan_against_lock(plan, lk, where=str(path))
+        B.write_bake(plan, output, state_dir=state_dir, lock=lk)
+        print(output)
+    except StackError as exc:
+        _fail(exc)
+
+
+TASKS: list = [lock, push, pull, cluster_job, bake]

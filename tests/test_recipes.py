@@ -1,0 +1,187 @@
+"""Recipes: the real recipes load and form consistent version sets; malformed recipes fail with file + key.
+No Docker."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cudastack.errors import RecipeError, UsageError
+from cudastack.recipes import DEFAULT_RECIPES_DIR, load_recipes
+
+FIXTURE_RECIPES = Path(__file__).parent / "fixtures" / "recipes"
+
+
+@pytest.fixture
+def recipes_copy(tmp_path):
+    """A writable copy of the real recipes folder."""
+    dst = tmp_path / "recipes"
+    shutil.copytree(DEFAULT_RECIPES_DIR, dst)
+    return dst
+
+
+def edit(path: Path, fn) -> None:
+    data = yaml.safe_load(path.read_text())
+    fn(data)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def test_real_recipes_load_with_both_toolchains_and_every_component():
+    r = load_recipes()
+    assert {"12.8", "13.1"} <= set(r.toolchains)
+    assert r.toolchains["13.1"].cuda_version == "13.1.1"
+    assert r.toolchains["12.8"].cuda_version.startswith("12.8.")
+    assert {c.stem for c in r.components.values()} >= {"base", "torch", "flash-attn", "sgl-kernel", "flashinfer", "sglang"}
+    # 12.8's pip base has no nvcc (CUDA 12 wheels ship only ptxas); 13.1's has
+    assert r.toolchains["12.8"].bases["pip"].has_nvcc is False
+    assert r.toolchains["13.1"].bases["pip"].has_nvcc is True
+    assert r.toolchains["12.8"].default_base == "nvidia"
+
+
+def _pins(r, tc):
+    out = {}
+    for c in r.components.values():
+        e = c.toolchains[tc]
+        for spec in e.packages:
+            name, ver = spec.split("==")
+            out[name.split("[")[0]] = ver
+        if e.sdist:
+            out[e.sdist["package"]] = e.sdist["version"]
+    return out
+
+
+def test_version_sets_match_the_measured_pypi_metadata():
+    r = load_recipes()
+    p13 = _pins(r, "13.1")
+    assert p13["torch"] == "2.14.1" and p13["sglang"] == "0.5.23"
+    assert p13["sglang-kernel"] == "0.4.10" and p13["flashinfer-python"] == "0.7.2"
+    assert p13["flash-attn"].startswith("2.8.3")
+    p12 = _pins(r, "12.8")
+    assert p12["torch"] in ("2.9.1", "2.10.0")            # PyPI's cu128 builds
+    assert p12["torch"] == r.toolchains["12.8"].torch_version
+    assert "sglang-kernel" not in p12 and "sgl-kernel" in p12  # 0.3.x: the CUDA 12 builds
+    runtime = r.component("sglang")
+    assert runtime.kind == "runtime" and runtime.name == "runtime"
+    for tc in ("12.8", "13.1"):
+        for pkg, ver in runtime.toolchains[tc].requires.items():
+            assert _pins(r, tc)[pkg] == ver
+
+
+def test_flash_attn_is_a_source_recipe_with_a_memory_budget():
+    fa = load_recipes().component("flash-attn")
+    assert all(e.method == "source" for e in fa.toolchains.values())
+    assert fa.parallelism.memory_gib_per_job == 9 and fa.parallelism.nvcc_threads == 4
+    assert fa.knobs["FLASH_ATTENTION_FORCE_BUILD"] == "TRUE"
+    assert fa.arch_knob.knob == "FLASH_ATTN_CUDA_ARCHS"
+
+
+def test_sgl_kernel_recipe_knows_it_ignores_torch_cuda_arch_list():  # C10
+    sk = load_recipes().component("sgl-kernel")
+    assert sk.arch_knob.style == "cmake-fixed"
+    assert "TORCH_CUDA_ARCH_LIST" in sk.arch_knob.ignores
+    assert ("12.0a", "12.8") in sk.arch_knob.covers
+
+
+def test_dag_comes_from_the_data_fixture_chain():
+    r = load_recipes(FIXTURE_RECIPES)
+    assert list(r.toolchains) == ["13.1"]
+    kinds = {c.name: (c.kind, c.needs) for c in r.components.values()}
+    assert kinds == {"base": ("base", []), "cuda-ext": ("wheels", ["base"]), "runtime": ("runtime", ["base", "cuda-ext"])}
+    assert r.component("cuda-ext").toolchains["13.1"].path.name == "cuda_ext"
+
+
+def test_unknown_key_names_file_and_key(recipes_copy):
+    edit(recipes_copy / "flashinfer.yaml", lambda d: d["toolchains"]["13.1"].__setitem__("methdo", "wheel"))
+    with pytest.raises(RecipeError) as e:
+        load_recipes(recipes_copy)
+    assert "flashinfer.yaml" in str(e.value) and "toolchains.13.1.methdo" in str(e.value)
+    assert e.value.exit_code == 3
+
+
+def test_unknown_top_level_key(recipes_copy):
+    edit(recipes_copy / "torch.yaml", lambda d: d.__setitem__("neds", ["base"]))
+    with pytest.raises(RecipeError, match=r"torch.yaml.*'neds'"):
+        load_recipes(recipes_copy)
+
+
+def test_unknown_key_in_toolchains_file(recipes_copy):
+    edit(recipes_copy / "toolchains.yaml", lambda d: d["toolchains"]["13.1"].__setitem__("cuda_verison", "13.1.1"))
+    with pytest.raises(RecipeError, match=r"toolchains.yaml.*toolchains.13.1.cuda_verison"):
+        load_recipes(recipes_copy)
+
+
+def test_missing_pin_is_an_error(recipes_copy):
+    edit(recipes_copy / "torch.yaml", lambda d: d["toolchains"]["13.1"].__setitem__("packages", ["torch>=2.14"]))
+    with pytest.raises(RecipeError, match=r"torch.yaml.*packages\[0\].*not pinned"):
+        load_recipes(recipes_copy)
+
+
+def test_missing_sdist_version_is_an_error(recipes_copy):
+    edit(recipes_copy / "flash-attn.yaml", lambda d: d["toolchains"]["13.1"]["sdist"].pop("version"))
+    with pytest.raises(RecipeError, match=r"flash-attn.yaml.*sdist.version.*missing"):
+        load_recipes(recipes_copy)
+
+
+def test_git_source_must_pin_a_commit(recipes_copy):
+    def to_git(d):
+        d["toolchains"]["13.1"].pop("sdist")
+        d["toolchains"]["13.1"]["git"] = {"url": "https://example.org/flash-attention.git", "commit": "v2.8.3"}
+    edit(recipes_copy / "flash-attn.yaml", to_git)
+    with pytest.raises(RecipeError, match=r"git.commit.*40-hex"):
+        load_recipes(recipes_copy)
+
+
+def test_source_recipe_needs_a_memory_budget(recipes_copy):
+    edit(recipes_copy / "flash-attn.yaml", lambda d: d.pop("parallelism"))
+    with pytest.raises(RecipeError, match=r"flash-attn.yaml.*parallelism.*memory_gib_per_job"):
+        load_recipes(recipes_copy)
+
+
+def test_every_toolchain_needs_an_entry(recipes_copy):
+    edit(recipes_copy / "flashinfer.yaml", lambda d: d["toolchains"].pop("12.8"))
+    with pytest.raises(RecipeError, match=r"flashinfer.yaml.*toolchains.12.8.*missing"):
+        load_recipes(recipes_copy)
+
+
+def test_inconsistent_version_set_is_an_error(recipes_copy):
+    edit(recipes_copy / "sgl-kernel.yaml",
+         lambda d: d["toolchains"]["13.1"].__setitem__("packages", ["sglang-kernel==0.4.9"]))
+    with pytest.raises(RecipeError, match=r"sglang.yaml.*sglang-kernel==0.4.10.*sgl-kernel.yaml.*0.4.9"):
+        load_recipes(recipes_copy)
+
+
+def test_torch_pin_must_match_the_toolchain_torch_line(recipes_copy):
+    edit(recipes_copy / "toolchains.yaml", lambda d: d["toolchains"]["13.1"]["torch"].__setitem__("version", "2.13.0"))
+    with pytest.raises(RecipeError, match=r"torch==2.14.1.*2.13.0"):
+        load_recipes(recipes_copy)
+
+
+def test_unquoted_boolean_knob_is_an_error(recipes_copy):
+    edit(recipes_copy / "flash-attn.yaml", lambda d: d["knobs"].__setitem__("FLASH_ATTENTION_FORCE_BUILD", True))
+    with pytest.raises(RecipeError, match=r"FLASH_ATTENTION_FORCE_BUILD.*quote"):
+        load_recipes(recipes_copy)
+
+
+def test_dangling_needs_and_cycles(recipes_copy, tmp_path):
+    edit(recipes_copy / "flashinfer.yaml", lambda d: d.__setitem__("needs", ["torchh"]))
+    with pytest.raises(RecipeError, match=r"flashinfer.yaml.*needs\[0\].*torchh"):
+        load_recipes(recipes_copy)
+    fx = tmp_path / "fx"
+    shutil.copytree(FIXTURE_RECIPES, fx)
+    (fx / "cuda-ext.yaml").write_text((FIXTURE_RECIPES / "cuda-ext.yaml").read_text().replace(
+        "path: ../cuda_ext", f"path: {(FIXTURE_RECIPES.parent / 'cuda_ext').resolve()}"))
+    edit(fx / "base.yaml", lambda d: d.__setitem__("needs", ["runtime"]))
+    with pytest.raises(RecipeError, match=r"base node needs nothing"):
+        load_recipes(fx)
+
+
+def test_unknown_cuda_version_lists_the_known_ones():
+    with pytest.raises(UsageError, match=r"Unknown CUDA version '12.9'.*12.8, 13.1"):
+        load_recipes().toolchain("12.9")
+
+
+def test_unknown_component_lists_the_known_ones():
+    with pytest.raises(UsageError, match=r"Unknown component 'flash_attn'.*flash-attn"):
+        load_recipes().component("flash_attn")

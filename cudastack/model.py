@@ -28,11 +28,24 @@ Per kind (the executor and the Dockerfiles must agree on these names):
                    ``K=V`` applied to the pip command)
 * ``wheels``:      ``METHOD`` ("wheel": ``pip download --no-deps``; "source": ``pip wheel --no-deps
                    --no-build-isolation`` from an sdist/git ref), ``PIP_SPECS``, ``BUILD_ENV`` (the
-                   component's knobs, e.g. ``MAX_JOBS=1 NVCC_THREADS=2 FLASH_ATTN_CUDA_ARCHS=120``).
+                   component's knobs, e.g. ``MAX_JOBS=1 NVCC_THREADS=2 FLASH_ATTN_CUDA_ARCHS=120``),
+                   ``SOURCE_DIR`` ("src" for a recipe whose source is a local folder: the executor copies
+                   that folder into the build context as ``src/`` and leaves ``PIP_SPECS`` empty).
                    Stage ``builder`` holds ``/wheels``; stage ``wheels`` (FROM scratch) holds only the
-                   wheels and is exported with ``--output type=local``.
-* ``runtime``:     ``PIP_SPECS`` (sglang and friends), ``WHEEL_NAMES`` (the files from the wheelhouse
-                   to install); the build context holds ``wheelhouse/`` and ``stackprobe/``.
+                   wheels and is exported with ``--output type=local``. The executor exports first, moves
+                   the wheels into the wheelhouse, then builds ``--target builder -t <tag>`` (a BuildKit
+                   cache hit) so the tag marks the node done.
+* ``runtime``:     ``PIP_SPECS`` (sglang and friends; may be empty), ``WHEEL_NAMES`` (the files from the
+                   wheelhouse to install, filled by the executor), and one build arg per knob of
+                   scope ``env`` in the plan, named as the knob (today ``TORCH_CUDA_ARCH_LIST``,
+                   ``FLASHINFER_CUDA_ARCH_LIST``): the Dockerfile turns each into ``ENV`` of the image. The
+                   build context holds ``wheelhouse/`` and ``stackprobe/``.
+
+Every build also gets ``--label org.cudastack.node=<name> org.cudastack.hash=<hash>
+org.cudastack.toolchain=<toolchain>`` and, when a CA bundle exists, ``--secret id=cabundle,src=<bundle>``.
+The recipes' node kind ``base`` becomes ``base-pip`` or ``base-nvidia`` by ``--base``. Parallelism knobs
+(MAX_JOBS, NVCC_THREADS, SGL_KERNEL_COMPILE_THREADS, CMAKE_BUILD_PARALLEL_LEVEL) travel in ``BUILD_ENV``
+but are not hashed (they change how fast, not what is built).
 """
 from __future__ import annotations
 

@@ -600,6 +600,16 @@ def stale_entries(plan, lock: dict, *, client=None) -> list[str]:
             if g.get("commit") and (g["url"], g["commit"]) not in pins:
                 out.append(f"nodes.{node.name}.git: the lock pins {pins or 'nothing'}, the recipe asks for "
                            f"{g['url']}@{g['commit']}")
+        if src.get("path") and e.get("paths"):
+            from cudastack.plan import dir_digest
+            folder = (getattr(node, "context", {}) or {}).get("src") or src["path"]
+            try:
+                now = dir_digest(folder)
+            except OSError:
+                now = "missing"
+            if now != e["paths"][0].get("sha256"):
+                out.append(f"nodes.{node.name}.paths: the source folder {Path(folder).name} changed since it was "
+                           f"locked (sha256 {now[:12]} now, {str(e['paths'][0].get('sha256'))[:12]} locked)")
         if node.kind == "base-pip":
             tag = node.build_args.get("OS_IMAGE", "")
             rec = e.get("os_image") or {}
@@ -824,6 +834,8 @@ def summary(lock: dict) -> str:
             lines.append(f"    sdist {sd['filename']} sha256:{sd['sha256']}")
         for g in e.get("git") or []:
             lines.append(f"    git {g['url']} {g.get('ref', '')} @ {g['commit']}")
+        for pth in e.get("paths") or []:
+            lines.append(f"    source folder {pth['path']} sha256:{pth['sha256']}")
     for name, o in (lock.get("outputs") or {}).items():
         lines.append(f"  output {name}: image {o.get('image_id', '-')}"
                      + "".join(f"\n    wheel {w['filename']} sha256:{w['sha256']}" for w in o.get("wheels", [])))

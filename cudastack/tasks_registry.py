@@ -88,32 +88,12 @@ def push(c, cuda="13.1", registry=None, node="runtime", all_nodes=False, arch=No
     try:
         if not registry:
             raise UsageError("--registry is required: HOST[:PORT][/NAMESPACE], e.g. 127.0.0.1:5000/cudastack.")
-        host, namespace = R.parse_registry_prefix(registry)
         plan = _plan(cuda, arch, base, skip, recipes)
         path = L.lock_path(plan.toolchain, lockfiles)
-        lk = L.load_lock(path)
-        L.verify_plan_against_lock(plan, lk, where=str(path))
-        nodes = [n for n in plan.nodes if n.kind != "wheels"] if all_nodes else [_node(plan, node)]
-        client = R.docker_client()
-        for n in nodes:
-            if n.kind == "wheels":
-                raise UsageError(f"Node {n.name} exports wheels, not an image; push its consumer (runtime).")
-            expected = ((lk.get("outputs") or {}).get(n.name) or {}).get("image_id")
-            local = R.parse_reference(n.tag)
-            try:
-                image_id = client.images.get(n.tag).id
-            except Exception:  # noqa: BLE001
-                raise UsageError(f"No local image {n.tag} for node {n.name}; build it first "
-                                 f"(invoke build --cuda {plan.toolchain} --locked).") from None
-            if expected and expected != image_id:
-                raise UsageError(f"The local image {n.tag} is {image_id[:19]}, but the locked build recorded "
-                                 f"{expected[:19]}; rebuild with `invoke build --cuda {plan.toolchain} --locked`.")
-            repo_name = local.repository.rsplit("/", 1)[-1]
-            target = f"{host}/{namespace + '/' if namespace else ''}{repo_name}:{local.tag}"
-            pushed = R.push_image(n.tag, target, client=client, progress=_say)
-            L.record_push(path, n.name, pushed)
-            print(f"{n.name}: {pushed.reference}")
-            print(f"{n.name}: {pushed.enroot}")
+        names = [n.name for n in plan.nodes if n.kind != "wheels"] if all_nodes else [node]
+        for name, pushed in R.push_locked(plan, path, registry, nodes=names, progress=_say).items():
+            print(f"{name}: {pushed.reference}")
+            print(f"{name}: {pushed.enroot}")
     except StackError as exc:
         _fail(exc)
 
@@ -130,13 +110,8 @@ def pull(c, cuda="13.1", locked=True, node="runtime", lockfiles=None):
         if not locked:
             raise UsageError("pull only works from the lockfile (--locked): a cluster must run what was validated.")
         path = L.lock_path(str(cuda), lockfiles)
-        lk = L.load_lock(path)
-        rec = (lk.get("pushed") or {}).get(node)
-        if not rec:
-            raise UsageError(f"{path} records no push of node {node}; run `invoke push --cuda {cuda} --registry ...` "
-                             "where the image was built.")
-        image = R.pull_by_digest(rec["reference"], expected_image_id=rec.get("image_id"), progress=_say)
-        print(f"{rec['reference']} -> {image.id}")
+        image = R.pull_locked(path, node=node, progress=_say)
+        print(f"{image.attrs.get('RepoDigests')[0] if image.attrs.get('RepoDigests') else image.id} -> {image.id}")
     except StackError as exc:
         _fail(exc)
 
@@ -153,8 +128,8 @@ def pull(c, cuda="13.1", locked=True, node="runtime", lockfiles=None):
             "host_path": "Kubernetes: keep the JSON reports in this folder on each node (hostPath); default: "
                          "an emptyDir, the reports are printed to the pod log.",
             "pull_secret": "Kubernetes: name of an imagePullSecret (credentials stay in the cluster).",
-            "probe_arg": "Extra argument for `python -m stackprobe` (repeatable), e.g. --probe-arg=--tier "
-                         "--probe-arg=static."},
+            "probe_arg": "Argument for `python -m stackprobe` (repeatable), e.g. --probe-arg=--target-arch "
+                         "--probe-arg=12.0. Default: --runtime (static and runtime tiers on the node's GPUs)."},
       iterable=["probe_arg"], auto_shortflags=False)
 def cluster_job(c, cuda="13.1", scheduler=None, gpus=None, nodes=1, image=None, output=None, partition=None,
                 account=None, time="01:00:00", namespace="default", host_path=None, pull_secret=None,
@@ -180,12 +155,12 @@ def cluster_job(c, cuda="13.1", scheduler=None, gpus=None, nodes=1, image=None, 
             image = rec["reference"]
         if scheduler == "slurm":
             text = cluster.slurm_script(image, gpus=n_gpus, nodes=n_nodes, toolchain=str(cuda), partition=partition,
-                                        account=account, time_limit=time, probe_args=probe_arg or ())
+                                        account=account, time_limit=time, probe_args=probe_arg or ["--runtime"])
             out = output or f"stackprobe-cu{cuda}.sbatch"
         else:
             job = cluster.kubernetes_job(image, gpus=n_gpus, nodes=n_nodes, toolchain=str(cuda), namespace=namespace,
                                          host_path=host_path, image_pull_secret=pull_secret,
-                                         probe_args=probe_arg or ())
+                                         probe_args=probe_arg or ["--runtime"])
             version = cluster.validate_kubernetes(job)
             _say(f"the Job validates against the Kubernetes {version} schema")
             text = cluster.render_manifest(job)

@@ -20,7 +20,7 @@ IMAGE = f"127.0.0.1:5000/ci/runtime@{DIGEST}"
 
 
 @pytest.mark.parametrize("kw", [dict(gpus=8), dict(gpus=2, nodes=4, partition="gpu", account="ml",
-                                                   probe_args=["--tier", "static", "--arch", "12.0"])])
+                                                   probe_args=["--runtime", "--target-arch", "12.0"])])
 def test_slurm_script_passes_shellcheck(tmp_path, kw):
     if not shutil.which("shellcheck"):
         pytest.skip("shellcheck is not installed")
@@ -44,7 +44,7 @@ def test_slurm_script_accepts_enroot_spelling():
 
 @pytest.mark.parametrize("kw", [dict(gpus=8), dict(gpus=8, nodes=3, host_path="/var/lib/stackprobe",
                                                    node_selector={"nvidia.com/gpu.product": "RTX-PRO-6000"},
-                                                   image_pull_secret="regcred", probe_args=["--tier", "static"])])
+                                                   image_pull_secret="regcred", probe_args=["--target-arch", "12.0"])])
 def test_kubernetes_job_validates(kw):
     job = cluster.kubernetes_job(IMAGE, toolchain="13.1", **kw)
     version = cluster.validate_kubernetes(job)
@@ -100,11 +100,12 @@ def test_container_command_runs_the_suite_and_keeps_the_report(tmp_path):
     mount = str(tmp_path / "reports")
     os.makedirs(mount)
     job = cluster.kubernetes_job(IMAGE, gpus=1, toolchain="13.1", container_mount=mount,
-                                 probe_args=["--tier", "static"])
+                                 probe_args=["--target-arch", "12.0"])
     script = job["spec"]["template"]["spec"]["containers"][0]["args"][0]
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    (bindir / "python").symlink_to(sys.executable)
+    (bindir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (bindir / "python").chmod(0o755)
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "NODE_NAME": "node-a", "JOB_COMPLETION_INDEX": "0"}
     r = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, env=env, timeout=900)
     reports = cluster.reports_from_log(r.stdout)

@@ -152,7 +152,8 @@ def bootstrap_os_image(
     no BuildKit is needed). ``workdir``: parent folder of the temporary rootfs (needs about 300 MB free).
 
     Idempotent: when ``tag`` exists locally its id is returned and nothing runs (with ``tag`` given this needs
-    no network). The record of what went in is on the image as labels; see :func:`os_image_record`.
+    no network; with the default tag only the Release file is fetched). The record of what went in is on the
+    image as labels; see :func:`os_image_record`.
 
     Raises EnvironmentError_ (exit 5) when not root (debootstrap needs root to create device nodes and chroot),
     when debootstrap or the docker client is missing, when no daemon answers, or when debootstrap or the import
@@ -161,7 +162,11 @@ def bootstrap_os_image(
     if not suite or "/" in suite or " " in suite:
         raise UsageError(f"Suite {suite!r} is not a Debian suite name; pass a codename such as 'bookworm'.")
     client = _docker_client()
-    if tag is not None and (image_id := _image_id(client, tag)):
+    rel = None
+    if tag is None:  # the default tag names the mirror's snapshot date: one small download to know it
+        rel = release_info(suite, mirror)
+        tag = default_tag(suite, rel["date"])
+    if image_id := _image_id(client, tag):
         _say(progress, f"OS image {tag} exists ({image_id[:19]}); skipping debootstrap")
         return image_id
 
@@ -177,13 +182,7 @@ def bootstrap_os_image(
     if not docker_bin:
         raise EnvironmentError_("No docker client found on PATH; install Debian's docker.io (or docker-ce-cli).")
 
-    rel = release_info(suite, mirror)
-    if tag is None:
-        tag = default_tag(suite, rel["date"])
-        if image_id := _image_id(client, tag):
-            _say(progress, f"OS image {tag} exists ({image_id[:19]}); skipping debootstrap")
-            return image_id
-
+    rel = rel or release_info(suite, mirror)
     ver = subprocess.run([deboot, "--version"], capture_output=True, text=True).stdout.strip()
     labels = {
         "mirror": mirror,

@@ -87,8 +87,8 @@ RUN --mount=type=cache,target=/root/.cache/pip \
         ln -s "/opt/cuda-wheels/${CUDA_WHEEL_ROOT}" /usr/local/cuda; \
     else \
         mkdir -p /usr/local/cuda; \
-        for d in /opt/cuda-wheels/nvidia/*/; do cp -rs "$d". /usr/local/cuda/; done; \
-        rm -rf /usr/local/cuda/__init__.py /usr/local/cuda/__pycache__; \
+        for d in /opt/cuda-wheels/nvidia/*/; do cp -rsf "$d". /usr/local/cuda/; done; \
+        find /usr/local/cuda \( -name __init__.py -o -name __pycache__ \) -prune -exec rm -rf {} +; \
     fi; \
     cd /usr/local/cuda; \
     mkdir -p lib; \

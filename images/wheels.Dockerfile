@@ -4,7 +4,8 @@
 # Build args (contract: cudastack/model.py):
 #   PARENT_IMAGE   the image to build in (the torch node: torch, CUDA_HOME, compilers, /opt/venv)
 #   METHOD         "wheel":  pip download --no-deps --only-binary=:all: PIP_SPECS (a pinned wheel from the index)
-#                  "source": pip wheel --no-deps --no-build-isolation, from PIP_SPECS (sdist, git+https://...@ref)
+#                  "source": pip wheel --no-deps --no-build-isolation, from PIP_SPECS (sdist, git+https://...@ref,
+#                            or a path such as ./src, relative to the build context: pip runs in /ctx)
 #                            or, when SOURCE_DIR is set, from that folder of the build context
 #   PIP_SPECS      space separated requirements
 #   SOURCE_DIR     optional: a folder in the build context holding a pip-installable source tree
@@ -48,7 +49,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
           test -n "${PIP_SPECS}" || { echo "METHOD=source needs PIP_SPECS or SOURCE_DIR" >&2; exit 2; }; \
           set -- ${PIP_SPECS}; \
         fi; \
-        cd /tmp; \
+        cd /ctx; \
         with-build-ca nice -n 10 pip wheel -v --no-deps --no-build-isolation -w /wheels "$@" ;; \
       *) echo "METHOD must be 'wheel' or 'source', got '${METHOD}'" >&2; exit 2 ;; \
     esac; \

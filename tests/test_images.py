@@ -1,0 +1,487 @@
+"""Images: the Dockerfiles in images/ built for real through BuildKit, and the OS bootstrap.
+
+No-Docker tests lint the Dockerfiles against the node-kind contract (cudastack/model.py). The docker tests
+build the real chain for CUDA 13.1 on a debootstrapped Debian (a toolkit subset keeps them small):
+base-pip -> (image node) ; base-pip -> wheels (the cuda_ext fixture from source, sm_120) -> runtime,
+and check inside the images what the toolchain layer promises: nvcc 13.1, sm_120 in its GPU code list,
+host code including thrust compiles (case C7), links against libcudart/libcuda work, the CA bundle is in no
+layer, and the fixture's shared object carries sm_120 SASS (cuobjdump from PyPI's nvidia-cuda-cuobjdump, a
+test-only download: the CUDA 13.1 wheel set has no cuobjdump; the package exists on PyPI from 13.2 on).
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import shutil
+import subprocess
+import tarfile
+import time
+from email.utils import parsedate_to_datetime
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from cudastack.model import NODE_KINDS
+
+ROOT = Path(__file__).resolve().parents[1]
+IMAGES = ROOT / "images"
+FIXTURES = ROOT / "tests" / "fixtures"
+CUDA13_SPECS = "cuda-toolkit[nvcc,cudart,cccl,crt,nvvm]==13.1.1"
+CUDA13_VERSION = "13.1.1"
+CUDA12_SPECS = "nvidia-cuda-runtime-cu12==12.8.90 nvidia-cuda-nvcc-cu12==12.8.93 nvidia-cuda-cccl-cu12==12.8.90"
+CUOBJDUMP_SPEC = "nvidia-cuda-cuobjdump==13.5.37"
+TEST_REPO = "cudastack-test"
+
+# Build args each kind must declare (cudastack/model.py is the contract).
+CONTRACT_ARGS = {
+    "base-pip": {"OS_IMAGE", "CUDA_PIP_SPECS", "CUDA_VERSION", "CUDA_WHEEL_ROOT"},
+    "base-nvidia": {"BASE_IMAGE", "CUDA_VERSION"},
+    "image": {"PARENT_IMAGE", "PIP_SPECS", "BUILD_ENV"},
+    "wheels": {"PARENT_IMAGE", "METHOD", "PIP_SPECS", "BUILD_ENV"},
+    "runtime": {"PARENT_IMAGE", "PIP_SPECS", "WHEEL_NAMES", "FLASHINFER_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST"},
+}
+
+
+# ----------------------------------------------------------------------------------- Dockerfile lint
+def _instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, rest) per Dockerfile instruction, continuation lines joined, comments dropped."""
+    out, buf = [], ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not buf and (not line or line.startswith("#")):
+            continue
+        if line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            buf += line[:-1] + " "
+            continue
+        buf += line
+        word, _, rest = buf.partition(" ")
+        out.append((word.upper(), rest.strip()))
+        buf = ""
+    return out
+
+
+@pytest.mark.parametrize("kind", NODE_KINDS)
+def test_dockerfile_declares_contract_args(kind):
+    path = IMAGES / f"{kind}.Dockerfile"
+    assert path.is_file(), f"{path} missing for node kind {kind}"
+    text = path.read_text()
+    assert not re.search(r"^#\s*syntax\s*=", text, re.M | re.I), "a '# syntax=' line pulls a frontend image"
+    args = {rest.split("=")[0].strip() for ins, rest in _instructions(path) if ins == "ARG"}
+    missing = CONTRACT_ARGS[kind] - args
+    assert not missing, f"{kind}.Dockerfile does not declare ARG {sorted(missing)}"
+    if kind not in ("base-pip", "base-nvidia"):
+        assert {"PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL"} <= args
+
+
+@pytest.mark.parametrize("kind", NODE_KINDS)
+def test_every_pip_call_uses_cache_mount_and_ca_secret(kind):
+    path = IMAGES / f"{kind}.Dockerfile"
+    pip_runs = [rest for ins, rest in _instructions(path)
+                if ins == "RUN" and re.search(r"\bpip (install|download|wheel)\b", rest)]
+    assert pip_runs, f"{kind}: no pip call found"
+    for rest in pip_runs:
+        assert "--mount=type=cache,target=/root/.cache/pip" in rest, rest[:120]
+        assert "--mount=type=secret,id=cabundle" in rest, rest[:120]
+        for call in re.findall(r"(\S+\s+)(?:nice -n \d+ )?pip (?:install|download|wheel)", rest):
+            assert "with-build-ca" in call, f"{kind}: pip runs without the CA wrapper: {rest[:160]}"
+    for ins, rest in _instructions(path):
+        # the CA bundle reaches builds only as a secret: never copied, never in ENV
+        assert not (ins in ("COPY", "ADD") and re.search(r"ca-?bundle|\.crt|\.pem", rest, re.I)), rest
+        assert not (ins == "ENV" and re.search(r"PIP_CERT|SSL_CERT_FILE|REQUESTS_CA_BUNDLE", rest)), rest
+
+
+@pytest.mark.parametrize("kind", NODE_KINDS)
+def test_variables_in_from_env_label_are_declared(kind):
+    path = IMAGES / f"{kind}.Dockerfile"
+    declared: set[str] = set()
+    for ins, rest in _instructions(path):
+        if ins == "ARG":
+            declared.add(rest.split("=")[0].strip())
+        elif ins == "ENV":
+            declared |= set(re.findall(r"(?:^|\s)([A-Z_][A-Z0-9_]*)=", rest))
+        if ins in ("FROM", "ENV", "LABEL"):
+            for var in re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", rest):
+                assert var in declared, f"{kind}.Dockerfile: ${var} used in {ins} before it is declared"
+
+
+def test_build_env_quoting_contract():
+    """BUILD_ENV is evaluated as `export $BUILD_ENV` by /bin/sh: a shell-quoted value keeps its spaces."""
+    sh = shutil.which("sh")
+    assert sh
+    out = subprocess.run([sh, "-c", 'eval "export $BUILD_ENV"; printf "%s|%s" "$A" "$B"'],
+                         env={"BUILD_ENV": "A=1 B='12.0a 12.1a'", "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, check=True).stdout
+    assert out == "1|12.0a 12.1a"
+
+
+# ---------------------------------------------------------------------------------- real builds
+
+
+@pytest.fixture(scope="session")
+def engine():
+    from cudastack.engine import Engine
+
+    return Engine.connect()
+
+
+@pytest.fixture(scope="session")
+def ca_bundle():
+    from cudastack.engine import default_ca_bundle
+
+    return default_ca_bundle()
+
+
+@pytest.fixture(scope="session")
+def build(engine, ca_bundle, tmp_path_factory):
+    """build(name, kind, context, **kw) -> BuildResult: one real BuildKit build of images/<kind>.Dockerfile."""
+    logs = tmp_path_factory.mktemp("buildlogs")
+
+    def _build(name: str, kind: str, context: Path, **kw):
+        secrets = {"cabundle": ca_bundle} if ca_bundle else {}
+        t0 = time.monotonic()
+        res = engine.build(name=name, log_path=logs / f"{name}.log", say=lambda s: None, context=str(context),
+                           dockerfile=str(IMAGES / f"{kind}.Dockerfile"), secrets=secrets, **kw)
+        print(f"[build] {name}: {time.monotonic() - t0:.1f}s")
+        return res
+
+    return _build
+
+
+@pytest.fixture(scope="session")
+def empty_ctx(tmp_path_factory):
+    return tmp_path_factory.mktemp("emptyctx")
+
+
+@pytest.fixture(scope="session")
+def os_image():
+    """The bootstrapped Debian bookworm image (debootstrap + docker import; reused when its tag exists)."""
+    from cudastack.bootstrap import bootstrap_os_image
+
+    lines: list[str] = []
+    image_id = bootstrap_os_image("bookworm", progress=lines.append)
+    tag = next(t for t in _client().images.get(image_id).tags if t.startswith("cudastack/debian:bookworm-"))
+    return {"id": image_id, "tag": tag, "lines": lines}
+
+
+@lru_cache(maxsize=1)
+def _docker_bin() -> str:
+    from cudastack.engine import find_buildkit
+
+    return find_buildkit().docker
+
+
+def _client():
+    import docker
+
+    return docker.from_env()
+
+
+def _run(image: str, script: str, *, volumes: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``bash -c script`` in a throwaway container (no GPU); returns the completed process."""
+    cmd = [_docker_bin(), "run", "--rm"]
+    for host, spec in (volumes or {}).items():
+        cmd += ["-v", f"{host}:{spec}"]
+    cmd += [image, "bash", "-c", script]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if check and res.returncode != 0:
+        raise AssertionError(f"in {image}: {script}\nexit {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+    return res
+
+
+@pytest.fixture(scope="session")
+def base13(build, os_image, empty_ctx):
+    tag = f"{TEST_REPO}/base-pip:cu13.1"
+    build("base-pip-cu13.1", "base-pip", empty_ctx, tag=tag, build_args={
+        "OS_IMAGE": os_image["tag"], "CUDA_PIP_SPECS": CUDA13_SPECS, "CUDA_VERSION": CUDA13_VERSION,
+        "CUDA_WHEEL_ROOT": "nvidia/cu13"})
+    return tag
+
+
+@pytest.fixture(scope="session")
+def fixture_wheelhouse(build, base13, tmp_path_factory):
+    out = tmp_path_factory.mktemp("wheelhouse")
+    build("cuda-ext-wheels", "wheels", FIXTURES, target="wheels", output_dir=str(out), build_args={
+        "PARENT_IMAGE": base13, "METHOD": "source", "PIP_SPECS": "./cuda_ext",
+        "BUILD_ENV": "CUDA_EXT_ARCHS=120 MAX_JOBS=1 NVCC_THREADS=1"})
+    return out
+
+
+@pytest.fixture(scope="session")
+def runtime13(build, base13, fixture_wheelhouse, tmp_path_factory):
+    ctx = tmp_path_factory.mktemp("runtimectx")
+    shutil.copytree(fixture_wheelhouse, ctx / "wheelhouse")
+    shutil.copytree(ROOT / "validate" / "stackprobe", ctx / "stackprobe",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    wheels = sorted(p.name for p in fixture_wheelhouse.glob("*.whl"))
+    tag = f"{TEST_REPO}/runtime:cu13.1"
+    build("runtime-cu13.1", "runtime", ctx, tag=tag, build_args={
+        "PARENT_IMAGE": base13, "WHEEL_NAMES": " ".join(wheels), "PIP_SPECS": "",
+        "FLASHINFER_CUDA_ARCH_LIST": "12.0f"})
+    return tag
+
+
+# --- bootstrap -------------------------------------------------------------------------------------
+@pytest.mark.docker
+@pytest.mark.network
+def test_bootstrap_is_idempotent_and_recorded(os_image):
+    from cudastack.bootstrap import bootstrap_os_image, os_image_record
+
+    lines: list[str] = []
+    t0 = time.monotonic()
+    # A missing debootstrap would raise if the second call tried to bootstrap again.
+    again = bootstrap_os_image("bookworm", progress=lines.append, debootstrap="/nonexistent/debootstrap")
+    assert again == os_image["id"]
+    assert time.monotonic() - t0 < 30
+    assert any("skipping debootstrap" in s for s in lines), lines
+    rec = os_image_record(os_image["tag"])
+    assert rec["image_id"] == os_image["id"]
+    assert rec["suite"] == "bookworm" and rec["variant"] == "minbase"
+    assert rec["mirror"].startswith("http") and re.fullmatch(r"[0-9a-f]{64}", rec["release-sha256"])
+    assert os_image["tag"].endswith("-" + parsedate_to_datetime(rec["release-date"]).strftime("%Y%m%d"))
+    # explicit tag: no network, no debootstrap
+    assert bootstrap_os_image(tag=os_image["tag"], debootstrap="/nonexistent/debootstrap") == os_image["id"]
+
+
+@pytest.mark.docker
+def test_bootstrap_errors_before_any_download(monkeypatch):
+    from cudastack import bootstrap
+    from cudastack.errors import EnvironmentError_, UsageError
+
+    tag = f"{TEST_REPO}/never:built"
+    with pytest.raises(EnvironmentError_, match="debootstrap was not found"):
+        bootstrap.bootstrap_os_image(tag=tag, debootstrap="/nonexistent/debootstrap")
+    with pytest.raises(UsageError, match="not a Debian suite"):
+        bootstrap.bootstrap_os_image("book worm", tag=tag)
+    monkeypatch.setattr(bootstrap.os, "geteuid", lambda: 1000)
+    with pytest.raises(EnvironmentError_, match="needs root"):
+        bootstrap.bootstrap_os_image(tag=tag)
+
+
+@pytest.mark.network
+def test_release_info_names_the_snapshot():
+    from cudastack.bootstrap import release_info
+    from cudastack.errors import UsageError
+
+    info = release_info("bookworm")
+    assert re.fullmatch(r"20\d{6}", info["date"]) and info["codename"] == "bookworm"
+    with pytest.raises(UsageError, match="no suite"):
+        release_info("no-such-suite-xyz")
+
+
+# --- base-pip, CUDA 13.1 ---------------------------------------------------------------------------
+@pytest.mark.docker
+@pytest.mark.network
+def test_base_pip_cuda13_toolchain(base13):
+    img = _client().images.get(base13)
+    labels = img.labels
+    assert labels["org.cudastack.cuda.version"] == CUDA13_VERSION
+    assert labels["org.cudastack.kind"] == "base-pip"
+    env = dict(e.split("=", 1) for e in img.attrs["Config"]["Env"])
+    assert env["CUDA_HOME"] == "/usr/local/cuda" and env["PATH"].startswith("/opt/venv/bin:/usr/local/cuda/bin")
+    assert "cabundle" not in json.dumps(img.attrs["Config"])
+    out = _run(base13, "nvcc --version; echo ---; nvcc --list-gpu-code; echo ---; "
+                       "python -c 'import sys; print(sys.prefix, sys.version_info[:2] >= (3, 11))'; "
+                       "test ! -e /usr/local/cuda/NO_NVCC && echo has-nvcc; "
+                       "pip list --path /opt/venv/lib/python3*/site-packages 2>/dev/null | grep -ci cuda-toolkit || true").stdout
+    version, gpu_codes, rest = out.split("---")
+    assert "release 13.1," in version
+    assert "sm_120" in gpu_codes.split()
+    assert "/opt/venv True" in rest and "has-nvcc" in rest
+    assert rest.strip().endswith("0"), "the toolkit wheels must not be installed into the venv"
+
+
+C7_CU = r"""
+#include <thrust/host_vector.h>
+#include <thrust/reduce.h>
+#include <cstdio>
+__global__ void twice(float* x) { x[threadIdx.x] *= 2.f; }
+int main() {
+  thrust::host_vector<int> v(4, 1);
+  printf("sum=%d\n", thrust::reduce(v.begin(), v.end()));
+  float* d = nullptr;
+  printf("malloc=%d\n", (int)cudaMalloc(&d, 16));
+  return 0;
+}
+"""
+C7_CPP = r"""
+#define THRUST_DEVICE_SYSTEM THRUST_DEVICE_SYSTEM_CPP
+#include <thrust/execution_policy.h>
+#include <thrust/host_vector.h>
+#include <thrust/reduce.h>
+#include <cstdio>
+int main() {
+  thrust::host_vector<int> v(4, 2);
+  printf("sum=%d\n", thrust::reduce(thrust::host, v.begin(), v.end()));
+  return 0;
+}
+"""
+DRIVER_CPP = r"""
+#include <cuda.h>
+#include <cstdio>
+int main() { printf("cuInit=%d\n", (int)cuInit(0)); return 0; }
+"""
+
+
+@pytest.mark.docker
+@pytest.mark.network
+def test_c7_thrust_host_code_compiles_and_links_for_sm120(base13, tmp_path):
+    (tmp_path / "t.cu").write_text(C7_CU)
+    (tmp_path / "h.cpp").write_text(C7_CPP)
+    (tmp_path / "d.cpp").write_text(DRIVER_CPP)
+    script = (
+        "set -e; cd /src; cp t.cu h.cpp d.cpp /tmp; cd /tmp; "
+        # nvcc: device code for sm_120, host code including thrust, linked into an executable
+        "nice nvcc -gencode arch=compute_120,code=sm_120 -o t t.cu; ./t; "
+        # g++ alone (host-only code, only -I$CUDA_HOME/include): thrust found through the base's include path;
+        # links libcudart.so (the unversioned link) and runs
+        "g++ -std=c++17 -I$CUDA_HOME/include -o h h.cpp -L$CUDA_HOME/lib64 -lcudart; ./h; "
+        # the driver API links against the generated stub (-lcuda); it cannot run without a driver
+        "g++ -I$CUDA_HOME/include -o d d.cpp -L$CUDA_HOME/lib64/stubs -lcuda; readelf -d d | grep NEEDED; "
+        # a shared object against the shared runtime
+        "nvcc -shared -Xcompiler -fPIC -cudart shared -gencode arch=compute_120,code=sm_120 -o libt.so t.cu; "
+        "readelf -d libt.so | grep NEEDED; "
+        "readelf -d $CUDA_HOME/lib/stubs/libcuda.so | grep SONAME; "
+        # without the base's CCCL include path, host-only thrust code does not compile on CUDA 13 (C7)
+        "if env -u CPLUS_INCLUDE_PATH g++ -std=c++17 -I$CUDA_HOME/include -c h.cpp -o /dev/null 2>err.txt; "
+        "then echo C7-unneeded; else grep -o 'thrust/[a-z_]*.h: No such file' err.txt | head -1; fi"
+    )
+    out = _run(base13, script, volumes={str(tmp_path): "/src:ro"}).stdout
+    assert "sum=4" in out and re.search(r"malloc=(35|100)\b", out), out  # no driver/GPU in the build container
+    assert "sum=8" in out, out
+    assert "Shared library: [libcuda.so.1]" in out and "Shared library: [libcudart.so.13]" in out, out
+    assert "Shared library: [libcudart.so]" not in out, out
+    assert "Library soname: [libcuda.so.1]" in out
+    assert "No such file" in out and "C7-unneeded" not in out, out
+    # the stub is for linking only: at run time the driver's libcuda.so.1 must be the one found
+    ldd = _run(base13, "ldconfig -p | grep -c 'libcuda\\.so' || true; ls $LD_LIBRARY_PATH | grep -c '^libcuda\\.so' || true").stdout
+    assert ldd.split() == ["0", "0"], ldd
+
+
+@pytest.mark.docker
+@pytest.mark.network
+def test_ca_bundle_is_in_no_layer(base13, runtime13, ca_bundle, tmp_path):
+    """No file in any layer of the runtime image (which holds base13's layers) equals the host's CA bundle or
+    holds a certificate that only the host's bundle has (an intercepting proxy's CA); no history entry has one."""
+    if not ca_bundle:
+        pytest.skip("no system CA bundle on this host: nothing was mounted")
+    bundle = Path(ca_bundle).read_bytes()
+    host_certs = set(re.findall(rb"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----", bundle, re.S))
+    stock = _run(base13, "cat /etc/ssl/certs/ca-certificates.crt").stdout.encode()
+    stock_certs = set(re.findall(rb"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----", stock, re.S))
+    # certificates only the host's bundle has (an intercepting proxy's CA); one base64 line of each is enough
+    needles = [c.splitlines()[len(c.splitlines()) // 2] for c in host_certs - stock_certs]
+    whole = hashlib.sha256(bundle).hexdigest()
+    hits = []
+    for image in (runtime13,):  # the runtime image holds every layer of base13 (its parent) too
+        tar_path = tmp_path / "image.tar"
+        with open(tar_path, "wb") as fh:
+            for chunk in _client().images.get(image).save(named=False):
+                fh.write(chunk)
+        with tarfile.open(tar_path) as outer:
+            for member in outer:
+                if not member.name.endswith("layer.tar"):
+                    continue
+                with tarfile.open(fileobj=outer.extractfile(member)) as layer:
+                    for f in layer:
+                        if not f.isfile():
+                            continue
+                        data = layer.extractfile(f).read()
+                        if hashlib.sha256(data).hexdigest() == whole or any(n in data for n in needles):
+                            hits.append(f"{image}: {member.name} {f.name}")
+        tar_path.unlink()
+        history = json.dumps(_client().images.get(image).history())
+        assert "BEGIN CERTIFICATE" not in history
+    assert not hits, hits
+
+
+@pytest.mark.docker
+@pytest.mark.network
+def test_base_pip_refuses_empty_toolkit_specs(build, os_image, empty_ctx):
+    from cudastack.errors import BuildError
+
+    with pytest.raises(BuildError) as info:
+        build("base-pip-empty", "base-pip", empty_ctx, tag=f"{TEST_REPO}/base-pip:broken", build_args={
+            "OS_IMAGE": os_image["tag"], "CUDA_PIP_SPECS": "", "CUDA_VERSION": CUDA13_VERSION, "CUDA_WHEEL_ROOT": ""})
+    assert "CUDA_PIP_SPECS is empty" in str(info.value)
+
+
+@pytest.mark.docker
+@pytest.mark.network
+def test_base_pip_cuda12_layout_says_no_nvcc(build, os_image, empty_ctx):
+    tag = f"{TEST_REPO}/base-pip:cu12.8"
+    build("base-pip-cu12.8", "base-pip", empty_ctx, tag=tag, build_args={
+        "OS_IMAGE": os_image["tag"], "CUDA_PIP_SPECS": CUDA12_SPECS, "CUDA_VERSION": "12.8.1", "CUDA_WHEEL_ROOT": ""})
+    out = _run(tag, "cat $CUDA_HOME/NO_NVCC; command -v nvcc || echo nvcc-absent; ptxas --version | tail -1; "
+                    "readlink -f $CUDA_HOME/lib64/libcudart.so; test -f $CUDA_HOME/include/thrust/version.h && echo thrust").stdout
+    assert "carry no nvcc" in out and "nvcc-absent" in out
+    assert "12.8" in out  # ptxas version line
+    assert re.search(r"libcudart\.so\.12\b", out) and "thrust" in out
+
+
+# --- image / base-nvidia ---------------------------------------------------------------------------
+@pytest.mark.docker
+@pytest.mark.network
+def test_image_node_installs_with_build_env(build, base13, empty_ctx):
+    tag = f"{TEST_REPO}/image:six"
+    build("image-six", "image", empty_ctx, tag=tag, build_args={
+        "PARENT_IMAGE": base13, "PIP_SPECS": "six==1.17.0",
+        "BUILD_ENV": "PIP_TARGET=/opt/test-target CUDASTACK_SPACED='12.0a 12.1a'"})
+    out = _run(tag, "ls /opt/test-target; env | grep -c CUDASTACK_SPACED || true").stdout
+    assert "six.py" in out.split()
+    assert out.split()[-1] == "0", "BUILD_ENV must not leak into the image's environment"
+
+
+@pytest.mark.docker
+@pytest.mark.network
+def test_base_nvidia_dockerfile_on_a_cuda_image(build, base13, empty_ctx):
+    """nvidia/cuda images cannot be pulled here: build base-nvidia on our CUDA 13.1 image instead (same layout:
+    CUDA at /usr/local/cuda, Debian-family apt), and check its CUDA version guard."""
+    from cudastack.errors import BuildError
+
+    tag = f"{TEST_REPO}/base-nvidia:on-pip"
+    build("base-nvidia", "base-nvidia", empty_ctx, tag=tag,
+          build_args={"BASE_IMAGE": base13, "CUDA_VERSION": CUDA13_VERSION})
+    out = _run(tag, "command -v python pip nvcc with-build-ca; echo $CUDA_HOME $CPLUS_INCLUDE_PATH").stdout
+    assert "/opt/venv/bin/python" in out and "/usr/local/cuda/bin/nvcc" in out and "with-build-ca" in out
+    with pytest.raises(BuildError) as info:
+        build("base-nvidia-mismatch", "base-nvidia", empty_ctx, tag=f"{TEST_REPO}/base-nvidia:broken",
+              build_args={"BASE_IMAGE": base13, "CUDA_VERSION": "12.8.1"})
+    assert "is not CUDA 12.8.1" in str(info.value)
+
+
+# --- wheels + runtime with the cuda_ext fixture -----------------------------------------------------
+@pytest.mark.docker
+@pytest.mark.network
+def test_fixture_wheel_export_holds_only_wheels(fixture_wheelhouse):
+    files = sorted(p.name for p in fixture_wheelhouse.iterdir())
+    assert len(files) == 1 and re.fullmatch(r"cuda_ext_fixture-0\.1\.0-cp3\d+-cp3\d+-linux_x86_64\.whl", files[0]), files
+    import zipfile
+
+    names = zipfile.ZipFile(fixture_wheelhouse / files[0]).namelist()
+    assert any(re.fullmatch(r"cuda_ext_fixture/_cuda_ext.*\.so", n) for n in names), names
+
+
+@pytest.mark.docker
+@pytest.mark.network
+def test_runtime_image_imports_fixture_without_gpu_and_has_sm120_sass(runtime13, ca_bundle, tmp_path):
+    script = (
+        "set -e; cd /; "
+        "python -c 'import cuda_ext_fixture as c, stackprobe, elftools; "
+        "print(\"sum\", c.host_sum([1, 2, 3, 4])); print(\"archs\", *c.compiled_archs()); print(\"lib\", c.LIB_PATH)'; "
+        "echo FI=${FLASHINFER_CUDA_ARCH_LIST:-unset} TORCH=${TORCH_CUDA_ARCH_LIST-unset}; "
+        # test-only: cuobjdump from PyPI (13.1's wheel set has none), into /tmp of this throwaway container
+        f"with-build-ca pip install -q --no-compile --target /tmp/cuobjdump '{CUOBJDUMP_SPEC}'; "
+        "lib=$(python -c 'import cuda_ext_fixture as c; print(c.LIB_PATH)'); "
+        "/tmp/cuobjdump/nvidia/cu13/bin/cuobjdump --list-elf \"$lib\""
+    )
+    volumes = {ca_bundle: "/run/secrets/cabundle:ro"} if ca_bundle else {}
+    out = _run(runtime13, script, volumes=volumes).stdout
+    assert "sum 10" in out and "archs 120" in out, out
+    assert "FI=12.0f" in out and "TORCH=unset" in out, out
+    elves = re.findall(r"\bsm_\d+[af]?\b", out.split("lib ", 1)[1])
+    assert elves and set(elves) == {"sm_120"}, out

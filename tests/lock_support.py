@@ -7,12 +7,18 @@ pip installs these for real. :func:`make_index` lays them out as ``simple/<proje
 from __future__ import annotations
 
 import base64
+import sys
 import hashlib
 import os
 import zipfile
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
+
+
+#: the resolver target of the tests: this interpreter's Python, a Debian bookworm glibc
+TARGET = {"python_version": "%d.%d" % sys.version_info[:2], "glibc": "2.36", "machine": "x86_64",
+          "implementation": "cp"}
 
 
 def _record_hash(data: bytes) -> str:

@@ -11,10 +11,7 @@ import pytest
 from cudastack import lock as L
 from cudastack.errors import LockError
 from cudastack.model import Node, Plan
-from lock_support import make_index, make_wheel, tiny_index
-
-TARGET = {"python_version": "%d.%d" % sys.version_info[:2], "glibc": "2.36", "machine": "x86_64",
-          "implementation": "cp"}
+from lock_support import TARGET, make_index, make_wheel, tiny_index
 
 
 def tiny_plan(index_url: str, *, app_spec="tinyapp==1.0", ext_spec="tinyext==0.1", sdist=None) -> Plan:

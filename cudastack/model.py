@@ -46,6 +46,19 @@ org.cudastack.toolchain=<toolchain>`` and, when a CA bundle exists, ``--secret i
 The recipes' node kind ``base`` becomes ``base-pip`` or ``base-nvidia`` by ``--base``. Parallelism knobs
 (MAX_JOBS, NVCC_THREADS, SGL_KERNEL_COMPILE_THREADS, CMAKE_BUILD_PARALLEL_LEVEL) travel in ``BUILD_ENV``
 but are not hashed (they change how fast, not what is built).
+
+Conventions of images/*.Dockerfile that planner and executor may rely on: ``BUILD_ENV`` is applied as
+``eval "export $BUILD_ENV"`` by /bin/sh, so a value with spaces must be shell-quoted (``K='12.0a 12.1a'``);
+a relative path in a ``wheels`` node's ``PIP_SPECS`` (``./src``) resolves against the build context, and
+``SOURCE_DIR`` names a context folder; both bases provide ``/opt/venv`` (first on PATH), ``CUDA_HOME=
+/usr/local/cuda`` (CUDA_HOME/include/cccl on CPLUS_INCLUDE_PATH), g++, git, ccache and
+``/usr/local/bin/with-build-ca CMD`` (runs CMD with the ``cabundle`` secret as CA bundle for pip, git, curl
+and OpenSSL when it is mounted); a base-pip image whose wheels carry no nvcc holds ``/usr/local/cuda/NO_NVCC``;
+a runtime env-scope arg that is empty stays unset in the image (FlashInfer's CompilationContext splits any
+value of FLASHINFER_CUDA_ARCH_LIST that is set, so an empty one would break it); a new env-scope knob needs
+its own stage pair in runtime.Dockerfile. Labels set by the Dockerfiles: ``org.cudastack.kind`` and
+``org.cudastack.cuda.version`` (bases). The bootstrapped OS image records its mirror and snapshot in
+``org.cudastack.os.*`` labels (:func:`cudastack.bootstrap.os_image_record`).
 """
 from __future__ import annotations
 

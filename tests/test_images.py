@@ -362,26 +362,25 @@ def test_c7_thrust_host_code_compiles_and_links_for_sm120(base13, tmp_path):
     assert ldd.split() == ["0", "0"], ldd
 
 
-@pytest.mark.docker
-@pytest.mark.network
-def test_ca_bundle_is_in_no_layer(base13, runtime13, ca_bundle, tmp_path):
-    """No file in any layer of the runtime image (which holds base13's layers) equals the host's CA bundle or
-    holds a certificate that only the host's bundle has (an intercepting proxy's CA); no history entry has one."""
-    if not ca_bundle:
-        pytest.skip("no system CA bundle on this host: nothing was mounted")
-    bundle = Path(ca_bundle).read_bytes()
-    host_certs = set(re.findall(rb"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----", bundle, re.S))
-    stock = _run(base13, "cat /etc/ssl/certs/ca-certificates.crt").stdout.encode()
-    stock_certs = set(re.findall(rb"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----", stock, re.S))
-    # certificates only the host's bundle has (an intercepting proxy's CA); one base64 line of each is enough
-    needles = [c.splitlines()[len(c.splitlines()) // 2] for c in host_certs - stock_certs]
+_PEM = re.compile(rb"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----", re.S)
+
+
+def _ca_needles(bundle: bytes, stock: bytes) -> list[bytes]:
+    """One base64 line of each certificate that only the host's bundle has (an intercepting proxy's CA)."""
+    return [c.splitlines()[len(c.splitlines()) // 2] for c in set(_PEM.findall(bundle)) - set(_PEM.findall(stock))]
+
+
+def _ca_leaks(image: str, bundle: bytes, needles: list[bytes], tmp_path: Path) -> list[str]:
+    """Files in any layer of ``image`` that equal ``bundle`` or hold one of ``needles`` in a PEM file; and
+    history entries holding a certificate."""
     whole = hashlib.sha256(bundle).hexdigest()
     hits = []
-    for image in (runtime13,):  # the runtime image holds every layer of base13 (its parent) too
-        tar_path = tmp_path / "image.tar"
-        with open(tar_path, "wb") as fh:
-            for chunk in _client().images.get(image).save(named=False):
-                fh.write(chunk)
+    tar_path = tmp_path / "image.tar"
+    img = _client().images.get(image)
+    with open(tar_path, "wb") as fh:
+        for chunk in img.save(named=False):
+            fh.write(chunk)
+    try:
         with tarfile.open(tar_path) as outer:
             for member in outer:
                 if not member.name.endswith("layer.tar"):
@@ -391,12 +390,47 @@ def test_ca_bundle_is_in_no_layer(base13, runtime13, ca_bundle, tmp_path):
                         if not f.isfile():
                             continue
                         data = layer.extractfile(f).read()
-                        if hashlib.sha256(data).hexdigest() == whole or any(n in data for n in needles):
-                            hits.append(f"{image}: {member.name} {f.name}")
+                        if hashlib.sha256(data).hexdigest() == whole or (
+                                b"-----BEGIN CERTIFICATE-----" in data and any(n in data for n in needles)):
+                            hits.append(f"{member.name}: {f.name}")
+    finally:
         tar_path.unlink()
-        history = json.dumps(_client().images.get(image).history())
-        assert "BEGIN CERTIFICATE" not in history
-    assert not hits, hits
+    if b"BEGIN CERTIFICATE" in json.dumps(img.history()).encode():
+        hits.append("image history")
+    return hits
+
+
+@pytest.fixture(scope="session")
+def ca_needles(base13, ca_bundle):
+    if not ca_bundle:
+        pytest.skip("no system CA bundle on this host: nothing was mounted")
+    stock = _run(base13, "cat /etc/ssl/certs/ca-certificates.crt").stdout.encode()
+    return _ca_needles(Path(ca_bundle).read_bytes(), stock)
+
+
+@pytest.mark.docker
+@pytest.mark.network
+def test_ca_bundle_is_in_no_layer(runtime13, ca_bundle, ca_needles, tmp_path):
+    """No file in any layer of the runtime image (which holds every layer of base13, its parent) equals the
+    host's CA bundle or holds a certificate only the host's bundle has; no history entry holds one."""
+    assert _ca_leaks(runtime13, Path(ca_bundle).read_bytes(), ca_needles, tmp_path) == []
+
+
+@pytest.mark.docker
+@pytest.mark.network
+def test_ca_leak_check_finds_a_planted_bundle(os_image, ca_bundle, ca_needles, tmp_path):
+    """The leak check is not blind: an image that COPYs the bundle into a layer is caught."""
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    shutil.copy(ca_bundle, ctx / "ca.crt")
+    (ctx / "Dockerfile").write_text(f"FROM {os_image['tag']}\nCOPY ca.crt /usr/share/planted/ca.crt\n")
+    tag = f"{TEST_REPO}/planted-ca:latest"
+    _client().images.build(path=str(ctx), tag=tag, rm=True)
+    try:
+        hits = _ca_leaks(tag, Path(ca_bundle).read_bytes(), ca_needles, tmp_path)
+    finally:
+        _client().images.remove(tag, force=True)
+    assert any("usr/share/planted/ca.crt" in h for h in hits), hits
 
 
 @pytest.mark.docker

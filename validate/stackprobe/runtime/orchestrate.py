@@ -51,6 +51,7 @@ class ProbeRun:
     killed_pids: list[int] = field(default_factory=list)
     leftover_pids: list[int] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    run_id: str = ""
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -165,7 +166,8 @@ def run_probe(probe_ref: str, world_size: int, config: dict, *, device: str = "c
     seconds = time.monotonic() - t0
     run = ProbeRun(probe=name, world_size=world_size, status=status, seconds=round(seconds, 2),
                    returncodes=[p.returncode for p in procs], failed_rank=failed, killed_pids=killed,
-                   env={k: env[k] for k in sorted(set(MULTICAST_OFF) | set(probe_env or {}) | set(env_overrides or {}))})
+                   env={k: env[k] for k in sorted(set(MULTICAST_OFF) | set(probe_env or {}) | set(env_overrides or {}))},
+                   run_id=run_id)
     if status == "ok":
         for r in range(world_size):
             f = tmp / f"rank{r}.json"

@@ -328,7 +328,7 @@ def registry() -> dict[str, Probe]:
                          "flashinfer.comm.trtllm_allreduce_fusion", min_world_size=2),
         NotRunnableProbe("flashinfer-pcie-ipc-allreduce", "FlashInfer PCIe IPC allreduce", ("flashinfer",),
                          "flashinfer.comm.PcieIpcAllReduceWorkspace", min_world_size=2),
-        NotRunnableProbe("ep-flashinfer-all-to-all", "EP over FlashInfer all-to-all", ("flashinfer",),
+        NotRunnableProbe("ep-flashinfer-a2a", "EP over FlashInfer all-to-all", ("flashinfer",),
                          "flashinfer.comm MNNVL all-to-all", min_world_size=2),
         NotRunnableProbe("mscclpp", "MSCCL++ allreduce", ("mscclpp",), "mscclpp", min_world_size=2),
         NotRunnableProbe("b12x", "b12x allreduce", ("b12x",), "b12x", min_world_size=2),

@@ -84,6 +84,13 @@ def decide(row: dict, baseline: dict | None, tolerance: float = DEFAULT_TOLERANC
     name = row["backend"]
     v = Verdict(backend=name, status=UNBLOCKED, tier="runtime", measurements=_measurements(row, workload))
     v.measurements["tolerance"] = tolerance
+    if row.get("world_size") == 1:
+        v.warnings.append("world size 1: no data crosses between GPUs, so latencies and ratios measure call and "
+                          "kernel overhead only")
+    gus = v.measurements.get("graph_us")
+    if gus is not None and gus < 0.2:
+        v.warnings.append(f"the CUDA graph holds next to no GPU work per call ({gus:.3f} us): the backend "
+                          "short-circuits this call, so its ratio is no evidence of speed")
     outcome = row.get("outcome")
     if outcome == "skipped":
         reason = row.get("skip_reason", "")

@@ -50,7 +50,9 @@ but are not hashed (they change how fast, not what is built).
 Conventions of images/*.Dockerfile that planner and executor may rely on: ``BUILD_ENV`` is applied as
 ``eval "export $BUILD_ENV"`` by /bin/sh, so a value with spaces must be shell-quoted (``K='12.0a 12.1a'``);
 a relative path in a ``wheels`` node's ``PIP_SPECS`` (``./src``) resolves against the build context, and
-``SOURCE_DIR`` names a context folder; both bases provide ``/opt/venv`` (first on PATH), ``CUDA_HOME=
+``SOURCE_DIR`` names a context folder; a ``wheels`` node may pass ``BUILD_DEPS`` (space separated
+requirements installed into the builder stage before a source build, since ``--no-build-isolation`` needs the
+build backend present, e.g. scikit-build-core and cmake for sgl-kernel); both bases provide ``/opt/venv`` (first on PATH), ``CUDA_HOME=
 /usr/local/cuda`` (CUDA_HOME/include/cccl on CPLUS_INCLUDE_PATH), g++, git, ccache and
 ``/usr/local/bin/with-build-ca CMD`` (runs CMD with the ``cabundle`` secret as CA bundle for pip, git, curl
 and OpenSSL when it is mounted); a base-pip image whose wheels carry no nvcc holds ``/usr/local/cuda/NO_NVCC``;

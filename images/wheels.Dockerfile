@@ -12,6 +12,9 @@
 #   BUILD_ENV      space separated K=V applied to the build (the component's knobs, e.g. "MAX_JOBS=1
 #                  NVCC_THREADS=2 FLASH_ATTN_CUDA_ARCHS=120"); values with spaces are shell-quoted
 #                  (K='12.0a 12.1a'), the string is evaluated by /bin/sh as `export $BUILD_ENV`
+#   BUILD_DEPS     optional, METHOD=source: space separated requirements pip-installed into the builder's venv
+#                  first, because --no-build-isolation needs the build backend present (e.g. "scikit-build-core
+#                  cmake" for sgl-kernel); they stay in the builder stage, never in the exported wheels
 #   PIP_INDEX_URL, PIP_EXTRA_INDEX_URL   optional
 # Secret (optional): id=cabundle (CA bundle; never in a layer). Cache mounts: pip's cache and ccache
 # (CCACHE_DIR; gcc/g++ through /usr/lib/ccache, CMake launchers for C, C++ and CUDA).
@@ -24,6 +27,7 @@ ARG METHOD=wheel
 ARG PIP_SPECS=""
 ARG SOURCE_DIR=""
 ARG BUILD_ENV=""
+ARG BUILD_DEPS=""
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 
@@ -50,6 +54,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
           set -- ${PIP_SPECS}; \
         fi; \
         cd /ctx; \
+        if [ -n "${BUILD_DEPS}" ]; then with-build-ca pip install -q ${BUILD_DEPS}; fi; \
         with-build-ca nice -n 10 pip wheel -v --no-deps --no-build-isolation -w /wheels "$@" ;; \
       *) echo "METHOD must be 'wheel' or 'source', got '${METHOD}'" >&2; exit 2 ;; \
     esac; \

@@ -502,6 +502,26 @@ def test_fixture_wheel_export_holds_only_wheels(fixture_wheelhouse):
 
 @pytest.mark.docker
 @pytest.mark.network
+def test_wheels_builder_installs_build_deps_and_validates_method(build, base13, tmp_path):
+    from cudastack.errors import BuildError
+
+    (tmp_path / "empty").mkdir()
+    tag = f"{TEST_REPO}/wheels-builder:deps"
+    build("wheels-builder-deps", "wheels", FIXTURES, target="builder", tag=tag, build_args={
+        "PARENT_IMAGE": base13, "METHOD": "source", "SOURCE_DIR": "cuda_ext", "BUILD_DEPS": "six==1.17.0",
+        "BUILD_ENV": "CUDA_EXT_ARCHS=120"})
+    out = _run(tag, "python -c 'import six; print(six.__version__)'; ls /wheels").stdout
+    assert "1.17.0" in out and "cuda_ext_fixture-0.1.0" in out, out
+    with pytest.raises(BuildError) as info:
+        build("wheels-bad-method", "wheels", tmp_path / "empty", target="wheels", output_dir=str(tmp_path / "out"),
+              build_args={"PARENT_IMAGE": base13, "METHOD": "sdist", "PIP_SPECS": "six==1.17.0"})
+    assert "METHOD must be 'wheel' or 'source'" in str(info.value)
+    out_dir = tmp_path / "out"
+    assert not out_dir.exists() or not any(out_dir.iterdir()), "a failed build must export nothing"
+
+
+@pytest.mark.docker
+@pytest.mark.network
 def test_runtime_image_imports_fixture_without_gpu_and_has_sm120_sass(runtime13, ca_bundle, tmp_path):
     script = (
         "set -e; cd /; "

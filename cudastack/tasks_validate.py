@@ -1,4 +1,45 @@
 """Invoke tasks (validate). Thin: parse flags, call the package, map StackError to its exit code."""
-from invoke import task  # noqa: F401
+from __future__ import annotations
 
-TASKS: list = []
+import sys
+
+from invoke import Exit, task
+
+from cudastack.errors import StackError, UsageError
+
+_HELP = {
+    "image": "Image to validate (repeatable; tag or digest). Two or more print what changed between them per "
+             "backend, and why. Without --image the current environment is validated.",
+    "target_arch": "Target compute capability (default 12.0: RTX PRO 6000 Blackwell / RTX 50xx).",
+    "out": "Folder for the JSON reports (one per image). Default: results/validate.",
+    "markdown": "Also write the printed Markdown (matrix or comparison) to this file.",
+    "jit_compile": "Also compile FlashInfer's allreduce-fusion module for the target (minutes; cached by content).",
+    "world_size": "Tensor-parallel size the verdicts are for (default 8).",
+    "topology": "GPU interconnect of the target host: auto (detected with GPUs, else PCIe), pcie or nvlink.",
+}
+
+
+@task(help=_HELP, iterable=["image"], auto_shortflags=False)
+def validate(c, image=None, target_arch="12.0", out="results/validate", markdown=None, jit_compile=False,
+             world_size=8, topology="auto"):
+    """Validate images (or this environment): which allreduce backends can work for the target arch, and why."""
+    from cudastack.validate_images import validate_many
+
+    try:
+        try:
+            ws = int(world_size)
+        except (TypeError, ValueError):
+            raise UsageError(f"--world-size {world_size!r}: give a whole number of GPUs.") from None
+        if topology not in ("auto", "pcie", "nvlink"):
+            raise UsageError(f"--topology {topology!r}: use auto, pcie or nvlink.")
+        _, text = validate_many(list(image or []), str(target_arch), out_dir=out, jit_compile=bool(jit_compile),
+                                world_size=ws, topology=topology, say=lambda m: print(m, file=sys.stderr))
+    except StackError as exc:
+        raise Exit(f"error: {exc}", code=exc.exit_code)
+    print(text)
+    if markdown:
+        from stackprobe.report import _atomic_write
+        _atomic_write(markdown, text)
+
+
+TASKS = [validate]

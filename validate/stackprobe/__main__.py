@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", help="cache for compile results (default $STACKPROBE_CACHE or ~/.cache/stackprobe)")
     p.add_argument("--coverage-reader", choices=("auto", "elf", "cuobjdump"), default="auto",
                    help="fatbin reader: pyelftools (keeps the f suffix) or NVIDIA's cuobjdump")
+    p.add_argument("--scan-dist", action="append", default=[], metavar="DIST",
+                   help="also report arch coverage of this installed distribution (repeatable)")
     p.add_argument("--world-size", type=int, default=8, help="tensor-parallel size the verdicts are for (default 8)")
     p.add_argument("--topology", choices=("auto", "pcie", "nvlink"), default="auto",
                    help="GPU interconnect of the target host (auto: detected with GPUs, else PCIe assumed)")
@@ -73,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = run_static(args.target_arch, jit_compile=args.jit_compile, cache_dir=args.cache_dir,
                             coverage_reader=args.coverage_reader, world_size=args.world_size, topology=args.topology,
-                            backends=args.backends, label=args.label, timeout=args.timeout, quiet=args.quiet)
+                            backends=args.backends, label=args.label, timeout=args.timeout,
+                            scan_dists=args.scan_dist, quiet=args.quiet)
     except TargetArchError as e:
         print(f"stackprobe: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -51,14 +51,14 @@ def _log(msg: str, quiet: bool) -> None:
 def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, cache_dir: str | Path | None = None,
                coverage_reader: str = "auto", world_size: int = 8, topology: str = "auto",
                backends: list[str] | None = None, label: str = "", timeout: float = 180.0,
-               quiet: bool = True) -> Report:
+               scan_dists: list[str] | tuple = (), quiet: bool = True) -> Report:
     """Run the static tier for ``target_arch`` in this environment and return the Report.
 
     ``jit_compile``: also compile FlashInfer's fusion module for the target (minutes, cached by content
     in ``cache_dir``, default ``$STACKPROBE_CACHE`` or ``~/.cache/stackprobe``). ``coverage_reader``:
     "auto" | "elf" | "cuobjdump". ``world_size``: the TP size verdicts are for. ``topology``: "auto"
     (detected with GPUs present, else the target host's PCIe assumed), "pcie" or "nvlink".
-    ``backends``: restrict to these backend names. Raises TargetArchError for a bad target.
+    ``backends``: restrict to these backend names. ``scan_dists``: more distributions to cover. Raises TargetArchError for a bad target.
     A probe that crashes gives an ``error`` verdict with the exception, not an exception here.
     """
     target = parse_target(target_arch)
@@ -68,7 +68,8 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
     _log("arch coverage", quiet)
     coverage_list, reader_error = [], ""
     try:
-        coverage_list = cov.scan_installed(target, coverage_reader)
+        coverage_list = cov.scan_installed(target, coverage_reader,
+                                           tuple(cov.CUDA_DISTS) + tuple(d for d in scan_dists if d not in cov.CUDA_DISTS))
     except cov.CoverageReaderError as e:
         reader_error = str(e)
         environment.setdefault("findings", []).append({"case": "", "level": "warning", "message": f"arch coverage skipped: {e}"})

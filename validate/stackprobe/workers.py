@@ -206,8 +206,15 @@ def flashinfer_jit_objects(target: str, module_fn: str, arch_list: str, workspac
     comm = importlib.import_module("flashinfer.jit.comm")
     spec = getattr(comm, module_fn)()
     spec.write_ninja()
-    objects = [str(p) for p in spec.get_object_paths()]
     ninja_text = open(spec.ninja_path).read()
+    # the object files are the outputs of the compile rules in FlashInfer's own ninja file
+    objects = []
+    for line in ninja_text.splitlines():
+        if line.startswith("build ") and ":" in line:
+            out, rule = line[len("build "):].split(":", 1)
+            rule_name = rule.split()[0] if rule.split() else ""
+            if "link" not in rule_name and out.strip().endswith(".o"):
+                objects.append(out.strip().replace("$ ", " "))
     if not build:
         return {"objects": objects, "ninja_text": ninja_text, "built": False,
                 "sources": [str(s) for s in spec.sources], "build_dir": str(spec.build_dir)}
@@ -219,8 +226,7 @@ def flashinfer_jit_objects(target: str, module_fn: str, arch_list: str, workspac
             ninja = os.path.join(ninja_pkg.BIN_DIR, "ninja")
         except BaseException as e:  # noqa: BLE001
             return {"objects": objects, "ninja_text": ninja_text, "built": False, "error": f"no ninja: {_err(e)}"}
-    rel = [os.path.relpath(o, spec.build_dir) for o in objects]
-    cmd = [ninja, "-C", str(spec.build_dir), "-f", str(spec.ninja_path), "-j", os.environ.get("STACKPROBE_JIT_JOBS", "1")] + rel
+    cmd = [ninja, "-C", str(spec.build_dir), "-f", str(spec.ninja_path), "-j", os.environ.get("STACKPROBE_JIT_JOBS", "1")] + objects
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         built, log = p.returncode == 0, (p.stdout + p.stderr)[-3000:]

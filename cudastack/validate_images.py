@@ -1,0 +1,174 @@
+"""Run the validation suite (``python -m stackprobe``) in the current environment or inside images, and
+compare the reports.
+
+Inside an image: the docker SDK runs ``<python> -m stackprobe --json - ...`` with ``--rm`` and no
+network (the static tier needs none). The image's Python is found among :data:`PYTHON_CANDIDATES`; when
+the image lacks the suite, this checkout's ``validate/`` folder is mounted read-only and put on
+PYTHONPATH. Errors (all :class:`cudastack.errors.ValidationError`, exit code 9): the image does not
+exist, it has no Python, the suite failed in it.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from cudastack.errors import UsageError, ValidationError
+
+PYTHON_CANDIDATES = ("/opt/venv/bin/python", "python3", "python")
+SUITE_DIR = Path(__file__).resolve().parent.parent / "validate"
+MOUNT_AT = "/opt/stackprobe-src"
+
+
+def suite_args(target_arch: str = "12.0", *, label: str = "", jit_compile: bool = False, world_size: int = 8,
+               topology: str = "auto", extra: list[str] | None = None) -> list[str]:
+    """The suite's command-line flags (JSON report on stdout)."""
+    args = ["--json", "-", "--quiet", "--target-arch", str(target_arch), "--world-size", str(int(world_size)),
+            "--topology", topology]
+    if label:
+        args += ["--label", label]
+    if jit_compile:
+        args.append("--jit-compile")
+    return args + list(extra or [])
+
+
+def _parse_report(stdout: str, where: str):
+    from stackprobe.report import Report, ReportError
+
+    try:
+        return Report.from_json(json.loads(stdout))
+    except (json.JSONDecodeError, ReportError) as e:
+        raise ValidationError(f"the suite in {where} did not print a report ({e}); its output began: {stdout[:300]!r}") from e
+
+
+def validate_here(target_arch: str = "12.0", *, python: str | None = None, timeout: float = 1800, **kw):
+    """Run the suite with ``python`` (default: this interpreter) in the current environment."""
+    cmd = [python or sys.executable, "-m", "stackprobe"] + suite_args(target_arch, **kw)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if p.returncode == 2:
+        raise UsageError(p.stderr.strip().replace("stackprobe: ", "", 1))
+    if p.returncode != 0:
+        raise ValidationError(f"the suite failed here (exit {p.returncode}): {p.stderr.strip()[-800:]}")
+    return _parse_report(p.stdout, "this environment")
+
+
+def _client(client=None):
+    if client is not None:
+        return client
+    import docker
+
+    try:
+        c = docker.from_env()
+        c.ping()
+        return c
+    except Exception as e:  # noqa: BLE001 - any failure to reach the daemon
+        raise ValidationError(f"cannot reach the Docker engine ({e}): start dockerd or set DOCKER_HOST.") from e
+
+
+def _run(client, image: str, cmd: list[str], *, volumes: dict | None = None, env: dict | None = None,
+         timeout: float = 1800) -> tuple[int, str, str]:
+    """Run ``cmd`` in a throw-away container; returns (exit code, stdout, stderr). A command that cannot
+    start (no such executable) gives exit code 127."""
+    import docker
+
+    try:
+        ctr = client.containers.create(image, cmd, volumes=volumes or {}, environment=env or {},
+                                       network_disabled=True, entrypoint=[])
+    except docker.errors.ImageNotFound:
+        raise
+    except docker.errors.APIError as e:
+        return 127, "", str(e)
+    try:
+        try:
+            ctr.start()
+        except docker.errors.APIError as e:   # exec format / executable not found
+            return 127, "", str(e)
+        try:
+            rc = ctr.wait(timeout=timeout).get("StatusCode", 1)
+        except Exception as e:  # noqa: BLE001 - timeout from the HTTP client
+            ctr.kill()
+            raise ValidationError(f"the suite in {image} ran over {timeout:.0f} s and was stopped") from e
+        out = ctr.logs(stdout=True, stderr=False).decode(errors="replace")
+        err = ctr.logs(stdout=False, stderr=True).decode(errors="replace")
+        return rc, out, err
+    finally:
+        try:
+            ctr.remove(force=True)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def find_python(client, image: str) -> str:
+    """The first of :data:`PYTHON_CANDIDATES` that runs in ``image``. Raises ValidationError."""
+    tried = []
+    for py in PYTHON_CANDIDATES:
+        rc, out, err = _run(client, image, [py, "-c", "import sys; print(sys.version_info[0])"], timeout=120)
+        if rc == 0 and out.strip() == "3":
+            return py
+        tried.append(f"{py}: {(err or out).strip()[:120] or f'exit {rc}'}")
+    raise ValidationError(f"image {image} has no Python 3 to run the suite (tried {'; '.join(tried)}). "
+                          "Validate a runtime image built by `invoke build` (it has /opt/venv/bin/python).")
+
+
+def validate_image(image: str, target_arch: str = "12.0", *, client=None, timeout: float = 1800, **kw):
+    """Run the static suite inside ``image`` (``docker run --rm``, no network) and return its Report.
+
+    Uses the image's own suite when ``import stackprobe`` works there, else mounts this checkout's
+    ``validate/`` read-only. Raises ValidationError (image missing, no Python, suite failed) or
+    UsageError (bad target arch).
+    """
+    import docker
+
+    client = _client(client)
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        raise ValidationError(f"image {image} does not exist on this Docker engine: build it (`invoke build --cuda 13.1`) "
+                              "or pull it, then pass its tag or digest to --image.") from None
+    py = find_python(client, image)
+    rc, _, _ = _run(client, image, [py, "-c", "import stackprobe"], timeout=120)
+    volumes, env, how = {}, {}, "image's own suite"
+    if rc != 0:
+        volumes = {str(SUITE_DIR): {"bind": MOUNT_AT, "mode": "ro"}}
+        env = {"PYTHONPATH": MOUNT_AT}
+        how = f"suite mounted read-only from {SUITE_DIR}"
+    kw.setdefault("label", image)
+    rc, out, err = _run(client, image, [py, "-m", "stackprobe"] + suite_args(target_arch, **kw),
+                        volumes=volumes, env=env, timeout=timeout)
+    if rc == 2:
+        raise UsageError(err.strip().replace("stackprobe: ", "", 1))
+    if rc != 0:
+        raise ValidationError(f"the suite failed in {image} (exit {rc}, {how}): {err.strip()[-800:]}")
+    report = _parse_report(out, image)
+    report.options["ran_in"] = {"image": image, "python": py, "suite": how}
+    return report
+
+
+def safe_name(image: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", image)[:120]
+
+
+def validate_many(images: list[str], target_arch: str = "12.0", *, out_dir: str | Path | None = None,
+                  say=print, **kw) -> tuple[list, str]:
+    """Validate each image (or the current environment when ``images`` is empty); write each JSON
+    report to ``out_dir`` when given; return (reports, Markdown: the comparison for two or more, the
+    matrix for one)."""
+    from stackprobe.report import comparison_markdown
+
+    if not images:
+        say("validating the current environment")
+        reports = [validate_here(target_arch, **kw)]
+    else:
+        reports = []
+        for img in images:
+            say(f"validating {img}")
+            reports.append(validate_image(img, target_arch, **kw))
+    if out_dir:
+        out = Path(out_dir)
+        for r, name in zip(reports, images or ["current-environment"]):
+            r.write_json(out / f"{safe_name(name)}.json")
+    if len(reports) == 1:
+        return reports, reports[0].to_markdown()
+    return reports, comparison_markdown(reports, images)

@@ -1,0 +1,189 @@
+"""Shared set-up for the validation-suite tests: real packages from PyPI, cached on disk.
+
+Everything lands under ``$CUDASTACK_TEST_CACHE`` (default ``~/.cache/cudastack-tests``), keyed by the
+exact pins, so a rerun costs seconds:
+
+* ``venv-validate``: a virtual environment with a CPU torch and the light dependencies FlashInfer's JIT
+  modules import (apache-tvm-ffi, numpy, ninja, ...) plus pyelftools;
+* ``pip install --no-deps --target`` folders for each backend version (flashinfer-python 0.6.16 /
+  0.6.18 / 0.7.4, sglang 0.5.23, sglang-kernel 0.4.10), put on PYTHONPATH side by side;
+* a CUDA 13.1 toolkit from PyPI wheels (``cuda-toolkit[nvcc,cudart,cccl,crt,nvvm]==13.1.1``), whose
+  ``nvidia/cu13`` folder serves as CUDA_HOME.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITE = ROOT / "validate"
+CACHE = Path(os.environ.get("CUDASTACK_TEST_CACHE", Path.home() / ".cache" / "cudastack-tests"))
+
+TORCH_SPEC = "torch==2.13.0"
+VENV_DEPS = ["apache-tvm-ffi>=0.1.12,<0.2", "numpy", "packaging", "requests", "tqdm", "einops", "click",
+             "tabulate", "ninja", "nvidia-ml-py", "pyelftools>=0.31"]
+CUDA_TOOLKIT_SPEC = "cuda-toolkit[nvcc,cudart,cccl,crt,nvvm]==13.1.1"
+CUOBJDUMP_SPEC = "nvidia-cuda-cuobjdump==13.2.78"
+
+
+def _run(cmd: list, **kw) -> subprocess.CompletedProcess:
+    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
+    return p
+
+
+def _key(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:10]
+
+
+def suite_venv() -> Path:
+    """The venv's python. Created once (CPU torch + FlashInfer's light import deps + pyelftools)."""
+    d = CACHE / f"venv-validate-{_key(TORCH_SPEC, VENV_DEPS, sys.version_info[:2])}"
+    py = d / "bin" / "python"
+    if (d / ".ready").is_file():
+        return py
+    shutil.rmtree(d, ignore_errors=True)
+    _run([sys.executable, "-m", "venv", d])
+    _run([py, "-m", "pip", "install", "-q", TORCH_SPEC] + VENV_DEPS, timeout=1800)
+    (d / ".ready").write_text("ok")
+    return py
+
+
+
+
+
+def pip_target(spec: str, *, deps: bool = False) -> Path:
+    """``pip install [--no-deps] --target <cache>/<spec>``; returns the folder."""
+    d = CACHE / "targets" / (spec.replace("==", "-").replace("[", "_").replace("]", "").replace(",", "_") + ("" if not deps else "-deps"))
+    if (d / ".ready").is_file():
+        return d
+    shutil.rmtree(d, ignore_errors=True)
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--target", d]
+    if not deps:
+        cmd.append("--no-deps")
+    _run(cmd + [spec], timeout=1800)
+    (d / ".ready").write_text("ok")
+    return d
+
+
+def cuda_home() -> Path:
+    """CUDA_HOME of the PyPI CUDA 13.1 toolkit (nvcc, cudart headers, CCCL, crt, nvvm)."""
+    home = pip_target(CUDA_TOOLKIT_SPEC, deps=True) / "nvidia" / "cu13"
+    lib64 = home / "lib64"
+    if not lib64.exists():
+        lib64.symlink_to("lib")   # the wheels use lib/ where nvcc expects lib64/ (FACTS)
+    return home
+
+
+def cuobjdump() -> Path:
+    """NVIDIA's cuobjdump from its PyPI wheel (13.2 on; not in the 13.1 set)."""
+    d = CACHE / CUOBJDUMP_SPEC.replace("==", "-")
+    exe = d / "bin" / "cuobjdump"
+    if exe.is_file():
+        return exe
+    dl = CACHE / "dl"
+    _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", dl, CUOBJDUMP_SPEC])
+    whl = next(dl.glob(CUOBJDUMP_SPEC.replace("-", "_").split("==")[0] + "-*.whl"))
+    with zipfile.ZipFile(whl) as z:
+        member = next(n for n in z.namelist() if n.endswith("/bin/cuobjdump"))
+        exe.parent.mkdir(parents=True, exist_ok=True)
+        tmp = exe.with_suffix(".tmp")
+        tmp.write_bytes(z.read(member))
+        tmp.chmod(0o755)
+        tmp.replace(exe)
+    return exe
+
+
+def clean_path(*first: Path) -> str:
+    """PATH with ``first`` folders, then only the OS folders (no stray nvcc from the host)."""
+    return os.pathsep.join([str(p) for p in first] + ["/usr/bin", "/bin"])
+
+
+def suite_env(paths: list[Path], *, cuda: Path | None = None, extra: dict | None = None,
+              path_first: list[Path] | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "FLASHINFER_", "NCCL_", "PYTHON"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(SUITE)] + [str(p) for p in paths])
+    env["PATH"] = clean_path(*(path_first or []))
+    env["HOME"] = os.environ.get("HOME", "/root")
+    env["STACKPROBE_CACHE"] = str(CACHE / "stackprobe")
+    if cuda is not None:
+        env["CUDA_HOME"] = str(cuda)
+    env.update(extra or {})
+    return env
+
+
+def run_suite(python: Path, paths: list[Path], args: list[str] = (), *, cuda: Path | None = None,
+              extra_env: dict | None = None, path_first: list[Path] | None = None, check: bool = True):
+    """Run ``python -m stackprobe --json - --quiet <args>``; returns (report dict, CompletedProcess)."""
+    env = suite_env(paths, cuda=cuda, extra=extra_env, path_first=path_first)
+    p = subprocess.run([str(python), "-m", "stackprobe", "--json", "-", "--quiet", *args], capture_output=True,
+                       text=True, env=env, timeout=900)
+    if check and p.returncode != 0:
+        raise AssertionError(f"suite exit {p.returncode}: {p.stderr[-3000:]}")
+    report = json.loads(p.stdout) if p.returncode == 0 else None
+    return report, p
+
+
+def verdict(report: dict, backend: str) -> dict:
+    return next(v for v in report["verdicts"] if v["backend"] == backend)
+
+
+def evidence(v: dict, what_startswith: str):
+    for e in v["evidence"]:
+        if e["what"].startswith(what_startswith):
+            return e
+    raise KeyError(f"{v['backend']} has no evidence {what_startswith!r}: {[e['what'] for e in v['evidence']]}")
+
+
+def fake_nvcc(folder: Path, release: str, full: str) -> Path:
+    """A stand-in ``nvcc`` answering ``--version`` like NVIDIA's for CUDA ``release`` (no real 12.x nvcc
+    is on PyPI: nvidia-cuda-nvcc-cu12 ships only ptxas, FACTS)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    exe = folder / "nvcc"
+    exe.write_text("#!/bin/sh\n"
+                   "echo 'nvcc: NVIDIA (R) Cuda compiler driver'\n"
+                   f"echo 'Cuda compilation tools, release {release}, V{full}'\n"
+                   f"echo 'Build cuda_{release}.r{release}/compiler.0_0'\n")
+    exe.chmod(0o755)
+    return exe
+
+
+def build_fixture_wheel(out_dir: Path, name: str, libs: dict[str, list[str]], nvcc: Path) -> Path:
+    """A wheel ``name-1.0`` whose package holds one shared object per ``libs`` entry, each compiled by
+    the real ``nvcc`` with the given ``-gencode`` arguments. Returns the wheel path."""
+    import base64
+
+    build = out_dir / f"{name}-build"
+    build.mkdir(parents=True, exist_ok=True)
+    src = build / "k.cu"
+    src.write_text("extern \"C\" __global__ void scale(float *x, float a) { x[threadIdx.x] *= a; }\n"
+                   "extern \"C\" int host_entry() { return 7; }\n")
+    files: dict[str, bytes] = {f"{name}/__init__.py": b""}
+    for lib, gencodes in libs.items():
+        so = build / lib
+        cmd = [nvcc, "-shared", "-Xcompiler", "-fPIC", "-cudart", "none", "-o", so, src]
+        for g in gencodes:
+            cmd += ["-gencode", g]
+        _run(cmd, timeout=300)
+        files[f"{name}/{lib}"] = so.read_bytes()
+    dist = f"{name}-1.0.dist-info"
+    files[f"{dist}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n".encode()
+    files[f"{dist}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: validate-tests\nRoot-Is-Purelib: false\nTag: py3-none-linux_x86_64\n"
+    record = []
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(data)}")
+    record.append(f"{dist}/RECORD,,")
+    files[f"{dist}/RECORD"] = ("\n".join(record) + "\n").encode()
+    whl = out_dir / f"{name}-1.0-py3-none-linux_x86_64.whl"
+    with zipfile.ZipFile(whl, "w", zipfile.ZIP_DEFLATED) as z:
+        for path, data in files.items():
+            z.writestr(path, data)
+    return whl

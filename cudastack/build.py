@@ -133,6 +133,91 @@ class Wheelhouse:
         return digests
 
 
+PYPI_SIMPLE = "https://pypi.org/simple"
+
+
+def fetch_sdist(package: str, version: str, cache_dir: Path, *, index: str = "", ca_bundle: str | None = None,
+                say: Say | None = None) -> tuple[Path, str]:
+    """Download the sdist of ``package==version`` from a PEP 691 simple index (default PyPI) into
+    ``cache_dir`` (kept; verified against the index's sha256 each time). Returns (path, sha256).
+    Raises BuildError when the index has no such sdist or the download does not match its hash."""
+    import re as _re
+
+    import requests
+    from packaging.utils import canonicalize_name
+
+    base = (index or PYPI_SIMPLE).rstrip("/")
+    url = f"{base}/{canonicalize_name(package)}/"
+    verify = ca_bundle or True
+    try:
+        r = requests.get(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"}, timeout=60, verify=verify)
+        r.raise_for_status()
+        files = r.json()["files"]
+    except (requests.RequestException, ValueError, KeyError) as exc:
+        raise BuildError(f"Could not list {package} on {base} ({exc.__class__.__name__}: {exc}); check the network "
+                         "or the recipe's index.") from exc
+    name_pat = "[-_.]".join(_re.escape(part) for part in _re.split(r"[-_.]+", canonicalize_name(package)))
+    pat = _re.compile(name_pat + "-" + _re.escape(version) + r"\.(tar\.gz|zip)$", _re.IGNORECASE)
+    found = [f for f in files if pat.match(f["filename"])]
+    if not found:
+        raise BuildError(f"{base} has no sdist of {package}=={version}; fix the recipe's sdist pin.")
+    f = found[0]
+    want = f.get("hashes", {}).get("sha256", "")
+    dest = cache_dir / f["filename"]
+    if dest.is_file() and (not want or sha256_file(dest) == want):
+        return dest, sha256_file(dest)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    if say:
+        say(f"  fetching {f['filename']} from {base}")
+    tmp = dest.with_name(f".{dest.name}.part")
+    try:
+        with requests.get(f["url"], stream=True, timeout=300, verify=verify) as resp:
+            resp.raise_for_status()
+            with open(tmp, "wb") as out:
+                for chunk in resp.iter_content(1 << 20):
+                    out.write(chunk)
+        got = sha256_file(tmp)
+        if want and got != want:
+            raise BuildError(f"{f['filename']}: sha256 {got} does not match the index's {want}; not used.")
+        os.replace(tmp, dest)
+    except requests.RequestException as exc:
+        raise BuildError(f"Downloading {f['url']} failed: {exc}") from exc
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dest, sha256_file(dest)
+
+
+def unpack_patched(archive: Path, dest: Path, patches: list[dict]) -> None:
+    """Unpack an sdist (its single top folder becomes ``dest``) and apply literal ``patches``
+    ({file, replace, with}); a patch that matches nothing raises BuildError naming it."""
+    import tarfile
+    import zipfile
+
+    tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=dest.parent))
+    try:
+        if archive.name.endswith(".zip"):
+            with zipfile.ZipFile(archive) as z:
+                z.extractall(tmp)
+        else:
+            with tarfile.open(archive) as t:
+                t.extractall(tmp, filter="data")
+        tops = list(tmp.iterdir())
+        root = tops[0] if len(tops) == 1 and tops[0].is_dir() else tmp
+        for pt in patches:
+            target = root / pt["file"]
+            if not target.is_file():
+                raise BuildError(f"Patch for {archive.name}: {pt['file']} does not exist in the sdist.")
+            text = target.read_text()
+            n = text.count(pt["replace"])
+            if n == 0:
+                raise BuildError(f"Patch for {archive.name}: '{pt['replace']}' matches nothing in {pt['file']}; "
+                                 "the recipe's patch no longer applies to this version.")
+            target.write_text(text.replace(pt["replace"], pt["with"]))
+        shutil.move(str(root), str(dest))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def node_cached(engine: Engine, wheelhouse: Wheelhouse, node: PlannedNode) -> bool:
     """A node is cached when its tag exists and, for wheels nodes, the wheelhouse holds its wheels."""
     if not engine.exists(node.tag):
@@ -146,15 +231,22 @@ def cached_map(engine: Engine, wheelhouse: Wheelhouse, plan: BuildPlan) -> dict[
     return {n.name: node_cached(engine, wheelhouse, n) for n in plan.nodes}
 
 
-def _make_context(ctx_root: Path, node: PlannedNode, wheelhouse: Wheelhouse, plan: BuildPlan) -> tuple[Path, dict]:
-    """A fresh build-context folder for ``node``; returns it and extra build args (SOURCE_DIR, WHEEL_NAMES)."""
+def _make_context(ctx_root: Path, node: PlannedNode, wheelhouse: Wheelhouse, plan: BuildPlan, *,
+                  ca_bundle: str | None = None, say: Say | None = None) -> tuple[Path, dict]:
+    """A fresh build-context folder for ``node``; returns it and extra build args (WHEEL_NAMES) plus, under
+    the key ``_sdist``, what was fetched for a patched sdist."""
     ctx = ctx_root / f"{node.name}-{node.hash[:16]}"
     if ctx.exists():
         shutil.rmtree(ctx)
     ctx.mkdir(parents=True)
-    extra: dict[str, str] = {}
+    extra: dict = {}
+    if node.sdist:
+        archive, digest = fetch_sdist(node.sdist["package"], node.sdist["version"], ctx_root.parent / "sdists",
+                                      index=node.sdist.get("index", ""), ca_bundle=ca_bundle, say=say)
+        unpack_patched(archive, ctx / "src", node.sdist.get("patches", []))
+        extra["_sdist"] = {"file": archive.name, "sha256": digest, "patches": node.sdist.get("patches", [])}
     for sub, src in node.context.items():
-        if sub == "wheelhouse":
+        if sub == "wheelhouse" or not src:
             continue
         shutil.copytree(src, ctx / sub, ignore=_CTX_IGNORE, symlinks=True)
     if node.kind == "runtime":
@@ -282,7 +374,9 @@ def run_build(
         tmp_out = None
         ctx = None
         try:
-            ctx, extra = _make_context(ctx_root, node, wheelhouse, plan)
+            ctx, extra = _make_context(ctx_root, node, wheelhouse, plan, ca_bundle=bundle, say=say)
+            if "_sdist" in extra:
+                entry["sdist"] = extra.pop("_sdist")
             args = dict(node.build_args)
             args.update(extra)
             args = {k: v for k, v in args.items() if not (k == "WHEEL_NAMES" and node.kind != "runtime")}

@@ -319,7 +319,7 @@ class Engine:
                 for line in proc.stdout:
                     log.write(line)
                     line = line.rstrip("\n")
-                    if prog.feed(line) and not tty:
+                    if prog.feed(line) and not tty and not prog.steps[prog.current].startswith("[internal]"):
                         say(status())
                 rc = proc.wait()
             except KeyboardInterrupt:

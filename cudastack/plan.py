@@ -50,6 +50,7 @@ class PlannedNode(Node):
     notes: list[str] = field(default_factory=list)
     parallel_knobs: list[str] = field(default_factory=list)
     wheel_packages: list[str] = field(default_factory=list)
+    sdist: dict = field(default_factory=dict)   # {"package", "version", "index", "patches"} to fetch + patch
 
 
 @dataclass
@@ -157,6 +158,8 @@ def _source_spec(c: Component, tc: Toolchain) -> tuple[list[str], dict[str, str]
     e = c.toolchains[tc.name]
     if e.method == "wheel":
         return list(e.packages), {}
+    if e.sdist and e.patches:
+        return [], {"src": ""}      # the executor fetches the sdist, unpacks and patches it into src/
     if e.sdist:
         return [f"{e.sdist['package']}=={e.sdist['version']}"], {}
     if e.git:
@@ -311,7 +314,11 @@ def make_plan(
             elif c.kind == "wheels":
                 args.update({"METHOD": e.method, "PIP_SPECS": " ".join(specs), "BUILD_ENV": build_env})
                 if "src" in context:
-                    args["SOURCE_DIR"] = "src"   # the local folder, copied into the build context
+                    args["SOURCE_DIR"] = "src"   # the local folder (or patched sdist) in the build context
+                if e.sdist and e.patches:
+                    for pt in e.patches:
+                        notes.append(f"patch {pt['file']}: '{pt['replace']}' -> '{pt['with']}'"
+                                     + (f" ({pt['why']})" if pt.get("why") else ""))
             else:  # runtime
                 args.update({"PIP_SPECS": " ".join(specs), "WHEEL_NAMES": ""})
                 collected: dict[str, Knob] = {}
@@ -368,7 +375,9 @@ def make_plan(
             parents=parents, build_args=args, knobs=knobs, hash=h, tag=f"{repo}:{h[:16]}", method=method,
             memory_gib_per_job=c.parallelism.memory_gib_per_job if (c.parallelism and method == "source") else 0.0,
             est_disk_gib=c.est_disk_gib, inputs=inputs, context=context, env_knobs=env_knobs, notes=notes,
-            parallel_knobs=parallel, wheel_packages=wheel_pkgs)
+            parallel_knobs=parallel, wheel_packages=wheel_pkgs,
+            sdist=({**e.sdist, "index": e.index, "patches": [dict(p) for p in e.patches]}
+                   if (e.sdist and e.patches and c.kind != "base") else {}))
         nodes.append(node)
         by_name[c.name] = node
 

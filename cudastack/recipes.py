@@ -33,6 +33,9 @@ Component file schema (every key not listed is an error that names the file and 
         sdist: {package: flash-attn, version: "2.8.3"}      # source: one of sdist / git / path
         git: {url: "https://...", commit: "<40 hex>", ref: "v1.2"}
         path: "../cuda_ext"                     # a local folder, relative to the recipe file
+        patches:                                # sdist only: literal edits applied to the unpacked sdist
+          - {file: setup.py, replace: "-std=c++17", with: "-std=c++20", why: "..."}   # before building;
+                                                # a replace that matches nothing is a build error
         requires: {torch: "2.14.1"}             # pins the package's METADATA demands (checked)
         knobs: {NAME: "value"}                  # per-toolchain knobs (override the file's knobs)
 
@@ -61,7 +64,8 @@ BASE_KINDS = ("pip", "nvidia")
 
 _COMPONENT_KEYS = {"kind", "node", "needs", "description", "est_disk_gib", "arch_knob", "knobs",
                    "parallelism", "toolchains"}
-_ENTRY_KEYS = {"method", "packages", "index", "sdist", "git", "path", "requires", "knobs"}
+_ENTRY_KEYS = {"method", "packages", "index", "sdist", "git", "path", "requires", "knobs", "patches"}
+_PATCH_KEYS = {"file", "replace", "with", "why"}
 _ARCH_KNOB_KEYS = {"style", "knob", "separator", "scope", "ignores", "covers"}
 _PAR_KEYS = {"memory_gib_per_job", "nvcc_threads", "jobs_knobs", "threads_knobs"}
 _TC_FILE_KEYS = {"archs", "suffixes", "toolchains"}
@@ -138,6 +142,7 @@ class Entry:
     path: Path | None = None       # resolved absolute path of a local source folder
     requires: dict[str, str] = field(default_factory=dict)
     knobs: dict[str, str] = field(default_factory=dict)
+    patches: tuple[dict, ...] = ()   # [{"file", "replace", "with", "why"}] applied to an unpacked sdist
     raw: dict = field(default_factory=dict)
 
 
@@ -430,6 +435,22 @@ def _load_entry(value: Any, file: Path, key: str, kind: str) -> Entry:
             if not p.is_dir():
                 raise _fail(file, f"{key}.path", f"{p} is not a folder.")
             e.path = p
+    if "patches" in d:
+        if not e.sdist:
+            raise _fail(file, f"{key}.patches", "patches apply to an sdist source only.")
+        if not isinstance(d["patches"], list) or not d["patches"]:
+            raise _fail(file, f"{key}.patches", "expected a non-empty list of {file, replace, with}.")
+        pl = []
+        for i, pt in enumerate(d["patches"]):
+            pk = f"{key}.patches[{i}]"
+            pt = _mapping(pt, file, pk)
+            _check_keys(pt, _PATCH_KEYS, {"file", "replace", "with"}, file, pk)
+            rel = _str(pt["file"], file, f"{pk}.file")
+            if rel.startswith("/") or ".." in Path(rel).parts:
+                raise _fail(file, f"{pk}.file", "a path inside the unpacked sdist, e.g. setup.py.")
+            pl.append({"file": rel, "replace": _str(pt["replace"], file, f"{pk}.replace"),
+                       "with": _str(pt["with"], file, f"{pk}.with"), "why": _str(pt.get("why", ""), file, f"{pk}.why")})
+        e.patches = tuple(pl)
     req = _mapping(d.get("requires"), file, f"{key}.requires")
     e.requires = {str(k): _version(v, file, f"{key}.requires.{k}") for k, v in req.items()}
     return e

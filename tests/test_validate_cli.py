@@ -1,0 +1,105 @@
+"""The suite's command line and report model in the project's own environment (no backends needed):
+bad input, exit codes, the versioned JSON record, Markdown, comparison, and a crashing probe."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from stackprobe import REPORT_SCHEMA_VERSION
+from stackprobe import static as static_mod
+from stackprobe.report import Report, ReportError, compare, comparison_markdown
+from stackprobe.verdict import BLOCKED, GATE_PYTHON, Verdict
+
+
+def cli(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "stackprobe", *args], capture_output=True, text=True, timeout=600, **kw)
+
+
+@pytest.mark.parametrize("spec", ["13.7", "banana", "5"])
+def test_unknown_target_arch_is_refused_listing_the_valid_ones(spec, tmp_path):
+    out = tmp_path / "r.json"
+    p = cli("--target-arch", spec, "--json", str(out))
+    assert p.returncode == 2
+    assert "12.0" in p.stderr and "7.5" in p.stderr and "12.1" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert not out.exists()                      # refused before any work
+
+
+def test_bad_world_size_is_refused():
+    p = cli("--world-size", "0")
+    assert p.returncode == 2 and "--world-size" in p.stderr
+
+
+@pytest.fixture(scope="module")
+def report_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("reports")
+    p = cli("--quiet", "--target-arch", "12.0", "--json", str(d / "a.json"), "--markdown", str(d / "a.md"), "--label", "here")
+    assert p.returncode == 0, p.stderr
+    return d
+
+
+def test_report_is_versioned_json_with_every_backend(report_files):
+    d = json.loads((report_files / "a.json").read_text())
+    assert d["schema"] == REPORT_SCHEMA_VERSION and d["target_arch"] == "12.0" and d["label"] == "here"
+    assert d["tiers"] == ["static"]
+    names = [v["backend"] for v in d["verdicts"]]
+    for b in ("nccl-ring", "nccl-tree", "flashinfer-allreduce-fusion", "sglang-custom-allreduce", "torch-symm-mem",
+              "ep-flashinfer-a2a", "flashinfer-pcie-ipc-allreduce", "b12x", "mscclpp"):
+        assert b in names
+    for v in d["verdicts"]:
+        assert v["status"] in ("unblocked", "gate-passes", "works-but-slower", "blocked", "skipped", "error")
+        assert v["cause"]
+    env = d["environment"]
+    assert env["python"]["executable"] and "findings" in env and "packages" in env
+    r = Report.from_json(d)
+    assert [v.backend for v in r.verdicts] == names
+    md = (report_files / "a.md").read_text()
+    assert md.startswith("# stackprobe report: here")
+    assert all(f"| {b} |" in md for b in names)
+
+
+def test_newer_schema_and_foreign_json_are_refused(report_files, tmp_path):
+    d = json.loads((report_files / "a.json").read_text())
+    d["schema"] = REPORT_SCHEMA_VERSION + 1
+    with pytest.raises(ReportError, match="newer"):
+        Report.from_json(d)
+    bad = tmp_path / "x.json"
+    bad.write_text('{"hello": 1}')
+    p = cli("--compare", str(report_files / "a.json"), str(bad))
+    assert p.returncode == 2 and "not a stackprobe report" in p.stderr
+
+
+def test_comparison_names_what_changed_and_why(report_files):
+    a = Report.load(report_files / "a.json")
+    b = Report.load(report_files / "a.json")
+    b.label = "after"
+    same = compare([a, b], ["before", "after"])
+    assert not any(c.changed for c in same)
+    # a runtime verdict added later takes precedence over the static one for that backend
+    b.add(Verdict("torch-symm-mem", BLOCKED, tier="runtime", gate=GATE_PYTHON, cause="measured refusal"))
+    assert b.tiers == ["static", "runtime"] and b.verdict("torch-symm-mem").tier == "runtime"
+    changes = {c.backend: c for c in compare([a, b], ["before", "after"])}
+    if a.verdict("torch-symm-mem").status != BLOCKED:
+        assert changes["torch-symm-mem"].changed and "measured refusal" in changes["torch-symm-mem"].why
+    md = comparison_markdown([a, b], ["before", "after"])
+    assert md.startswith("| backend | before | after | changed | why |")
+
+
+def test_a_crashing_probe_is_an_error_verdict(monkeypatch):
+    class Broken:
+        BACKENDS = ("broken-backend",)
+
+        @staticmethod
+        def probe(ctx):
+            raise ZeroDivisionError("division by zero in a probe")
+
+    real = static_mod.probes()
+    monkeypatch.setattr(static_mod, "probes", lambda: [Broken] + real[:1])
+    r = static_mod.run_static("12.0")
+    v = r.verdict("broken-backend")
+    assert v.status == "error" and "ZeroDivisionError" in v.cause
+    assert r.verdict("nccl-ring") is not None            # the rest of the suite still ran
+

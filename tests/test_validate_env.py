@@ -1,0 +1,53 @@
+"""Environment report (case C5): an older nvcc earlier on PATH than CUDA_HOME's nvcc is flagged, with
+the real nvcc 13.1 from PyPI under CUDA_HOME and a stand-in older nvcc on PATH."""
+from __future__ import annotations
+
+import pytest
+
+from stackprobe import env as envmod
+
+from validate_support import cuda_home, fake_nvcc, run_suite, suite_venv
+
+pytestmark = pytest.mark.network
+
+
+@pytest.fixture(scope="module")
+def cuda13():
+    return cuda_home()
+
+
+def test_c5_older_nvcc_first_on_path_is_flagged(cuda13, tmp_path, monkeypatch):
+    old = fake_nvcc(tmp_path / "old-cuda" / "bin", "12.4", "12.4.131")
+    monkeypatch.setenv("PATH", f"{old.parent}:{cuda13 / 'bin'}:/usr/bin:/bin")
+    monkeypatch.setenv("CUDA_HOME", str(cuda13))
+    nv = envmod.find_nvccs()
+    assert nv["path"]["release"] == "12.4" and nv["path"]["path"] == str(old)
+    assert nv["cuda_home_nvcc"]["release"] == "13.1" and nv["cuda_home_nvcc"]["version"] == "13.1.115"
+    found = envmod.nvcc_findings(nv, torch_cuda="13.0")
+    c5 = [f for f in found if f["case"] == "C5" and f["level"] == "error"]
+    assert any(str(old) in f["message"] and str(cuda13 / "bin" / "nvcc") in f["message"] for f in c5)
+    # and the PATH nvcc's CUDA major differs from torch's
+    assert any("CUDA 12.4 but torch was built with CUDA 13.0" in f["message"] for f in c5)
+
+
+def test_c5_consistent_toolkit_gives_no_finding(cuda13, monkeypatch):
+    monkeypatch.setenv("PATH", f"{cuda13 / 'bin'}:/usr/bin:/bin")
+    monkeypatch.setenv("CUDA_HOME", str(cuda13))
+    nv = envmod.find_nvccs()
+    assert nv["path"]["realpath"] == nv["cuda_home_nvcc"]["realpath"]
+    assert [f for f in envmod.nvcc_findings(nv, torch_cuda="13.1") if f["level"] in ("error", "warning")] == []
+    minor = envmod.nvcc_findings(nv, torch_cuda="13.0")
+    assert [f["level"] for f in minor] == ["warning", "warning"]      # same major: minor-version compatible
+
+
+def test_c5_in_the_report_of_a_real_run(cuda13, tmp_path):
+    old = fake_nvcc(tmp_path / "old" / "bin", "12.6", "12.6.85")
+    report, _ = run_suite(suite_venv(), [], ["--backend", "nccl-ring", "--markdown", str(tmp_path / "r.md")],
+                          cuda=cuda13, path_first=[old.parent])
+    env = report["environment"]
+    assert env["nvcc"]["path"]["release"] == "12.6"
+    assert env["nvcc"]["cuda_home_nvcc"]["release"] == "13.1"
+    assert any(f["case"] == "C5" and f["level"] == "error" for f in env["findings"])
+    assert env["torch"]["version"].startswith("2.13.0") and env["python"]["version"]
+    md = (tmp_path / "r.md").read_text()
+    assert "## Environment findings" in md and "(C5)" in md

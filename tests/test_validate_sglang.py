@@ -1,0 +1,131 @@
+"""SGLang-side gates read from the real sglang 0.5.23 wheel's source (custom allreduce heuristic, the
+symm-mem size table of case C11, the FlashInfer all-to-all preconditions), and from small sglang-like
+fixture trees that vary what the real one has (a subscript lookup, a table that has key 12)."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from validate_support import evidence, pip_target, run_suite, suite_venv, verdict
+
+pytestmark = pytest.mark.network
+
+SYMM = "torch-symm-mem"
+CAR = "sglang-custom-allreduce"
+EP = "ep-flashinfer-a2a"
+
+
+@pytest.fixture(scope="module")
+def venv():
+    return suite_venv()
+
+
+@pytest.fixture(scope="module")
+def sglang():
+    return pip_target("sglang==0.5.23")
+
+
+@pytest.fixture(scope="module")
+def real(venv, sglang):
+    kern = pip_target("sglang-kernel==0.4.10")
+    return {
+        "tp8": run_suite(venv, [sglang, kern], ["--backend", SYMM, "--backend", CAR])[0],
+        "tp2": run_suite(venv, [sglang, kern], ["--backend", CAR, "--world-size", "2"])[0],
+        "nvlink": run_suite(venv, [sglang, kern], ["--backend", CAR, "--topology", "nvlink"])[0],
+    }
+
+
+def test_c11_real_sglang_table_has_no_key_12(real):
+    v = verdict(real["tp8"], SYMM)
+    keys = evidence(v, "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES keys")
+    assert keys["value"] == [9, 10]
+    assert keys["source"].startswith("sglang/srt/distributed/device_communicators/") and "(ast)" in keys["source"]
+    assert v["status"] == "blocked" and v["gate"] == "python-table"
+    assert "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES" in v["cause"] and "major 12" in v["cause"]
+    assert "no CUDA upgrade" in v["cause"] and v["lift"] != "cuda-upgrade"
+    # 0.5.23 looks the major up with .get(): the KeyError became a clean disable
+    assert evidence(v, "lookup")["value"] == "get"
+
+
+def _fake_sglang(root: Path, table_src: str, lookup_src: str) -> Path:
+    pkg = root / "sglang"
+    comm = pkg / "srt" / "distributed" / "device_communicators"
+    comm.mkdir(parents=True)
+    for d in (pkg, pkg / "srt", pkg / "srt" / "distributed", comm):
+        (d / "__init__.py").write_text("")
+    (comm / "all_reduce_utils.py").write_text(textwrap.dedent(table_src))
+    (comm / "torch_symm_mem.py").write_text(textwrap.dedent(lookup_src))
+    info = root / "sglang-0.0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.0.1\n")
+    (info / "RECORD").write_text("")
+    return root
+
+
+TABLE_9_10 = """
+    MiB = 1024 * 1024
+    TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES = {
+        9: {2: 64 * MiB, 4: 64 * MiB, 6: 128 * MiB, 8: 128 * MiB},
+        10: {2: 64 * MiB, 4: 64 * MiB, 6: 128 * MiB, 8: 128 * MiB},
+    }
+"""
+SUBSCRIPT = """
+    from .all_reduce_utils import TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES
+    def max_size(major, world_size):
+        return TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES[major][world_size]
+"""
+
+
+def test_c11_subscript_lookup_is_named_as_keyerror_12(venv, tmp_path):
+    root = _fake_sglang(tmp_path, TABLE_9_10, SUBSCRIPT)
+    v = verdict(run_suite(venv, [root], ["--backend", SYMM])[0], SYMM)
+    assert v["status"] == "blocked" and v["gate"] == "python-table"
+    assert "`KeyError: 12`" in v["cause"]
+    assert evidence(v, "lookup")["value"] == "subscript"
+
+
+def test_c11_a_table_with_key_12_passes_and_the_value_is_read_not_assumed(venv, tmp_path):
+    table = TABLE_9_10.replace("    }\n", "        12: {2: 32 * MiB, 8: 64 * MiB},\n    }\n")
+    root = _fake_sglang(tmp_path, table, SUBSCRIPT)
+    report = run_suite(venv, [root], ["--backend", SYMM])[0]
+    v = verdict(report, SYMM)
+    assert evidence(v, "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES keys")["value"] == [9, 10, 12]
+    assert evidence(v, "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES[12] world sizes")["value"] == [2, 8]
+    assert v["status"] == "gate-passes"
+    # and for a world size the table lacks, the same table blocks
+    v6 = verdict(run_suite(venv, [root], ["--backend", SYMM, "--world-size", "6"])[0], SYMM)
+    assert v6["status"] == "blocked" and "world size 6" in v6["cause"]
+
+
+def test_custom_allreduce_pcie_heuristic_from_the_installed_source(real):
+    v = verdict(real["tp8"], CAR)
+    rule = evidence(v, "PCIe world-size rule")
+    assert rule["value"] == "disabled when world_size > 2 without full NVLink"
+    assert "custom_all_reduce_utils.py" in rule["source"] and "world_size > 2" in rule["source"]
+    assert evidence(v, "CustomAllreduce._SUPPORTED_WORLD_SIZES")["value"] == [2, 4, 6, 8]
+    assert v["status"] == "blocked" and v["gate"] == "topology" and v["lift"] == "nothing-on-this-topology"
+    ops = evidence(v, "sglang-kernel common_ops coverage")["value"]
+    assert ops and all(level == "native" and "sm_120a" in sass for _, level, sass in ops)
+    # at TP2, or on NVLink, the heuristic admits it and the kernels carry sm_120a
+    assert verdict(real["tp2"], CAR)["status"] == "gate-passes"
+    assert verdict(real["nvlink"], CAR)["status"] == "gate-passes"
+
+
+def test_ep_flashinfer_a2a_preconditions_and_api_match(venv, sglang):
+    fi16, fi74 = pip_target("flashinfer-python==0.6.16"), pip_target("flashinfer-python==0.7.4")
+    r16 = run_suite(venv, [sglang, fi16], ["--backend", EP])[0]
+    r74 = run_suite(venv, [sglang, fi74], ["--backend", EP])[0]
+    v16, v74 = verdict(r16, EP), verdict(r74, EP)
+    for v in (v16, v74):
+        assert v["status"] == "blocked" and v["gate"] == "topology" and v["lift"] == "nothing-on-this-topology"
+        pre = evidence(v, "_flashinfer_a2a_topology_is_supported")
+        assert pre["value"] == [False, True]            # needs DP attention with dp_size == tp_size
+        assert "moe_hook.py" in pre["source"]
+    assert "flashinfer.comm.MoeAlltoAll" in evidence(v16, "FlashInfer names SGLang's a2a dispatcher imports")["value"]
+    with pytest.raises(KeyError):
+        evidence(v16, "missing in the installed flashinfer")
+    assert "flashinfer.comm.MoeAlltoAll" in evidence(v74, "missing in the installed flashinfer")["value"]
+    assert any("does not export" in w for w in v74["warnings"])
+    assert evidence(v16, "MNNVL JIT modules' supported majors")["value"]["gen_trtllm_mnnvl_comm_module"] == [9, 10]

@@ -62,13 +62,11 @@ def built(engine, tmp_path_factory):
     return plan, state, record, lines
 
 
-def docker_run(image: str, *cmd: str, volumes: dict[str, str] | None = None) -> str:
-    args = ["docker", "run", "--rm"]
-    for src, dst in (volumes or {}).items():
-        args += ["-v", f"{src}:{dst}:ro"]
-    r = subprocess.run(args + [image, *cmd], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    return r.stdout
+def docker_run(engine, image: str, *cmd: str, volumes: dict[str, str] | None = None) -> str:
+    """Run ``cmd`` in a throw-away container of ``image`` through the docker SDK; returns its stdout."""
+    vols = {src: {"bind": dst, "mode": "ro"} for src, dst in (volumes or {}).items()}
+    out = engine.client.containers.run(image, list(cmd), remove=True, volumes=vols, stdout=True, stderr=False)
+    return out.decode()
 
 
 def test_chain_builds_and_records_the_wheel(built):
@@ -93,16 +91,16 @@ def test_chain_builds_and_records_the_wheel(built):
     assert any("cuda-ext" in s and "built in" in s for s in lines)
 
 
-def test_runtime_image_holds_sm_120_sass_from_the_recorded_wheel(built, cuobjdump):
+def test_runtime_image_holds_sm_120_sass_from_the_recorded_wheel(built, cuobjdump, engine):
     plan, state, record, _ = built
     runtime = plan.node("runtime").tag
-    out = docker_run(runtime, "python", "-c",
+    out = docker_run(engine, runtime, "python", "-c",
                      "import hashlib, cuda_ext_fixture as c; print(c.LIB_PATH); print(c.host_sum([1, 2, 3, 4]));"
                      "print(' '.join(c.compiled_archs())); print(hashlib.sha256(open(c.LIB_PATH, 'rb').read()).hexdigest())")
     so_path, host_sum, archs, so_sha = out.split()
     assert host_sum == "10"          # C7: the thrust host code compiled with CUDA 13 and runs
     assert archs == "120"
-    elf = docker_run(runtime, "/opt/cuobjdump/cuobjdump", "--list-elf", so_path, volumes={str(cuobjdump): "/opt/cuobjdump"})
+    elf = docker_run(engine, runtime, "/opt/cuobjdump/cuobjdump", "--list-elf", so_path, volumes={str(cuobjdump): "/opt/cuobjdump"})
     assert "sm_120" in elf, elf
     # the installed .so is the one inside the recorded wheel, whose sha256 matches the record
     (name, digest), = {n["name"]: n for n in record["nodes"]}["cuda-ext"]["wheels"].items()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cudastack.build import Wheelhouse, _preflight_disk, atomic_write_text, sha256_file
+from cudastack.build import Wheelhouse, _preflight_disk, atomic_write_text, sha256_file, unpack_patched
 from cudastack.engine import BuildKitPath, Engine, _Progress, connect_sdk, find_buildkit, resolve_ca_bundle
 from cudastack.errors import BuildError, EnvironmentError_, UsageError
 from cudastack.plan import make_plan
@@ -197,3 +197,21 @@ def test_real_build_success_tags_and_exports(tmp_path):
     finally:
         eng.client.images.remove(tag, force=True)
     assert os.path.getsize(tmp_path / "ok.log") > 0
+
+
+def test_patched_sdist_unpacks_and_refuses_a_stale_patch(tmp_path):
+    import tarfile
+
+    src = tmp_path / "pkg-1.0"
+    src.mkdir()
+    (src / "setup.py").write_text('flags = ["-O3", "-std=c++17"]\n')
+    archive = tmp_path / "pkg-1.0.tar.gz"
+    with tarfile.open(archive, "w:gz") as t:
+        t.add(src, arcname="pkg-1.0")
+    out = tmp_path / "ctx"
+    out.mkdir()
+    unpack_patched(archive, out / "src", [{"file": "setup.py", "replace": "-std=c++17", "with": "-std=c++20"}])
+    assert (out / "src" / "setup.py").read_text() == 'flags = ["-O3", "-std=c++20"]\n'
+    with pytest.raises(BuildError, match="matches nothing"):
+        unpack_patched(archive, out / "src2", [{"file": "setup.py", "replace": "-std=c++14", "with": "x"}])
+    assert not (out / "src2").exists()

@@ -185,3 +185,18 @@ def test_unknown_cuda_version_lists_the_known_ones():
 def test_unknown_component_lists_the_known_ones():
     with pytest.raises(UsageError, match=r"Unknown component 'flash_attn'.*flash-attn"):
         load_recipes().component("flash_attn")
+
+
+def test_patches_are_validated(recipes_copy):
+    fa = load_recipes(recipes_copy).component("flash-attn").toolchains["13.1"]
+    assert fa.patches and fa.patches[0]["file"] == "setup.py" and fa.patches[0]["with"] == "-std=c++20"
+    edit(recipes_copy / "flash-attn.yaml",
+         lambda d: d["toolchains"]["13.1"]["patches"][0].__setitem__("file", "../outside.py"))
+    with pytest.raises(RecipeError, match=r"patches\[0\].file"):
+        load_recipes(recipes_copy)
+    edit(recipes_copy / "flash-attn.yaml",
+         lambda d: d["toolchains"]["13.1"]["patches"][0].__setitem__("file", "setup.py"))
+    edit(recipes_copy / "flashinfer.yaml",
+         lambda d: d["toolchains"]["13.1"].__setitem__("patches", [{"file": "a", "replace": "b", "with": "c"}]))
+    with pytest.raises(RecipeError, match=r"flashinfer.yaml.*patches.*sdist"):
+        load_recipes(recipes_copy)

@@ -23,6 +23,8 @@ _HELP = {
                  "proxy; never stored in a layer. Default: the system bundle where one exists.",
     "recipes": "Recipes folder (toolchains.yaml + one file per component). Default: the project's recipes/.",
     "state_dir": "Folder for the wheelhouse, build logs and build records. Default: .stack/",
+    "locked": "Build only what lockfiles/<cuda>.lock.yaml pins (hash-checking pip installs, base digest); the plan "
+              "is verified against the lock first, and the build's outputs are recorded into it.",
 }
 
 
@@ -49,7 +51,7 @@ def _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=Non
 
 @task(help=_HELP, iterable=["skip"], auto_shortflags=False)
 def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jobs=None, nvcc_threads=None,
-          ca_bundle=None, recipes=None, state_dir=".stack"):
+          ca_bundle=None, recipes=None, state_dir=".stack", locked=False):
     """Build a toolchain's images (base -> torch -> wheels -> runtime) with BuildKit; cached nodes are skipped."""
     from cudastack.build import dry_run as render_dry_run, run_build
 
@@ -65,7 +67,16 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
         plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=engine.resources())
         for w in plan.warnings:
             print(f"warning: {w}", file=sys.stderr)
+        lock_file = None
+        if locked:
+            from cudastack import lock as L
+
+            lock_file = L.lock_path(plan.toolchain)
+            L.prepare_locked_build(plan, lock_file, client=engine.client)
+            print(f"locked build: {lock_file} verified against the plan", file=sys.stderr)
         record = run_build(plan, state_dir=state_dir, ca_bundle=ca_bundle, engine=engine)
+        if lock_file is not None:
+            L.record_build_outputs(lock_file, record)
         print(record["record_path"])
     except StackError as exc:
         _fail(exc)

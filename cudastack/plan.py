@@ -313,6 +313,8 @@ def make_plan(
                 args.update({"PIP_SPECS": " ".join(specs), "BUILD_ENV": build_env})
             elif c.kind == "wheels":
                 args.update({"METHOD": e.method, "PIP_SPECS": " ".join(specs), "BUILD_ENV": build_env})
+                if e.build_deps:
+                    args["BUILD_DEPS"] = " ".join(e.build_deps)
                 if "src" in context:
                     args["SOURCE_DIR"] = "src"   # the local folder (or patched sdist) in the build context
                 if e.sdist and e.patches:

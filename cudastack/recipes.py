@@ -36,6 +36,8 @@ Component file schema (every key not listed is an error that names the file and 
         patches:                                # sdist only: literal edits applied to the unpacked sdist
           - {file: setup.py, replace: "-std=c++17", with: "-std=c++20", why: "..."}   # before building;
                                                 # a replace that matches nothing is a build error
+        build_deps: ["scikit-build-core==0.11.6"]   # source: pinned build backend, installed first
+                                                #   (builds run without isolation: BUILD_DEPS build arg)
         requires: {torch: "2.14.1"}             # pins the package's METADATA demands (checked)
         knobs: {NAME: "value"}                  # per-toolchain knobs (override the file's knobs)
 
@@ -64,7 +66,7 @@ BASE_KINDS = ("pip", "nvidia")
 
 _COMPONENT_KEYS = {"kind", "node", "needs", "description", "est_disk_gib", "arch_knob", "knobs",
                    "parallelism", "toolchains"}
-_ENTRY_KEYS = {"method", "packages", "index", "sdist", "git", "path", "requires", "knobs", "patches"}
+_ENTRY_KEYS = {"method", "packages", "index", "sdist", "git", "path", "requires", "knobs", "patches", "build_deps"}
 _PATCH_KEYS = {"file", "replace", "with", "why"}
 _ARCH_KNOB_KEYS = {"style", "knob", "separator", "scope", "ignores", "covers"}
 _PAR_KEYS = {"memory_gib_per_job", "nvcc_threads", "jobs_knobs", "threads_knobs"}
@@ -143,6 +145,7 @@ class Entry:
     requires: dict[str, str] = field(default_factory=dict)
     knobs: dict[str, str] = field(default_factory=dict)
     patches: tuple[dict, ...] = ()   # [{"file", "replace", "with", "why"}] applied to an unpacked sdist
+    build_deps: tuple[str, ...] = ()  # pinned requirements installed before a source build
     raw: dict = field(default_factory=dict)
 
 
@@ -451,6 +454,13 @@ def _load_entry(value: Any, file: Path, key: str, kind: str) -> Entry:
             pl.append({"file": rel, "replace": _str(pt["replace"], file, f"{pk}.replace"),
                        "with": _str(pt["with"], file, f"{pk}.with"), "why": _str(pt.get("why", ""), file, f"{pk}.why")})
         e.patches = tuple(pl)
+    if "build_deps" in d:
+        if method != "source":
+            raise _fail(file, f"{key}.build_deps", "build dependencies belong to a source recipe.")
+        deps = _str_list(d["build_deps"], file, f"{key}.build_deps")
+        for i, spec in enumerate(deps):
+            _pinned(spec, file, f"{key}.build_deps[{i}]")
+        e.build_deps = tuple(deps)
     req = _mapping(d.get("requires"), file, f"{key}.requires")
     e.requires = {str(k): _version(v, file, f"{key}.requires.{k}") for k, v in req.items()}
     return e

@@ -190,7 +190,8 @@ def test_c10_sgl_kernel_wheel_gets_no_torch_arch_list(recipes_copy):
 
 def test_c10_sgl_kernel_from_source_uses_its_own_knobs(recipes_copy):
     def to_source(d):
-        d["toolchains"]["13.1"] = {"method": "source", "sdist": {"package": "sglang-kernel", "version": "0.4.10"}}
+        d["toolchains"]["13.1"] = {"method": "source", "sdist": {"package": "sglang-kernel", "version": "0.4.10"},
+                                   "build_deps": ["scikit-build-core==0.11.6", "cmake==4.1.0"]}
     edit(recipes_copy / "sgl-kernel.yaml", to_source)
     p = plan(recipes=recipes_copy, archs="12.0;8.0")
     k = knobs(p, "sgl-kernel")
@@ -198,6 +199,7 @@ def test_c10_sgl_kernel_from_source_uses_its_own_knobs(recipes_copy):
     assert k["SGL_KERNEL_COMPILE_THREADS"].source == "memory-rule"
     assert k["MAX_JOBS"].value == k["CMAKE_BUILD_PARALLEL_LEVEL"].value == "2"
     assert k["CMAKE_BUILD_TYPE"].value == "Release"
+    assert p.node("sgl-kernel").build_args["BUILD_DEPS"] == "scikit-build-core==0.11.6 cmake==4.1.0"
     assert any("sgl-kernel" in w and "8.0" in w for w in p.warnings)     # 8.0 is not hard-coded
 
 

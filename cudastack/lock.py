@@ -289,12 +289,13 @@ def _pip_failure(stderr: str, specs: list[str], where: str) -> LockError:
 
 def pip_resolve(specs: list[str], *, target: dict, index: str = "", extra_index: str = "",
                 find_links: Iterable[str] = (), no_deps: bool = False, python: str = sys.executable,
-                where: str = "", timeout: float = 1800) -> list[dict]:
+                where: str = "", timeout: float = 1800, constraints: Optional[dict[str, str]] = None) -> list[dict]:
     """Resolve ``specs`` (requirement strings) with pip's resolver for ``target`` (see
     :func:`target_for_plan`) and return the install set: ``[{"name", "version", "filename", "url"?,
     "sha256", "requested"?}]`` sorted by name. ``no_deps`` resolves only the named packages (a wheel node's
-    ``pip download --no-deps``). Runs ``python -m pip install --dry-run --ignore-installed --report``;
-    nothing is installed. Raises LockError (pip < 22.2, unresolvable, no hash)."""
+    ``pip download --no-deps``). ``constraints``: {name: version} passed as a pip constraints file (what the
+    image already holds). Runs ``python -m pip install --dry-run --ignore-installed --report``; nothing is
+    installed. Raises LockError (pip < 22.2, unresolvable, no hash)."""
     if not specs:
         return []
     py_nodot = target["python_version"].replace(".", "")
@@ -309,6 +310,10 @@ def pip_resolve(specs: list[str], *, target: dict, index: str = "", extra_index:
             cmd += ["--platform", plat]
         if no_deps:
             cmd.append("--no-deps")
+        if constraints:
+            cfile = os.path.join(tmp, "constraints.txt")
+            Path(cfile).write_text("".join(f"{n}=={v}\n" for n, v in sorted(constraints.items())))
+            cmd += ["--constraint", cfile]
         cmd += _cert_args() + index_args(index, extra_index, find_links) + list(specs)
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, env=_clean_env(), timeout=timeout)
@@ -474,8 +479,18 @@ def resolve_lock(plan, *, target: Optional[dict] = None, python: str = sys.execu
         installs = {}
         for arg, inst in node_installs(node).items():
             progress(f"{node.name}: resolving {arg} ({' '.join(inst['specs'])})")
-            pkgs = pip_resolve(inst["specs"], target=target, index=index, extra_index=extra, find_links=find_links,
-                               no_deps=inst["no_deps"], python=python, where=f"node {node.name} ({arg})")
+            held = {} if arg in SEPARATE_PREFIX_INSTALLS or inst["no_deps"] else _chain_pins(plan, node, nodes)
+            kw = dict(target=target, index=index, extra_index=extra, find_links=find_links, no_deps=inst["no_deps"],
+                      python=python, where=f"node {node.name} ({arg})")
+            try:
+                pkgs = pip_resolve(inst["specs"], constraints=held or None, **kw)
+            except LockError:
+                if not held:
+                    raise
+                # what the image holds conflicts with this install: pip upgrades those packages in the build
+                pkgs = pip_resolve(inst["specs"], **kw)
+                warnings.append(f"{node.name} ({arg}): replaces packages its parent image holds "
+                                f"(resolved without the parent's pins)")
             installs[arg] = {"requested": _requested_specs(inst["specs"]), "no_deps": inst["no_deps"],
                              "packages": pkgs}
             for p in pkgs:
@@ -537,6 +552,43 @@ def _os_image_record(tag: str, client) -> dict:
         raise LockError(f"The OS image {tag} is not on this host, so its id cannot be pinned. Bootstrap it first "
                         "(invoke bootstrap-base) and lock again.") from None
     return {k: v for k, v in rec.items() if v != "" or k in ("tag", "image_id")}
+
+
+#: Installs that go to their own prefix (``pip install --target``), not into the image's Python environment:
+#: the base-pip image's CUDA toolkit wheels (images/base-pip.Dockerfile installs them into /opt/cuda-wheels).
+SEPARATE_PREFIX_INSTALLS = ("CUDA_PIP_SPECS",)
+
+
+def _names_only(specs: list[str]) -> set[str]:
+    out = set()
+    for s in specs:
+        try:
+            out.add(canonicalize_name(Requirement(s).name))
+        except InvalidRequirement:
+            pass
+    return out
+
+
+def _chain_pins(plan, node, resolved: dict[str, dict]) -> dict[str, str]:
+    """{name: version} the image chain under ``node`` already holds in its Python environment: the installs of
+    its image parent and that parent's ancestors (first parent of each node), from ``resolved`` lock entries.
+    pip keeps an installed version that satisfies a new requirement, so the node's resolution starts from
+    these (as constraints)."""
+    pins: dict[str, str] = {}
+    chain = []
+    cur = node
+    while cur.parents:
+        parent = next((n for n in plan.nodes if n.name == cur.parents[0]), None)
+        if parent is None or parent.kind == "wheels":
+            break
+        chain.append(parent.name)
+        cur = parent
+    for name in reversed(chain):
+        for arg, inst in (resolved.get(name, {}).get("installs") or {}).items():
+            if arg in SEPARATE_PREFIX_INSTALLS or inst.get("no_deps"):
+                continue
+            pins.update({p["name"]: p["version"] for p in inst["packages"]})
+    return pins
 
 
 def lock_plan(plan, path: str | Path, **kw) -> dict:
@@ -631,7 +683,8 @@ def stale_entries(plan, lock: dict, *, client=None) -> list[str]:
             if (e.get("base_image") or {}).get("ref") != ref:
                 out.append(f"nodes.{node.name}.base_image.ref: the lock has {(e.get('base_image') or {}).get('ref')}, "
                            f"the plan uses {ref}")
-    for name in sorted(set(lnodes) - {n.name for n in plan.nodes}):
+    skipped = set(getattr(plan, "skipped", []) or [])
+    for name in sorted(set(lnodes) - {n.name for n in plan.nodes} - skipped):
         out.append(f"nodes.{name}: in the lock but no longer in the plan")
     return out
 
@@ -811,6 +864,55 @@ def record_build_outputs(path: str | Path, build_record: dict) -> dict:
             if n.get("wheels"):
                 out["wheels"] = [{"filename": f, "sha256": d} for f, d in sorted(n["wheels"].items())]
     return update_lock(path, fn)
+
+
+#: Where the base-pip image installs the CUDA toolkit wheels (``pip install --target``; images/base-pip.Dockerfile).
+CUDA_WHEELS_PREFIX = "/opt/cuda-wheels"
+_LIST_SCRIPT = (
+    "import importlib.metadata as m, json, os, sys; "
+    "paths = sys.path + [p for p in sys.argv[1:] if os.path.isdir(p)]; "
+    "print(json.dumps(sorted({(d.metadata['Name'], d.version) for d in m.distributions(path=paths)})))"
+)
+
+
+def expected_versions(lock: dict, nodes: Optional[Iterable[str]] = None) -> dict[str, tuple[str, str]]:
+    """{canonical name: (version, "node ARG")} of every package the lock's installs put into the image of the
+    last of ``nodes`` (default: all nodes, in lock order); a later install of a name overrides an earlier one."""
+    want = {}
+    for name, e in lock["nodes"].items():
+        if nodes is not None and name not in nodes:
+            continue
+        for arg, inst in (e.get("installs") or {}).items():
+            for p in inst["packages"]:
+                want[p["name"]] = (p["version"], f"{name} {arg}")
+    return want
+
+
+def check_image_against_lock(image: str, lock: dict, *, nodes: Optional[Iterable[str]] = None, client=None,
+                             python: str = "python") -> list[str]:
+    """Run ``image`` once and list every installed Python distribution (``importlib.metadata`` over the
+    image's ``sys.path`` and :data:`CUDA_WHEELS_PREFIX`); return one line per locked package that is missing
+    or installed at another version (empty: the image holds exactly the locked versions). ``nodes``: the
+    plan nodes the image contains (default: all nodes of the lock)."""
+    from cudastack.registry import docker_client
+
+    client = client or docker_client()
+    try:
+        out = client.containers.run(image, [python, "-c", _LIST_SCRIPT, CUDA_WHEELS_PREFIX], remove=True,
+                                    network_disabled=True, entrypoint=[])
+    except Exception as exc:  # noqa: BLE001 - ContainerError, ImageNotFound, APIError
+        raise LockError(f"Cannot list the Python packages in {image}: {exc}") from None
+    have: dict[str, set[str]] = {}
+    for name, version in json.loads(out.decode().strip().splitlines()[-1]):
+        have.setdefault(canonicalize_name(name), set()).add(version)
+    problems = []
+    for name, (version, where) in sorted(expected_versions(lock, nodes).items()):
+        got = have.get(name)
+        if not got:
+            problems.append(f"{name}=={version} ({where}) is not installed")
+        elif version not in got:
+            problems.append(f"{name}=={version} ({where}) is installed as {', '.join(sorted(got))}")
+    return problems
 
 
 def summary(lock: dict) -> str:

@@ -169,3 +169,28 @@ def test_real_pypi_resolution_of_a_cuda_wheel():
         pytest.skip("host Python is not 3.11")
     assert pkgs[0]["name"] == "nvidia-cuda-runtime" and pkgs[0]["url"].startswith("https://")
     assert len(pkgs[0]["sha256"]) == 64
+
+
+def _two_images(index, child_spec):
+    parent = Node("base", "image", "images/image.Dockerfile", [], {"PIP_SPECS": "tinylib==1.0", "PIP_INDEX_URL": index},
+                  hash="e" * 64, method="wheel")
+    child = Node("app", "image", "images/image.Dockerfile", ["base"], {"PIP_SPECS": child_spec, "PIP_INDEX_URL": index},
+                 hash="f" * 64, method="wheel")
+    return Plan("9.9", "9.9.0", ["12.0"], "pip", [parent, child], "wheelhouse/cu9.9")
+
+
+def test_child_keeps_what_the_parent_image_holds(index):
+    """pip keeps an installed version that satisfies a new requirement: tinyapp needs tinylib>=1.0 and the
+    parent image holds tinylib 1.0, so the child's lock pins 1.0 (not the newest, 1.1)."""
+    lock = L.resolve_lock(_two_images(index, "tinyapp==1.0"), target=TARGET)
+    app = {p["name"]: p["version"] for p in lock["nodes"]["app"]["installs"]["PIP_SPECS"]["packages"]}
+    assert app == {"tinyapp": "1.0", "tinylib": "1.0"}
+    assert "warnings" not in lock
+
+
+def test_child_that_replaces_a_parent_package_is_resolved_without_its_pins(index):
+    lock = L.resolve_lock(_two_images(index, "tinylib==1.1"), target=TARGET)
+    app = {p["name"]: p["version"] for p in lock["nodes"]["app"]["installs"]["PIP_SPECS"]["packages"]}
+    assert app == {"tinylib": "1.1"}
+    assert any("replaces packages its parent image holds" in w for w in lock["warnings"])
+    assert any("tinylib: base (PIP_SPECS) installs 1.0, app (PIP_SPECS) installs 1.1" in w for w in lock["warnings"])

@@ -13,8 +13,9 @@ RECORDED = Path(__file__).resolve().parents[1] / "results" / "2xH200-SM90-NVLink
 KIMI = preset("kimi-k2")
 
 
-def row(name, graph_us, eager_us=30.0, ws=2, correct=True, graph_status="ok", **kw):
-    g = {"status": graph_status, "median_us": graph_us, "spread_pct": 2.0, "repeats": 5, "calls_per_graph": 122,
+def row(name, graph_us, eager_us=30.0, ws=2, correct=True, graph_status="ok", lo=0.98, hi=1.02, **kw):
+    g = {"status": graph_status, "median_us": graph_us, "min_us": graph_us * lo, "max_us": graph_us * hi,
+         "spread_pct": 100 * (hi - lo), "repeats": 5, "calls_per_graph": 122,
          "busbw_gbps": 1.0} if graph_status == "ok" else {"status": graph_status, "error": "capture broke"}
     rec = {"bytes": 43008, "eager_correct": correct, "graph_correct": correct,
            "eager": {"median_us": eager_us, "spread_pct": 3.0, "repeats": 5, "calls_per_repeat": 50}, "graph": g}
@@ -33,6 +34,13 @@ def test_ratio_against_ring_with_tolerance(us, status):
     assert v.measurements["ratio_to_baseline"] == pytest.approx(us / 16.0)
     assert v.measurements["graph_us"] == us and v.measurements["eager_us"] == 30.0
     assert v.measurements["step_us"] == pytest.approx(us * 122)
+
+
+def test_faster_by_median_but_within_the_noise_is_not_unblocked():
+    noisy = decide(row("x", 14.0, lo=0.95, hi=1.15), RING)  # max 16.1 us > Ring's fastest repeat 15.7 us
+    assert noisy.status == "works-but-slower" and "overlap" in noisy.cause
+    assert noisy.measurements["ranges_separated"] is False
+    assert decide(row("x", 14.0), RING).status == "unblocked"
 
 
 def test_parity_and_slower_are_told_apart_in_the_cause():

@@ -11,8 +11,9 @@ Rules, first match wins (the decode size is the sweep's first size):
 6. the call raised at the decode size -> ``blocked`` (gate ``crash``);
 7. no usable baseline -> ``error``;
 8. ratio = latency / baseline latency at the decode size, CUDA-graph figures (eager where the device has no
-   graphs): ``unblocked`` when ratio <= 1 - tolerance (faster beyond the noise), else ``works-but-slower``
-   (the cause says whether it is at parity within the tolerance or slower).
+   graphs): ``unblocked`` when ratio <= 1 - tolerance *and* the backend's slowest repeat is faster than the
+   baseline's fastest (the ranges of the repeats do not overlap: faster beyond the noise), else
+   ``works-but-slower`` (the cause says: overlapping ranges, at parity within the tolerance, or slower).
 
 The baseline row itself is reported ``unblocked`` with cause "baseline" (it works; its ratio is 1).
 """
@@ -177,6 +178,16 @@ def _compare(v: Verdict, row: dict, baseline: dict | None, tolerance: float, bas
     if not set_status:
         return
     nbytes = row["sweep"][0]["bytes"]
+    own = (row["sweep"][0].get(mode) or {})
+    base = (baseline["sweep"][0].get(mode) or {})
+    separated = own.get("max_us") is not None and base.get("min_us") is not None and own["max_us"] < base["min_us"]
+    v.measurements["ranges_separated"] = separated
+    if ratio <= 1.0 - tolerance and not separated:
+        v.status, v.lift = WORKS_SLOWER, LIFT_UNKNOWN
+        v.cause = (f"correct; faster than {baseline_name} by median at {nbytes} B ({mode}): {us:.1f} vs {base_us:.1f} us, "
+                   f"ratio {ratio:.2f}, but the repeat ranges overlap ({own.get('min_us', 0):.1f}-{own.get('max_us', 0):.1f} "
+                   f"vs {base.get('min_us', 0):.1f}-{base.get('max_us', 0):.1f} us): not faster beyond the noise")
+        return
     if ratio <= 1.0 - tolerance:
         v.status, v.lift = UNBLOCKED, LIFT_NONE_NEEDED
         v.cause = (f"correct and faster than {baseline_name} at {nbytes} B ({mode}): {us:.1f} vs {base_us:.1f} us, "

@@ -18,6 +18,8 @@ wait
 { cat /tmp/nvcc.log
   echo "## NCCL_ALGO=Ring"; NCCL_NVLS_ENABLE=0 NCCL_ALGO=Ring /tmp/nccl_graph_allreduce 2 122 20 32768 43008 65536 1048576
   echo "## NCCL_ALGO unset"; NCCL_NVLS_ENABLE=0 /tmp/nccl_graph_allreduce 2 122 20 32768 43008 65536 1048576
+  echo "## NCCL_ALGO=Ring NCCL_GRAPH_MIXING_SUPPORT=0"
+  NCCL_NVLS_ENABLE=0 NCCL_ALGO=Ring NCCL_GRAPH_MIXING_SUPPORT=0 /tmp/nccl_graph_allreduce 2 122 20 32768 43008 65536 1048576
 } > "$OUTDIR/single_process.txt" 2>&1
 # 3. diagnostics: NCCL's own choice of transport, channels and algorithms (NCCL_DEBUG=INFO)
 STACKPROBE_KEEP_LOGS=1 python3 -m stackprobe.runtime run --probes nccl-ring --world-size 2 --sizes 43008 --iters 10 \

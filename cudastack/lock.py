@@ -126,7 +126,8 @@ def load_lock(path_or_toolchain: str | Path, lockfiles_dir: str | Path | None = 
     if is_toolchain:
         p = lock_path(str(path_or_toolchain), lockfiles_dir)
     if not p.exists():
-        tc = str(path_or_toolchain) if is_toolchain else "X"
+        tc = str(path_or_toolchain) if is_toolchain else (p.name[:-len(".lock.yaml")]
+                                                            if p.name.endswith(".lock.yaml") else "X")
         raise LockError(f"No lockfile at {p}. Create it with `invoke lock --cuda {tc}` and commit it.")
     try:
         data = yaml.safe_load(p.read_text())

@@ -517,6 +517,7 @@ def push_locked(plan, lock_path, registry_prefix: str, *, nodes: Optional[list[s
     from cudastack import lock as L
     import docker.errors
 
+    parse_registry_prefix(registry_prefix)
     lock = L.load_lock(lock_path)
     L.verify_plan_against_lock(plan, lock, where=str(lock_path))
     names = nodes or ["runtime"]

@@ -88,6 +88,7 @@ def push(c, cuda="13.1", registry=None, node="runtime", all_nodes=False, arch=No
     try:
         if not registry:
             raise UsageError("--registry is required: HOST[:PORT][/NAMESPACE], e.g. 127.0.0.1:5000/cudastack.")
+        R.parse_registry_prefix(registry)          # bad input before any work
         plan = _plan(cuda, arch, base, skip, recipes)
         path = L.lock_path(plan.toolchain, lockfiles)
         names = [n.name for n in plan.nodes if n.kind != "wheels"] if all_nodes else [node]

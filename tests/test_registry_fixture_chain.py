@@ -46,6 +46,8 @@ def test_fixture_chain_lock_build_push_pull(tmp_path, registry_server, docker_co
     runtime = plan.node("runtime")
     client = docker.from_env()
     image_id = client.images.get(runtime.tag).id
+    # the built image holds exactly the locked versions (venv and the CUDA toolkit prefix)
+    assert L.check_image_against_lock(runtime.tag, L.load_lock(path), client=client) == []
     assert L.load_lock(path)["outputs"]["runtime"]["image_id"] == image_id
 
     pushed = R.push_locked(plan, path, f"{registry_server.host}/ci", client=client)["runtime"]

@@ -1,0 +1,71 @@
+"""The invoke tasks of this area, run as a user runs them: exit codes and messages of bad input, and the
+cluster-job task writing a checked file."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DIGEST = "sha256:" + "cd" * 32
+
+
+def invoke(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), *args], capture_output=True, text=True,
+                          cwd=cwd or ROOT, timeout=300)
+
+
+def test_tasks_are_listed():
+    r = invoke("--list")
+    assert r.returncode == 0
+    for name in ("lock", "push", "pull", "cluster-job", "bake"):
+        assert f"  {name} " in r.stdout
+
+
+def test_pull_without_lockfile_exits_7(tmp_path):
+    r = invoke("pull", "--cuda", "9.9", "--lockfiles", str(tmp_path))
+    assert r.returncode == 7
+    assert "invoke lock --cuda 9.9" in r.stderr
+
+
+def test_push_needs_registry(tmp_path):
+    r = invoke("push", "--cuda", "13.1", "--lockfiles", str(tmp_path))
+    assert r.returncode == 2 and "--registry is required" in r.stderr
+    r = invoke("push", "--cuda", "13.1", "--registry", "http://x:5000", "--lockfiles", str(tmp_path))
+    assert r.returncode == 2 and "without a scheme" in r.stderr
+
+
+def test_cluster_job_task(tmp_path):
+    out = tmp_path / "job.k8s.yaml"
+    r = invoke("cluster-job", "--scheduler", "kubernetes", "--gpus", "8", "--nodes", "2",
+               "--image", f"127.0.0.1:5000/ci/runtime@{DIGEST}", "--output", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "validates against the Kubernetes" in r.stderr
+    import yaml
+    job = yaml.safe_load(out.read_text())
+    assert job["spec"]["template"]["spec"]["containers"][0]["image"] == f"127.0.0.1:5000/ci/runtime@{DIGEST}"
+    assert "--runtime" in job["spec"]["template"]["spec"]["containers"][0]["args"][0]
+    r = invoke("cluster-job", "--scheduler", "pbs", "--gpus", "8", "--image", f"r.io/x@{DIGEST}")
+    assert r.returncode == 2 and "--scheduler" in r.stderr
+    r = invoke("cluster-job", "--scheduler", "slurm", "--gpus", "8", "--image", "r.io/x:latest",
+               "--output", str(tmp_path / "j.sbatch"))
+    assert r.returncode == 2 and "no digest" in r.stderr
+    assert not (tmp_path / "j.sbatch").exists()
+
+
+def test_cluster_job_from_lock_without_push(tmp_path):
+    from cudastack import lock as L
+    from test_lock_io import _lock
+    L.write_lock(tmp_path / "9.9.lock.yaml", _lock())
+    r = invoke("cluster-job", "--cuda", "9.9", "--scheduler", "slurm", "--gpus", "1", "--lockfiles", str(tmp_path))
+    assert r.returncode == 2 and "records no pushed runtime image" in r.stderr
+
+
+@pytest.mark.parametrize("task", ["lock", "bake"])
+def test_unknown_toolchain(task, tmp_path):
+    r = invoke(task, "--cuda", "99.9", "--lockfiles", str(tmp_path)) if task == "lock" else \
+        invoke(task, "--cuda", "99.9", "--output", str(tmp_path / "b.json"))
+    assert r.returncode == 2, r.stderr
+    assert "99.9" in r.stderr

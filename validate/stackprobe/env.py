@@ -114,10 +114,12 @@ def nvcc_findings(nvccs: dict, torch_cuda: str | None) -> list[dict]:
                               f"nvcc on {label} is CUDA {info['release']} but torch was built with CUDA {torch_cuda}: "
                               f"extensions compiled with it will not load with this torch (CUDA major differs)."})
             elif tv[:2] != nv[:2]:
-                found.append({"case": "C5", "level": "warning", "message":
-                              f"nvcc on {label} is CUDA {info['release']}, torch was built with CUDA {torch_cuda} "
-                              f"(same major: works by minor-version compatibility, but arch support differs: "
-                              f"sm_120f needs >= 12.9)."})
+                # same major works by minor-version compatibility; the f-suffix boundary (12.9) matters
+                crosses = (min(tv[:2], nv[:2]) < (12, 9) <= max(tv[:2], nv[:2]))
+                found.append({"case": "C5", "level": "warning" if crosses else "info", "message":
+                              f"nvcc on {label} is CUDA {info['release']}, torch was built with CUDA {torch_cuda}: "
+                              "same major, so extensions load by minor-version compatibility"
+                              + ("; but only one of them knows family targets (sm_120f needs >= 12.9)." if crosses else ".")})
     if not p and not h and not nvccs.get("pip"):
         found.append({"case": "", "level": "info", "message":
                       "no nvcc in this environment: JIT backends (FlashInfer) cannot compile kernels here; "

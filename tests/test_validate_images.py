@@ -1,0 +1,135 @@
+"""``invoke validate --image ...`` on a real Docker engine.
+
+* The build pipeline's fixture chain (tests/fixtures/recipes: base -> cuda-ext -> runtime for CUDA 13.1 on
+  the pip base) is built through ``cudastack.build.run_build`` (a no-op when its tags exist, as after the
+  build integration test): the suite runs inside the runtime image (its own copy) and inside the base
+  image (no suite: this checkout's validate/ is mounted read-only), and the two reports are compared.
+* Bad input: an image that does not exist, an image with no Python.
+* Full-stack runtime images made by ``invoke build`` (label org.cudastack.kind=runtime, with sglang), when
+  this engine has them: the verdicts there must agree with the evidence the suite read (C9, C10, C11).
+"""
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from cudastack.errors import ValidationError
+from cudastack.validate_images import validate_image, validate_many
+
+from validate_support import CACHE
+
+pytestmark = [pytest.mark.docker, pytest.mark.network]
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+
+
+@pytest.fixture(scope="module")
+def client():
+    import docker
+    c = docker.from_env()
+    c.ping()
+    return c
+
+
+@pytest.fixture(scope="module")
+def chain():
+    """The fixture chain's plan, built (or found cached) through the build pipeline."""
+    from cudastack.build import run_build
+    from cudastack.engine import Engine
+    from cudastack.plan import host_resources, make_plan
+
+    plan = make_plan(FIXTURES / "recipes", "13.1", resources=host_resources())
+    run_build(plan, state_dir=CACHE / "validate-build-state", engine=Engine.connect(), say=lambda s: None)
+    return plan
+
+
+def test_suite_runs_in_the_runtime_image_and_in_an_image_without_it(chain):
+    runtime, base = chain.node("runtime").tag, chain.node("base").tag
+    reports, md = validate_many([runtime, base], "12.0", say=lambda s: None,
+                                extra=["--scan-dist", "cuda-ext-fixture"])
+    r_rt, r_base = reports
+    assert r_rt.options["ran_in"]["suite"] == "image's own suite"
+    assert r_base.options["ran_in"]["suite"].startswith("suite mounted read-only")
+    for r in reports:
+        assert r.options["ran_in"]["python"] == "/opt/venv/bin/python"
+        assert r.environment["nvcc"]["cuda_home_nvcc"]["release"] == "13.1"   # the PyPI toolkit as CUDA_HOME
+        assert r.verdict("flashinfer-allreduce-fusion").status == "skipped"   # not in the fixture chain
+    cov = r_rt.package_coverage("cuda-ext-fixture")
+    assert cov is not None and cov["level"] == "native"
+    assert any("sm_120" in f["sass"] for f in cov["files"])               # built by the pipeline for 12.0
+    assert r_base.package_coverage("cuda-ext-fixture") is None
+    assert md.startswith(f"| backend | {runtime} | {base} | changed | why |")
+    assert "coverage cuda-ext-fixture" in md
+
+
+def test_missing_image_is_a_validation_error():
+    with pytest.raises(ValidationError, match="does not exist"):
+        validate_image("cudastack-test/no-such-image:never")
+
+
+def test_image_without_python_is_a_validation_error(client):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        data = b"no python here\n"
+        info = tarfile.TarInfo("README")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    tag = "cudastack-test/validate-nopython:1"
+    client.api.import_image_from_data(buf.getvalue(), repository=tag.split(":")[0], tag="1")
+    try:
+        with pytest.raises(ValidationError, match="no Python 3"):
+            validate_image(tag)
+    finally:
+        client.images.remove(tag, force=True)
+
+
+def test_invoke_validate_exit_code_for_a_missing_image():
+    p = subprocess.run([sys.executable, "-m", "invoke", "validate", "--image", "cudastack-test/no-such-image:never"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert p.returncode == 9 and "does not exist" in p.stderr
+
+
+def _full_stack_images(client) -> dict:
+    """Newest runtime image per toolchain that holds sglang (made by `invoke build`)."""
+    found: dict = {}
+    imgs = sorted(client.images.list(filters={"label": "org.cudastack.kind=runtime"}),
+                  key=lambda i: i.attrs.get("Created", ""), reverse=True)
+    for img in imgs:
+        tc = img.labels.get("org.cudastack.toolchain")
+        if not img.tags or tc in found:
+            continue
+        out = client.containers.run(img.tags[0], ["/opt/venv/bin/python", "-c",
+                                                  "import importlib.util as u; print(u.find_spec('sglang') is not None)"],
+                                    remove=True, entrypoint=[], network_disabled=True).decode().strip()
+        if out == "True":
+            found[tc] = img.tags[0]
+    return found
+
+
+def test_full_stack_images_verdicts_follow_the_evidence(client):
+    images = _full_stack_images(client)
+    if not images:
+        pytest.skip("no full-stack runtime image on this engine yet (run `invoke build --cuda 13.1`)")
+    order = sorted(images, key=lambda t: [int(x) for x in t.split(".")], reverse=True)
+    reports, md = validate_many([images[t] for t in order], "12.0", say=lambda s: None)
+    for r in reports:
+        sym = r.verdict("torch-symm-mem")
+        keys = next((e.value for e in sym.evidence if e.what.startswith("TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES keys")), None)
+        if keys is not None:
+            assert (sym.status == "blocked" and sym.gate == "python-table") == (12 not in keys)       # C11
+        fus = r.verdict("flashinfer-allreduce-fusion")
+        majors = next((e.value for e in fus.evidence if e.what.endswith("supported majors")), None)
+        if majors is not None and 12 not in majors:
+            assert fus.status == "blocked" and fus.gate == "python-table"                          # C9
+        kern = r.package_coverage("sglang-kernel") or r.package_coverage("sgl-kernel")
+        if kern and r.environment["torch"].get("cuda", "").startswith("13"):
+            ops = [f for f in kern["files"] if "common_ops" in f["path"]]
+            assert ops and all("sm_120a" in f["sass"] for f in ops)                                 # C10
+    if len(reports) > 1:
+        assert md.count("\n| ") >= 9

@@ -129,3 +129,11 @@ def test_ep_flashinfer_a2a_preconditions_and_api_match(venv, sglang):
     assert "flashinfer.comm.MoeAlltoAll" in evidence(v74, "missing in the installed flashinfer")["value"]
     assert any("does not export" in w for w in v74["warnings"])
     assert evidence(v16, "MNNVL JIT modules' supported majors")["value"]["gen_trtllm_mnnvl_comm_module"] == [9, 10]
+
+
+def test_c11_older_real_sglang_raises_keyerror_12(venv):
+    """sglang 0.5.9 (the CUDA 12.8 recipe's pin) indexes the table directly: the real `KeyError: 12`."""
+    v = verdict(run_suite(venv, [pip_target("sglang==0.5.9")], ["--backend", SYMM])[0], SYMM)
+    assert evidence(v, "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES keys")["value"] == [9, 10]
+    assert evidence(v, "lookup")["value"] == "subscript"
+    assert v["status"] == "blocked" and v["gate"] == "python-table" and "`KeyError: 12`" in v["cause"]

@@ -16,6 +16,8 @@ left to the runtime tier.
 """
 from __future__ import annotations
 
+import os
+
 from .. import source
 from ..env import effective_nvcc
 from ..verdict import (BLOCKED, ERROR, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_TOOLCHAIN, LIFT_CUDA,
@@ -62,6 +64,7 @@ def probe(ctx) -> list[Verdict]:
           "flashinfer.jit.cpp_ext.get_cuda_version()")
     v.add(f"normalisation of {target.cc}", g.get("normalised") or g.get("normalise_error"),
           "flashinfer.compilation_context.CompilationContext._normalize_cuda_arch")
+    v.add("FLASHINFER_CUDA_ARCH_LIST", os.environ.get("FLASHINFER_CUDA_ARCH_LIST", "(unset)"), "environment")
     v.add("effective target arch list", g.get("effective_archs"), g.get("arch_list_source", ""))
     if g.get("gate_flags") is not None:
         v.add(f"{MODULE_FN} gencode flags", g.get("gate_flags"), f"flashinfer.jit.comm.{MODULE_FN}() called")

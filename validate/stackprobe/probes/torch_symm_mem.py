@@ -48,6 +48,7 @@ def probe(ctx) -> list[Verdict]:
     v.add("torch.ops.symm_mem ops", ops, "hasattr(torch.ops.symm_mem, ...)")
     missing_ops = [k for k in ("one_shot_all_reduce", "two_shot_all_reduce_") if not ops.get(k)]
     root = sglang_root()
+    table_read = False
     if dist_version("sglang") is None or root is None:
         v.add("sglang", "not installed: only torch's ops were checked", "")
     else:
@@ -58,6 +59,7 @@ def probe(ctx) -> list[Verdict]:
             v.add(TABLE, None, f"not found in the installed sglang: {e}")
             table = None
         if table is not None:
+            table_read = True
             keys = sorted(table)
             style, where = lookup_style(root)
             v.add(f"{TABLE} keys (compute-capability majors)", keys, f"{short(path)}:{line} (ast)")
@@ -83,5 +85,6 @@ def probe(ctx) -> list[Verdict]:
         v.cause = f"this torch lacks torch.ops.symm_mem {missing_ops}"
         v.lift_detail = "a torch build with symmetric memory (CUDA, distributed)"
         return [v]
-    v.cause = "table admits the target and torch has the symm-mem ops; multicast on PCIe is for the runtime tier"
+    checked = "SGLang's table admits the target and " if table_read else "sglang is not installed (its table unchecked); "
+    v.cause = checked + "torch has the symm-mem ops; multicast on PCIe is for the runtime tier"
     return [v]

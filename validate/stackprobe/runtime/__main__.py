@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("render", help="write Markdown and plot from a runtime JSON")
     d.add_argument("json")
     d.add_argument("--out", default="")
+    d.add_argument("--recompute-verdicts", action="store_true",
+                   help="decide the verdicts again from the recorded rows (after a change of rules or tolerance)")
+    d.add_argument("--tolerance", type=float, default=None, help="with --recompute-verdicts: a new tolerance")
     sub.add_parser("list", help="list probes and presets")
     return p
 
@@ -80,6 +83,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cmd == "render":
         report = load(args.json)
+        if args.recompute_verdicts:
+            from .verdicts import decide_all
+            from .workload import Workload
+            if args.tolerance is not None:
+                report["tolerance"] = args.tolerance
+            wl = report.get("workload")
+            workload = Workload(**{k: wl[k] for k in ("name", "hidden", "layers", "allreduces_per_layer", "tokens",
+                                                      "dtype")}) if wl else None
+            for run in report["runs"]:
+                run["verdicts"] = [v.to_json() for v in
+                                   decide_all(run["rows"], report["tolerance"], workload, report["baseline"])]
         paths = write(report, args.out or Path(args.json).parent, Path(args.json).stem)
         print("\n".join(str(p) for p in paths.values()))
         return 0

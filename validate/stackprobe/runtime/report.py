@@ -117,11 +117,13 @@ def markdown(report: dict, plot_name: str | None = None) -> str:
             cause = (v.get("cause") or "").replace("|", "/").replace("\n", " ")
             if v.get("lift_detail"):
                 cause += f" Lift: {v['lift_detail']}."
+            for w in v.get("warnings") or []:
+                cause += f" Note: {w}."
             lines.append(
                 f"| {v['backend']} | {_fmt(m.get('eager_us'))} | {_fmt(m.get('graph_us'))} | "
                 f"{_fmt(m.get('ratio_to_baseline'), 2)} | {_fmt(m.get('busbw_gbps'), 2)} | "
                 f"{_fmt(m.get('graph_spread_pct', m.get('eager_spread_pct')))} | {_fmt(m.get('step_us'))} | "
-                f"{_fmt(m.get('step_diff_us'))} | {status} | {cause[:400]} |")
+                f"{_fmt(m.get('step_diff_us'))} | {status} | {cause[:700]} |")
         for row in run["rows"]:
             if not row.get("sweep"):
                 continue

@@ -103,3 +103,16 @@ def test_a_crashing_probe_is_an_error_verdict(monkeypatch):
     assert v.status == "error" and "ZeroDivisionError" in v.cause
     assert r.verdict("nccl-ring") is not None            # the rest of the suite still ran
 
+
+
+def test_invoke_validate_without_image_validates_this_environment(tmp_path):
+    root = __import__("pathlib").Path(__file__).resolve().parent.parent
+    inv = [sys.executable, "-m", "invoke", "validate", "--out", str(tmp_path), "--markdown", str(tmp_path / "m.md")]
+    p = subprocess.run(inv, capture_output=True, text=True, cwd=root, timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert "| flashinfer-allreduce-fusion |" in p.stdout
+    d = json.loads((tmp_path / "current-environment.json").read_text())
+    assert d["schema"] == REPORT_SCHEMA_VERSION and d["environment"]["python"]["executable"]
+    assert (tmp_path / "m.md").read_text().strip() == p.stdout.strip()
+    bad = subprocess.run(inv[:4] + ["--target-arch", "13.7"], capture_output=True, text=True, cwd=root, timeout=600)
+    assert bad.returncode == 2 and "12.0" in bad.stderr

@@ -95,7 +95,8 @@ def markdown(report: dict, plot_name: str | None = None) -> str:
               f"- eager: {cfg['repeats']} repeats x {cfg['iters']} calls; CUDA graph: {cfg['graph_calls']} calls "
               f"captured in one graph, {cfg['repeats']} repeats x {cfg['graph_replays']} replays; every captured "
               "call checked against the reference sum",
-              "- time = mean over ranks of each rank's median per call; busbw = algbw * 2(n-1)/n (nccl-tests)",
+              "- time = mean over ranks of each rank's median per call; busbw = algbw * 2(n-1)/n (nccl-tests); "
+              "eager = calls issued back to back from Python (CPU-bound for small messages), graph = replays",
               f"- multicast off in every probe process: "
               + ", ".join(f"{k}={v}" for k, v in (report.get("multicast_off") or {}).items())]
     if wl:

@@ -336,7 +336,9 @@ def registry() -> dict[str, Probe]:
         NotRunnableProbe("ep-flashinfer-a2a", "EP over FlashInfer all-to-all", ("flashinfer",),
                          "flashinfer.comm MNNVL all-to-all", min_world_size=2),
         NotRunnableProbe("mscclpp", "MSCCL++ allreduce", ("mscclpp",), "mscclpp", min_world_size=2),
-        NotRunnableProbe("b12x", "b12x allreduce", ("b12x",), "b12x", min_world_size=2),
+        NotRunnableProbe("b12x", "b12x PCIe allreduce (b12x.comm.pcie)", ("b12x",),
+                         "b12x.comm.pcie, CuTe DSL kernels; b12x 1.5.1 needs torch>=2.12 and nvidia-cutlass-dsl 4.8",
+                         min_world_size=2),
         GlooProbe(),
     ]
     return {p.name: p for p in probes}

@@ -43,6 +43,10 @@ def probe(ctx) -> list[Verdict]:
         v.status, v.cause = ERROR, f"cannot read {MODULE_FN} from the installed flashinfer: {e}"
         return [v]
     v.add(f"{MODULE_FN} supported majors", majors, where)
+    if not effective_nvcc(ctx.env):
+        v.warnings.append("no nvcc in this environment: FlashInfer JIT-compiles this module at first use, so even "
+                          "with its gates open it cannot build here; only prebuilt kernels (flashinfer-jit-cache, "
+                          "flashinfer-cubin) can serve the target")
     # 1. the module's Python arch list (C9)
     if majors is not None and target.major not in majors:
         v.status, v.gate, v.lift = BLOCKED, GATE_PYTHON, LIFT_PACKAGE

@@ -290,13 +290,15 @@ def _pip_failure(stderr: str, specs: list[str], where: str) -> LockError:
 
 def pip_resolve(specs: list[str], *, target: dict, index: str = "", extra_index: str = "",
                 find_links: Iterable[str] = (), no_deps: bool = False, python: str = sys.executable,
-                where: str = "", timeout: float = 1800, constraints: Optional[dict[str, str]] = None) -> list[dict]:
+                where: str = "", timeout: float = 1800, constraints: Optional[dict[str, str]] = None,
+                requires: Optional[dict] = None) -> list[dict]:
     """Resolve ``specs`` (requirement strings) with pip's resolver for ``target`` (see
     :func:`target_for_plan`) and return the install set: ``[{"name", "version", "filename", "url"?,
     "sha256", "requested"?}]`` sorted by name. ``no_deps`` resolves only the named packages (a wheel node's
     ``pip download --no-deps``). ``constraints``: {name: version} passed as a pip constraints file (what the
-    image already holds). Runs ``python -m pip install --dry-run --ignore-installed --report``; nothing is
-    installed. Raises LockError (pip < 22.2, unresolvable, no hash)."""
+    image already holds). ``requires``: when a dict is given, it is filled with {name: [Requires-Dist
+    strings]} of every resolved package (from the report's metadata). Runs ``python -m pip install --dry-run
+    --ignore-installed --report``; nothing is installed. Raises LockError (pip < 22.2, unresolvable, no hash)."""
     if not specs:
         return []
     py_nodot = target["python_version"].replace(".", "")
@@ -329,7 +331,58 @@ def pip_resolve(specs: list[str], *, target: dict, index: str = "", extra_index:
         raise LockError(f"pip wrote an installation report of version {data.get('version')!r}; this tool reads "
                         "version 1 (pip >= 22.2).")
     pkgs = [_pkg_from_report(i) for i in data.get("install", [])]
+    if requires is not None:
+        for i in data.get("install", []):
+            meta = i.get("metadata") or {}
+            requires[canonicalize_name(meta.get("name", "?"))] = {
+                "requires_dist": list(meta.get("requires_dist") or []),
+                "extras": list(i.get("requested_extras") or [])}
     return sorted(pkgs, key=lambda p: p["name"])
+
+
+def marker_environment(target: dict) -> dict[str, str]:
+    """PEP 508 marker variables of the target image (Linux, CPython, the target's Python version)."""
+    return {"python_version": target["python_version"], "python_full_version": target["python_version"] + ".0",
+            "sys_platform": "linux", "platform_system": "Linux", "platform_machine": target["machine"],
+            "os_name": "posix", "implementation_name": "cpython", "platform_python_implementation": "CPython"}
+
+
+def kept_pins(held: dict[str, str], specs: list[str], closure: list[dict], requires: dict[str, dict],
+              target: Optional[dict] = None) -> dict[str, str]:
+    """The subset of ``held`` ({name: version} an image already has) that pip would keep when installing
+    ``specs``: packages of the ``closure`` whose held version satisfies every requirement on them (the
+    top-level ``specs`` and each closure package's Requires-Dist whose PEP 508 marker holds on ``target``
+    with the extras pip requested; without ``target`` every marker counts, which can only drop a pin).
+    pip's rule: an installed distribution that satisfies a requirement is not reinstalled. ``requires``:
+    {name: {"requires_dist": [...], "extras": [...]}} as :func:`pip_resolve` fills it."""
+    from packaging.version import InvalidVersion, Version
+
+    env = marker_environment(target) if target else None
+    in_closure = {p["name"] for p in closure}
+    specifiers: dict[str, list] = {}
+    texts = [(t, [""]) for t in specs]
+    for info in requires.values():
+        texts += [(t, [""] + list(info.get("extras") or [])) for t in info.get("requires_dist", [])]
+    for text, extras in texts:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if req.marker is not None and env is not None \
+                and not any(req.marker.evaluate({**env, "extra": e}) for e in extras):
+            continue
+        specifiers.setdefault(canonicalize_name(req.name), []).append(req.specifier)
+    out = {}
+    for name, version in held.items():
+        if name not in in_closure:
+            continue
+        try:
+            v = Version(version)
+        except InvalidVersion:
+            continue
+        if all(spec.contains(v, prereleases=True) for spec in specifiers.get(name, [])):
+            out[name] = version
+    return out
 
 
 def sdist_pin(name: str, version: str, *, index: str = "", find_links: Iterable[str] = (),
@@ -483,23 +536,24 @@ def resolve_lock(plan, *, target: Optional[dict] = None, python: str = sys.execu
             held = {} if arg in SEPARATE_PREFIX_INSTALLS or inst["no_deps"] else _chain_pins(plan, node, nodes)
             kw = dict(target=target, index=index, extra_index=extra, find_links=find_links, no_deps=inst["no_deps"],
                       python=python, where=f"node {node.name} ({arg})")
-            try:
-                pkgs = pip_resolve(inst["specs"], constraints=held or None, **kw)
-            except LockError:
-                if not held:
-                    raise
-                # what the image holds conflicts with this install: pip upgrades those packages in the build
-                pkgs = pip_resolve(inst["specs"], **kw)
-                warnings.append(f"{node.name} ({arg}): replaces packages its parent image holds "
-                                f"(resolved without the parent's pins)")
+            requires: dict = {}
+            pkgs = pip_resolve(inst["specs"], requires=requires, **kw)
+            keep = kept_pins(held, inst["specs"], pkgs, requires, target) if held else {}
+            if keep and any(p["version"] != keep.get(p["name"], p["version"]) for p in pkgs):
+                try:
+                    pkgs = pip_resolve(inst["specs"], constraints=keep, **kw)
+                except LockError:
+                    warnings.append(f"{node.name} ({arg}): the versions its parent image holds could not all be "
+                                    "kept; pinned the newest resolution instead")
             installs[arg] = {"requested": _requested_specs(inst["specs"]), "no_deps": inst["no_deps"],
                              "packages": pkgs}
+            where_key = arg if arg in SEPARATE_PREFIX_INSTALLS else "env"
             for p in pkgs:
-                prev = seen.get(p["name"])
+                prev = seen.get((where_key, p["name"]))
                 if prev and prev[0] != p["version"]:
                     warnings.append(f"{p['name']}: {prev[1]} installs {prev[0]}, {node.name} ({arg}) installs "
                                     f"{p['version']} on top")
-                seen[p["name"]] = (p["version"], f"{node.name} ({arg})")
+                seen[(where_key, p["name"])] = (p["version"], f"{node.name} ({arg})")
             progress(f"{node.name}: {arg}: {len(pkgs)} packages pinned")
         if installs:
             entry["installs"] = installs
@@ -871,21 +925,24 @@ def record_build_outputs(path: str | Path, build_record: dict) -> dict:
 CUDA_WHEELS_PREFIX = "/opt/cuda-wheels"
 _LIST_SCRIPT = (
     "import importlib.metadata as m, json, os, sys; "
-    "paths = sys.path + [p for p in sys.argv[1:] if os.path.isdir(p)]; "
-    "print(json.dumps(sorted({(d.metadata['Name'], d.version) for d in m.distributions(path=paths)})))"
+    "ls = lambda paths: sorted({(d.metadata['Name'], d.version) for d in m.distributions(path=paths)}); "
+    "print(json.dumps({'env': ls(sys.path), 'prefix': ls([sys.argv[1]]) if os.path.isdir(sys.argv[1]) else []}))"
 )
 
 
-def expected_versions(lock: dict, nodes: Optional[Iterable[str]] = None) -> dict[str, tuple[str, str]]:
-    """{canonical name: (version, "node ARG")} of every package the lock's installs put into the image of the
-    last of ``nodes`` (default: all nodes, in lock order); a later install of a name overrides an earlier one."""
+def expected_versions(lock: dict, nodes: Optional[Iterable[str]] = None) -> dict[tuple[str, str], tuple[str, str]]:
+    """{(where, canonical name): (version, "node ARG")} of every package the lock's installs put into the image
+    made of ``nodes`` (default: all nodes, in lock order); ``where`` is "env" (the image's Python environment)
+    or "prefix" (:data:`CUDA_WHEELS_PREFIX`, for :data:`SEPARATE_PREFIX_INSTALLS`). A later install of a name
+    in the same place overrides an earlier one."""
     want = {}
     for name, e in lock["nodes"].items():
         if nodes is not None and name not in nodes:
             continue
         for arg, inst in (e.get("installs") or {}).items():
+            where = "prefix" if arg in SEPARATE_PREFIX_INSTALLS else "env"
             for p in inst["packages"]:
-                want[p["name"]] = (p["version"], f"{name} {arg}")
+                want[(where, p["name"])] = (p["version"], f"{name} {arg}")
     return want
 
 
@@ -903,16 +960,19 @@ def check_image_against_lock(image: str, lock: dict, *, nodes: Optional[Iterable
                                     network_disabled=True, entrypoint=[])
     except Exception as exc:  # noqa: BLE001 - ContainerError, ImageNotFound, APIError
         raise LockError(f"Cannot list the Python packages in {image}: {exc}") from None
-    have: dict[str, set[str]] = {}
-    for name, version in json.loads(out.decode().strip().splitlines()[-1]):
-        have.setdefault(canonicalize_name(name), set()).add(version)
+    listing = json.loads(out.decode().strip().splitlines()[-1])
+    have: dict[tuple[str, str], set[str]] = {}
+    for place in ("env", "prefix"):
+        for name, version in listing.get(place, []):
+            have.setdefault((place, canonicalize_name(name)), set()).add(version)
     problems = []
-    for name, (version, where) in sorted(expected_versions(lock, nodes).items()):
-        got = have.get(name)
+    for (place, name), (version, where) in sorted(expected_versions(lock, nodes).items()):
+        got = have.get((place, name))
+        loc = "" if place == "env" else f" under {CUDA_WHEELS_PREFIX}"
         if not got:
-            problems.append(f"{name}=={version} ({where}) is not installed")
+            problems.append(f"{name}=={version} ({where}) is not installed{loc}")
         elif version not in got:
-            problems.append(f"{name}=={version} ({where}) is installed as {', '.join(sorted(got))}")
+            problems.append(f"{name}=={version} ({where}) is installed{loc} as {', '.join(sorted(got))}")
     return problems
 
 

@@ -12,7 +12,6 @@
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 
-ARG CUDA_VERSION
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 ARG VENV_PIP_SPECS="pip==25.3 setuptools==80.9.0 wheel==0.45.1 ninja==1.13.0 packaging==25.0"
@@ -27,7 +26,6 @@ RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
     --mount=type=cache,target=/var/lib/apt/lists,sharing=locked \
     --mount=type=secret,id=cabundle \
     set -eu; \
-    test -n "${CUDA_VERSION}" || { echo "build arg CUDA_VERSION is empty (expected e.g. 13.1.1)" >&2; exit 2; }; \
     rm -f /etc/apt/apt.conf.d/docker-clean; \
     ca=""; if [ -s /run/secrets/cabundle ]; then ca="-o Acquire::https::CAInfo=/run/secrets/cabundle"; fi; \
     apt-get $ca update -qq; \
@@ -47,6 +45,8 @@ RUN printf '%s\n' '#!/bin/sh' \
  && chmod 755 /usr/local/bin/with-build-ca
 
 RUN python3 -m venv /opt/venv
+# declared here, not at the top, so the layers above do not depend on it
+ARG CUDA_VERSION
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     CUDA_HOME=/usr/local/cuda \
@@ -55,6 +55,7 @@ ENV VIRTUAL_ENV=/opt/venv \
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=cabundle \
     set -eu; \
+    test -n "${CUDA_VERSION}" || { echo "build arg CUDA_VERSION is empty (expected e.g. 13.1.1)" >&2; exit 2; }; \
     with-build-ca pip install -q ${VENV_PIP_SPECS}; \
     want="release ${CUDA_VERSION%.*},"; \
     nvcc --version | grep -q "$want" || { echo "BASE_IMAGE's nvcc is not CUDA ${CUDA_VERSION}: $(nvcc --version | tail -2)" >&2; exit 2; }

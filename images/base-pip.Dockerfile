@@ -31,9 +31,6 @@
 ARG OS_IMAGE
 FROM ${OS_IMAGE}
 
-ARG CUDA_VERSION
-ARG CUDA_PIP_SPECS
-ARG CUDA_WHEEL_ROOT=""
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 ARG VENV_PIP_SPECS="pip==25.3 setuptools==80.9.0 wheel==0.45.1 ninja==1.13.0 packaging==25.0"
@@ -49,8 +46,6 @@ ENV DEBIAN_FRONTEND=noninteractive \
 RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
     --mount=type=cache,target=/var/lib/apt/lists,sharing=locked \
     set -eu; \
-    test -n "${CUDA_VERSION}" || { echo "build arg CUDA_VERSION is empty (expected e.g. 13.1.1)" >&2; exit 2; }; \
-    test -n "${CUDA_PIP_SPECS}" || { echo "build arg CUDA_PIP_SPECS is empty (expected e.g. cuda-toolkit[nvcc,cudart,cccl,crt,nvvm]==13.1.1)" >&2; exit 2; }; \
     rm -f /etc/apt/apt.conf.d/docker-clean; \
     apt-get update -qq; \
     apt-get install -y -qq --no-install-recommends \
@@ -77,10 +72,16 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=cabundle \
     with-build-ca pip install -q ${VENV_PIP_SPECS}
 
-# The CUDA toolkit from PyPI, in its own prefix, exposed as /usr/local/cuda.
+# The CUDA toolkit from PyPI, in its own prefix, exposed as /usr/local/cuda. (The CUDA args are declared
+# here, not at the top, so the OS and venv layers above are shared by every toolchain's base.)
+ARG CUDA_VERSION
+ARG CUDA_PIP_SPECS
+ARG CUDA_WHEEL_ROOT=""
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=cabundle \
     set -eu; \
+    test -n "${CUDA_VERSION}" || { echo "build arg CUDA_VERSION is empty (expected e.g. 13.1.1)" >&2; exit 2; }; \
+    test -n "${CUDA_PIP_SPECS}" || { echo "build arg CUDA_PIP_SPECS is empty (expected e.g. cuda-toolkit[nvcc,cudart,cccl,crt,nvvm]==13.1.1)" >&2; exit 2; }; \
     with-build-ca pip install -q --no-compile --target /opt/cuda-wheels ${CUDA_PIP_SPECS}; \
     if [ -n "${CUDA_WHEEL_ROOT}" ]; then \
         test -d "/opt/cuda-wheels/${CUDA_WHEEL_ROOT}" || { echo "CUDA_WHEEL_ROOT=${CUDA_WHEEL_ROOT} is not in the installed wheels; found: $(ls /opt/cuda-wheels/nvidia)" >&2; exit 2; }; \

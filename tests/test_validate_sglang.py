@@ -137,3 +137,15 @@ def test_c11_older_real_sglang_raises_keyerror_12(venv):
     assert evidence(v, "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES keys")["value"] == [9, 10]
     assert evidence(v, "lookup")["value"] == "subscript"
     assert v["status"] == "blocked" and v["gate"] == "python-table" and "`KeyError: 12`" in v["cause"]
+
+
+def test_mscclpp_world_sizes_from_sglang_and_kernels_from_sglang_kernel(venv, sglang):
+    kern = pip_target("sglang-kernel==0.4.10")
+    v8 = verdict(run_suite(venv, [sglang, kern], ["--backend", "mscclpp"])[0], "mscclpp")
+    sizes = evidence(v8, "SGLang PyMscclppCommunicator supported world sizes")
+    assert 8 in sizes["value"] and "pymscclpp.py" in sizes["source"]
+    assert all(level == "native" for _, level in evidence(v8, "sglang-kernel common_ops")["value"])
+    assert v8["status"] == "skipped" and v8["gate"] == "needs-runtime"
+    v2 = verdict(run_suite(venv, [sglang, kern], ["--backend", "mscclpp", "--world-size", "2"])[0], "mscclpp")
+    assert 2 not in sizes["value"]
+    assert v2["status"] == "blocked" and v2["gate"] == "python-table" and "not 2" in v2["cause"]

@@ -5,16 +5,19 @@
   built for hosts where every peer transfer crosses the CPU root complex. Needs nvcc for its JIT.
 * b12x: a top-level ``b12x`` package (FlashInfer 0.7.4 ships one that aliases
   ``flashinfer.experimental.b12x``); imported in a child interpreter, so an import failure is a verdict.
-* MSCCL++: the ``mscclpp`` distribution; its one-shot LL kernel writes to all peers and NVLS algorithms
-  need multicast (FACTS): whether anything works on SM120 over PCIe is for the runtime tier.
+* MSCCL++: SGLang's ``PyMscclppCommunicator`` (its supported world sizes, read with ``ast``) over the
+  MSCCL++ ops in sgl-kernel's common_ops, or a standalone ``mscclpp`` distribution; its one-shot LL
+  kernel writes to all peers and NVLS algorithms need multicast (FACTS): whether anything works on SM120
+  over PCIe is for the runtime tier.
 """
 from __future__ import annotations
 
 from .. import source
 from ..env import dist_version, effective_nvcc
 from ..isolate import run_task
-from ..verdict import (BLOCKED, ERROR, GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON,
-                       GATE_TOOLCHAIN, LIFT_CUDA, LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_UNKNOWN, SKIPPED, Verdict)
+from ..verdict import (BLOCKED, ERROR, GATE_BINARY, GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON,
+                       GATE_TOOLCHAIN, LIFT_CUDA, LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_REBUILD, LIFT_UNKNOWN, SKIPPED,
+                       Verdict)
 from . import flashinfer_common as fi
 
 BACKENDS = ("flashinfer-pcie-ipc-allreduce", "b12x", "mscclpp")
@@ -78,24 +81,56 @@ def _b12x(ctx) -> Verdict:
     return v
 
 
+MSCCLPP_MODULE = "sglang.srt.distributed.device_communicators.pymscclpp"
+
+
 def _mscclpp(ctx) -> Verdict:
+    """MSCCL++ as SGLang uses it: ``PyMscclppCommunicator`` (sglang/.../pymscclpp.py) over the MSCCL++
+    kernels compiled into sgl-kernel's common_ops (or a standalone ``mscclpp`` distribution)."""
+    from .sglang_custom_ar import kernel_coverage, short
+
     v = Verdict("mscclpp", SKIPPED, gate=GATE_NOT_INSTALLED, lift=LIFT_PACKAGE, cause="mscclpp is not installed")
     dv = dist_version("mscclpp")
-    if dv is None and source.package_dir("mscclpp") is None:
+    sizes, where = None, ""
+    try:
+        path = source.module_file(MSCCLPP_MODULE)
+        try:
+            sizes, line = source.module_assignment(path, "_SUPPORTED_WORLD_SIZES")
+        except source.SourceNotFound:
+            sizes, line = source.class_attribute(path, "PyMscclppCommunicator", "_SUPPORTED_WORLD_SIZES")
+        where = f"{short(path)}:{line} (ast)"
+    except (source.SourceNotFound, ValueError, SyntaxError):
+        path = None
+    dist, cov, ops = kernel_coverage(ctx)
+    bundled = [f for c in ctx.coverage.values() for f in c.files if "mscclpp" in f.path]
+    if dv is None and path is None and not bundled:
         return v
-    v.add("mscclpp version", dv, "distribution metadata")
-    o = run_task("import_module", {"module": "mscclpp"}, timeout=ctx.timeout)
-    res = o.value if o.ok else {"imported": False, "error": o.error}
-    v.add("import mscclpp", "ok" if res.get("imported") else res.get("error"), "child interpreter")
-    cov = ctx.coverage.get("mscclpp")
-    if cov is not None:
-        v.add("mscclpp coverage", cov.level, "static coverage (fatbin)")
-    if not res.get("imported"):
-        v.status, v.gate, v.cause = ERROR, "", f"import mscclpp failed: {res.get('error')}"
+    if dv:
+        v.add("mscclpp version", dv, "distribution metadata")
+        o = run_task("import_module", {"module": "mscclpp"}, timeout=ctx.timeout)
+        res = o.value if o.ok else {"imported": False, "error": o.error}
+        v.add("import mscclpp", "ok" if res.get("imported") else res.get("error"), "child interpreter")
+    if path is not None:
+        v.add("SGLang PyMscclppCommunicator supported world sizes", sorted(sizes) if sizes else sizes, where)
+    if bundled:
+        v.add("MSCCL++ libraries bundled in installed wheels", [(f.path, f.level) for f in bundled], "static coverage (fatbin)")
+        weak = [f.path for f in bundled if f.level in ("ptx-only", "none")]
+        if weak:
+            v.warnings.append(f"bundled MSCCL++ libraries without SASS for {ctx.target.cc} (PTX JIT at load or no "
+                              f"kernel image): {weak}")
+    if ops:
+        v.add(f"{dist} common_ops (SGLang's mscclpp ops) coverage", [(f.path, f.level) for f in ops], "static coverage (fatbin)")
+    if sizes is not None and ctx.world_size not in sizes:
+        v.status, v.gate, v.lift = BLOCKED, GATE_PYTHON, LIFT_PACKAGE
+        v.cause = f"SGLang's PyMscclppCommunicator supports world sizes {sorted(sizes)}, not {ctx.world_size}"
+        return v
+    if path is not None and ops and not any(f.level in ("native", "family") for f in ops):
+        v.status, v.gate, v.lift = BLOCKED, GATE_BINARY, LIFT_REBUILD
+        v.cause = f"{dist}'s common_ops (which holds SGLang's mscclpp ops) has no SASS for {ctx.target.cc}"
         return v
     v.status, v.gate, v.lift = SKIPPED, GATE_NEEDS_RUNTIME, LIFT_UNKNOWN
-    v.cause = ("installed; its one-shot LL kernel writes to all peers and NVLS algorithms need multicast: "
-               "on SM120 over PCIe only the runtime tier can tell")
+    v.cause = ("present; its single-node one-shot LL kernel writes to all peers and NVLS algorithms need multicast: "
+               f"on {ctx.topology} at world size {ctx.world_size} only the runtime tier can tell")
     return v
 
 

@@ -50,6 +50,9 @@ if ! .venv/bin/python -c 'import cudastack, stackprobe, invoke, docker, yaml, py
    || [ pyproject.toml -nt .venv/.installed ]; then
   log "installing the project into .venv"
   .venv/bin/pip install -q --upgrade pip >/dev/null
+  # The tests need torch only for CPU work (gloo process groups, reading torch's arch list); pin one
+  # release so the resolver does not pick the newest CUDA build. Override with CUDASTACK_TEST_TORCH.
+  .venv/bin/python -c 'import torch' 2>/dev/null || .venv/bin/pip install -q "torch==${CUDASTACK_TEST_TORCH:-2.13.0}"
   .venv/bin/pip install -q -e ".[test]"
   touch .venv/.installed
 fi

@@ -32,6 +32,8 @@ hash mismatch; RegistryError (exit 8) when a base image digest cannot be read.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -110,6 +112,21 @@ def write_atomic(path: str | Path, text: str) -> None:
             os.close(dfd)
     except OSError:
         pass
+
+
+@contextlib.contextmanager
+def exclusive(path: str | Path):
+    """Hold an exclusive ``flock`` on the lockfile's folder while reading, changing and writing the lock, so a
+    push record and a re-lock running at the same time cannot lose each other's update."""
+    folder = Path(path).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 def write_lock(path: str | Path, lock: dict) -> None:
@@ -487,14 +504,13 @@ def _source_entry(node) -> dict:
 
 # ------------------------------------------------------------------------------------------- the lock
 def resolve_lock(plan, *, target: Optional[dict] = None, python: str = sys.executable, client=None,
-                 find_links: Iterable[str] = (), previous: Optional[dict] = None,
-                 progress: Progress = lambda s: None) -> dict:
+                 find_links: Iterable[str] = (), progress: Progress = lambda s: None) -> dict:
     """Pin every input of ``plan`` (a :class:`cudastack.model.Plan`) and return the lock (a dict; write it
     with :func:`write_lock`). ``target``: see :func:`target_for_plan` (default: asked of the plan's base).
     ``python``: the interpreter whose pip resolves; its ``major.minor`` must equal the target's, because pip
     evaluates environment markers with the running interpreter. ``client``: docker SDK client (for the OS
-    image record); ``find_links``: extra local folders of distributions; ``previous``: the current lock,
-    whose outputs/pushed entries are kept for nodes whose plan hash did not change.
+    image record); ``find_links``: extra local folders of distributions (outputs of an earlier lock are
+    merged by :func:`lock_plan`).
     Raises LockError / RegistryError / UsageError; nothing is written here."""
     target = target or target_for_plan(plan, client=client)
     proc = subprocess.run([python, "-c", "import sys, pip; print('%d.%d' % sys.version_info[:2], pip.__version__)"],
@@ -585,14 +601,6 @@ def resolve_lock(plan, *, target: Optional[dict] = None, python: str = sys.execu
     }
     if warnings:
         lock["warnings"] = warnings
-    if previous:
-        kept_out = {n: v for n, v in (previous.get("outputs") or {}).items()
-                    if n in nodes and (previous.get("nodes") or {}).get(n, {}).get("plan_hash") == nodes[n]["plan_hash"]}
-        kept_push = {n: v for n, v in (previous.get("pushed") or {}).items() if n in kept_out}
-        if kept_out:
-            lock["outputs"] = kept_out
-        if kept_push:
-            lock["pushed"] = kept_push
     check_schema(lock, "the resolved lock")
     return lock
 
@@ -648,15 +656,26 @@ def _chain_pins(plan, node, resolved: dict[str, dict]) -> dict[str, str]:
 
 def lock_plan(plan, path: str | Path, **kw) -> dict:
     """Resolve ``plan`` and write the lock to ``path`` atomically (the old lock stays byte for byte on any
-    error). Keeps outputs/pushed entries of nodes whose plan hash is unchanged. Returns the lock."""
-    previous = None
-    if Path(path).exists():
-        try:
-            previous = load_lock(path)
-        except LockError:
-            previous = None
-    lock = resolve_lock(plan, previous=previous, **kw)
-    write_lock(path, lock)
+    error). Keeps outputs/pushed entries of nodes whose plan hash is unchanged, read again just before the
+    write (under :func:`exclusive`), so a push recorded while resolving is not lost. Returns the lock."""
+    lock = resolve_lock(plan, **kw)
+    with exclusive(path):
+        previous = None
+        if Path(path).exists():
+            try:
+                previous = load_lock(path)
+            except LockError:
+                previous = None
+        if previous:
+            kept_out = {n: v for n, v in (previous.get("outputs") or {}).items()
+                        if n in lock["nodes"]
+                        and (previous.get("nodes") or {}).get(n, {}).get("plan_hash") == lock["nodes"][n]["plan_hash"]}
+            kept_push = {n: v for n, v in (previous.get("pushed") or {}).items() if n in kept_out}
+            if kept_out:
+                lock["outputs"] = kept_out
+            if kept_push:
+                lock["pushed"] = kept_push
+        write_lock(path, lock)
     return lock
 
 
@@ -851,10 +870,12 @@ def install_locked(lock: dict, node: str, arg: str, *, target_dir: str | Path, p
 
 # ------------------------------------------------------------------------------------------- outputs
 def update_lock(path: str | Path, fn: Callable[[dict], None]) -> dict:
-    """Load the lock at ``path``, apply ``fn`` (mutates the dict), validate and write atomically."""
-    lock = load_lock(path)
-    fn(lock)
-    write_lock(path, lock)
+    """Load the lock at ``path``, apply ``fn`` (mutates the dict), validate and write atomically, all under
+    :func:`exclusive`."""
+    with exclusive(path):
+        lock = load_lock(path)
+        fn(lock)
+        write_lock(path, lock)
     return lock
 
 

@@ -193,3 +193,27 @@ def test_child_that_replaces_a_parent_package_is_not_held_to_it(index):
     app = {p["name"]: p["version"] for p in lock["nodes"]["app"]["installs"]["PIP_SPECS"]["packages"]}
     assert app == {"tinylib": "1.1"}
     assert any("tinylib: base (PIP_SPECS) installs 1.0, app (PIP_SPECS) installs 1.1" in w for w in lock["warnings"])
+
+
+def test_push_recorded_while_relocking_is_not_lost(index, tmp_path, monkeypatch):
+    """A push recorded while `invoke lock` resolves (minutes for a real plan) survives the re-lock's write."""
+    from cudastack.registry import PushedImage
+
+    p = tmp_path / "9.9.lock.yaml"
+    L.lock_plan(tiny_plan(index), p, target=TARGET)
+    L.record_outputs(p, "app", image_id="sha256:" + "1" * 64)
+    real = L.pip_resolve
+    d = "sha256:" + "2" * 64
+    calls = []
+
+    def resolve_and_meanwhile_push(*a, **kw):
+        if not calls:
+            L.record_push(p, "app", PushedImage(d, f"r.example/ci/app@{d}", f"r.example#ci/app@{d}",
+                                                "sha256:" + "1" * 64, "r.example/ci/app:1"))
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(L, "pip_resolve", resolve_and_meanwhile_push)
+    lock = L.lock_plan(tiny_plan(index), p, target=TARGET)
+    assert lock["pushed"]["app"]["digest"] == d
+    assert L.load_lock(p)["pushed"]["app"]["enroot"] == f"r.example#ci/app@{d}"

@@ -109,6 +109,32 @@ def test_variables_in_from_env_label_are_declared(kind):
                 assert var in declared, f"{kind}.Dockerfile: ${var} used in {ins} before it is declared"
 
 
+def test_both_bases_install_the_same_ca_wrapper():
+    """Later nodes call /usr/local/bin/with-build-ca whatever the base: both bases must write the same script."""
+    def wrapper(kind: str) -> str:
+        runs = [rest for ins, rest in _instructions(IMAGES / f"{kind}.Dockerfile")
+                if ins == "RUN" and "/usr/local/bin/with-build-ca" in rest and "printf" in rest]
+        assert len(runs) == 1, kind
+        return runs[0]
+
+    assert wrapper("base-pip") == wrapper("base-nvidia")
+
+
+def test_runtime_turns_every_env_scope_knob_into_env():
+    """Each recipe knob of scope ``env`` reaches the runtime image: declared as ARG, and set as ENV only in its
+    own ``-set`` stage, selected when the value is not empty."""
+    from cudastack.recipes import load_recipes
+
+    env_knobs = {c.arch_knob.knob for c in load_recipes(ROOT / "recipes").components.values()
+                 if c.arch_knob and c.arch_knob.scope == "env"}
+    assert env_knobs, "no env-scope knob in the recipes"
+    text = (IMAGES / "runtime.Dockerfile").read_text()
+    for knob in env_knobs:
+        assert re.search(rf"^ARG {knob}\b", text, re.M), knob
+        assert re.search(rf'^ENV {knob}="\$\{{{knob}\}}"$', text, re.M), knob
+        assert re.search(rf"^FROM \S+\$\{{{knob}:\+-set\}} AS ", text, re.M), knob
+
+
 def test_build_env_quoting_contract():
     """BUILD_ENV is evaluated as `export $BUILD_ENV` by /bin/sh: a shell-quoted value keeps its spaces."""
     sh = shutil.which("sh")

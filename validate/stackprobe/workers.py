@@ -120,19 +120,50 @@ def _import_flashinfer(name: str):
     return importlib.import_module(name), "submodules-only (package __init__ failed)", first
 
 
+def _context_for_target(cc_mod, major: int, minor: int):
+    """FlashInfer's CompilationContext() as it is built on a host whose one GPU has compute capability
+    (major, minor): torch.cuda's device count and capability are answered for that GPU (there is none
+    here), everything else is FlashInfer's own code, including the try/except that swallows a
+    normalisation error. Returns (context, [warnings FlashInfer logged])."""
+    import logging
+    import torch
+
+    class _Grab(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.messages = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    grab = _Grab()
+    logging.getLogger("flashinfer").addHandler(grab)
+    saved = (torch.cuda.device_count, torch.cuda.get_device_capability)
+    torch.cuda.device_count = lambda: 1
+    torch.cuda.get_device_capability = lambda device=None: (major, minor)
+    try:
+        return cc_mod.CompilationContext(), grab.messages
+    finally:
+        torch.cuda.device_count, torch.cuda.get_device_capability = saved
+        logging.getLogger("flashinfer").removeHandler(grab)
+
+
 def flashinfer_gate(target: str, module_fn: str = "gen_trtllm_comm_module",
-                    arch_list_env: str | None = None, supported_majors: list | None = None) -> dict:
+                    arch_list_env: str | None = None) -> dict:
     """Ask the installed FlashInfer what it would compile ``module_fn`` for, on a GPU of compute
     capability ``target`` ("12.0"), with this environment's nvcc.
 
-    Steps, all with FlashInfer's own code: the CUDA version it detects (``jit.cpp_ext.get_cuda_version``),
-    its normalisation of the target (``CompilationContext._normalize_cuda_arch``), the effective target
-    list (``FLASHINFER_CUDA_ARCH_LIST`` when set, as FlashInfer parses it; otherwise the normalised target,
-    as FlashInfer does for a detected GPU, where a normalisation error is swallowed and leaves the list
-    empty), then ``jit.comm.<module_fn>()`` itself, whose ``get_nvcc_flags_list`` call is the gate.
+    All with FlashInfer's own code: the CUDA version it detects (``jit.cpp_ext.get_cuda_version``), its
+    normalisation of the target (``CompilationContext._normalize_cuda_arch`` where the release has it),
+    the effective target list (``FLASHINFER_CUDA_ARCH_LIST`` when set, parsed by FlashInfer; otherwise
+    ``CompilationContext()`` on a host reporting one GPU of the target's compute capability, where a
+    normalisation error is swallowed and leaves the list empty: case C4), then ``jit.comm.<module_fn>()``
+    with that context, whose ``get_nvcc_flags_list`` call is the gate.
     """
     out: dict = {"module_fn": module_fn}
     major, minor = (int(x) for x in target.split(".")[:2])
+    if not arch_list_env:
+        os.environ.pop("FLASHINFER_CUDA_ARCH_LIST", None)
     cc_mod, mode, first = _import_flashinfer("flashinfer.compilation_context")
     out["import_mode"], out["import_error"] = mode, first
     try:
@@ -144,48 +175,44 @@ def flashinfer_gate(target: str, module_fn: str = "gen_trtllm_comm_module",
             out["cuda_path_error"] = _err(e)
     except BaseException as e:  # noqa: BLE001
         out["cuda_version_error"] = _err(e)
-    try:
-        m, suffix_minor = cc_mod.CompilationContext._normalize_cuda_arch(major, minor)
-        out["normalised"] = f"{m}.{suffix_minor}"
-    except BaseException as e:  # noqa: BLE001
+    normalise = getattr(cc_mod.CompilationContext, "_normalize_cuda_arch", None)
+    if normalise is None:
         out["normalised"] = None
-        out["normalise_error"] = _err(e)
-    if arch_list_env:
-        out["arch_list_source"] = "FLASHINFER_CUDA_ARCH_LIST"
-        os.environ["FLASHINFER_CUDA_ARCH_LIST"] = arch_list_env
-    elif out["normalised"]:
-        out["arch_list_source"] = "normalised target (as for a detected GPU)"
-        os.environ["FLASHINFER_CUDA_ARCH_LIST"] = out["normalised"]
+        out["normalise_error"] = "this release has no CompilationContext._normalize_cuda_arch (suffix rule inline in __init__)"
     else:
-        out["arch_list_source"] = "normalised target (as for a detected GPU): error swallowed"
-        out["effective_archs"] = []
-    if "effective_archs" not in out:
         try:
-            ctx = cc_mod.CompilationContext()
-            out["effective_archs"] = sorted(f"{a}.{b}" for a, b in ctx.TARGET_CUDA_ARCHS)
+            m, suffix_minor = normalise(major, minor)
+            out["normalised"] = f"{m}.{suffix_minor}"
         except BaseException as e:  # noqa: BLE001
-            out["effective_archs"] = []
-            out["context_error"] = _err(e)
-    # the module's gate, called for real with the effective list in place
-    if not out["effective_archs"]:
-        os.environ.pop("FLASHINFER_CUDA_ARCH_LIST", None)
+            out["normalised"] = None
+            out["normalise_error"] = _err(e)
+    ctx = None
+    try:
+        if arch_list_env:
+            out["arch_list_source"] = "FLASHINFER_CUDA_ARCH_LIST"
+            os.environ["FLASHINFER_CUDA_ARCH_LIST"] = arch_list_env
+            ctx = cc_mod.CompilationContext()
+        else:
+            out["arch_list_source"] = f"CompilationContext() for one detected GPU of compute capability {target}"
+            ctx, logged = _context_for_target(cc_mod, major, minor)
+            if logged:
+                out["swallowed"] = logged
+        out["effective_archs"] = sorted(f"{a}.{b}" for a, b in ctx.TARGET_CUDA_ARCHS)
+    except BaseException as e:  # noqa: BLE001
+        out["effective_archs"] = []
+        out["context_error"] = _err(e)
     try:
         core = importlib.import_module("flashinfer.jit.core")
         comm = importlib.import_module("flashinfer.jit.comm")
-        # the module-level context was created at import; rebuild it from the list just set
-        fresh = cc_mod.CompilationContext()
-        if not out["effective_archs"]:
-            fresh.TARGET_CUDA_ARCHS = set()
+        if ctx is None:
+            ctx = cc_mod.CompilationContext.__new__(cc_mod.CompilationContext)
+            ctx.TARGET_CUDA_ARCHS = set()
         for holder in (core, comm):
             if hasattr(holder, "current_compilation_context"):
-                holder.current_compilation_context = fresh
-        if supported_majors is not None:
-            flags = fresh.get_nvcc_flags_list(supported_major_versions=supported_majors)
-            out["gate_flags"] = [f for f in flags if f.startswith("-gencode")]
-        else:
-            spec = getattr(comm, module_fn)()
-            out["gate_flags"] = [f for f in (getattr(spec, "extra_cuda_cflags", None) or []) if "gencode" in f]
-            out["sources"] = [str(s) for s in getattr(spec, "sources", [])]
+                holder.current_compilation_context = ctx
+        spec = getattr(comm, module_fn)()
+        out["gate_flags"] = [f for f in (getattr(spec, "extra_cuda_cflags", None) or []) if "gencode" in f]
+        out["sources"] = [str(s) for s in getattr(spec, "sources", [])]
         out["gate_passed"] = True
     except BaseException as e:  # noqa: BLE001
         out["gate_passed"] = False

@@ -70,6 +70,8 @@ def probe(ctx) -> list[Verdict]:
           "flashinfer.compilation_context.CompilationContext._normalize_cuda_arch")
     v.add("FLASHINFER_CUDA_ARCH_LIST", os.environ.get("FLASHINFER_CUDA_ARCH_LIST", "(unset)"), "environment")
     v.add("effective target arch list", g.get("effective_archs"), g.get("arch_list_source", ""))
+    if g.get("swallowed"):
+        v.add("FlashInfer swallowed", g["swallowed"], "flashinfer logger, CompilationContext.__init__")
     if g.get("gate_flags") is not None:
         v.add(f"{MODULE_FN} gencode flags", g.get("gate_flags"), f"flashinfer.jit.comm.{MODULE_FN}() called")
     if g.get("gate_error"):
@@ -80,7 +82,10 @@ def probe(ctx) -> list[Verdict]:
                f"{target.cc} is empty (case C4)")
         if v.status == GATE_PASSES:
             v.status, v.gate = BLOCKED, GATE_TOOLCHAIN
-            why = g.get("normalise_error") or g.get("context_error") or "FLASHINFER_CUDA_ARCH_LIST has no entry for the target"
+            why = ((g.get("swallowed") or [None])[0] or g.get("context_error")
+                   or (g.get("normalise_error") if g.get("normalised") is None and "requires" in g.get("normalise_error", "") else None)
+                   or ("FLASHINFER_CUDA_ARCH_LIST has no entry for the target" if os.environ.get("FLASHINFER_CUDA_ARCH_LIST")
+                       else "FlashInfer kept no entry for the target"))
             v.cause = f"{msg}: {why}"
             v.lift = LIFT_SETTING
             v.lift_detail = (f"FLASHINFER_CUDA_ARCH_LIST={target.cc}a (an explicit suffixed entry is used verbatim; "

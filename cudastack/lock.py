@@ -38,7 +38,6 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -622,16 +621,6 @@ def _os_image_record(tag: str, client) -> dict:
 SEPARATE_PREFIX_INSTALLS = ("CUDA_PIP_SPECS",)
 
 
-def _names_only(specs: list[str]) -> set[str]:
-    out = set()
-    for s in specs:
-        try:
-            out.add(canonicalize_name(Requirement(s).name))
-        except InvalidRequirement:
-            pass
-    return out
-
-
 def _chain_pins(plan, node, resolved: dict[str, dict]) -> dict[str, str]:
     """{name: version} the image chain under ``node`` already holds in its Python environment: the installs of
     its image parent and that parent's ancestors (first parent of each node), from ``resolved`` lock entries.
@@ -1035,6 +1024,3 @@ def _is_req(s: str) -> bool:
     except InvalidRequirement:
         return False
 
-
-def shell_quote(args: list[str]) -> str:
-    return " ".join(shlex.quote(a) for a in args)

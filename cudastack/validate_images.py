@@ -112,11 +112,12 @@ def find_python(client, image: str) -> str:
                           "Validate a runtime image built by `invoke build` (it has /opt/venv/bin/python).")
 
 
-def validate_image(image: str, target_arch: str = "12.0", *, client=None, timeout: float = 1800, **kw):
+def validate_image(image: str, target_arch: str = "12.0", *, client=None, timeout: float = 1800,
+                   mount_suite: bool = False, **kw):
     """Run the static suite inside ``image`` (``docker run --rm``, no network) and return its Report.
 
-    Uses the image's own suite when ``import stackprobe`` works there, else mounts this checkout's
-    ``validate/`` read-only. Raises ValidationError (image missing, no Python, suite failed) or
+    Uses the image's own suite when ``import stackprobe`` works there (unless ``mount_suite``), else
+    mounts this checkout's ``validate/`` read-only (ahead of the image's copy on PYTHONPATH). Raises ValidationError (image missing, no Python, suite failed) or
     UsageError (bad target arch).
     """
     import docker
@@ -128,7 +129,7 @@ def validate_image(image: str, target_arch: str = "12.0", *, client=None, timeou
         raise ValidationError(f"image {image} does not exist on this Docker engine: build it (`invoke build --cuda 13.1`) "
                               "or pull it, then pass its tag or digest to --image.") from None
     py = find_python(client, image)
-    rc, _, _ = _run(client, image, [py, "-c", "import stackprobe"], timeout=120)
+    rc, _, _ = (1, "", "") if mount_suite else _run(client, image, [py, "-c", "import stackprobe"], timeout=120)
     volumes, env, how = {}, {}, "image's own suite"
     if rc != 0:
         volumes = {str(SUITE_DIR): {"bind": MOUNT_AT, "mode": "ro"}}
@@ -157,6 +158,7 @@ def validate_many(images: list[str], target_arch: str = "12.0", *, out_dir: str 
     matrix for one)."""
     from stackprobe.report import comparison_markdown
 
+    mount = kw.pop("mount_suite", False)
     if not images:
         say("validating the current environment")
         reports = [validate_here(target_arch, **kw)]
@@ -164,7 +166,7 @@ def validate_many(images: list[str], target_arch: str = "12.0", *, out_dir: str 
         reports = []
         for img in images:
             say(f"validating {img}")
-            reports.append(validate_image(img, target_arch, **kw))
+            reports.append(validate_image(img, target_arch, mount_suite=mount, **kw))
     if out_dir:
         out = Path(out_dir)
         for r, name in zip(reports, images or ["current-environment"]):

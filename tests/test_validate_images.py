@@ -117,7 +117,8 @@ def test_full_stack_images_verdicts_follow_the_evidence(client):
     if not images:
         pytest.skip("no full-stack runtime image on this engine yet (run `invoke build --cuda 13.1`)")
     order = sorted(images, key=lambda t: [int(x) for x in t.split(".")], reverse=True)
-    reports, md = validate_many([images[t] for t in order], "12.0", say=lambda s: None)
+    reports, md = validate_many([images[t] for t in order], "12.0", say=lambda s: None, mount_suite=True)
+    assert all(r.options["ran_in"]["suite"].startswith("suite mounted") for r in reports)
     for r in reports:
         sym = r.verdict("torch-symm-mem")
         keys = next((e.value for e in sym.evidence if e.what.startswith("TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES keys")), None)

@@ -195,7 +195,8 @@ def compare(reports: list[Report], labels: list[str] | None = None) -> list[Chan
             if v is None:
                 continue
             if first is None or (v.status, v.gate) != (first.status, first.gate):
-                why.append(f"{label}: {v.status}{' [' + v.gate + ']' if v.gate else ''}: {v.cause}")
+                why.append(f"{label}: {v.status}{' [' + v.gate + ']' if v.gate else ''}: {v.cause}"
+                           + (f" (also: {v.warnings[0]})" if v.warnings else ""))
             a, bmap = _evidence_map(first), _evidence_map(v)
             diffs = [f"{k}: {_short_value(a.get(k), 80)} -> {_short_value(bmap.get(k), 80)}"
                      for k in bmap if k in a and a[k] != bmap[k] and "version" not in k.lower()]
@@ -218,6 +219,9 @@ def comparison_markdown(reports: list[Report], labels: list[str] | None = None) 
         lines.append(f"| {c.backend} | " + " | ".join(c.statuses) + f" | {'yes' if c.changed else 'no'} | {_cell(c.why)} |")
     lines += ["", "| environment | " + " | ".join(labels) + " |", "| --- | " + " | ".join("---" for _ in labels) + " |"]
     lines.append("| stack | " + " | ".join(_cell(r.headline()) for r in reports) + " |")
+    lines.append("| findings | " + " | ".join(
+        _cell("; ".join(f"{f['level']}{' ' + f['case'] if f.get('case') else ''}: {f['message']}"
+                        for f in r.environment.get("findings", [])) or "-") for r in reports) + " |")
     pk = sorted({c["package"] for r in reports for c in r.coverage})
     for p in pk:
         cells = []

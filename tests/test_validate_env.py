@@ -51,3 +51,26 @@ def test_c5_in_the_report_of_a_real_run(cuda13, tmp_path):
     assert env["torch"]["version"].startswith("2.13.0") and env["python"]["version"]
     md = (tmp_path / "r.md").read_text()
     assert "## Environment findings" in md and "(C5)" in md
+
+
+def test_nccl_version_from_libnccl_and_c12_setting_form(tmp_path):
+    """With a CPU torch (no NCCL inside), the version comes from the nvidia-nccl wheel's libnccl.so.2
+    through ncclGetVersion(); NCCL_ALGO=Tree (process-wide) is named as the C12 fault, the
+    per-collective form is not."""
+    from validate_support import evidence, pip_target, verdict
+    nccl = pip_target("nvidia-nccl-cu13==2.30.7")
+    venv = suite_venv()
+    args = ["--backend", "nccl-ring", "--backend", "nccl-tree"]
+    plain, _ = run_suite(venv, [nccl], args)
+    ring = verdict(plain, "nccl-ring")
+    ver = evidence(ring, "NCCL version")
+    assert ver["value"] == "2.30.7" and ver["source"].startswith("ncclGetVersion() of ") and "libnccl.so.2" in ver["source"]
+    assert ring["status"] == "gate-passes"
+    tree = verdict(plain, "nccl-tree")
+    assert tree["status"] == "skipped" and tree["gate"] == "needs-runtime"
+    forced, _ = run_suite(venv, [nccl], args, extra_env={"NCCL_ALGO": "Tree"})
+    t = verdict(forced, "nccl-tree")
+    assert t["status"] == "blocked" and t["gate"] == "setting" and "AllGather" in t["cause"] and "C12" in t["cause"]
+    assert "allreduce:tree" in t["lift_detail"]
+    per, _ = run_suite(venv, [nccl], args, extra_env={"NCCL_ALGO": "allreduce:tree"})
+    assert verdict(per, "nccl-tree")["gate"] == "needs-runtime"

@@ -148,6 +148,29 @@ def topology() -> dict:
     return {"matrix": txt.strip(), "pairs": pairs, "nvlink_pairs": nv, "full_nvlink": bool(pairs) and nv == pairs}
 
 
+def libnccl_version() -> dict:
+    """NCCL version from a ``libnccl.so.2`` the dynamic loader finds (``ncclGetVersion``; code
+    major*10000 + minor*100 + patch since NCCL 2.9, NCCL's nccl.h). ``{}`` when there is none."""
+    import ctypes
+    import ctypes.util
+
+    names = [n for n in (ctypes.util.find_library("nccl"), "libnccl.so.2") if n]
+    for entry in sys.path:   # the nvidia-nccl-cu12/cu13 wheels' lib folders
+        names += [str(p) for p in Path(entry).glob("nvidia/nccl/lib/libnccl.so*")]
+        names += [str(p) for p in Path(entry).glob("nvidia/cu*/lib/libnccl.so*")]
+    for name in names:
+        try:
+            lib = ctypes.CDLL(name)
+            code = ctypes.c_int()
+            if lib.ncclGetVersion(ctypes.byref(code)) == 0:
+                c = code.value
+                ver = f"{c // 10000}.{c % 10000 // 100}.{c % 100}" if c >= 20900 else f"{c // 1000}.{c % 1000 // 100}.{c % 100}"
+                return {"version": ver, "library": name}
+        except (OSError, AttributeError):
+            continue
+    return {}
+
+
 def collect(timeout: float = 180.0) -> dict:
     """The environment report (plain JSON data). torch is inspected in a child interpreter so a
     broken CUDA install cannot take the suite down."""
@@ -156,6 +179,10 @@ def collect(timeout: float = 180.0) -> dict:
     nvccs = find_nvccs()
     packages = {d: v for d in BACKEND_DISTS if (v := dist_version(d))}
     nccl = {"torch": torch.get("nccl"), "wheel": packages.get("nvidia-nccl-cu13") or packages.get("nvidia-nccl-cu12")}
+    if not nccl["torch"]:
+        lib = libnccl_version()
+        nccl["library"] = lib.get("version")
+        nccl["library_path"] = lib.get("library")
     return {
         "python": {"version": platform.python_version(), "executable": sys.executable, "platform": platform.platform()},
         "torch": torch,

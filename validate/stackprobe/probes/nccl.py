@@ -21,6 +21,8 @@ def _nccl_version(env: dict) -> tuple[str | None, str]:
     n = env.get("nccl", {})
     if n.get("torch"):
         return n["torch"], "torch.cuda.nccl.version()"
+    if n.get("library"):
+        return n["library"], f"ncclGetVersion() of {n.get('library_path')}"
     if n.get("wheel"):
         return n["wheel"], "nvidia-nccl wheel metadata"
     return None, ""

@@ -74,3 +74,19 @@ def test_nccl_version_from_libnccl_and_c12_setting_form(tmp_path):
     assert "allreduce:tree" in t["lift_detail"]
     per, _ = run_suite(venv, [nccl], args, extra_env={"NCCL_ALGO": "allreduce:tree"})
     assert verdict(per, "nccl-tree")["gate"] == "needs-runtime"
+
+
+# `nvidia-smi topo -m` as recorded on a 2x H200 host (NVLink), header underlined with ANSI escapes
+H200_TOPO = ("\t\x1b[4mGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
+             "GPU0\t X \tNV18\t0-31\t0\t\tN/A\nGPU1\tNV18\t X \t0-31\t0\t\tN/A\n\nLegend:\n\n  X    = Self\n"
+             "  PIX  = Connection traversing at most a single PCIe bridge\n"
+             "  NV#  = Connection traversing a bonded set of # NVLinks\n")
+
+
+def test_topology_matrix_parsing():
+    t = envmod.parse_topology(H200_TOPO)
+    assert t["pairs"] == 2 and t["nvlink_pairs"] == 2 and t["full_nvlink"]
+    assert "\x1b" not in t["matrix"]
+    pcie = H200_TOPO.replace("NV18", "SYS")
+    p = envmod.parse_topology(pcie)
+    assert p["pairs"] == 2 and p["nvlink_pairs"] == 0 and not p["full_nvlink"]

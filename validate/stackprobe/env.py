@@ -127,16 +127,11 @@ def nvcc_findings(nvccs: dict, torch_cuda: str | None) -> list[dict]:
     return found
 
 
-def topology() -> dict:
-    """GPU link matrix from ``nvidia-smi topo -m`` when available: ``{"matrix": text, "nvlink_pairs",
-    "pairs"}``; ``{}`` without nvidia-smi."""
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return {}
-    try:
-        txt = subprocess.run([smi, "topo", "-m"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return {"error": str(e)}
+def parse_topology(txt: str) -> dict:
+    """Parse ``nvidia-smi topo -m`` text: ``{"matrix", "pairs", "nvlink_pairs", "full_nvlink"}``.
+    A GPU pair is NVLink when its cell reads ``NV#`` (a bonded set of # NVLinks, nvidia-smi's legend);
+    PIX/PXB/PHB/NODE/SYS cross PCIe."""
+    txt = re.sub(r"\x1b\[[0-9;]*m", "", txt)   # nvidia-smi underlines the header with ANSI escapes
     rows = [ln.split() for ln in txt.splitlines() if re.match(r"^\s*GPU\d+\s", ln)]
     pairs, nv = 0, 0
     for r in rows:
@@ -146,6 +141,19 @@ def topology() -> dict:
             pairs += 1
             nv += cell.startswith("NV")
     return {"matrix": txt.strip(), "pairs": pairs, "nvlink_pairs": nv, "full_nvlink": bool(pairs) and nv == pairs}
+
+
+def topology() -> dict:
+    """GPU link matrix from ``nvidia-smi topo -m`` when available (:func:`parse_topology`); ``{}``
+    without nvidia-smi."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return {}
+    try:
+        txt = subprocess.run([smi, "topo", "-m"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"error": str(e)}
+    return parse_topology(txt)
 
 
 def libnccl_version() -> dict:

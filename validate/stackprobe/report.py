@@ -108,7 +108,9 @@ class Report:
         nvcc = (nv.get("cuda_home_nvcc") or nv.get("path") or (nv.get("pip") or [None])[0] or {}).get("release", "none")
         return (f"target {self.target_arch}; torch {t.get('version', '-')} (CUDA {t.get('cuda') or '-'}); nvcc {nvcc}; "
                 f"NCCL {env.get('nccl', {}).get('torch') or env.get('nccl', {}).get('wheel') or '-'}; "
-                f"GPUs {len(env.get('gpus', []))}")
+                f"GPUs {len(env.get('gpus', []))}"
+                + (f" ({self.options.get('topology')}, {self.options.get('topology_source', '').split(' (')[0].split(':')[0]})"
+                   if self.options.get("topology") else ""))
 
     def to_markdown(self) -> str:
         lines = [f"# stackprobe report{': ' + self.label if self.label else ''}", "",

@@ -133,6 +133,7 @@ def parse_topology(txt: str) -> dict:
     PIX/PXB/PHB/NODE/SYS cross PCIe."""
     txt = re.sub(r"\x1b\[[0-9;]*m", "", txt)   # nvidia-smi underlines the header with ANSI escapes
     rows = [ln.split() for ln in txt.splitlines() if re.match(r"^\s*GPU\d+\s", ln)]
+    rows = [r for r in rows if "X" in r]        # the matrix rows (the header row lists GPU names only)
     pairs, nv = 0, 0
     for r in rows:
         for cell in r[1:1 + len(rows)]:

@@ -50,6 +50,11 @@ def _fmt_s(seconds: float) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
 
 
+def _clip(text: str, n: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
 def _version_tuple(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
 
@@ -179,11 +184,11 @@ class _Progress:
 
     def failure_excerpt(self, n: int = 25) -> str:
         sid = self.errors[-1] if self.errors else self.current
-        title = self.steps.get(sid, f"#{sid}")
+        title = _clip(self.steps.get(sid, f"#{sid}"), 160)
         lines = list(self.tails.get(sid, []))[-n:]
-        summary = [l for l in self.final if l.startswith(("error:", "ERROR:", "failed to solve", "------"))]
-        body = "\n".join(f"    {l}" for l in lines)
-        tail = "\n".join(f"    {l}" for l in summary[-3:])
+        summary = [l for l in self.final if l.startswith(("error:", "ERROR:", "failed to solve"))]
+        body = "\n".join(f"    {_clip(l, 240)}" for l in lines)
+        tail = "\n".join(f"    {_clip(l, 240)}" for l in summary[-2:])
         return f"failing step: {title}\n{body}" + (f"\n{tail}" if tail else "")
 
 

@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
@@ -168,6 +169,12 @@ def _source_spec(c: Component, tc: Toolchain) -> tuple[list[str], dict[str, str]
     return [], {"src": str(e.path)}
 
 
+def _build_env(knobs: list[Knob]) -> str:
+    """``BUILD_ENV``: space separated ``K=V``, each value shell-quoted (the Dockerfiles run
+    ``eval "export $BUILD_ENV"``), so values with spaces survive."""
+    return " ".join(f"{k.name}={shlex.quote(k.value)}" for k in knobs)
+
+
 def _arch_tag(archs) -> str:
     return "-".join(f"sm{a.number}{a.suffix}" for a in archs)
 
@@ -301,11 +308,7 @@ def make_plan(
                 pk = rules.memory_rule(c.parallelism, res, max_jobs, nvcc_threads)
                 parallel = [k.name for k in pk]
                 knobs = [kn for kn in knobs if kn.name not in parallel] + pk
-            for kn in knobs:
-                if re.search(r"\s", kn.value):
-                    raise UsageError(f"{c.file.name}: knob {kn.name}={kn.value!r} contains whitespace, which the "
-                                     "BUILD_ENV build arg cannot carry; use the knob's other separator.")
-            build_env = " ".join(f"{k.name}={k.value}" for k in knobs)
+            build_env = _build_env(knobs)
             args["PARENT_IMAGE"] = by_name[image_parent].tag
             if e.index:
                 args["PIP_INDEX_URL"] = e.index
@@ -346,7 +349,7 @@ def make_plan(
         hashed_args = dict(args)
         hashed_args.pop("WHEEL_NAMES", None)
         if "BUILD_ENV" in hashed_args:
-            hashed_args["BUILD_ENV"] = " ".join(f"{k.name}={k.value}" for k in knobs if k.name not in parallel)
+            hashed_args["BUILD_ENV"] = _build_env([k for k in knobs if k.name not in parallel])
         if "PARENT_IMAGE" in hashed_args:
             hashed_args["PARENT_IMAGE"] = image_parent   # the parent's hash is hashed below
         ctx_digest = {k: dir_digest(v) for k, v in context.items() if v}

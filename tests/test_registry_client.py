@@ -190,3 +190,60 @@ def test_auth_registry(engine, auth_registry_server, docker_config):
     with pytest.raises(RegistryError, match="refused the credentials"):
         reg.RegistryClient(host, credentials={"Username": "ci-user", "Password": "nope"}).manifest_digest(
             "ci/tiny", "v1")
+
+
+# ----------------------------------------------------------------------------------------- bearer tokens
+def test_bearer_token_flow():
+    """The token flow of the Docker token-auth spec, against a loopback HTTP server that speaks it (Docker Hub
+    and most cloud registries use it; the distribution registry needs a token service and TLS for it)."""
+    import base64
+    import http.server
+    import json
+    import threading
+
+    digest = "sha256:" + "9" * 64
+    seen = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            if self.path.startswith("/token"):
+                seen["token_auth"] = self.headers.get("Authorization")
+                seen["token_query"] = self.path
+                body = json.dumps({"token": "tok-123"}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            else:
+                self.send_response(404)
+                self.end_headers()
+
+        def do_HEAD(self):
+            if self.headers.get("Authorization") != "Bearer tok-123":
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", f'Bearer realm="http://{host}/token",service="reg.test",'
+                                                     'scope="repository:library/debian:pull"')
+                self.end_headers()
+                return
+            seen["accept"] = self.headers.get("Accept")
+            self.send_response(200)
+            self.send_header("Docker-Content-Digest", digest)
+            self.end_headers()
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    host = f"127.0.0.1:{srv.server_address[1]}"
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        client = reg.RegistryClient(host, credentials={"Username": "u", "Password": "p"})
+        assert client.manifest_digest("library/debian", "bookworm") == digest
+        assert seen["token_auth"] == "Basic " + base64.b64encode(b"u:p").decode()
+        assert "service=reg.test" in seen["token_query"] and "scope=repository" in seen["token_query"]
+        assert "application/vnd.docker.distribution.manifest.v2+json" in seen["accept"]
+        assert "application/vnd.oci.image.index.v1+json" in seen["accept"]
+    finally:
+        srv.shutdown()

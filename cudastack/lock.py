@@ -17,7 +17,11 @@ Resolution uses pip's own resolver: ``pip install --dry-run --ignore-installed -
 ``install[].download_info.{url,archive_info.hashes}``), with ``--platform/--python-version/--implementation/
 --abi --only-binary=:all:`` for the image's platform (manylinux tags from the image's glibc, PEP 600), and the
 user's pip configuration switched off (``PIP_CONFIG_FILE=os.devnull``) so only the plan's indexes count.
-Sdist hashes come from the index's JSON simple API (PEP 691), which lists every file's sha256.
+Each install is resolved as it happens in its image: pip keeps an installed distribution that satisfies a
+requirement, so the versions the parent image already holds are passed as constraints wherever they satisfy
+every active requirement of the new closure (:func:`kept_pins`); otherwise pip's newest choice is pinned and a
+warning notes the replacement. Sdist hashes come from the index's JSON simple API (PEP 691), which lists
+every file's sha256.
 
 Locked builds install with ``pip install --require-hashes --no-deps -r <requirements>`` (pip's
 hash-checking mode: every file must match a listed hash, or pip stops and names the package), using

@@ -1,7 +1,7 @@
 """Reading gates from an installed package's source without importing it (Python's ``ast``).
 
 Used where importing a backend is impossible or unsafe (FACTS: ``import flashinfer`` 0.6.16 fails on
-a host with no GPU; sglang needs dozens of dependencies). Every helper returns where it read the
+a host with no GPU; sglang needs dozens of dependencies). Every function here returns where it read the
 value, so a verdict can cite file and function.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""FlashInfer helpers shared by the fusion, PCIe IPC and all-to-all probes: the JIT modules' arch
+"""FlashInfer functions shared by the fusion, PCIe IPC and all-to-all probes: the JIT modules' arch
 lists read with ``ast`` from the installed ``flashinfer/jit/comm.py``, FlashInfer's own arch
 normalisation (a child interpreter), and a compile-only JIT build cached by content.
 """

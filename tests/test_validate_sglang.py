@@ -149,3 +149,14 @@ def test_mscclpp_world_sizes_from_sglang_and_kernels_from_sglang_kernel(venv, sg
     v2 = verdict(run_suite(venv, [sglang, kern], ["--backend", "mscclpp", "--world-size", "2"])[0], "mscclpp")
     assert 2 not in sizes["value"]
     assert v2["status"] == "blocked" and v2["gate"] == "python-table" and "not 2" in v2["cause"]
+
+
+def test_fusion_notes_sglangs_multicast_workspace_preflight(venv, sglang):
+    from validate_support import cuda_home
+    fi74 = pip_target("flashinfer-python==0.7.4")
+    v = verdict(run_suite(venv, [sglang, fi74], ["--backend", "flashinfer-allreduce-fusion"], cuda=cuda_home())[0],
+                "flashinfer-allreduce-fusion")
+    assert v["status"] == "gate-passes"
+    hits = evidence(v, "SGLang fusion workspace preflight queries multicast granularity")["value"]
+    assert hits and hits[0].startswith("sglang/srt/layers/flashinfer_comm_fusion.py:")
+    assert any("multicast" in w and "pcie" in w for w in v["warnings"])

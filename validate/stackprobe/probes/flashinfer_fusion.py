@@ -130,7 +130,42 @@ def probe(ctx) -> list[Verdict]:
             v.status, v.gate, v.lift = BLOCKED, GATE_TOOLCHAIN, LIFT_UNKNOWN
             v.cause = f"compiled objects lack SASS for {target.cc}: {bad}"
             return [v]
+    _sglang_multicast_preflight(v, ctx)
     v.cause = (f"FlashInfer admits major {target.major} for the allreduce-fusion module and targets {' '.join(eff)} "
                f"here; the runtime tier must still measure it (multicast workspace preflight, PCIe)")
     return [v]
+
+
+def _sglang_multicast_preflight(v: Verdict, ctx) -> None:
+    """Where the installed sglang's fusion workspace preflight asks the driver for multicast
+    granularity (``cuMulticastGetGranularity``): on a host without multicast (PCIe) that call fails and
+    SGLang does not create the fusion workspace (FACTS). Adds evidence and, off NVLink, a warning."""
+    import ast
+
+    root = source.package_dir("sglang")
+    if root is None:
+        return
+    layers = root / "srt" / "layers"
+    hits = []
+    for p in source.find_files_containing(layers if layers.is_dir() else root, "cuMulticastGetGranularity"):
+        if "flashinfer" not in p.name:
+            continue
+        try:
+            tree = source.parse(p)
+        except SyntaxError:
+            continue
+        fns = source.functions(tree)
+        for name, fn in fns.items():
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Attribute) and node.attr == "cuMulticastGetGranularity":
+                    parts = p.parts
+                    rel = "/".join(parts[parts.index("sglang"):]) if "sglang" in parts else str(p)
+                    hits.append(f"{rel}:{node.lineno} {name}")
+                    break
+    if hits:
+        v.add("SGLang fusion workspace preflight queries multicast granularity", hits, "sglang source (ast)")
+        if ctx.topology != "nvlink":
+            v.warnings.append("SGLang's fusion workspace preflight asks the driver for multicast granularity "
+                              f"({hits[0]}); on a {ctx.topology} host without multicast it fails and SGLang skips "
+                              "the fusion: the runtime tier decides")
 

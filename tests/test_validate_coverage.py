@@ -11,7 +11,7 @@ import pytest
 from stackprobe.archs import parse_arch
 from stackprobe.coverage import level_for, read_cuobjdump, read_elf, scan_files, scan_package
 
-from validate_support import (CACHE, build_fixture_wheel, cuda_home, cuobjdump, pip_target, run_suite, suite_venv)
+from validate_support import (build_fixture_wheel, cuda_home, cuobjdump, pip_target, run_suite, suite_venv)
 
 pytestmark = pytest.mark.network
 

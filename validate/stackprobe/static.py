@@ -4,7 +4,6 @@ Entry point for other tiers and tools: :func:`run_static` returns a :class:`stac
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 import traceback

@@ -166,3 +166,25 @@ def test_compile_only_jit_build_makes_sm120_objects_and_is_cached_by_content(ven
     assert first["ran"] and first["built"] and not first["cached"]
     assert first["objects"] and all(o["sass"] == ["sm_120f"] and o["level"] == "native" for o in first["objects"])
     assert second["cached"] and not second["ran"] and second["key"] == first["key"]
+
+
+def test_gate_is_read_when_the_package_init_fails(venv, fi, cuda13, tmp_path):
+    """FlashInfer 0.6.16's ``import flashinfer`` fails on a GPU-less host with a CUDA torch (it asks
+    device 0's properties at import). Reproduced by a copy whose ``__init__`` raises (the rest linked to
+    the real package): the gate is still read, from FlashInfer's own submodules."""
+    src = fi["0.6.16"]
+    site = tmp_path / "site"
+    pkg = site / "flashinfer"
+    pkg.mkdir(parents=True)
+    for entry in (src / "flashinfer").iterdir():
+        if entry.name != "__init__.py":
+            (pkg / entry.name).symlink_to(entry)
+    (pkg / "__init__.py").write_text("raise RuntimeError('CUDA error: no CUDA-capable device is detected')\n")
+    for info in src.glob("flashinfer_python-*.dist-info"):
+        (site / info.name).symlink_to(info)
+    report, _ = run_suite(venv, [site], ["--backend", FUSION], cuda=cuda13)
+    v = verdict(report, FUSION)
+    imp = evidence(v, "import flashinfer")
+    assert "no CUDA-capable device" in imp["value"] and "submodules-only" in imp["source"]
+    assert "No supported CUDA architectures found for major versions [9, 10]" in evidence(v, "gen_trtllm_comm_module() raised")["value"]
+    assert v["status"] == "blocked" and v["gate"] == "python-table"

@@ -188,3 +188,16 @@ def test_gate_is_read_when_the_package_init_fails(venv, fi, cuda13, tmp_path):
     assert "no CUDA-capable device" in imp["value"] and "submodules-only" in imp["source"]
     assert "No supported CUDA architectures found for major versions [9, 10]" in evidence(v, "gen_trtllm_comm_module() raised")["value"]
     assert v["status"] == "blocked" and v["gate"] == "python-table"
+
+
+def test_b12x_gate_from_its_own_gating_code(venv, fi, cuda13):
+    """FlashInfer 0.7.4 ships b12x; its vendored gate is_b12x() admits SM120/121 only, and its kernels need
+    nvidia-cutlass-dsl (absent from this venv on purpose)."""
+    r120 = verdict(run_suite(venv, [fi["0.7.4"]], ["--backend", "b12x"], cuda=cuda13)[0], "b12x")
+    assert evidence(r120, "is_b12x() for 12.0")["value"] is True
+    assert "gating.py" in evidence(r120, "is_b12x() for 12.0")["source"]
+    assert r120["status"] == "blocked" and r120["gate"] == "toolchain" and "nvidia-cutlass-dsl" in r120["cause"]
+    r90 = verdict(run_suite(venv, [fi["0.7.4"]], ["--backend", "b12x", "--target-arch", "9.0"], cuda=cuda13)[0], "b12x")
+    assert evidence(r90, "is_b12x() for 9.0")["value"] is False
+    assert r90["status"] == "blocked" and r90["gate"] == "python-table"
+    assert verdict(run_suite(venv, [fi["0.6.16"]], ["--backend", "b12x"], cuda=cuda13)[0], "b12x")["status"] == "skipped"

@@ -12,6 +12,8 @@
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from .. import source
 from ..env import dist_version, effective_nvcc
 from ..isolate import run_task
@@ -59,6 +61,27 @@ def _pcie_ipc(ctx) -> Verdict:
     return v
 
 
+def _b12x_gating(ctx, roots) -> dict:
+    """b12x's own capability gate (``is_b12x`` and ``has_cutlass_dsl`` in its vendored gating module,
+    stdlib-only at import): its source is run in a fresh namespace with ``get_compute_capability``
+    answering the target (no GPU here), then its functions are called."""
+    for root in roots:
+        for p in source.find_files_containing(root, "def is_b12x"):
+            ns: dict = {"__name__": "b12x_gating_probe"}
+            try:
+                exec(compile(p.read_text(), str(p), "exec"), ns)  # noqa: S102 - the installed package's own module
+            except Exception as e:  # noqa: BLE001
+                return {"file": str(p), "error": f"{type(e).__name__}: {e}"}
+            ns["get_compute_capability"] = lambda device=None: (ctx.target.major, ctx.target.minor)
+            out = {"file": str(p), "is_b12x": bool(ns["is_b12x"]())}
+            if "has_cutlass_dsl" in ns:
+                out["min_cutlass_dsl"] = ns.get("MIN_CUTLASS_DSL")
+                out["cutlass_dsl"] = ns["cutlass_dsl_version"]() if "cutlass_dsl_version" in ns else None
+                out["has_cutlass_dsl"] = bool(ns["has_cutlass_dsl"]())
+            return out
+    return {}
+
+
 def _b12x(ctx) -> Verdict:
     v = Verdict("b12x", GATE_PASSES, lift=LIFT_NONE_NEEDED)
     root = source.package_dir("b12x")
@@ -69,6 +92,29 @@ def _b12x(ctx) -> Verdict:
         return v
     provider = f"b12x {dv}" if dv else f"a b12x package shipped by flashinfer-python {fi.version()}" if fi.version() else "unknown distribution"
     v.add("b12x package", str(root.name), provider)
+    roots = [root]
+    fdir = source.package_dir("flashinfer")
+    if fdir is not None and (fdir / "experimental" / "b12x").is_dir():
+        roots.append(fdir / "experimental" / "b12x")   # where FlashInfer's b12x alias package points
+    gate = _b12x_gating(ctx, roots)
+    if gate:
+        parts = Path(gate["file"]).parts
+        rel = "/".join(parts[parts.index("b12x") - (2 if "experimental" in parts else 0):]) if "b12x" in parts else gate["file"]
+        v.add(f"is_b12x() for {ctx.target.cc}", gate.get("is_b12x", gate.get("error")), f"{rel} (its own code, capability answered)")
+        if "has_cutlass_dsl" in gate:
+            v.add("nvidia-cutlass-dsl (b12x's JIT compiler)", {"installed": gate["cutlass_dsl"], "minimum": gate["min_cutlass_dsl"]}, rel)
+        if gate.get("is_b12x") is False:
+            v.status, v.gate, v.lift = BLOCKED, GATE_PYTHON, LIFT_UNKNOWN
+            v.cause = f"b12x's own gate is_b12x() refuses compute capability {ctx.target.cc} (it targets SM120/SM121)"
+            return v
+        if gate.get("has_cutlass_dsl") is False:
+            v.status, v.gate, v.lift = BLOCKED, GATE_TOOLCHAIN, LIFT_PACKAGE
+            v.cause = (f"b12x needs nvidia-cutlass-dsl >= {gate['min_cutlass_dsl']} (its kernels are CuTe DSL, JIT-compiled); "
+                       f"installed: {gate['cutlass_dsl'] or 'none'}")
+            v.lift_detail = f"pip install 'nvidia-cutlass-dsl>={gate['min_cutlass_dsl']}' (flashinfer-python[b12x])"
+            return v
+    else:
+        v.add("b12x gating module", None, "no `def is_b12x` found in the installed source")
     o = run_task("import_module", {"module": "b12x"}, timeout=ctx.timeout)
     res = o.value if o.ok else {"imported": False, "error": o.error}
     v.add("import b12x", "ok" if res.get("imported") else res.get("error"), "child interpreter")
@@ -77,7 +123,7 @@ def _b12x(ctx) -> Verdict:
         v.lift_detail = "install its dependencies (flashinfer-python[b12x]: nvidia-cutlass-dsl, torch>=2.12)"
         return v
     v.status, v.gate, v.lift = SKIPPED, GATE_NEEDS_RUNTIME, LIFT_UNKNOWN
-    v.cause = "b12x imports; it has no static arch table to read: the runtime tier decides"
+    v.cause = "b12x admits the target and imports; a PCIe-native design whose speed only the runtime tier can tell"
     return v
 
 

@@ -60,6 +60,8 @@ def test_c9_flashinfer_0_7_4_gate_passes(c9_reports):
     assert "not run" in evidence(v, "compile-only JIT build")["value"]        # opt-in: CI stays fast
     pcie = verdict(c9_reports["0.7.4"], "flashinfer-pcie-ipc-allreduce")
     assert pcie["status"] == "gate-passes"
+    sizes = evidence(pcie, "PcieIpcAllReduceWorkspace supported world sizes")
+    assert 8 in sizes["value"] and sizes["source"].startswith("flashinfer/comm/pcie_ipc_ar.py:")
     assert verdict(c9_reports["0.6.16"], "flashinfer-pcie-ipc-allreduce")["status"] == "skipped"
 
 

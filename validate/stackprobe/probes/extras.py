@@ -44,6 +44,18 @@ def _pcie_ipc(ctx) -> Verdict:
         v.lift_detail = "a flashinfer-python release with flashinfer.comm.PcieIpcAllReduceWorkspace (0.7.4 has it)"
         return v
     try:
+        ws_path = next(iter(source.find_files_containing(source.module_file("flashinfer.comm").parent,
+                                                         "class PcieIpcAllReduceWorkspace")), None)
+        if ws_path is not None:
+            sizes, line = source.module_assignment(ws_path, "_SUPPORTED_WORLD_SIZES")
+            v.add("PcieIpcAllReduceWorkspace supported world sizes", sorted(sizes), f"flashinfer/comm/{ws_path.name}:{line} (ast)")
+            if ctx.world_size not in sizes:
+                v.status, v.gate, v.lift = BLOCKED, GATE_PYTHON, LIFT_PACKAGE
+                v.cause = f"PcieIpcAllReduceWorkspace supports world sizes {sorted(sizes)}, not {ctx.world_size}"
+                return v
+    except (source.SourceNotFound, ValueError, SyntaxError, TypeError) as e:
+        v.add("PcieIpcAllReduceWorkspace supported world sizes", None, f"unreadable: {e}")
+    try:
         majors, where = fi.module_majors("gen_pcie_ipc_comm_module")
         v.add("gen_pcie_ipc_comm_module supported majors", majors if majors is not None else "unrestricted", where)
         if majors is not None and ctx.target.major not in majors:

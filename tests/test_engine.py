@@ -119,7 +119,12 @@ class _StubEngine:
         return "/var/lib/docker", self.free
 
 
-def test_too_little_disk_is_refused_before_building(tmp_path):
+def test_too_little_disk_is_refused_before_building(tmp_path, monkeypatch):
+    import shutil as _shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(_shutil, "disk_usage", lambda p: usage(1 << 40, 0, 1 << 40))   # the state dir: plenty
     plan = make_plan(None, "13.1", resources=Resources(2, 24.0))
     cached = {n.name: False for n in plan.nodes}
     with pytest.raises(EnvironmentError_) as e:

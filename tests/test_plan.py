@@ -57,7 +57,7 @@ def test_13_1_plan_is_the_full_dag_with_flash_attn_last_before_runtime():
     assert set(p.node("runtime").parents) == {"torch", "flash-attn", "sgl-kernel", "flashinfer"}
     assert p.base_kind == "pip" and p.nodes[0].kind == "base-pip"
     assert p.node("torch").build_args["PIP_SPECS"] == "torch==2.14.1"
-    assert p.node("runtime").build_args["PIP_SPECS"] == "sglang==0.5.23"
+    assert p.node("runtime").build_args["PIP_SPECS"] == "sglang==0.5.23 torchvision==0.29.2"
     assert p.node("sgl-kernel").build_args["PIP_SPECS"] == "sglang-kernel==0.4.10"
     for n in p.nodes[1:]:
         assert n.build_args["PARENT_IMAGE"] == p.node(n.parents[0]).tag

@@ -29,8 +29,10 @@ Per kind (the executor and the Dockerfiles must agree on these names):
 * ``wheels``:      ``METHOD`` ("wheel": ``pip download --no-deps``; "source": ``pip wheel --no-deps
                    --no-build-isolation`` from an sdist/git ref), ``PIP_SPECS``, ``BUILD_ENV`` (the
                    component's knobs, e.g. ``MAX_JOBS=1 NVCC_THREADS=2 FLASH_ATTN_CUDA_ARCHS=120``),
-                   ``SOURCE_DIR`` ("src" for a recipe whose source is a local folder: the executor copies
-                   that folder into the build context as ``src/`` and leaves ``PIP_SPECS`` empty).
+                   ``SOURCE_DIR`` ("src" for a recipe whose source is a local folder, or an sdist with
+                   ``patches``: the executor copies the folder, or fetches the pinned sdist (sha256 checked
+                   against the index), unpacks and patches it, into the build context as ``src/`` and
+                   leaves ``PIP_SPECS`` empty).
                    Stage ``builder`` holds ``/wheels``; stage ``wheels`` (FROM scratch) holds only the
                    wheels and is exported with ``--output type=local``. The executor exports first, moves
                    the wheels into the wheelhouse, then builds ``--target builder -t <tag>`` (a BuildKit

@@ -40,6 +40,7 @@ SYSTEM_CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/c
 DAEMON_HINT = ("Start one: `sudo dockerd &` (or `sudo systemctl start docker`), or point DOCKER_HOST at a "
                "running engine. On Debian/Ubuntu `sudo apt-get install docker.io` installs one.")
 _STEP = re.compile(r"^#(\d+) (\[[^\]]+\] .*|\S.*)$")
+_COUNTER = re.compile(r"^\d+\.\d+\s+\[(\d+)/(\d+)\] ")   # ninja / CMake progress inside a RUN step
 Say = Callable[[str], None]
 
 
@@ -145,6 +146,7 @@ class BuildResult:
     log: str
     steps: int = 0
     cached_steps: int = 0
+    counter: str = ""
 
 
 @dataclass
@@ -157,6 +159,7 @@ class _Progress:
     errors: list = field(default_factory=list)
     current: str = ""
     last_line: str = ""
+    counter: str = ""               # "12/73": the last ninja-style progress counter seen
     final: deque = field(default_factory=lambda: deque(maxlen=40))
 
     def feed(self, line: str) -> bool:
@@ -180,6 +183,9 @@ class _Progress:
             self.current = sid
             if not re.match(r"^(DONE|CACHED|extracting|sha256|transferring|writing|naming|exporting)", rest):
                 self.last_line = re.sub(r"^\d+\.\d+ ", "", rest)
+                c = _COUNTER.match(rest)
+                if c:
+                    self.counter = f"{c.group(1)}/{c.group(2)}"
         return new
 
     def failure_excerpt(self, n: int = 25) -> str:
@@ -298,7 +304,8 @@ class Engine:
         def status() -> str:
             step = prog.steps.get(prog.current, "starting")
             last = f" | {prog.last_line[:70]}" if prog.last_line else ""
-            return f"  [{name}] {_fmt_s(time.monotonic() - t0)} {step[:80]}{last}"
+            count = f" (compiled {prog.counter})" if prog.counter else ""
+            return f"  [{name}] {_fmt_s(time.monotonic() - t0)}{count} {step[:80]}{last}"
 
         def heartbeat() -> None:
             interval = 1.0 if tty else 60.0
@@ -341,7 +348,7 @@ class Engine:
         dur = time.monotonic() - t0
         if rc != 0:
             raise _build_error(name, dur, rc, log_path, prog)
-        return BuildResult(dur, str(log_path), len(prog.steps), len(prog.cached))
+        return BuildResult(dur, str(log_path), len(prog.steps), len(prog.cached), prog.counter)
 
 
 def _build_error(name: str, dur: float, rc: int, log_path: Path, prog: _Progress) -> BuildError:

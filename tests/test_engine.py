@@ -90,6 +90,7 @@ SAMPLE_LOG = """#1 [internal] load build definition from wheels.Dockerfile
 #5 CACHED
 #6 [builder 3/3] RUN nvcc -c kernel.cu
 #6 0.512 compiling kernel.cu
+#6 0.900   [1/73] ccache c++ -c flash_api.cpp
 #6 1.204 kernel.cu(3): error: identifier "foo" is undefined
 #6 1.210 1 error detected
 #6 ERROR: process "/bin/sh -c nvcc -c kernel.cu" did not complete successfully: exit code: 2
@@ -104,6 +105,7 @@ def test_progress_parser_finds_the_failing_step():
     p = _Progress()
     new_steps = [p.feed(line) for line in SAMPLE_LOG.splitlines()]
     assert sum(new_steps) == 3 and p.cached == {"5"}
+    assert p.counter == "1/73"
     ex = p.failure_excerpt()
     assert "failing step: [builder 3/3] RUN nvcc -c kernel.cu" in ex
     assert 'identifier "foo" is undefined' in ex and "failed to solve" in ex

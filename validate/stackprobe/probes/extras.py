@@ -134,7 +134,7 @@ def _b12x(ctx) -> Verdict:
         v.status, v.cause, v.lift = ERROR, f"import b12x failed: {res.get('error')}", LIFT_PACKAGE
         v.lift_detail = "install its dependencies (flashinfer-python[b12x]: nvidia-cutlass-dsl, torch>=2.12)"
         return v
-    v.status, v.gate, v.lift = SKIPPED, GATE_NEEDS_RUNTIME, LIFT_UNKNOWN
+    v.status, v.gate, v.lift = GATE_PASSES, "", LIFT_NONE_NEEDED
     v.cause = "b12x admits the target and imports; a PCIe-native design whose speed only the runtime tier can tell"
     return v
 
@@ -186,9 +186,14 @@ def _mscclpp(ctx) -> Verdict:
         v.status, v.gate, v.lift = BLOCKED, GATE_BINARY, LIFT_REBUILD
         v.cause = f"{dist}'s common_ops (which holds SGLang's mscclpp ops) has no SASS for {ctx.target.cc}"
         return v
-    v.status, v.gate, v.lift = SKIPPED, GATE_NEEDS_RUNTIME, LIFT_UNKNOWN
-    v.cause = ("present; its single-node one-shot LL kernel writes to all peers and NVLS algorithms need multicast: "
-               f"on {ctx.topology} at world size {ctx.world_size} only the runtime tier can tell")
+    if path is None:   # a standalone mscclpp with no SGLang integration to read gates from
+        v.status, v.gate, v.lift = SKIPPED, GATE_NEEDS_RUNTIME, LIFT_UNKNOWN
+    else:
+        v.status, v.gate, v.lift = GATE_PASSES, "", LIFT_NONE_NEEDED
+    v.cause = ("SGLang admits the world size and the kernels carry the target; but its single-node one-shot LL kernel "
+               f"writes to all peers and NVLS algorithms need multicast: on {ctx.topology} at world size "
+               f"{ctx.world_size} only the runtime tier can tell" if path is not None else
+               "installed without SGLang's integration; whether it works on the target is for the runtime tier")
     return v
 
 

@@ -35,6 +35,7 @@ def test_fixture_chain_lock_build_push_pull(tmp_path, registry_server, docker_co
     path = tmp_path / "lockfiles" / "13.1.lock.yaml"
     lock = L.lock_plan(plan, path, client=docker.from_env())
     assert lock["nodes"]["base"]["os_image"]["image_id"].startswith("sha256:")
+    assert lock["resolver"]["glibc"] == "2.36"          # asked of the bootstrapped bookworm image itself
     cuda = lock["nodes"]["base"]["installs"]["CUDA_PIP_SPECS"]["packages"]
     assert {"cuda-toolkit", "nvidia-cuda-nvcc"} <= {p["name"] for p in cuda}
     assert lock["nodes"]["cuda-ext"]["paths"][0]["sha256"]

@@ -26,8 +26,9 @@ State folder layout (default ``.stack/``)::
 Build record (JSON): ``{"format": 1, "run_id", "toolchain", "cuda_version", "archs", "base", "status"
 ("ok" | "failed"), "started", "finished" (UTC ISO 8601), "duration_s", "docker_builds" (how many docker
 builds were issued), "wheelhouse", "nodes": [{"name", "kind", "method", "hash", "tag", "status" ("built" |
-"skipped" | "failed" | "not reached"), "duration_s", "image_id", "size_bytes", "log", "wheels": {file:
-sha256}, "knobs": {name: value}}], "error"}``.
+"skipped" | "failed" | "interrupted" | "not reached"), "duration_s", "image_id", "size_bytes", "log",
+"wheels": {file: sha256}, "knobs": {name: value}, "compiled" (the last ninja counter of a node that did not
+finish, e.g. "12/73"), "sdist" (a patched sdist's file, sha256 and patches)}], "error"}``.
 """
 from __future__ import annotations
 
@@ -402,8 +403,20 @@ def run_build(
         except StackError as exc:
             entry["status"] = "failed"
             entry["duration_s"] = round(time.monotonic() - t0, 1)
+            if getattr(exc, "counter", ""):
+                entry["compiled"] = exc.counter
             error = exc
             record["error"] = str(exc)
+        except KeyboardInterrupt as exc:
+            # stopped from outside (Ctrl-C, SIGTERM): record how far the node got, then stop
+            entry["status"] = "interrupted"
+            entry["duration_s"] = round(time.monotonic() - t0, 1)
+            if getattr(exc, "counter", ""):
+                entry["compiled"] = exc.counter
+            error = BuildError(f"Interrupted while building {node.name} after {_fmt_s(entry['duration_s'])}"
+                               + (f" (compiled {entry['compiled']})" if entry.get("compiled") else "")
+                               + f"; rerun to resume from the cached nodes. Log: {entry['log']}")
+            record["error"] = str(error)
         finally:
             if tmp_out is not None:
                 shutil.rmtree(tmp_out, ignore_errors=True)

@@ -330,13 +330,15 @@ class Engine:
                 assert proc.stdout is not None
                 for line in proc.stdout:
                     log.write(line)
+                    log.flush()          # `tail -f` on the log follows the build
                     line = line.rstrip("\n")
                     if prog.feed(line) and not tty and not prog.steps[prog.current].startswith("[internal]"):
                         say(status())
                 rc = proc.wait()
-            except KeyboardInterrupt:
-                proc.terminate()
+            except KeyboardInterrupt as exc:
+                proc.terminate()       # the CLI closes its BuildKit session: the solve is cancelled, nothing tagged
                 proc.wait()
+                exc.counter = prog.counter  # type: ignore[attr-defined]
                 raise
             finally:
                 stop.set()
@@ -356,6 +358,7 @@ def _build_error(name: str, dur: float, rc: int, log_path: Path, prog: _Progress
     # keep the excerpt's line breaks (StackError joins whitespace in the one-paragraph message)
     err.excerpt = prog.failure_excerpt()
     err.log_path = str(log_path)
+    err.counter = prog.counter
     err.args = (f"{err.args[0]}\n{err.excerpt}",)
     return err
 

@@ -37,6 +37,17 @@ def _int(flag: str, value) -> int | None:
         raise UsageError(f"--{flag} {value!r}: give a whole number.") from None
 
 
+def _sigterm_as_interrupt() -> None:
+    """SIGTERM (a stopped session or service) becomes KeyboardInterrupt, so the running docker build is
+    cancelled and the build record says how far it got."""
+    import signal
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def _fail(exc: StackError):
     raise Exit(f"error: {exc}", code=exc.exit_code)
 
@@ -74,6 +85,7 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
             lock_file = L.lock_path(plan.toolchain)
             L.prepare_locked_build(plan, lock_file, client=engine.client)
             print(f"locked build: {lock_file} verified against the plan", file=sys.stderr)
+        _sigterm_as_interrupt()
         record = run_build(plan, state_dir=state_dir, ca_bundle=ca_bundle, engine=engine)
         if lock_file is not None:
             L.record_build_outputs(lock_file, record)

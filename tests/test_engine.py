@@ -222,3 +222,42 @@ def test_patched_sdist_unpacks_and_refuses_a_stale_patch(tmp_path):
     with pytest.raises(BuildError, match="matches nothing"):
         unpack_patched(archive, out / "src2", [{"file": "setup.py", "replace": "-std=c++14", "with": "x"}])
     assert not (out / "src2").exists()
+
+
+@docker_only
+def test_real_build_interrupted_by_sigterm_is_cancelled_and_untagged(tmp_path):
+    """SIGTERM during a build (as when a session or CI job is stopped): the docker build is cancelled,
+    nothing is tagged, and the caller sees KeyboardInterrupt (which run_build records as 'interrupted')."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from cudastack.bootstrap import bootstrap_os_image
+
+    bootstrap_os_image("bookworm", tag="cudastack/debian:bookworm")
+    df = tmp_path / "Dockerfile"
+    df.write_text(f"FROM cudastack/debian:bookworm\nRUN echo {uuid.uuid4().hex} && sleep 300\n")
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    tag = f"cudastack-test/engine-interrupt:{uuid.uuid4().hex[:8]}"
+    script = (
+        "import signal, sys\n"
+        "from cudastack.engine import Engine\n"
+        "from cudastack.tasks_build import _sigterm_as_interrupt\n"
+        "_sigterm_as_interrupt()\n"
+        "try:\n"
+        f"    Engine.connect().build(name='sleepy', log_path={str(tmp_path / 'i.log')!r}, say=print, "
+        f"context={str(ctx)!r}, dockerfile={str(df)!r}, tag={tag!r})\n"
+        "except KeyboardInterrupt:\n"
+        "    print('INTERRUPTED'); sys.exit(3)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "i.log"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (log.exists() and "sleep 300" in log.read_text(errors="replace")):
+        time.sleep(1)                                   # the engine flushes each log line as it comes
+    time.sleep(2)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 3 and "INTERRUPTED" in out, out
+    assert not Engine.connect().exists(tag)

@@ -66,5 +66,6 @@ def test_fixture_chain_lock_build_push_pull(tmp_path, registry_server, docker_co
     finally:
         try:
             client.images.get(pushed.reference).tag(*runtime.tag.rsplit(":", 1))
+            client.images.remove(pushed.reference)        # drop the registry's name, keep the image
         except Exception:  # noqa: BLE001
             pass

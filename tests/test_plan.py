@@ -8,11 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from cudastack.errors import ArchError, UsageError
 from cudastack.plan import PROJECT_ROOT, content_hash, make_plan, render_plan
-from cudastack.recipes import DEFAULT_RECIPES_DIR, load_recipes
+from recipe_support import edit
 from cudastack.rules import Resources
 
 SMALL = Resources(2, 24.0, "test: 2 cores, 24 GiB")   # the C8 builder
@@ -33,17 +32,6 @@ def hashes(p):
     return {n.name: n.hash for n in p.nodes}
 
 
-@pytest.fixture
-def recipes_copy(tmp_path):
-    dst = tmp_path / "recipes"
-    shutil.copytree(DEFAULT_RECIPES_DIR, dst)
-    return dst
-
-
-def edit(path: Path, fn) -> None:
-    data = yaml.safe_load(path.read_text())
-    fn(data)
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
 # ------------------------------------------------------------------------------------- DAG shape

@@ -6,26 +6,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-import yaml
 
 from cudastack.errors import RecipeError, UsageError
-from cudastack.recipes import DEFAULT_RECIPES_DIR, load_recipes
+from cudastack.recipes import load_recipes
+from recipe_support import edit
 
 FIXTURE_RECIPES = Path(__file__).parent / "fixtures" / "recipes"
 
 
-@pytest.fixture
-def recipes_copy(tmp_path):
-    """A writable copy of the real recipes folder."""
-    dst = tmp_path / "recipes"
-    shutil.copytree(DEFAULT_RECIPES_DIR, dst)
-    return dst
-
-
-def edit(path: Path, fn) -> None:
-    data = yaml.safe_load(path.read_text())
-    fn(data)
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
 def test_real_recipes_load_with_both_toolchains_and_every_component():

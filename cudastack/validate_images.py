@@ -170,7 +170,9 @@ def validate_many(images: list[str], target_arch: str = "12.0", *, out_dir: str 
     if out_dir:
         out = Path(out_dir)
         for r, name in zip(reports, images or ["current-environment"]):
-            r.write_json(out / f"{safe_name(name)}.json")
+            dest = out / f"{safe_name(name)}.json"
+            r.write_json(dest)
+            say(f"report: {dest}")
     if len(reports) == 1:
         return reports, reports[0].to_markdown()
     return reports, comparison_markdown(reports, images)

@@ -14,3 +14,22 @@ def recipes_copy(tmp_path):
     dst = tmp_path / "recipes"
     shutil.copytree(DEFAULT_RECIPES_DIR, dst)
     return dst
+
+
+@pytest.fixture
+def docker_engine_scratch():
+    """``(client, made)``: a docker SDK client to a live engine (skip when none answers) and a list the test
+    appends image references to; every reference in it is removed afterwards."""
+    docker = pytest.importorskip("docker")
+    try:
+        c = docker.from_env()
+        c.ping()
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"no Docker engine: {exc}")
+    made: list[str] = []
+    yield c, made
+    for ref in made:
+        try:
+            c.images.remove(ref, force=True)
+        except Exception:  # noqa: BLE001
+            pass

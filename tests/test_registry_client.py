@@ -84,20 +84,8 @@ def _tiny_image(client, name: str) -> str:
 
 
 @pytest.fixture
-def engine():
-    docker = pytest.importorskip("docker")
-    try:
-        c = docker.from_env()
-        c.ping()
-    except Exception as exc:  # noqa: BLE001
-        pytest.skip(f"no Docker engine: {exc}")
-    made = []
-    yield c, made
-    for ref in made:
-        try:
-            c.images.remove(ref, force=True)
-        except Exception:  # noqa: BLE001
-            pass
+def engine(docker_engine_scratch):
+    return docker_engine_scratch
 
 
 @pytest.mark.docker

@@ -24,20 +24,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.registry]
 
 
 @pytest.fixture
-def engine():
-    docker = pytest.importorskip("docker")
-    try:
-        c = docker.from_env()
-        c.ping()
-    except Exception as exc:  # noqa: BLE001
-        pytest.skip(f"no Docker engine: {exc}")
-    made: list[str] = []
-    yield c, made
-    for ref in made:
-        try:
-            c.images.remove(ref, force=True)
-        except Exception:  # noqa: BLE001
-            pass
+def engine(docker_engine_scratch):
+    return docker_engine_scratch
 
 
 def chain(index_url: str, spec: str = "tinyapp==1.0") -> Plan:

@@ -89,8 +89,8 @@ def bake_dict(plan, *, contexts: dict[str, str], dockerfiles: dict[str, str], wh
 def write_bake(plan, out_path: str | Path, *, state_dir: str | Path = ".stack", lock: Optional[dict] = None,
                ca_secret: bool = True) -> dict:
     """Write ``docker-bake.json`` for ``plan`` to ``out_path`` (atomically) and materialise each node's build
-    context under ``<out dir>/ctx/<node>``. With ``lock`` (a verified lock), every target also gets the
-    locked build args (:func:`cudastack.lock.locked_build_args`). Returns the bake dict. Raises UsageError
+    context under ``<out dir>/ctx/<node>``. With ``lock`` (a verified lock), the plan becomes its locked
+    build first (:func:`cudastack.lock.apply_lock`: locked build args and tags). Returns the bake dict. Raises UsageError
     when ``out_path`` is not a ``.json`` file."""
     from cudastack.build import Wheelhouse, _abs_dockerfile, _make_context
 
@@ -102,6 +102,9 @@ def write_bake(plan, out_path: str | Path, *, state_dir: str | Path = ".stack", 
     ctx_root = root / "ctx"
     wheelhouse = Wheelhouse(Path(state_dir).resolve() / plan.wheelhouse)
     contexts, dockerfiles, outputs, extra, names = {}, {}, {}, {}, {}
+    if lock is not None:
+        from cudastack.lock import apply_lock
+        apply_lock(plan, lock)       # locked build args, tags and the runtime's WHEELS_LOCKED
     for node in plan.nodes:
         ctx, made = _make_context(ctx_root, node, wheelhouse, plan)
         if "WHEEL_NAMES" in made:
@@ -115,9 +118,6 @@ def write_bake(plan, out_path: str | Path, *, state_dir: str | Path = ".stack", 
         contexts[node.name] = os.path.relpath(final, root)
         dockerfiles[node.name] = "Dockerfile"
         outputs[node.name] = os.path.relpath(Path(wheelhouse.path) / "export" / target_name(node.name), root)
-        if lock is not None:
-            from cudastack.lock import locked_build_args
-            extra[node.name].update(locked_build_args(lock, node))
     data = bake_dict(plan, contexts=contexts, dockerfiles=dockerfiles, wheel_outputs=outputs, wheel_names=names,
                      extra_args=extra, ca_secret=ca_secret)
     write_atomic(out_path, json.dumps(data, indent=2) + "\n")

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Callable
 
 from cudastack.engine import Engine, _fmt_s, resolve_ca_bundle
-from cudastack.errors import BuildError, EnvironmentError_, StackError
+from cudastack.errors import BuildError, EnvironmentError_, LockError, StackError
 from cudastack.plan import BuildPlan, PlannedNode, render_plan
 
 RECORD_FORMAT = 1
@@ -244,6 +244,15 @@ def _make_context(ctx_root: Path, node: PlannedNode, wheelhouse: Wheelhouse, pla
     if node.sdist:
         archive, digest = fetch_sdist(node.sdist["package"], node.sdist["version"], ctx_root.parent / "sdists",
                                       index=node.sdist.get("index", ""), ca_bundle=ca_bundle, say=say)
+        pinned = node.sdist.get("sha256_locked")
+        if pinned is not None and pinned.get(archive.name) != digest:
+            raise LockError(
+                f"The sdist {archive.name} of node {node.name} has sha256 {digest}, but the lock "
+                f"(nodes.{node.name}.sdists) pins "
+                + (f"{pinned[archive.name]}" if archive.name in pinned else f"only {', '.join(pinned) or 'nothing'}")
+                + ". The index serves another file than the one that was locked: investigate before trusting it; "
+                "if the new file is intended, refresh the lock with `invoke lock` and review the diff. "
+                "Nothing was built.")
         unpack_patched(archive, ctx / "src", node.sdist.get("patches", []))
         extra["_sdist"] = {"file": archive.name, "sha256": digest, "patches": node.sdist.get("patches", [])}
     for sub, src in node.context.items():
@@ -267,7 +276,51 @@ def _make_context(ctx_root: Path, node: PlannedNode, wheelhouse: Wheelhouse, pla
                     shutil.copy2(src, wh / fname)
                 names.append(fname)
         extra["WHEEL_NAMES"] = " ".join(names)
+        if node.build_args.get("PIP_SPECS_LOCKED"):
+            extra["WHEELS_LOCKED"] = wheels_locked(node.build_args["PIP_SPECS_LOCKED"], names, wheelhouse, plan, node)
     return ctx, extra
+
+
+def wheels_locked(closure_text: str, names: list[str], wheelhouse: "Wheelhouse", plan: BuildPlan,
+                  node: PlannedNode) -> str:
+    """The runtime's ``WHEELS_LOCKED`` build arg: one ``/wheelhouse/<file> --hash=sha256:<digest>`` line per
+    wheelhouse wheel whose project the locked closure (``closure_text``: ``name==version --hash=...`` lines)
+    does not name, i.e. wheels built from source; the digest is the one recorded when the wheel node exported
+    it. Wheels the closure names are installed by ``name==version`` with the lock's hash (pip finds them in
+    /wheelhouse through --find-links), so their bytes must be the locked ones."""
+    from packaging.utils import canonicalize_name
+
+    in_closure = {canonicalize_name(ln.split("==", 1)[0]) for ln in closure_text.splitlines()
+                  if "==" in ln and not ln.lstrip().startswith("#")}
+    recorded: dict[str, str] = {}
+    for p in node.parents:
+        if plan.node(p).kind == "wheels":
+            recorded.update((wheelhouse.entry(p) or {}).get("wheels", {}))
+    lines = []
+    for fname in names:
+        if canonicalize_name(fname.split("-", 1)[0]) in in_closure:
+            continue
+        lines.append(f"/wheelhouse/{fname} --hash=sha256:{recorded[fname]}")
+    return "\n".join(lines)
+
+
+def locked_failure(node: str, log: Path) -> LockError | None:
+    """When a locked build's log shows pip's hash-checking refusal, a LockError naming each package whose file
+    differs from the lock (:func:`cudastack.lock.explain_pip_hash_failure`), the node and the log; else None.
+    BuildKit's plain progress prefixes every line of a step with ``#<step> <seconds>``; it is stripped first."""
+    import re
+
+    from cudastack.lock import explain_pip_hash_failure
+
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return None
+    text = re.sub(r"(?m)^#\d+ \d+\.\d+ ", "", text)
+    err = explain_pip_hash_failure(text)
+    if err is None:
+        return None
+    return LockError(f"Locked build of {node}: {err} Log: {log}")
 
 
 def _preflight_disk(engine: Engine, plan: BuildPlan, cached: dict[str, bool], state_dir: Path, say: Say) -> float:
@@ -401,6 +454,8 @@ def run_build(
             wheels = f", wheels: {', '.join(entry['wheels'])}" if entry["wheels"] else ""
             say(f"[{i}/{len(plan.nodes)}] {node.name}: built in {_fmt_s(entry['duration_s'])}{size}{wheels}")
         except StackError as exc:
+            if isinstance(exc, BuildError) and getattr(plan, "locked", False):
+                exc = locked_failure(node.name, log) or exc
             entry["status"] = "failed"
             entry["duration_s"] = round(time.monotonic() - t0, 1)
             if getattr(exc, "counter", ""):

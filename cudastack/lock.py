@@ -478,8 +478,8 @@ _ARG_DEFAULT_RE = re.compile(r"^\s*ARG\s+([A-Z0-9_]*PIP_SPECS)\s*=\s*(\"[^\"]*\"
 
 def node_installs(node) -> dict[str, dict]:
     """The pip installs a plan node runs, keyed by the build arg holding the requirements:
-    ``{"CUDA_PIP_SPECS": {"specs": [...], "no_deps": False}, ...}``. Build args ending in ``PIP_SPECS``,
-    plus ``ARG X_PIP_SPECS=default`` lines of the node's Dockerfile that the plan does not override.
+    ``{"CUDA_PIP_SPECS": {"specs": [...], "no_deps": False}, ...}``. Build args ending in ``PIP_SPECS``
+    and a source build's ``BUILD_DEPS`` (its build backend, installed with dependencies), plus ``ARG X_PIP_SPECS=default`` lines of the node's Dockerfile that the plan does not override.
     Wheel nodes fetch with ``--no-deps``; source nodes (sdist/git/path) are pinned separately."""
     out: dict[str, dict] = {}
     df = (node.inputs or {}).get("dockerfile", "")
@@ -488,11 +488,11 @@ def node_installs(node) -> dict[str, dict]:
         if name not in node.build_args and val.split():
             out[name] = {"specs": val.split(), "no_deps": False}
     for name, val in node.build_args.items():
-        if not name.endswith("PIP_SPECS") or not val.split():
+        if not (name.endswith("PIP_SPECS") or name == "BUILD_DEPS") or not val.split():
             continue
         if node.kind == "wheels" and node.method == "source" and name == "PIP_SPECS":
             continue
-        out[name] = {"specs": val.split(), "no_deps": node.kind == "wheels"}
+        out[name] = {"specs": val.split(), "no_deps": node.kind == "wheels" and name != "BUILD_DEPS"}
     return dict(sorted(out.items()))
 
 
@@ -747,7 +747,8 @@ def stale_entries(plan, lock: dict, *, client=None) -> list[str]:
                                f"lock pins {str(rec.get('image_id'))[:19]} (the OS image was bootstrapped again)")
         if node.kind == "base-nvidia":
             ref = node.build_args.get("BASE_IMAGE", "")
-            if (e.get("base_image") or {}).get("ref") != ref:
+            rec = e.get("base_image") or {}
+            if ref not in (rec.get("ref"), rec.get("reference") if getattr(plan, "locked", False) else None):
                 out.append(f"nodes.{node.name}.base_image.ref: the lock has {(e.get('base_image') or {}).get('ref')}, "
                            f"the plan uses {ref}")
     skipped = set(getattr(plan, "skipped", []) or [])
@@ -789,20 +790,56 @@ def sdist_requirements_text(lock: dict, node: str) -> str:
 
 
 def locked_build_args(lock: dict, node) -> dict[str, str]:
-    """Build args a locked build of ``node`` (a plan Node) adds: for each pip install ``X_PIP_SPECS``,
-    ``X_PIP_SPECS_LOCKED`` = the hash-checking requirements text (:func:`requirements_text`); for source
-    sdists ``SDIST_LOCKED``; for an NVIDIA base ``BASE_IMAGE`` = ``name@sha256:...``. The Dockerfile writes a
-    ``*_LOCKED`` text to a file and runs ``pip install --require-hashes --no-deps -r`` on it when it is not
-    empty. Call :func:`verify_plan_against_lock` first."""
+    """Docker build args a locked build of ``node`` (a plan Node) adds: for each pip install ``X`` (a build arg
+    ``X_PIP_SPECS`` or ``BUILD_DEPS``), ``X_LOCKED`` = the hash-checking requirements text
+    (:func:`requirements_text`); for an NVIDIA base ``BASE_IMAGE`` = ``name@sha256:...``. Each component
+    Dockerfile (images/*.Dockerfile) writes a non-empty ``*_LOCKED`` text to a file and runs
+    ``pip install --require-hashes --no-deps -r`` on it (``pip download`` for wheel nodes) instead of the
+    unlocked install. Sdists are checked on the host (:func:`locked_sdist_sha256`). Call
+    :func:`verify_plan_against_lock` first."""
     e = (lock.get("nodes") or {}).get(node.name)
     if e is None:
         raise LockError(f"The lock has no node {node.name}. {_refresh(lock)}")
     args = {f"{arg}_LOCKED": requirements_text(lock, node.name, arg) for arg in (e.get("installs") or {})}
-    if e.get("sdists"):
-        args["SDIST_LOCKED"] = sdist_requirements_text(lock, node.name)
     if e.get("base_image"):
         args["BASE_IMAGE"] = e["base_image"]["reference"]
     return args
+
+
+def locked_sdist_sha256(lock: dict, node: str) -> dict[str, str]:
+    """{sdist file name: sha256} the lock pins for a source node (empty when it pins none)."""
+    return {p["filename"]: p["sha256"] for p in ((lock.get("nodes") or {}).get(node) or {}).get("sdists") or []}
+
+
+def apply_lock(plan, lock: dict) -> None:
+    """Turn ``plan`` (a BuildPlan, verified against ``lock``) into its locked build, in place: each node gets
+    its :func:`locked_build_args`, a sdist node the pinned sha256 (``node.sdist["sha256"]``, checked by the
+    executor before unpacking), and a new hash = sha256 over (plan hash, locked args, parents' locked hashes),
+    so a locked build never reuses an image an unlocked build made under the plan's tag (same repository,
+    tag = the locked hash's first 16 hex digits). ``PARENT_IMAGE`` follows the parents' new tags; the plan
+    hash stays in ``node.inputs["plan_hash"]``. Applying twice is a no-op."""
+    from cudastack.plan import content_hash
+
+    if getattr(plan, "locked", False):
+        return
+    new_tags: dict[str, str] = {}
+    for node in plan.nodes:
+        old_tag = node.tag
+        args = locked_build_args(lock, node)
+        sd = locked_sdist_sha256(lock, node.name)
+        if getattr(node, "sdist", None) and sd:
+            node.sdist = dict(node.sdist, sha256_locked=sd)
+        parent = node.build_args.get("PARENT_IMAGE")
+        if parent in new_tags:
+            node.build_args["PARENT_IMAGE"] = new_tags[parent]
+        node.build_args.update(args)
+        h = content_hash({"plan_hash": node.hash, "locked_build_args": args, "sdists": sd,
+                          "parents": {p: plan.node(p).hash for p in node.parents}})
+        node.inputs = dict(node.inputs or {}, plan_hash=node.hash)
+        node.hash = h
+        node.tag = f"{old_tag.rsplit(':', 1)[0]}:{h[:16]}"
+        new_tags[old_tag] = node.tag
+    plan.locked = True
 
 
 def write_requirements(lock: dict, node: str, folder: str | Path) -> dict[str, Path]:
@@ -907,13 +944,12 @@ def record_push(path: str | Path, node: str, pushed) -> dict:
 
 def prepare_locked_build(plan, path: str | Path, *, client=None) -> dict:
     """For ``invoke build --locked``: load the lock at ``path``, verify ``plan`` against it (LockError naming
-    every stale entry, before anything is built) and add each node's locked build args
-    (:func:`locked_build_args`) to ``node.build_args`` in place. The node hashes (and tags) stay those of the
-    plan. Returns the lock."""
+    every stale entry, before anything is built) and turn the plan into its locked build in place
+    (:func:`apply_lock`: hash-checking build args, pinned sdist digests, locked node hashes and tags).
+    Returns the lock."""
     lock = load_lock(path)
     verify_plan_against_lock(plan, lock, client=client, where=str(path))
-    for node in plan.nodes:
-        node.build_args.update(locked_build_args(lock, node))
+    apply_lock(plan, lock)
     return lock
 
 

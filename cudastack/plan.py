@@ -64,6 +64,7 @@ class BuildPlan(Plan):
     skipped: list[str] = field(default_factory=list)
     base_image: str = ""           # OS image (pip base) or NVIDIA image (nvidia base)
     os_suite: str = ""
+    locked: bool = False           # set by cudastack.lock.apply_lock: locked build args, hashes and tags
 
 
 # ------------------------------------------------------------------------------------ host facts

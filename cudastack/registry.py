@@ -511,7 +511,8 @@ def push_locked(plan, lock_path, registry_prefix: str, *, nodes: Optional[list[s
                 progress: Callable[[str], None] = lambda s: None) -> dict[str, PushedImage]:
     """Push the images of ``nodes`` (default ["runtime"]) of a locked build and record each push in the lock
     at ``lock_path``. Checks first, before any push: the plan matches the lock (LockError naming stale
-    entries), each image exists locally and is the image the locked build recorded (``outputs.<node>.image_id``).
+    entries), each image exists locally under the tag the locked build recorded (``outputs.<node>.tag``, else the
+    plan's tag) and is the image it recorded (``outputs.<node>.image_id``).
     The lock is written only after a push was verified; on any error it stays byte for byte.
     Returns {node: PushedImage}."""
     from cudastack import lock as L
@@ -530,16 +531,18 @@ def push_locked(plan, lock_path, registry_prefix: str, *, nodes: Optional[list[s
             raise UsageError(f"Node {name!r} is not in the plan; nodes: {', '.join(n.name for n in plan.nodes)}.") from None
         if node.kind == "wheels":
             raise UsageError(f"Node {name} exports wheels, not an image; push its consumer (runtime).")
+        out_rec = (lock.get("outputs") or {}).get(name) or {}
+        tag = out_rec.get("tag") or node.tag      # the locked build's tag (cudastack.lock.apply_lock)
         try:
-            image_id = client.images.get(node.tag).id
+            image_id = client.images.get(tag).id
         except docker.errors.ImageNotFound:
-            raise UsageError(f"No local image {node.tag} for node {name}; build it first "
+            raise UsageError(f"No local image {tag} for node {name}; build it first "
                              f"(invoke build --cuda {plan.toolchain} --locked).") from None
-        expected = ((lock.get("outputs") or {}).get(name) or {}).get("image_id")
+        expected = out_rec.get("image_id")
         if expected and expected != image_id:
-            raise UsageError(f"The local image {node.tag} is {image_id[:19]}, but the locked build recorded "
+            raise UsageError(f"The local image {tag} is {image_id[:19]}, but the locked build recorded "
                              f"{expected[:19]}; rebuild with `invoke build --cuda {plan.toolchain} --locked`.")
-        todo.append((name, node.tag, push_target(node.tag, registry_prefix)))
+        todo.append((name, tag, push_target(tag, registry_prefix)))
     RegistryClient(parse_registry_prefix(registry_prefix)[0]).ping()   # down: fail before any push
     out = {}
     for name, tag, target in todo:

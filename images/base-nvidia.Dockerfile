@@ -7,6 +7,8 @@
 #   BASE_IMAGE     e.g. nvidia/cuda:13.1.1-cudnn-devel-ubuntu24.04 (Ubuntu/Debian based, CUDA at /usr/local/cuda)
 #   CUDA_VERSION   "13.1.1": checked against `nvcc --version` (major.minor)
 #   PIP_INDEX_URL, PIP_EXTRA_INDEX_URL   optional
+#   VENV_PIP_SPECS_LOCKED   optional (locked builds): hash-checking requirements text replacing VENV_PIP_SPECS;
+#                  a locked build also passes BASE_IMAGE by digest (name@sha256:...)
 # Secret (optional): id=cabundle, a CA bundle for an intercepting HTTPS proxy (pip, git, curl, and apt's https
 # sources such as NVIDIA's CUDA repository); never written to a layer.
 ARG BASE_IMAGE
@@ -47,6 +49,7 @@ RUN printf '%s\n' '#!/bin/sh' \
 RUN python3 -m venv /opt/venv
 # declared here, not at the top, so the layers above do not depend on it
 ARG CUDA_VERSION
+ARG VENV_PIP_SPECS_LOCKED=""
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     CUDA_HOME=/usr/local/cuda \
@@ -56,7 +59,14 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=cabundle \
     set -eu; \
     test -n "${CUDA_VERSION}" || { echo "build arg CUDA_VERSION is empty (expected e.g. 13.1.1)" >&2; exit 2; }; \
-    with-build-ca pip install -q ${VENV_PIP_SPECS}; \
+    if [ -n "${VENV_PIP_SPECS_LOCKED}" ]; then \
+        echo "cudastack: VENV_PIP_SPECS in hash-checking mode (lockfile)"; \
+        printf '%s\n' "${VENV_PIP_SPECS_LOCKED}" > /tmp/venv-locked.txt; \
+        with-build-ca pip install -q --require-hashes --no-deps -r /tmp/venv-locked.txt; \
+        rm -f /tmp/venv-locked.txt; \
+    else \
+        with-build-ca pip install -q ${VENV_PIP_SPECS}; \
+    fi; \
     want="release ${CUDA_VERSION%.*},"; \
     nvcc --version | grep -q "$want" || { echo "BASE_IMAGE's nvcc is not CUDA ${CUDA_VERSION}: $(nvcc --version | tail -2)" >&2; exit 2; }
 

@@ -9,6 +9,8 @@
 #   CUDA_WHEEL_ROOT  "nvidia/cu13" (CUDA 13 wheels share one prefix) or "" (CUDA 12: one folder per component,
 #                    merged into /usr/local/cuda as symlinks)
 #   PIP_INDEX_URL, PIP_EXTRA_INDEX_URL   optional index for pip
+#   VENV_PIP_SPECS_LOCKED, CUDA_PIP_SPECS_LOCKED   optional (locked builds): hash-checking requirements text
+#                    that replaces VENV_PIP_SPECS / CUDA_PIP_SPECS (pip --require-hashes --no-deps)
 # Secret (optional): id=cabundle, a CA bundle for an intercepting HTTPS proxy; used by pip/git/curl through
 # /usr/local/bin/with-build-ca and never written to a layer.
 #
@@ -68,21 +70,41 @@ RUN printf '%s\n' '#!/bin/sh' \
 RUN python3 -m venv /opt/venv
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+# *_LOCKED (set by `invoke build --locked`, cudastack.lock.locked_build_args): the lock's whole closure as a
+# hash-checking requirements file (`name==version --hash=sha256:...` lines). pip then runs with
+# --require-hashes --no-deps: any file whose sha256 differs from the lock stops the build, naming the package.
+ARG VENV_PIP_SPECS_LOCKED=""
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=cabundle \
-    with-build-ca pip install -q ${VENV_PIP_SPECS}
+    set -eu; \
+    if [ -n "${VENV_PIP_SPECS_LOCKED}" ]; then \
+        echo "cudastack: VENV_PIP_SPECS in hash-checking mode (lockfile)"; \
+        printf '%s\n' "${VENV_PIP_SPECS_LOCKED}" > /tmp/venv-locked.txt; \
+        with-build-ca pip install -q --require-hashes --no-deps -r /tmp/venv-locked.txt; \
+        rm -f /tmp/venv-locked.txt; \
+    else \
+        with-build-ca pip install -q ${VENV_PIP_SPECS}; \
+    fi
 
 # The CUDA toolkit from PyPI, in its own prefix, exposed as /usr/local/cuda. (The CUDA args are declared
 # here, not at the top, so the OS and venv layers above are shared by every toolchain's base.)
 ARG CUDA_VERSION
 ARG CUDA_PIP_SPECS
 ARG CUDA_WHEEL_ROOT=""
+ARG CUDA_PIP_SPECS_LOCKED=""
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=cabundle \
     set -eu; \
     test -n "${CUDA_VERSION}" || { echo "build arg CUDA_VERSION is empty (expected e.g. 13.1.1)" >&2; exit 2; }; \
     test -n "${CUDA_PIP_SPECS}" || { echo "build arg CUDA_PIP_SPECS is empty (expected e.g. cuda-toolkit[nvcc,cudart,cccl,crt,nvvm]==13.1.1)" >&2; exit 2; }; \
-    with-build-ca pip install -q --no-compile --target /opt/cuda-wheels ${CUDA_PIP_SPECS}; \
+    if [ -n "${CUDA_PIP_SPECS_LOCKED}" ]; then \
+        echo "cudastack: CUDA_PIP_SPECS in hash-checking mode (lockfile)"; \
+        printf '%s\n' "${CUDA_PIP_SPECS_LOCKED}" > /tmp/cuda-locked.txt; \
+        with-build-ca pip install -q --no-compile --require-hashes --no-deps --target /opt/cuda-wheels -r /tmp/cuda-locked.txt; \
+        rm -f /tmp/cuda-locked.txt; \
+    else \
+        with-build-ca pip install -q --no-compile --target /opt/cuda-wheels ${CUDA_PIP_SPECS}; \
+    fi; \
     if [ -n "${CUDA_WHEEL_ROOT}" ]; then \
         test -d "/opt/cuda-wheels/${CUDA_WHEEL_ROOT}" || { echo "CUDA_WHEEL_ROOT=${CUDA_WHEEL_ROOT} is not in the installed wheels; found: $(ls /opt/cuda-wheels/nvidia)" >&2; exit 2; }; \
         ln -s "/opt/cuda-wheels/${CUDA_WHEEL_ROOT}" /usr/local/cuda; \

@@ -6,6 +6,8 @@
 #   BUILD_ENV      space separated K=V applied to the pip command (values with spaces shell-quoted; evaluated
 #                  by /bin/sh as `export $BUILD_ENV`)
 #   PIP_INDEX_URL, PIP_EXTRA_INDEX_URL   optional, e.g. https://download.pytorch.org/whl/cu130
+#   PIP_SPECS_LOCKED  optional (locked builds): the lock's closure of PIP_SPECS as hash-checking requirements
+#                  (`name==version --hash=sha256:...` lines), installed with pip --require-hashes --no-deps
 # Secret (optional): id=cabundle (CA bundle; never in a layer). Cache mount: pip's cache.
 ARG PARENT_IMAGE
 FROM ${PARENT_IMAGE}
@@ -14,10 +16,18 @@ ARG PIP_SPECS
 ARG BUILD_ENV=""
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
+ARG PIP_SPECS_LOCKED=""
 
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=cabundle \
     set -eu; \
     test -n "${PIP_SPECS}" || { echo "build arg PIP_SPECS is empty: nothing to install" >&2; exit 2; }; \
     if [ -n "${BUILD_ENV}" ]; then eval "export ${BUILD_ENV}"; fi; \
-    with-build-ca pip install ${PIP_SPECS}
+    if [ -n "${PIP_SPECS_LOCKED}" ]; then \
+        echo "cudastack: PIP_SPECS in hash-checking mode (lockfile)"; \
+        printf '%s\n' "${PIP_SPECS_LOCKED}" > /tmp/locked.txt; \
+        with-build-ca pip install --require-hashes --no-deps -r /tmp/locked.txt; \
+        rm -f /tmp/locked.txt; \
+    else \
+        with-build-ca pip install ${PIP_SPECS}; \
+    fi

@@ -10,6 +10,13 @@
 #                  builds at run time use them); when empty they stay unset: FlashInfer's CompilationContext
 #                  splits any value that is set, so an empty one would break it.
 #   PIP_INDEX_URL, PIP_EXTRA_INDEX_URL   optional
+#   PIP_SPECS_LOCKED, SUITE_PIP_SPECS_LOCKED   optional (locked builds): hash-checking requirements text
+#                  replacing PIP_SPECS / SUITE_PIP_SPECS (pip --require-hashes --no-deps); PIP_SPECS_LOCKED is the
+#                  whole closure, wheelhouse wheels included by name==version (found via --find-links)
+#   WHEELS_LOCKED  optional (locked builds): `/wheelhouse/<file> --hash=sha256:...` lines for the wheelhouse
+#                  wheels the closure does not name (wheels built from source), with the digests recorded when
+#                  they were exported
+#   SUITE_PIP_SPECS  what the validation suite's static probes need (pinned; locked like the others)
 # Build context: wheelhouse/ (may be empty) and stackprobe/ (the suite's package folder).
 # Secret (optional): id=cabundle (CA bundle; never in a layer). Cache mount: pip's cache.
 ARG PARENT_IMAGE
@@ -32,6 +39,8 @@ ARG PIP_SPECS=""
 ARG BUILD_ENV=""
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
+ARG PIP_SPECS_LOCKED=""
+ARG WHEELS_LOCKED=""
 
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=cabundle \
@@ -43,14 +52,27 @@ RUN --mount=type=cache,target=/root/.cache/pip \
       test -f "/wheelhouse/$w" || { echo "wheel $w is not in the wheelhouse; it holds: $(ls /wheelhouse)" >&2; exit 2; }; \
       set -- "$@" "/wheelhouse/$w"; \
     done; \
-    if [ $# -gt 0 ] || [ -n "${PIP_SPECS}" ]; then with-build-ca pip install "$@" ${PIP_SPECS}; fi
+    if [ -n "${PIP_SPECS_LOCKED}${WHEELS_LOCKED}" ]; then \
+      echo "cudastack: PIP_SPECS and the wheelhouse in hash-checking mode (lockfile)"; \
+      printf '%s\n' "${PIP_SPECS_LOCKED}" "${WHEELS_LOCKED}" > /tmp/locked.txt; \
+      with-build-ca pip install --require-hashes --no-deps --find-links /wheelhouse -r /tmp/locked.txt; \
+      rm -f /tmp/locked.txt; \
+    elif [ $# -gt 0 ] || [ -n "${PIP_SPECS}" ]; then with-build-ca pip install "$@" ${PIP_SPECS}; fi
 
 # The validation suite: its package folder on the venv's path, plus what its static probes need.
 COPY stackprobe /opt/stackprobe/stackprobe
+ARG SUITE_PIP_SPECS="pyelftools==0.33"
+ARG SUITE_PIP_SPECS_LOCKED=""
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=cabundle \
     set -eu; \
-    with-build-ca pip install -q "pyelftools>=0.31"; \
+    if [ -n "${SUITE_PIP_SPECS_LOCKED}" ]; then \
+      printf '%s\n' "${SUITE_PIP_SPECS_LOCKED}" > /tmp/suite-locked.txt; \
+      with-build-ca pip install -q --require-hashes --no-deps -r /tmp/suite-locked.txt; \
+      rm -f /tmp/suite-locked.txt; \
+    else \
+      with-build-ca pip install -q ${SUITE_PIP_SPECS}; \
+    fi; \
     purelib="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"; \
     echo /opt/stackprobe > "$purelib/stackprobe.pth"; \
     cd / && python -c 'import stackprobe, elftools'

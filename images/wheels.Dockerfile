@@ -16,6 +16,10 @@
 #                  first, because --no-build-isolation needs the build backend present (e.g. "scikit-build-core
 #                  cmake" for sgl-kernel); they stay in the builder stage, never in the exported wheels
 #   PIP_INDEX_URL, PIP_EXTRA_INDEX_URL   optional
+#   PIP_SPECS_LOCKED, BUILD_DEPS_LOCKED   optional (locked builds): hash-checking requirements text replacing
+#                  PIP_SPECS (METHOD=wheel: pip download --require-hashes) / BUILD_DEPS (pip install
+#                  --require-hashes --no-deps). A locked source build's sdist is checked against the lock's
+#                  sha256 by the executor before it is unpacked into the context.
 # Secret (optional): id=cabundle (CA bundle; never in a layer). Cache mounts: pip's cache and ccache
 # (CCACHE_DIR; gcc/g++ through /usr/lib/ccache, CMake launchers for C, C++ and CUDA).
 # The build context is bind-mounted read-write at /ctx for the one RUN (changes are discarded, nothing is copied
@@ -30,6 +34,8 @@ ARG BUILD_ENV=""
 ARG BUILD_DEPS=""
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
+ARG PIP_SPECS_LOCKED=""
+ARG BUILD_DEPS_LOCKED=""
 
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=cache,target=/root/.cache/ccache \
@@ -44,7 +50,13 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     case "${METHOD}" in \
       wheel) \
         test -n "${PIP_SPECS}" || { echo "METHOD=wheel needs PIP_SPECS (pinned requirements)" >&2; exit 2; }; \
-        with-build-ca pip download -q --no-deps --only-binary=:all: -d /wheels ${PIP_SPECS} ;; \
+        if [ -n "${PIP_SPECS_LOCKED}" ]; then \
+          echo "cudastack: PIP_SPECS in hash-checking mode (lockfile)"; \
+          printf '%s\n' "${PIP_SPECS_LOCKED}" > /tmp/locked.txt; \
+          with-build-ca pip download -q --no-deps --only-binary=:all: --require-hashes -d /wheels -r /tmp/locked.txt; \
+        else \
+          with-build-ca pip download -q --no-deps --only-binary=:all: -d /wheels ${PIP_SPECS}; \
+        fi ;; \
       source) \
         if [ -n "${SOURCE_DIR}" ]; then \
           test -d "/ctx/${SOURCE_DIR}" || { echo "SOURCE_DIR=${SOURCE_DIR} is not a folder of the build context" >&2; exit 2; }; \
@@ -54,7 +66,11 @@ RUN --mount=type=cache,target=/root/.cache/pip \
           set -- ${PIP_SPECS}; \
         fi; \
         cd /ctx; \
-        if [ -n "${BUILD_DEPS}" ]; then with-build-ca pip install -q ${BUILD_DEPS}; fi; \
+        if [ -n "${BUILD_DEPS_LOCKED}" ]; then \
+          echo "cudastack: BUILD_DEPS in hash-checking mode (lockfile)"; \
+          printf '%s\n' "${BUILD_DEPS_LOCKED}" > /tmp/build-deps-locked.txt; \
+          with-build-ca pip install -q --require-hashes --no-deps -r /tmp/build-deps-locked.txt; \
+        elif [ -n "${BUILD_DEPS}" ]; then with-build-ca pip install -q ${BUILD_DEPS}; fi; \
         with-build-ca nice -n 10 pip wheel -v --no-deps --no-build-isolation -w /wheels "$@" ;; \
       *) echo "METHOD must be 'wheel' or 'source', got '${METHOD}'" >&2; exit 2 ;; \
     esac; \

@@ -221,7 +221,7 @@ def manylinux_platforms(glibc: str, machine: str = "x86_64") -> list[str]:
 def target_for_plan(plan, *, glibc: Optional[str] = None, client=None) -> dict:
     """The platform the plan's images run pip on: ``{"python_version": "3.11", "glibc": "2.36",
     "machine": "x86_64", "implementation": "cp"}``. Python comes from the toolchain's base choice; glibc
-    from ``glibc``, else by asking the local OS/base image (``getconf GNU_LIBC_VERSION``), else from
+    from ``glibc``, else by asking the OS/base image when it is on this host (``getconf GNU_LIBC_VERSION``), else from
     :data:`KNOWN_GLIBC` by the image's suite/tag. Raises LockError when neither works."""
     base = plan.nodes[0]
     bc = (base.inputs.get("toolchain") or {}).get("base_choice") or {}
@@ -230,8 +230,9 @@ def target_for_plan(plan, *, glibc: Optional[str] = None, client=None) -> dict:
         raise LockError(f"The plan's base choice names no Python version ({py!r}); add `python:` to the base in "
                         "toolchains.yaml.")
     image = base.build_args.get("OS_IMAGE") or base.build_args.get("BASE_IMAGE", "")
-    if not glibc and client is not None and base.kind == "base-pip":
+    if not glibc and client is not None:
         try:
+            client.images.get(image)          # only an image already here: never pull to ask
             out = client.containers.run(image, ["getconf", "GNU_LIBC_VERSION"], remove=True)
             glibc = out.decode().split()[-1]
         except Exception:  # noqa: BLE001 - any failure falls back to the table

@@ -115,3 +115,59 @@ def test_locked_build_stops_on_a_changed_hash(tmp_path):
     assert "packaging==25.0" in msg and "Locked build of base" in msg and "0000000000000000" in msg
     assert path.read_bytes() == before
     assert not engine.exists(plan.node("base").tag)
+
+
+def test_nvidia_base_is_locked_and_built_by_digest(tmp_path, registry_server, docker_config):
+    """The NVIDIA-base path end to end, with a loopback registry standing in for Docker Hub (unreachable
+    here): our CUDA 13.1 pip base (it has nvcc 13.1, like nvidia/cuda:13.1.1-devel) is pushed as
+    HOST/nvidia/cuda:13.1.1-devel; `lock` reads its digest over the registry API; the tag is then moved to an
+    image without nvcc; the locked build still builds FROM the locked digest (base-nvidia checks nvcc's
+    version, so building on the moved tag would fail)."""
+    docker = pytest.importorskip("docker")
+    import shutil
+
+    import yaml
+
+    from cudastack.build import run_build
+    from cudastack.engine import Engine
+    from cudastack.errors import EnvironmentError_
+    from cudastack.plan import make_plan
+
+    try:
+        engine = Engine.connect()
+    except EnvironmentError_ as exc:
+        pytest.skip(str(exc))
+    client = docker.from_env()
+    pip_plan = make_plan(FIXTURE_RECIPES, "13.1", resources=engine.resources())
+    pip_plan.nodes = pip_plan.nodes[:1]                                  # the pip base only
+    run_build(pip_plan, state_dir=tmp_path / "state", engine=engine, say=lambda s: None)
+    upstream = f"{registry_server.host}/nvidia/cuda:13.1.1-devel-fixture"
+    first = R.push_image(pip_plan.nodes[0].tag, upstream, client=client)
+
+    recipes = tmp_path / "recipes"                                       # the toolchain and the base only
+    recipes.mkdir()
+    shutil.copy2(FIXTURE_RECIPES / "base.yaml", recipes)
+    shutil.copy2(FIXTURE_RECIPES / "toolchains.yaml", recipes)
+    tc_file = recipes / "toolchains.yaml"
+    tc = yaml.safe_load(tc_file.read_text())
+    tc["toolchains"]["13.1"]["bases"]["nvidia"] = {"image": upstream, "python": "3.11", "has_nvcc": True}
+    tc_file.write_text(yaml.safe_dump(tc))
+    plan = make_plan(recipes, "13.1", base="nvidia", resources=engine.resources())
+    assert [n.kind for n in plan.nodes] == ["base-nvidia"]
+    assert plan.nodes[0].kind == "base-nvidia"
+    path = tmp_path / "lockfiles" / "13.1.lock.yaml"
+    lock = L.lock_plan(plan, path, client=client)
+    rec = lock["nodes"]["base"]["base_image"]
+    assert rec["digest"] == first.digest and rec["reference"] == first.reference
+
+    # upstream moves the tag to another image (here: the bare OS image, no CUDA at all)
+    moved = R.push_image("cudastack/debian:bookworm", upstream, client=client)
+    assert moved.digest != first.digest
+    L.prepare_locked_build(plan, path, client=client)
+    assert plan.nodes[0].build_args["BASE_IMAGE"] == first.reference
+    record = run_build(plan, state_dir=tmp_path / "state", engine=engine, say=lambda s: None)
+    assert record["status"] == "ok", record["error"]
+    log = Path(record["nodes"][0]["log"]).read_text() if record["nodes"][0]["log"] else ""
+    assert record["nodes"][0]["status"] == "skipped" or f"FROM {first.reference}" in log
+    out = client.containers.run(plan.nodes[0].tag, ["nvcc", "--version"], remove=True).decode()
+    assert "release 13.1" in out

@@ -90,8 +90,8 @@ def write_bake(plan, out_path: str | Path, *, state_dir: str | Path = ".stack", 
                ca_secret: bool = True) -> dict:
     """Write ``docker-bake.json`` for ``plan`` to ``out_path`` (atomically) and materialise each node's build
     context under ``<out dir>/ctx/<node>``. With ``lock`` (a verified lock), the plan becomes its locked
-    build first (:func:`cudastack.lock.apply_lock`: locked build args and tags). Returns the bake dict. Raises UsageError
-    when ``out_path`` is not a ``.json`` file."""
+    build first (:func:`cudastack.lock.apply_lock`: locked build args and tags). Returns the bake dict.
+    Raises UsageError when ``out_path`` is not a ``.json`` file."""
     from cudastack.build import Wheelhouse, _abs_dockerfile, _make_context
 
     out_path = Path(out_path).resolve()

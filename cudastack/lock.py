@@ -221,8 +221,8 @@ def manylinux_platforms(glibc: str, machine: str = "x86_64") -> list[str]:
 def target_for_plan(plan, *, glibc: Optional[str] = None, client=None) -> dict:
     """The platform the plan's images run pip on: ``{"python_version": "3.11", "glibc": "2.36",
     "machine": "x86_64", "implementation": "cp"}``. Python comes from the toolchain's base choice; glibc
-    from ``glibc``, else by asking the OS/base image when it is on this host (``getconf GNU_LIBC_VERSION``), else from
-    :data:`KNOWN_GLIBC` by the image's suite/tag. Raises LockError when neither works."""
+    from ``glibc``, else by asking the OS/base image when it is on this host (``getconf GNU_LIBC_VERSION``),
+    else from :data:`KNOWN_GLIBC` by the image's suite/tag. Raises LockError when neither works."""
     base = plan.nodes[0]
     bc = (base.inputs.get("toolchain") or {}).get("base_choice") or {}
     py = str(bc.get("python") or "")
@@ -479,8 +479,9 @@ _ARG_DEFAULT_RE = re.compile(r"^\s*ARG\s+([A-Z0-9_]*PIP_SPECS)\s*=\s*(\"[^\"]*\"
 
 def node_installs(node) -> dict[str, dict]:
     """The pip installs a plan node runs, keyed by the build arg holding the requirements:
-    ``{"CUDA_PIP_SPECS": {"specs": [...], "no_deps": False}, ...}``. Build args ending in ``PIP_SPECS``
-    and a source build's ``BUILD_DEPS`` (its build backend, installed with dependencies), plus ``ARG X_PIP_SPECS=default`` lines of the node's Dockerfile that the plan does not override.
+    ``{"CUDA_PIP_SPECS": {"specs": [...], "no_deps": False}, ...}``. Build args ending in ``PIP_SPECS`` and
+    a source build's ``BUILD_DEPS`` (its build backend, installed with dependencies), plus
+    ``ARG X_PIP_SPECS=default`` lines of the node's Dockerfile that the plan does not override.
     Wheel nodes fetch with ``--no-deps``; source nodes (sdist/git/path) are pinned separately."""
     out: dict[str, dict] = {}
     df = (node.inputs or {}).get("dockerfile", "")
@@ -781,15 +782,6 @@ def requirements_text(lock: dict, node: str, arg: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def sdist_requirements_text(lock: dict, node: str) -> str:
-    """Hash-checking requirements for a source node's sdists (``name==version --hash=sha256:...``), to use with
-    ``pip download --no-deps --no-binary :all: --require-hashes -r FILE`` or ``pip wheel --no-deps ...``."""
-    sd = (lock.get("nodes", {}).get(node) or {}).get("sdists") or []
-    if not sd:
-        raise LockError(f"The lock pins no sdist for node {node}. {_refresh(lock)}")
-    return "".join(f"{p['name']}=={p['version']} --hash=sha256:{p['sha256']}\n" for p in sd)
-
-
 def locked_build_args(lock: dict, node) -> dict[str, str]:
     """Docker build args a locked build of ``node`` (a plan Node) adds: for each pip install ``X`` (a build arg
     ``X_PIP_SPECS`` or ``BUILD_DEPS``), ``X_LOCKED`` = the hash-checking requirements text
@@ -814,8 +806,8 @@ def locked_sdist_sha256(lock: dict, node: str) -> dict[str, str]:
 
 def apply_lock(plan, lock: dict) -> None:
     """Turn ``plan`` (a BuildPlan, verified against ``lock``) into its locked build, in place: each node gets
-    its :func:`locked_build_args`, a sdist node the pinned sha256 (``node.sdist["sha256"]``, checked by the
-    executor before unpacking), and a new hash = sha256 over (plan hash, locked args, parents' locked hashes),
+    its :func:`locked_build_args`, a sdist node the pinned digests (``node.sdist["sha256_locked"]``:
+    {file name: sha256}, checked by the executor before unpacking), and a new hash = sha256 over (plan hash, locked args, parents' locked hashes),
     so a locked build never reuses an image an unlocked build made under the plan's tag (same repository,
     tag = the locked hash's first 16 hex digits). ``PARENT_IMAGE`` follows the parents' new tags; the plan
     hash stays in ``node.inputs["plan_hash"]``. Applying twice is a no-op."""
@@ -841,17 +833,6 @@ def apply_lock(plan, lock: dict) -> None:
         node.tag = f"{old_tag.rsplit(':', 1)[0]}:{h[:16]}"
         new_tags[old_tag] = node.tag
     plan.locked = True
-
-
-def write_requirements(lock: dict, node: str, folder: str | Path) -> dict[str, Path]:
-    """Write one ``<ARG>.txt`` hash-checking requirements file per install of ``node`` into ``folder``
-    (atomically); returns {arg: path}."""
-    out = {}
-    for arg in ((lock.get("nodes") or {}).get(node) or {}).get("installs") or {}:
-        p = Path(folder) / f"{arg}.txt"
-        write_atomic(p, requirements_text(lock, node, arg))
-        out[arg] = p
-    return out
 
 
 def explain_pip_hash_failure(output: str, lock: Optional[dict] = None) -> Optional[LockError]:

@@ -132,7 +132,7 @@ def test_sdist_pin_from_find_links(tmp_path, index):
     import hashlib
     assert pin["sha256"] == hashlib.sha256(b"not really a tarball, but bytes with a hash").hexdigest()
     assert "installs" not in lock["nodes"]["src"]
-    assert L.sdist_requirements_text(lock, "src") == f"tinysrc==2.0 --hash=sha256:{pin['sha256']}\n"
+    assert L.locked_sdist_sha256(lock, "src") == {"tinysrc-2.0.tar.gz": pin["sha256"]}
     with pytest.raises(LockError, match="No sdist"):
         L.resolve_lock(tiny_plan(index, sdist=("tinysrc", "3.0")), target=TARGET, find_links=[sd])
 

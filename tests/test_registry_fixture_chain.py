@@ -124,10 +124,6 @@ def test_nvidia_base_is_locked_and_built_by_digest(tmp_path, registry_server, do
     image without nvcc; the locked build still builds FROM the locked digest (base-nvidia checks nvcc's
     version, so building on the moved tag would fail)."""
     docker = pytest.importorskip("docker")
-    import shutil
-
-    import yaml
-
     from cudastack.build import run_build
     from cudastack.engine import Engine
     from cudastack.errors import EnvironmentError_
@@ -142,6 +138,24 @@ def test_nvidia_base_is_locked_and_built_by_digest(tmp_path, registry_server, do
     pip_plan.nodes = pip_plan.nodes[:1]                                  # the pip base only
     run_build(pip_plan, state_dir=tmp_path / "state", engine=engine, say=lambda s: None)
     upstream = f"{registry_server.host}/nvidia/cuda:13.1.1-devel-fixture"
+    try:
+        _nvidia_base_by_digest(tmp_path, engine, client, pip_plan, upstream)
+    finally:
+        for name in (upstream, f"{upstream.rsplit(':', 1)[0]}@"):
+            for image in client.images.list():
+                for t in image.tags + (image.attrs.get("RepoDigests") or []):
+                    if t.startswith(name):
+                        client.images.remove(t)       # the registry's names only; the images keep their tags
+
+
+def _nvidia_base_by_digest(tmp_path, engine, client, pip_plan, upstream):
+    import shutil
+
+    import yaml
+
+    from cudastack.build import run_build
+    from cudastack.plan import make_plan
+
     first = R.push_image(pip_plan.nodes[0].tag, upstream, client=client)
 
     recipes = tmp_path / "recipes"                                       # the toolchain and the base only

@@ -20,20 +20,32 @@ FIXTURE_RECIPES = Path(__file__).parent / "fixtures" / "recipes"
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.network]
 
 
-def test_fixture_chain_lock_build_push_pull(tmp_path, registry_server, docker_config):
-    docker = pytest.importorskip("docker")
-    from cudastack.build import run_build
+@pytest.fixture
+def engine():
+    """A cudastack Engine on the live Docker daemon (skip when there is none)."""
+    pytest.importorskip("docker")
     from cudastack.engine import Engine
     from cudastack.errors import EnvironmentError_
-    from cudastack.plan import make_plan
 
     try:
-        engine = Engine.connect()
+        return Engine.connect()
     except EnvironmentError_ as exc:
         pytest.skip(str(exc))
+
+
+def fixture_plan_and_lock(engine, tmp_path):
+    """The fixture chain's plan and its lock, resolved for real into ``tmp_path/lockfiles``: (plan, path, lock)."""
+    from cudastack.plan import make_plan
+
     plan = make_plan(FIXTURE_RECIPES, "13.1", resources=engine.resources())
     path = tmp_path / "lockfiles" / "13.1.lock.yaml"
-    lock = L.lock_plan(plan, path, client=docker.from_env())
+    return plan, path, L.lock_plan(plan, path, client=engine.client)
+
+
+def test_fixture_chain_lock_build_push_pull(tmp_path, engine, registry_server, docker_config):
+    from cudastack.build import run_build
+
+    plan, path, lock = fixture_plan_and_lock(engine, tmp_path)
     assert lock["nodes"]["base"]["os_image"]["image_id"].startswith("sha256:")
     assert lock["resolver"]["glibc"] == "2.36"          # asked of the bootstrapped bookworm image itself
     cuda = lock["nodes"]["base"]["installs"]["CUDA_PIP_SPECS"]["packages"]
@@ -41,7 +53,7 @@ def test_fixture_chain_lock_build_push_pull(tmp_path, registry_server, docker_co
     assert lock["nodes"]["cuda-ext"]["paths"][0]["sha256"]
 
     plan_tags = {n.name: n.tag for n in plan.nodes}
-    L.prepare_locked_build(plan, path, client=docker.from_env())
+    L.prepare_locked_build(plan, path, client=engine.client)
     assert "CUDA_PIP_SPECS_LOCKED" in plan.node("base").build_args
     assert "nvidia-cuda-nvcc==" in plan.node("base").build_args["CUDA_PIP_SPECS_LOCKED"]
     # a locked build never reuses what an unlocked build tagged: every node gets its own locked tag
@@ -51,13 +63,13 @@ def test_fixture_chain_lock_build_push_pull(tmp_path, registry_server, docker_co
     assert record["status"] == "ok", record["error"]
     # every pip install step of the base ran with its locked requirements: BuildKit records the build args a
     # RUN used in the image history (the step's cache key), so this holds for cached builds too
-    steps = [h["CreatedBy"] for h in docker.from_env().images.get(plan.node("base").tag).history()]
+    steps = [h["CreatedBy"] for h in engine.client.images.get(plan.node("base").tag).history()]
     for arg in ("VENV_PIP_SPECS_LOCKED", "CUDA_PIP_SPECS_LOCKED"):
         used = [s for s in steps if f"{arg}=# base" in s and "--require-hashes" in s]
         assert used and "--hash=sha256:" in used[0], f"no RUN step of the base used {arg}"
     L.record_build_outputs(path, record)
     runtime = plan.node("runtime")
-    client = docker.from_env()
+    client = engine.client
     image_id = client.images.get(runtime.tag).id
     # the built image holds exactly the locked versions (venv and the CUDA toolkit prefix)
     assert L.check_image_against_lock(runtime.tag, L.load_lock(path), client=client) == []
@@ -83,23 +95,14 @@ def test_fixture_chain_lock_build_push_pull(tmp_path, registry_server, docker_co
             pass
 
 
-def test_locked_build_stops_on_a_changed_hash(tmp_path):
+def test_locked_build_stops_on_a_changed_hash(tmp_path, engine):
     """A lock whose sha256 for one package differs from the file on the index: the locked Docker build of the
     base fails in pip's hash-checking mode, the error names the package and the node, and the lockfile is
     byte for byte what it was. (The tampered hash stands in for a file re-uploaded upstream.)"""
-    docker = pytest.importorskip("docker")
     from cudastack.build import run_build
-    from cudastack.engine import Engine
-    from cudastack.errors import EnvironmentError_, LockError
-    from cudastack.plan import make_plan
+    from cudastack.errors import LockError
 
-    try:
-        engine = Engine.connect()
-    except EnvironmentError_ as exc:
-        pytest.skip(str(exc))
-    plan = make_plan(FIXTURE_RECIPES, "13.1", resources=engine.resources())
-    path = tmp_path / "lockfiles" / "13.1.lock.yaml"
-    L.lock_plan(plan, path, client=docker.from_env())
+    plan, path, _ = fixture_plan_and_lock(engine, tmp_path)
 
     def tamper(lock):
         for p in lock["nodes"]["base"]["installs"]["VENV_PIP_SPECS"]["packages"]:
@@ -107,7 +110,7 @@ def test_locked_build_stops_on_a_changed_hash(tmp_path):
                 p["sha256"] = "0" * 64
     L.update_lock(path, tamper)
     before = path.read_bytes()
-    L.prepare_locked_build(plan, path, client=docker.from_env())
+    L.prepare_locked_build(plan, path, client=engine.client)
     record_state = tmp_path / "state"
     with pytest.raises(LockError) as err:
         run_build(plan, state_dir=record_state, engine=engine, say=lambda s: None)
@@ -117,23 +120,16 @@ def test_locked_build_stops_on_a_changed_hash(tmp_path):
     assert not engine.exists(plan.node("base").tag)
 
 
-def test_nvidia_base_is_locked_and_built_by_digest(tmp_path, registry_server, docker_config):
+def test_nvidia_base_is_locked_and_built_by_digest(tmp_path, engine, registry_server, docker_config):
     """The NVIDIA-base path end to end, with a loopback registry standing in for Docker Hub (unreachable
     here): our CUDA 13.1 pip base (it has nvcc 13.1, like nvidia/cuda:13.1.1-devel) is pushed as
     HOST/nvidia/cuda:13.1.1-devel; `lock` reads its digest over the registry API; the tag is then moved to an
     image without nvcc; the locked build still builds FROM the locked digest (base-nvidia checks nvcc's
     version, so building on the moved tag would fail)."""
-    docker = pytest.importorskip("docker")
     from cudastack.build import run_build
-    from cudastack.engine import Engine
-    from cudastack.errors import EnvironmentError_
     from cudastack.plan import make_plan
 
-    try:
-        engine = Engine.connect()
-    except EnvironmentError_ as exc:
-        pytest.skip(str(exc))
-    client = docker.from_env()
+    client = engine.client
     pip_plan = make_plan(FIXTURE_RECIPES, "13.1", resources=engine.resources())
     pip_plan.nodes = pip_plan.nodes[:1]                                  # the pip base only
     run_build(pip_plan, state_dir=tmp_path / "state", engine=engine, say=lambda s: None)

@@ -54,7 +54,7 @@ import yaml
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name, parse_sdist_filename
 
-from cudastack.errors import LockError, UsageError
+from cudastack.errors import EnvironmentError_, LockError, UsageError
 
 LOCK_VERSION = 1
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -79,9 +79,39 @@ def lock_path(toolchain: str, lockfiles_dir: str | Path | None = None) -> Path:
 def render_lock(lock: dict) -> str:
     """The lockfile text: a header comment, then YAML in a stable key order (block style)."""
     head = (f"# cudastack lockfile for CUDA {lock.get('toolchain')}: every input of the plan pinned, every output "
-            "recorded.\n# Generated; do not edit. Refresh with: invoke lock --cuda "
-            f"{lock.get('toolchain')}\n")
+            f"recorded.\n# Generated; do not edit. Refresh with: {lock_command(lock)}\n")
     return head + yaml.safe_dump(lock, sort_keys=False, default_flow_style=False, width=200, allow_unicode=True)
+
+
+def lock_command(lock: dict) -> str:
+    """The ``invoke lock`` command line that re-creates ``lock``'s plan: toolchain, base, archs, skipped
+    components (``invoke lock --cuda 12.8 --base pip --skip flash-attn``)."""
+    cmd = f"invoke lock --cuda {lock.get('toolchain')}"
+    if lock.get("base_kind"):
+        cmd += f" --base {lock['base_kind']}"
+    archs = lock.get("target_archs") or []
+    if archs and list(archs) != ["12.0"]:
+        cmd += f" --arch {','.join(archs)}"
+    return cmd + "".join(f" --skip {s}" for s in lock.get("skipped") or [])
+
+
+def plan_options(cuda: str, arch, base, skip, lockfiles_dir: str | Path | None = None) -> tuple:
+    """(arch, base, skip) for a command that works from the lockfile of toolchain ``cuda``: options the user
+    did not give come from the lock (its base, archs and skipped components), so `invoke build --cuda 12.8
+    --locked` builds the plan that `invoke lock --cuda 12.8 --base pip --skip flash-attn` locked. Without a
+    lockfile, or when every option is given, they are returned unchanged."""
+    path = lock_path(str(cuda), lockfiles_dir)
+    if not path.is_file():
+        return arch, base, skip
+    try:
+        lk = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return arch, base, skip
+    if not isinstance(lk, dict):
+        return arch, base, skip
+    return (arch if arch else (",".join(lk["target_archs"]) if lk.get("target_archs") else None),
+            base or lk.get("base_kind") or None,
+            skip if skip else (list(lk.get("skipped") or []) or None))
 
 
 def write_atomic(path: str | Path, text: str) -> None:
@@ -175,8 +205,8 @@ def check_schema(lock, where: str = "lock") -> None:
     for k in ("toolchain", "cuda_version"):
         if not isinstance(lock.get(k), str):
             bad(f"'{k}' is missing or not a string")
-    unknown = set(lock) - {"lock_version", "toolchain", "cuda_version", "base_kind", "target_archs", "resolver",
-                           "nodes", "outputs", "pushed", "warnings"}
+    unknown = set(lock) - {"lock_version", "toolchain", "cuda_version", "base_kind", "target_archs", "skipped",
+                           "resolver", "nodes", "outputs", "pushed", "warnings"}
     if unknown:
         bad(f"unknown top-level keys {sorted(unknown)}")
     nodes = lock.get("nodes")
@@ -524,10 +554,11 @@ def resolve_lock(plan, *, target: Optional[dict] = None, python: str = sys.execu
         raise LockError(f"{python} cannot run pip: {proc.stderr.strip()[-300:]}")
     host_py, pip_version = proc.stdout.split()
     if host_py != target["python_version"]:
-        raise LockError(
+        raise EnvironmentError_(
             f"The images run Python {target['python_version']} but {python} is Python {host_py}; pip evaluates "
             f"environment markers with the interpreter it runs in. Pass --python /path/to/python{target['python_version']} "
-            "(with pip >= 22.2) to `invoke lock`."
+            f"(with pip >= 22.2) to `invoke lock`, or lock a base whose Python is {host_py} (--base; toolchains.yaml "
+            "lists each base's python). Nothing was written."
         )
     find_links = [str(f) for f in find_links]
     nodes: dict[str, dict] = {}
@@ -598,6 +629,7 @@ def resolve_lock(plan, *, target: Optional[dict] = None, python: str = sys.execu
         "cuda_version": plan.cuda_version,
         "base_kind": plan.base_kind,
         "target_archs": list(plan.target_archs),
+        **({"skipped": list(plan.skipped)} if getattr(plan, "skipped", None) else {}),
         "resolver": {"tool": f"pip {pip_version} install --dry-run --report (installation report v1)",
                      "python_version": target["python_version"], "glibc": target["glibc"],
                      "machine": target["machine"], "implementation": target["implementation"],
@@ -651,8 +683,10 @@ def _chain_pins(plan, node, resolved: dict[str, dict]) -> dict[str, str]:
 
 def lock_plan(plan, path: str | Path, **kw) -> dict:
     """Resolve ``plan`` and write the lock to ``path`` atomically (the old lock stays byte for byte on any
-    error). Keeps outputs/pushed entries of nodes whose plan hash is unchanged, read again just before the
-    write (under :func:`exclusive`), so a push recorded while resolving is not lost. Returns the lock."""
+    error). Keeps outputs/pushed entries of nodes whose lock entry (plan hash, closures, sdists, base) and whose
+    ancestors' entries are unchanged, read again just before the write (under :func:`exclusive`), so a push
+    recorded while resolving is not lost; a node whose closure moved loses its outputs (they were built from the
+    old one). Returns the lock."""
     lock = resolve_lock(plan, **kw)
     with exclusive(path):
         previous = None
@@ -662,9 +696,13 @@ def lock_plan(plan, path: str | Path, **kw) -> dict:
             except LockError:
                 previous = None
         if previous:
-            kept_out = {n: v for n, v in (previous.get("outputs") or {}).items()
-                        if n in lock["nodes"]
-                        and (previous.get("nodes") or {}).get(n, {}).get("plan_hash") == lock["nodes"][n]["plan_hash"]}
+            same = {n for n, e in lock["nodes"].items() if (previous.get("nodes") or {}).get(n) == e}
+
+            def unchanged(n: str) -> bool:   # the node's entry and every ancestor's are what they were
+                node = next((x for x in plan.nodes if x.name == n), None)
+                return n in same and node is not None and all(unchanged(p) for p in node.parents)
+
+            kept_out = {n: v for n, v in (previous.get("outputs") or {}).items() if unchanged(n)}
             kept_push = {n: v for n, v in (previous.get("pushed") or {}).items() if n in kept_out}
             if kept_out:
                 lock["outputs"] = kept_out
@@ -676,7 +714,7 @@ def lock_plan(plan, path: str | Path, **kw) -> dict:
 
 # ------------------------------------------------------------------------------------------- checking
 def _refresh(lock: dict) -> str:
-    return f"Refresh it with `invoke lock --cuda {lock.get('toolchain')}` and commit the new lockfile."
+    return f"Refresh it with `{lock_command(lock)}` and commit the new lockfile."
 
 
 def stale_entries(plan, lock: dict, *, client=None) -> list[str]:
@@ -849,11 +887,11 @@ def explain_pip_hash_failure(output: str, lock: Optional[dict] = None) -> Option
                      f"{m.group(3)[:16]}..., the index now serves {m.group(4)[:16]}...)")
     if not found:
         found = [ln.strip() for ln in block.splitlines() if "==" in ln][:5]
-    tc = (lock or {}).get("toolchain", "X")
+    refresh = lock_command(lock) if lock else "invoke lock --cuda X"
     return LockError(
         "pip's hash-checking mode refused " + "; ".join(found) + ". The file on the index is not the one that was "
         "locked: someone re-uploaded or tampered with it, or the index mirrors another build. Investigate before "
-        f"trusting it; if the new file is intended, refresh the lock with `invoke lock --cuda {tc}` and review the "
+        f"trusting it; if the new file is intended, refresh the lock with `{refresh}` and review the "
         "diff. The lockfile was not changed."
     )
 

@@ -67,8 +67,17 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
     from cudastack.build import dry_run as render_dry_run, run_build
 
     try:
+        if locked:
+            from cudastack import lock as L
+
+            # options not given come from the lock (its base, archs, skipped components)
+            arch, base, skip = L.plan_options(str(cuda), arch, base, skip)
         if dry_run:
             plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes)
+            if locked:
+                L.prepare_locked_build(plan, L.lock_path(plan.toolchain))
+                print(f"locked build: {L.lock_path(plan.toolchain)} verified against the plan; locked tags below",
+                      file=sys.stderr)
             print(render_dry_run(plan, state_dir=state_dir))
             return
         from cudastack.engine import Engine
@@ -80,8 +89,6 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
             print(f"warning: {w}", file=sys.stderr)
         lock_file = None
         if locked:
-            from cudastack import lock as L
-
             lock_file = L.lock_path(plan.toolchain)
             L.prepare_locked_build(plan, lock_file, client=engine.client)
             print(f"locked build: {lock_file} verified against the plan", file=sys.stderr)

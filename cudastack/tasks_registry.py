@@ -53,6 +53,13 @@ def lock(c, cuda="13.1", arch=None, base=None, skip=None, recipes=None, lockfile
     from cudastack import lock as L
 
     try:
+        given = (arch, base, skip)
+        arch, base, skip = L.plan_options(str(cuda), arch, base, skip, lockfiles)
+        filled = [f"--arch {arch}" if arch != given[0] else "", f"--base {base}" if base != given[1] else "",
+                  " ".join(f"--skip {s}" for s in skip or []) if skip != given[2] else ""]
+        if any(filled):
+            _say(f"note: from the existing lockfile: {' '.join(f for f in filled if f)} "
+                 "(pass --arch/--base/--skip to change them)")
         plan = _plan(cuda, arch, base, skip, recipes)
         client = None
         try:
@@ -89,6 +96,7 @@ def push(c, cuda="13.1", registry=None, node="runtime", all_nodes=False, arch=No
         if not registry:
             raise UsageError("--registry is required: HOST[:PORT][/NAMESPACE], e.g. 127.0.0.1:5000/cudastack.")
         R.parse_registry_prefix(registry)          # bad input before any work
+        arch, base, skip = L.plan_options(str(cuda), arch, base, skip, lockfiles)   # the locked plan's options
         plan = _plan(cuda, arch, base, skip, recipes)
         path = L.lock_path(plan.toolchain, lockfiles)
         names = [n.name for n in plan.nodes if n.kind != "wheels"] if all_nodes else [node]
@@ -185,6 +193,8 @@ def bake(c, cuda="13.1", output="bake/docker-bake.json", arch=None, base=None, s
     from cudastack import lock as L
 
     try:
+        if locked:
+            arch, base, skip = L.plan_options(str(cuda), arch, base, skip, lockfiles)
         plan = _plan(cuda, arch, base, skip, recipes)
         lk = None
         if locked:

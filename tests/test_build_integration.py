@@ -24,6 +24,7 @@ from cudastack.plan import host_resources, make_plan
 pytestmark = [pytest.mark.docker, pytest.mark.network]
 
 FIXTURES = Path(__file__).parent / "fixtures"
+TEST_PREFIX = "cudastack-test"   # image repositories of the fixture chain, apart from the real stack's
 CUOBJDUMP_SPEC = "nvidia-cuda-cuobjdump==13.2.78"   # cuobjdump is on PyPI from 13.2 on (not in the 13.1 set)
 CACHE = Path.home() / ".cache" / "cudastack-tests"
 
@@ -56,7 +57,7 @@ def cuobjdump() -> Path:
 @pytest.fixture(scope="module")
 def built(engine, tmp_path_factory):
     state = tmp_path_factory.mktemp("state")
-    plan = make_plan(FIXTURES / "recipes", "13.1", resources=host_resources())
+    plan = make_plan(FIXTURES / "recipes", "13.1", resources=host_resources(), prefix=TEST_PREFIX)
     lines: list[str] = []
     record = run_build(plan, state_dir=state, engine=engine, say=lines.append)
     return plan, state, record, lines
@@ -128,7 +129,7 @@ def test_failing_node_leaves_no_tag_no_wheel_and_the_rerun_resumes(built, engine
     d["toolchains"]["13.1"]["path"] = str((FIXTURES / "cuda_ext").resolve())
     d["toolchains"]["13.1"]["knobs"] = {"CUDA_EXT_ARCHS": "999"}          # nvcc: unsupported gpu architecture
     ext.write_text(yaml.safe_dump(d))
-    bad = make_plan(recipes, "13.1", resources=host_resources())
+    bad = make_plan(recipes, "13.1", resources=host_resources(), prefix=TEST_PREFIX)
     wh = state / plan.wheelhouse
     files_before = sorted(p.name for p in wh.iterdir())
     manifest_before = (wh / "manifest.json").read_text()

@@ -97,6 +97,20 @@ def test_outputs_survive_relock_only_for_unchanged_nodes(index, tmp_path):
     assert set(lock["outputs"]) == {"app"}
 
 
+def test_outputs_are_dropped_when_the_closure_moved_upstream(tmp_path):
+    """Same recipes (same plan hashes), but the index now serves other files for the same versions: the images
+    recorded as outputs were built from the old closure, so a relock must not keep them."""
+    root = tmp_path / "idx"
+    index = tiny_index(root)
+    p = tmp_path / "9.9.lock.yaml"
+    L.lock_plan(tiny_plan(index), p, target=TARGET)
+    L.record_outputs(p, "app", image_id="sha256:" + "1" * 64)
+    assert "app" in L.load_lock(p)["outputs"]
+    tiny_index(root, payload="v2")                # same names and versions, new bytes at the same URLs
+    lock = L.lock_plan(tiny_plan(index), p, target=TARGET)
+    assert "outputs" not in lock
+
+
 def test_upstream_hash_change_fails_hash_checking(tmp_path):
     """Lock, then the index serves another file under the same name and version: pip's hash-checking mode
     refuses it and the error names the package; the lockfile stays byte for byte."""
@@ -155,9 +169,12 @@ def test_git_pin_reads_the_commit(tmp_path):
 
 
 def test_python_mismatch_is_refused(index):
+    from cudastack.errors import EnvironmentError_
+
     other = dict(TARGET, python_version="3.99")
-    with pytest.raises(LockError, match="--python"):
+    with pytest.raises(EnvironmentError_, match="--python") as err:
         L.resolve_lock(tiny_plan(index), target=other)
+    assert err.value.exit_code == 5 and "--base" in str(err.value)
 
 
 @pytest.mark.network

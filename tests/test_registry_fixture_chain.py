@@ -16,6 +16,7 @@ from cudastack import registry as R
 from registry_server import docker_config, registry_server  # noqa: F401
 
 FIXTURE_RECIPES = Path(__file__).parent / "fixtures" / "recipes"
+TEST_PREFIX = "cudastack-test"   # image repositories of the fixture chain, apart from the real stack's
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.network]
 
@@ -37,7 +38,7 @@ def fixture_plan_and_lock(engine, tmp_path):
     """The fixture chain's plan and its lock, resolved for real into ``tmp_path/lockfiles``: (plan, path, lock)."""
     from cudastack.plan import make_plan
 
-    plan = make_plan(FIXTURE_RECIPES, "13.1", resources=engine.resources())
+    plan = make_plan(FIXTURE_RECIPES, "13.1", resources=engine.resources(), prefix=TEST_PREFIX)
     path = tmp_path / "lockfiles" / "13.1.lock.yaml"
     return plan, path, L.lock_plan(plan, path, client=engine.client)
 
@@ -130,7 +131,7 @@ def test_nvidia_base_is_locked_and_built_by_digest(tmp_path, engine, registry_se
     from cudastack.plan import make_plan
 
     client = engine.client
-    pip_plan = make_plan(FIXTURE_RECIPES, "13.1", resources=engine.resources())
+    pip_plan = make_plan(FIXTURE_RECIPES, "13.1", resources=engine.resources(), prefix=TEST_PREFIX)
     pip_plan.nodes = pip_plan.nodes[:1]                                  # the pip base only
     run_build(pip_plan, state_dir=tmp_path / "state", engine=engine, say=lambda s: None)
     upstream = f"{registry_server.host}/nvidia/cuda:13.1.1-devel-fixture"
@@ -162,7 +163,7 @@ def _nvidia_base_by_digest(tmp_path, engine, client, pip_plan, upstream):
     tc = yaml.safe_load(tc_file.read_text())
     tc["toolchains"]["13.1"]["bases"]["nvidia"] = {"image": upstream, "python": "3.11", "has_nvcc": True}
     tc_file.write_text(yaml.safe_dump(tc))
-    plan = make_plan(recipes, "13.1", base="nvidia", resources=engine.resources())
+    plan = make_plan(recipes, "13.1", base="nvidia", resources=engine.resources(), prefix=TEST_PREFIX)
     assert [n.kind for n in plan.nodes] == ["base-nvidia"]
     assert plan.nodes[0].kind == "base-nvidia"
     path = tmp_path / "lockfiles" / "13.1.lock.yaml"

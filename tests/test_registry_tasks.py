@@ -69,3 +69,32 @@ def test_unknown_toolchain(task, tmp_path):
         invoke(task, "--cuda", "99.9", "--output", str(tmp_path / "b.json"))
     assert r.returncode == 2, r.stderr
     assert "99.9" in r.stderr
+
+
+@pytest.mark.parametrize("cuda", ["13.1", "12.8"])
+def test_committed_lockfiles_match_the_recipes(cuda):
+    """`invoke build --cuda X --locked --dry-run` with the committed lockfiles: the plan (recipes, Dockerfiles)
+    still matches the lock, with the options the lock remembers (12.8: --base pip --skip flash-attn), and the
+    dry run shows the locked build. A recipe or Dockerfile change without `invoke lock` fails here, naming
+    the stale entry."""
+    r = invoke("build", "--cuda", cuda, "--locked", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert "verified against the plan; locked tags below" in r.stderr
+    from cudastack import lock as L
+
+    lock = L.load_lock(cuda)
+    for name, out in (lock.get("outputs") or {}).items():
+        assert out["tag"] in r.stdout, f"{name}: the dry run does not show the locked tag {out['tag']}"
+
+
+def test_lock_remembers_its_options(tmp_path):
+    from cudastack import lock as L
+
+    lk = {"toolchain": "12.8", "base_kind": "pip", "target_archs": ["12.0"], "skipped": ["flash-attn"]}
+    assert L.lock_command(lk) == "invoke lock --cuda 12.8 --base pip --skip flash-attn"
+    assert L.lock_command(dict(lk, target_archs=["12.0", "12.1"], skipped=[])) == \
+        "invoke lock --cuda 12.8 --base pip --arch 12.0,12.1"
+    (tmp_path / "12.8.lock.yaml").write_text(L.render_lock(dict(lk, lock_version=1, cuda_version="12.8.1")))
+    assert L.plan_options("12.8", None, None, None, tmp_path) == ("12.0", "pip", ["flash-attn"])
+    assert L.plan_options("12.8", "12.1", "nvidia", ["x"], tmp_path) == ("12.1", "nvidia", ["x"])
+    assert L.plan_options("9.9", None, None, None, tmp_path) == (None, None, None)

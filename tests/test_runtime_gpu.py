@@ -59,3 +59,22 @@ def test_ring_tree_and_symm_mem_run_correctly_in_cuda_graphs(world_size):
         assert "allreduce:tree" in tree["lift_detail"]
     for row in rows.values():
         assert not row.get("leftover_pids"), row
+
+
+@needs_gpu
+@pytest.mark.skipif(GPUS < 2, reason="FlashInfer's allreduce kernels need at least 2 GPUs")
+def test_flashinfer_allreduce_backends_run_correctly_in_cuda_graphs():
+    """FlashInfer's TRT-LLM allreduce fusion and PCIe IPC allreduce at world size 2, eager and in CUDA graphs,
+    every call checked (needs flashinfer importable and nvcc for its JIT modules)."""
+    pytest.importorskip("flashinfer")
+    from stackprobe.runtime.bench import BenchConfig
+    from stackprobe.runtime.suite import run_suite
+    from stackprobe.runtime.workload import preset
+    cfg = BenchConfig(sizes=[43008, 1 << 20], warmup=2, iters=10, repeats=3, graph_calls=122, graph_replays=3)
+    rep = run_suite(["nccl-ring", "flashinfer-allreduce-fusion", "flashinfer-pcie-ipc-allreduce"], [2], cfg,
+                    timeout=900, workload=preset("kimi-k2"))
+    rows = {r["backend"]: r for r in rep["runs"][0]["rows"]}
+    for name in ("flashinfer-allreduce-fusion", "flashinfer-pcie-ipc-allreduce"):
+        assert rows[name]["outcome"] == "ok", rows[name].get("tail")
+        for rec in rows[name]["sweep"]:
+            assert rec["eager_correct"] and rec["graph_correct"], rec

@@ -67,3 +67,18 @@ def test_child_env_sets_multicast_off_unless_overridden_explicitly():
     assert env["NCCL_ALGO"] == "Tree"
     env = child_env({"NCCL_ALGO": "Tree"}, {"NCCL_ALGO": "Ring", "NCCL_NVLS_ENABLE": "1"}, base={})
     assert env["NCCL_ALGO"] == "Ring" and env["NCCL_NVLS_ENABLE"] == "1"  # explicit user overrides win
+
+
+def test_flashinfer_probes_are_runners_with_a_token_shape():
+    from stackprobe.runtime import probes as P
+
+    reg = P.registry()
+    for name in ("flashinfer-allreduce-fusion", "flashinfer-pcie-ipc-allreduce"):
+        probe = reg[name]
+        assert not isinstance(probe, P.NotRunnableProbe) and "flashinfer" in probe.requires
+        assert probe.min_world_size == 2
+        assert probe.skip_reason(1, 1) is not None            # world size 1, or flashinfer missing: skipped
+    assert P._token_shape(43008 // 2) == (3, 7168)          # the kimi-k2 decode message
+    assert P._token_shape(16 << 20 >> 1) == (2048, 4096)
+    with pytest.raises(ValueError):
+        P._token_shape(100)

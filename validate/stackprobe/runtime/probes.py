@@ -12,7 +12,7 @@ A probe has
   :class:`~stackprobe.runtime.bench.Harness`).
 
 Backends whose libraries are absent (SGLang custom allreduce, FlashInfer, MSCCL++, b12x) are registered with
-the modules they need, so the report says why they were skipped.
+the modules they need, so the report says why they were skipped; those without a runner yet say so.
 """
 from __future__ import annotations
 
@@ -274,6 +274,123 @@ class SymmMemProbe(Probe):
                  "checks": {}, "failure": None}]
 
 
+class FlashInferPcieIpcProbe(Probe):
+    """FlashInfer's PCIe IPC allreduce (``flashinfer.comm.PcieIpcAllReduceWorkspace``, FlashInfer >= 0.7;
+    upstream file flashinfer/comm/pcie_ipc_ar.py): each rank's slab is shared over CUDA IPC and the kernels use
+    plain loads/stores, no NVLink and no multicast. One workspace per message size, sized to it (FlashInfer's
+    docstring: the epoch double buffer sits ``world_size * max_numel`` elements apart, so an oversized
+    workspace costs time at small sizes). Out of place, with the launch configuration the workspace resolves
+    (its seed policy unless ``tune()`` persisted measurements on this machine; not run here), passed
+    explicitly so every captured call uses the same one. World sizes 2, 4, 8; bfloat16/float16 only.
+    Metadata (IPC handles, topology probe) goes over a gloo group; the kernels have no timeout, so a hang
+    is caught by the orchestrator's per-probe timeout."""
+
+    name = "flashinfer-pcie-ipc-allreduce"
+    label = "FlashInfer PcieIpcAllReduceWorkspace.all_reduce (CUDA IPC, out of place)"
+    requires = ("torch", "flashinfer")
+    min_world_size = 2
+
+    def run(self, ctx) -> list[dict]:
+        import torch
+        import torch.distributed as dist
+
+        import flashinfer
+        from flashinfer.comm import PcieIpcAllReduceWorkspace
+
+        dtype = getattr(torch, ctx.config.dtype)
+        group = dist.new_group(backend="gloo")
+        info: dict = {"flashinfer": getattr(flashinfer, "__version__", "?"), "launch_config": {}}
+        workspaces = []
+
+        def make_op(nbytes):
+            n = _bytes_to_numel(nbytes, dtype)
+            ws = PcieIpcAllReduceWorkspace(group=group, max_numel=n, dtype=dtype)
+            workspaces.append(ws)
+            info.setdefault("profile", f"{ws.profile}: {ws.profile_reason}")
+            inp = torch.empty(n, dtype=dtype, device=ctx.device)
+            out = torch.empty_like(inp)
+            cfg = ws.tuned_launch_config(inp)
+            if cfg is None:
+                raise ValueError(f"PcieIpcAllReduceWorkspace does not support {n} x {dtype} at world size "
+                                 f"{ctx.world_size} (supports() is False)")
+            info["launch_config"][str(nbytes)] = repr(cfg)
+            return Op(inp, out, lambda: ws.all_reduce(inp, out=out, config=cfg))
+
+        try:
+            sweep = Harness(ctx, ctx.config).sweep(make_op, self.name)
+        finally:
+            for ws in workspaces:   # collective, in the same order on every rank
+                try:
+                    ws.destroy()
+                except Exception as exc:  # noqa: BLE001 - reported; the process exit frees the rest
+                    info["destroy_error"] = short_error(exc)
+                    ctx.log(f"{self.name}: workspace teardown failed: {info['destroy_error']}")
+                    break
+        return [{"backend": self.name, "label": self.label, "info": info, "sweep": sweep, "checks": {},
+                 "failure": None}]
+
+
+def _token_shape(numel: int) -> tuple[int, int]:
+    """(tokens, hidden) for a fused-allreduce call of ``numel`` elements: hidden 7168 (the kimi-k2 preset's
+    decode message is 3 x 7168) when it divides, else the largest of 4096, 2048, 1024, 512, 256 that does."""
+    for hidden in (7168, 4096, 2048, 1024, 512, 256):
+        if numel % hidden == 0:
+            return numel // hidden, hidden
+    raise ValueError(f"{numel} elements is not a whole number of tokens of any hidden size this probe uses")
+
+
+class FlashInferFusionProbe(Probe):
+    """FlashInfer's allreduce fusion on its TensorRT-LLM backend (``flashinfer.comm.allreduce_fusion`` with a
+    ``create_allreduce_fusion_workspace(backend="trtllm")`` workspace; upstream file flashinfer/comm/allreduce.py),
+    pattern ``kAllReduce`` (the allreduce alone, so it compares with Ring; serving fuses residual + RMSNorm
+    into the same kernel), fp32 accumulation, one- or two-shot by FlashInfer's own heuristic. One workspace
+    sized to the largest message (FlashInfer: a workspace serves any shape whose total size fits). The
+    messages are shaped [tokens, hidden] by :func:`_token_shape`. Its JIT module admits compute-capability
+    majors 9, 10 and 12 (FlashInfer >= 0.6.17)."""
+
+    name = "flashinfer-allreduce-fusion"
+    label = "FlashInfer allreduce_fusion, TRT-LLM backend, pattern kAllReduce (fp32 accumulation)"
+    requires = ("torch", "flashinfer")
+    min_world_size = 2
+
+    def run(self, ctx) -> list[dict]:
+        import torch
+        import torch.distributed as dist
+
+        import flashinfer
+        from flashinfer.comm import AllReduceFusionPattern, allreduce_fusion, create_allreduce_fusion_workspace
+
+        dtype = getattr(torch, ctx.config.dtype)
+        group = dist.new_group(backend="nccl")
+        max_numel = _bytes_to_numel(max(ctx.config.sizes), dtype)
+        ws = create_allreduce_fusion_workspace(backend="trtllm", world_size=ctx.world_size, rank=ctx.rank,
+                                               max_token_num=max_numel // 256, hidden_dim=256, dtype=dtype,
+                                               group=group)
+        info: dict = {"flashinfer": getattr(flashinfer, "__version__", "?"), "workspace": type(ws).__name__,
+                      "workspace_elements": max_numel, "shapes": {}}
+
+        def make_op(nbytes):
+            tokens, hidden = _token_shape(_bytes_to_numel(nbytes, dtype))
+            if not ws.is_buffer_size_sufficient(ctx.world_size, tokens, hidden, dtype):
+                raise ValueError(f"the workspace does not fit [{tokens}, {hidden}]")
+            info["shapes"][str(nbytes)] = [tokens, hidden]
+            inp = torch.empty(tokens * hidden, dtype=dtype, device=ctx.device)
+            out = torch.empty_like(inp)
+            x, y = inp.view(tokens, hidden), out.view(tokens, hidden)
+            return Op(inp, out, lambda: allreduce_fusion(input=x, workspace=ws, pattern=AllReduceFusionPattern.kAllReduce,
+                                                         output=y, fp32_acc=True, launch_with_pdl=False))
+
+        try:
+            sweep = Harness(ctx, ctx.config).sweep(make_op, self.name)
+        finally:
+            try:
+                ws.destroy()
+            except Exception as exc:  # noqa: BLE001 - reported; the process exit frees it
+                info["destroy_error"] = short_error(exc)
+        return [{"backend": self.name, "label": self.label, "info": info, "sweep": sweep, "checks": {},
+                 "failure": None}]
+
+
 class GlooProbe(Probe):
     """``torch.distributed.all_reduce`` over gloo on CPU tensors (float32): the CPU-only path that lets the
     orchestration, reports and plots run for real without GPUs. No CUDA graphs."""
@@ -329,10 +446,8 @@ def registry() -> dict[str, Probe]:
         SymmMemProbe("two_shot"),
         NotRunnableProbe("sglang-custom-allreduce", "SGLang CustomAllreduce (sgl_kernel)", ("sglang", "sgl_kernel"),
                          "sglang.srt.distributed.device_communicators.custom_all_reduce", min_world_size=2),
-        NotRunnableProbe("flashinfer-allreduce-fusion", "FlashInfer trtllm allreduce fusion", ("flashinfer",),
-                         "flashinfer.comm.trtllm_allreduce_fusion", min_world_size=2),
-        NotRunnableProbe("flashinfer-pcie-ipc-allreduce", "FlashInfer PCIe IPC allreduce", ("flashinfer",),
-                         "flashinfer.comm.PcieIpcAllReduceWorkspace", min_world_size=2),
+        FlashInferFusionProbe(),
+        FlashInferPcieIpcProbe(),
         NotRunnableProbe("ep-flashinfer-a2a", "EP over FlashInfer all-to-all", ("flashinfer",),
                          "flashinfer.comm MNNVL all-to-all", min_world_size=2),
         NotRunnableProbe("mscclpp", "MSCCL++ allreduce", ("mscclpp",), "mscclpp", min_world_size=2),

@@ -405,7 +405,8 @@ def run_build(
     secrets = {"cabundle": bundle} if bundle else {}
     error: StackError | None = None
     for i, node in enumerate(plan.nodes, 1):
-        entry = {"name": node.name, "kind": node.kind, "method": node.method, "hash": node.hash, "tag": node.tag,
+        entry = {"name": node.name, "kind": node.kind, "method": node.method, "hash": node.hash,
+                 "plan_hash": (node.inputs or {}).get("plan_hash", node.hash), "tag": node.tag,
                  "status": "not reached", "duration_s": 0.0, "image_id": None, "size_bytes": None, "log": None,
                  "wheels": {}, "knobs": {k.name: k.value for k in node.knobs}}
         record["nodes"].append(entry)

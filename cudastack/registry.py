@@ -31,7 +31,7 @@ from typing import Callable, Optional
 
 import requests
 
-from cudastack.errors import EnvironmentError_, RegistryError, UsageError
+from cudastack.errors import EnvironmentError_, LockError, RegistryError, UsageError
 
 #: Manifest media types we accept, most specific first (OCI image-spec v1.1 and Docker Image Manifest V2,
 #: Schema 2). A registry serves the stored manifest when its type is in this list, so the digest it reports
@@ -252,7 +252,8 @@ class RegistryClient:
         except requests.exceptions.RequestException as exc:
             raise RegistryError(
                 f"The registry {self.registry} does not answer at {self.base_url} ({type(exc).__name__}). "
-                "Start it or check the --registry host and port; nothing was pushed or recorded."
+                "Start it or check its host and port (push: --registry; pull: the reference the lockfile "
+                "recorded); nothing was pushed, pulled or recorded."
             ) from None
 
     def _authorize(self, challenge: str, scope_hint: str) -> None:
@@ -561,6 +562,6 @@ def pull_locked(lock_path, *, node: str = "runtime", client=None,
     lock = L.load_lock(lock_path)
     rec = (lock.get("pushed") or {}).get(node)
     if not rec:
-        raise UsageError(f"{lock_path} records no push of node {node}; run `invoke push --cuda "
+        raise LockError(f"{lock_path} records no push of node {node}; run `invoke push --cuda "
                          f"{lock.get('toolchain')} --registry ...` where the image was built.")
     return pull_by_digest(rec["reference"], expected_image_id=rec.get("image_id"), client=client, progress=progress)

@@ -6,7 +6,7 @@ import sys
 
 from invoke import Exit, task
 
-from cudastack.errors import StackError, UsageError
+from cudastack.errors import LockError, StackError, UsageError
 
 _PLAN_HELP = {
     "cuda": "CUDA toolchain, as named in recipes/toolchains.yaml (e.g. 13.1, 12.8).",
@@ -71,8 +71,19 @@ def lock(c, cuda="13.1", arch=None, base=None, skip=None, recipes=None, lockfile
             _say(f"note: {exc}")
         target = L.target_for_plan(plan, glibc=glibc, client=client)
         path = L.lock_path(plan.toolchain, lockfiles)
+        try:
+            before = L.load_lock(path) if path.exists() else {}
+        except StackError:
+            before = {}
         lk = L.lock_plan(plan, path, target=target, python=python or sys.executable, client=client,
                          find_links=find_links or (), progress=_say)
+        for section in ("outputs", "pushed"):
+            dropped = sorted(set(before.get(section) or {}) - set(lk.get(section) or {}))
+            if dropped:
+                _say(f"note: dropped the recorded {section} of {', '.join(dropped)}: their lock entries changed "
+                     f"(pins or plan), so those images are not what this lock describes; rebuild with "
+                     f"`invoke build --cuda {plan.toolchain} --locked`"
+                     + (" and push again" if section == "pushed" else ""))
         print(L.summary(lk))
         print(f"wrote {path}")
     except StackError as exc:
@@ -159,7 +170,7 @@ def cluster_job(c, cuda="13.1", scheduler=None, gpus=None, nodes=1, image=None, 
             lk = L.load_lock(str(cuda), lockfiles)
             rec = (lk.get("pushed") or {}).get("runtime")
             if not rec:
-                raise UsageError(f"The lockfile for CUDA {cuda} records no pushed runtime image; run `invoke push "
+                raise LockError(f"The lockfile for CUDA {cuda} records no pushed runtime image; run `invoke push "
                                  f"--cuda {cuda} --registry ...` or pass --image REGISTRY/NAME@sha256:...")
             image = rec["reference"]
         if scheduler == "slurm":

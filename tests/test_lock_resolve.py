@@ -97,6 +97,29 @@ def test_outputs_survive_relock_only_for_unchanged_nodes(index, tmp_path):
     assert set(lock["outputs"]) == {"app"}
 
 
+def test_a_locked_build_after_a_plan_change_keeps_its_outputs_through_a_relock(index, tmp_path):
+    """A node's plan changed without touching any pin (e.g. the suite code in the runtime's context): the lock
+    still verifies, the locked build records its outputs and the plan hash it used, and relocking the same
+    plan keeps them. A push of the node's previous image is dropped when the new image is recorded."""
+    from cudastack.registry import PushedImage
+
+    p = tmp_path / "9.9.lock.yaml"
+    L.lock_plan(tiny_plan(index), p, target=TARGET)
+    d = "sha256:" + "4" * 64
+    L.record_outputs(p, "app", image_id="sha256:" + "1" * 64)
+    L.record_push(p, "app", PushedImage(d, f"r:5000/app@{d}", f"r:5000#app@{d}", "sha256:" + "1" * 64, "r:5000/app:1"))
+    changed = tiny_plan(index)
+    changed.nodes[0].hash = "e" * 64                      # the app node's plan changed, its pins did not
+    L.verify_plan_against_lock(changed, L.load_lock(p))
+    record = {"nodes": [{"name": "app", "status": "built", "image_id": "sha256:" + "9" * 64, "tag": "cudastack/app:9",
+                         "plan_hash": "e" * 64}]}
+    lock = L.record_build_outputs(p, record)
+    assert lock["nodes"]["app"]["plan_hash"] == "e" * 64
+    assert lock["outputs"]["app"]["image_id"] == "sha256:" + "9" * 64 and "pushed" not in lock
+    relocked = L.lock_plan(changed, p, target=TARGET)
+    assert relocked["outputs"]["app"]["image_id"] == "sha256:" + "9" * 64
+
+
 def test_outputs_are_dropped_when_the_closure_moved_upstream(tmp_path):
     """Same recipes (same plan hashes), but the index now serves other files for the same versions: the images
     recorded as outputs were built from the old closure, so a relock must not keep them."""

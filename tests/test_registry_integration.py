@@ -168,6 +168,6 @@ def test_image_not_the_locked_build_is_refused(locked_chain, registry_server, do
 def test_pull_without_push_record(locked_chain):
     client, made, plan, path, _, _ = locked_chain
     before = path.read_bytes()
-    with pytest.raises(UsageError, match="records no push"):
+    with pytest.raises(LockError, match="records no push"):
         R.pull_locked(path, client=client)
     assert path.read_bytes() == before

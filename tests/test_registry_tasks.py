@@ -60,7 +60,7 @@ def test_cluster_job_from_lock_without_push(tmp_path):
     from test_lock_io import _lock
     L.write_lock(tmp_path / "9.9.lock.yaml", _lock())
     r = invoke("cluster-job", "--cuda", "9.9", "--scheduler", "slurm", "--gpus", "1", "--lockfiles", str(tmp_path))
-    assert r.returncode == 2 and "records no pushed runtime image" in r.stderr
+    assert r.returncode == 7 and "records no pushed runtime image" in r.stderr
 
 
 @pytest.mark.parametrize("task", ["lock", "bake"])

@@ -76,8 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.cmd == "list":
+        from .probes import NotRunnableProbe
         for name, pr in registry().items():
-            print(f"{name:32s} {pr.device:5s} {pr.label}")
+            runner = "no runner yet" if isinstance(pr, NotRunnableProbe) else "runner"
+            print(f"{name:32s} {pr.device:5s} {runner:13s} {pr.label}")
         for name, w in PRESETS.items():
             print(f"preset {name}: {w.to_json()}")
         return 0

@@ -171,7 +171,7 @@ def cluster_job(c, cuda="13.1", scheduler=None, gpus=None, nodes=1, image=None, 
             rec = (lk.get("pushed") or {}).get("runtime")
             if not rec:
                 raise LockError(f"The lockfile for CUDA {cuda} records no pushed runtime image; run `invoke push "
-                                 f"--cuda {cuda} --registry ...` or pass --image REGISTRY/NAME@sha256:...")
+                                f"--cuda {cuda} --registry ...` or pass --image REGISTRY/NAME@sha256:...")
             image = rec["reference"]
         if scheduler == "slurm":
             text = cluster.slurm_script(image, gpus=n_gpus, nodes=n_nodes, toolchain=str(cuda), partition=partition,

@@ -8,8 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -25,8 +23,6 @@ pytestmark = [pytest.mark.docker, pytest.mark.network]
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TEST_PREFIX = "cudastack-test"   # image repositories of the fixture chain, apart from the real stack's
-CUOBJDUMP_SPEC = "nvidia-cuda-cuobjdump==13.2.78"   # cuobjdump is on PyPI from 13.2 on (not in the 13.1 set)
-CACHE = Path.home() / ".cache" / "cudastack-tests"
 
 
 @pytest.fixture(scope="module")
@@ -36,22 +32,11 @@ def engine():
 
 @pytest.fixture(scope="module")
 def cuobjdump() -> Path:
-    """NVIDIA's cuobjdump from its PyPI wheel, unpacked once into a cache folder; returns its bin folder."""
-    out = CACHE / CUOBJDUMP_SPEC.replace("==", "-")
-    binary = out / "bin" / "cuobjdump"
-    if not binary.exists():
-        dl = CACHE / "dl"
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                        "-d", str(dl), CUOBJDUMP_SPEC], check=True)
-        whl = next(dl.glob("nvidia_cuda_cuobjdump-*.whl"))
-        with zipfile.ZipFile(whl) as z:
-            member = next(n for n in z.namelist() if n.endswith("/bin/cuobjdump"))
-            binary.parent.mkdir(parents=True, exist_ok=True)
-            tmp = binary.with_suffix(".tmp")
-            tmp.write_bytes(z.read(member))
-            tmp.chmod(0o755)
-            tmp.replace(binary)
-    return binary.parent
+    """NVIDIA's cuobjdump from its PyPI wheel (validate_support.cuobjdump: unpacked once into the test cache);
+    returns its bin folder."""
+    from validate_support import cuobjdump as fetch_cuobjdump
+
+    return fetch_cuobjdump().parent
 
 
 @pytest.fixture(scope="module")

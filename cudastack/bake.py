@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Optional
 
 from cudastack.errors import UsageError
-from cudastack.lock import write_atomic
+from stackprobe.atomic import write_atomic
 
 CA_SECRET = "id=cabundle,src=${CUDASTACK_CA_BUNDLE}"   # bake interpolates the variable
 _TARGET_RE = re.compile(r"[^A-Za-z0-9_-]")

@@ -46,6 +46,7 @@ from typing import Callable
 from cudastack.engine import Engine, _fmt_s, resolve_ca_bundle
 from cudastack.errors import BuildError, EnvironmentError_, LockError, StackError
 from cudastack.plan import BuildPlan, PlannedNode, render_plan
+from stackprobe.atomic import write_atomic
 
 RECORD_FORMAT = 1
 DISK_MARGIN_GIB = 2.0
@@ -63,22 +64,6 @@ def sha256_file(path: str | Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class Wheelhouse:
@@ -130,7 +115,7 @@ class Wheelhouse:
                 e["wheels"] = {f: d for f, d in e.get("wheels", {}).items() if f not in digests}
         m["nodes"][node.name] = {"hash": node.hash, "tag": node.tag, "wheels": digests,
                                  "exported": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-        atomic_write_text(self.manifest_path, json.dumps(m, indent=2, sort_keys=True) + "\n")
+        write_atomic(self.manifest_path, json.dumps(m, indent=2, sort_keys=True) + "\n")
         return digests
 
 
@@ -486,8 +471,8 @@ def run_build(
     rec_dir = state / "records"
     text = json.dumps(record, indent=2) + "\n"
     rec_path = rec_dir / f"build-cu{plan.toolchain}-{run_id}.json"
-    atomic_write_text(rec_path, text)
-    atomic_write_text(rec_dir / f"latest-cu{plan.toolchain}.json", text)
+    write_atomic(rec_path, text)
+    write_atomic(rec_dir / f"latest-cu{plan.toolchain}.json", text)
     record["record_path"] = str(rec_path)
     built = [n["name"] for n in record["nodes"] if n["status"] == "built"]
     skipped = [n["name"] for n in record["nodes"] if n["status"] == "skipped"]

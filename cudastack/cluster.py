@@ -26,7 +26,7 @@ from typing import Iterable, Optional
 import yaml
 
 from cudastack.errors import UsageError
-from cudastack.lock import write_atomic
+from stackprobe.atomic import write_atomic
 from cudastack.registry import parse_reference
 
 REPORT_BEGIN = "----- BEGIN STACKPROBE REPORT"

@@ -27,9 +27,9 @@ Locked builds install with ``pip install --require-hashes --no-deps -r <requirem
 hash-checking mode: every file must match a listed hash, or pip stops and names the package), using
 :func:`requirements_text` / :func:`locked_build_args`.
 
-Writes are atomic: the whole text is rendered first, written to a temporary file in the same folder,
-fsync'ed, then moved over the old file with ``os.replace`` (POSIX rename is atomic), so a reader sees the
-old lockfile or the new one and a failure at any point leaves the old one byte for byte.
+Writes are atomic (:mod:`stackprobe.atomic`): the whole text is rendered first, written to a temporary file
+in the same folder, fsync'ed, then moved over the old file with ``os.replace`` (POSIX rename is atomic), so a
+reader sees the old lockfile or the new one and a failure at any point leaves the old one byte for byte.
 
 Errors: :class:`LockError` (exit 7) for a missing, malformed or stale lock, an unresolvable requirement or a
 hash mismatch; RegistryError (exit 8) when a base image digest cannot be read.
@@ -55,6 +55,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name, parse_sdist_filename
 
 from cudastack.errors import EnvironmentError_, LockError, UsageError
+from stackprobe.atomic import write_atomic  # the project's one atomic writer (re-exported here)
 
 LOCK_VERSION = 1
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -112,39 +113,6 @@ def plan_options(cuda: str, arch, base, skip, lockfiles_dir: str | Path | None =
     return (arch if arch else (",".join(lk["target_archs"]) if lk.get("target_archs") else None),
             base or lk.get("base_kind") or None,
             skip if skip else (list(lk.get("skipped") or []) or None))
-
-
-def write_atomic(path: str | Path, text: str) -> None:
-    """Replace ``path`` with ``text`` atomically: temp file in the same folder, fsync, ``os.replace``, fsync
-    of the folder. On any failure the old file is untouched and the temp file removed."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = text.encode("utf-8")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if path.exists():
-            os.chmod(tmp, path.stat().st_mode & 0o777)
-        else:
-            os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    try:
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
 
 
 @contextlib.contextmanager

@@ -40,8 +40,8 @@ def validate(c, image=None, target_arch="12.0", out="results/validate", markdown
         raise Exit(f"error: {exc}", code=exc.exit_code)
     print(text)
     if markdown:
-        from stackprobe.report import _atomic_write
-        _atomic_write(markdown, text)
+        from stackprobe.atomic import write_atomic
+        write_atomic(markdown, text)
 
 
 TASKS = [validate]

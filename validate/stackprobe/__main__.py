@@ -54,8 +54,8 @@ def _emit(text: str, dest: str) -> None:
     if dest == "-":
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
     else:
-        from .report import _atomic_write
-        _atomic_write(dest, text)
+        from .atomic import write_atomic
+        write_atomic(dest, text)
 
 
 def main(argv: list[str] | None = None) -> int:

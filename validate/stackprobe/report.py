@@ -14,13 +14,12 @@ The runtime tier adds verdicts with ``tier = "runtime"`` through :meth:`Report.a
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import REPORT_SCHEMA_VERSION, __version__
+from .atomic import write_atomic
 from .verdict import Verdict
 
 
@@ -95,10 +94,10 @@ class Report:
             raise ReportError(f"{path} is not JSON: {e}") from e
 
     def write_json(self, path: str | Path) -> None:
-        _atomic_write(path, json.dumps(self.to_json(), indent=2, default=str) + "\n")
+        write_atomic(path, json.dumps(self.to_json(), indent=2, default=str) + "\n")
 
     def write_markdown(self, path: str | Path) -> None:
-        _atomic_write(path, self.to_markdown())
+        write_atomic(path, self.to_markdown())
 
     # --- Markdown --------------------------------------------------------------------------------
     def headline(self) -> str:
@@ -150,15 +149,6 @@ def _cell(text: str) -> str:
 def _short_value(value, limit: int = 300) -> str:
     s = json.dumps(value, default=str) if not isinstance(value, str) else value
     return (s[:limit] + "...") if len(s) > limit else s
-
-
-def _atomic_write(path: str | Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 # --- comparison ------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from .. import source
+from ..atomic import write_atomic
 from ..coverage import level_for, read_elf
 from ..env import dist_version, effective_nvcc
 from ..isolate import run_task
@@ -114,7 +115,5 @@ def jit_compile(ctx, module_fn: str, arch_list: str) -> dict:
            "objects": objects, "seconds": round(time.time() - t0, 1), "key": key, "nvcc": nvcc.get("version"),
            "arch_list": arch_list, "log": info.get("log", "")[-1500:]}
     if res["built"]:
-        tmp = record.with_suffix(".tmp")
-        tmp.write_text(json.dumps(res))
-        os.replace(tmp, record)
+        write_atomic(record, json.dumps(res))
     return res

@@ -13,21 +13,11 @@ GB/s, correctness) and ``verdicts`` (:class:`stackprobe.verdict.Verdict` JSON, `
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from ..archs import parse_arch
+from ..atomic import atomic_path, write_atomic
 from ..verdict import Verdict
-
-
-def atomic_write(path: Path, data: bytes | str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mode = "wb" if isinstance(data, bytes) else "w"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
-    with os.fdopen(fd, mode) as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def load(path: str | Path) -> dict:
@@ -188,11 +178,11 @@ def plot(report: dict, path: Path) -> bool:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=110, format=path.suffix.lstrip(".") or "png")
+    finally:
+        plt.close(fig)
     return True
 
 
@@ -201,10 +191,10 @@ def write(report: dict, out_dir: str | Path, stem: str = "runtime") -> dict[str,
     Returns the paths written."""
     out = Path(out_dir)
     paths = {"json": out / f"{stem}.json", "md": out / f"{stem}.md"}
-    atomic_write(paths["json"], json.dumps(report, indent=1, default=str) + "\n")
+    write_atomic(paths["json"], json.dumps(report, indent=1, default=str) + "\n")
     png = out / f"{stem}.png"
     has_plot = plot(report, png)
     if has_plot:
         paths["png"] = png
-    atomic_write(paths["md"], markdown(report, png.name if has_plot else None))
+    write_atomic(paths["md"], markdown(report, png.name if has_plot else None))
     return paths

@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
+    from ..atomic import write_atomic
     from .bench import BenchConfig
 
     device = spec["device"]
@@ -95,10 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     backends = probe.run(ctx)
     result = {"rank": rank, "env": env_info(device), "backends": backends}
     out = os.path.join(spec["result_dir"], f"rank{rank}.json")
-    tmp = out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(result, f, default=str)
-    os.replace(tmp, out)
+    write_atomic(out, json.dumps(result, default=str))
     ctx.log("done")
     try:
         ctx.barrier()

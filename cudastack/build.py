@@ -23,11 +23,18 @@ State folder layout (default ``.stack/``)::
     logs/<run id>/<node>.log             each node's full BuildKit log
     records/build-cu13.1-<run id>.json   the build record; records/latest-cu13.1.json the newest one
 
+Run journal: the record is written (status "running", with this process's pid, its start time and host)
+before the first docker build and rewritten as each node starts ("building") and ends, so a run killed
+outright (SIGKILL, OOM killer, power loss) leaves a record that says how far it got. The next run of that
+toolchain finds a "running" record whose process is gone, rewrites it as "interrupted" (the node it was
+building too) and says so, and removes the stale ``.export-<node>-p<pid>-*`` folders such runs leave beside
+the wheelhouse (a folder whose pid is alive belongs to a build still running and is kept).
+
 Build record (JSON): ``{"format": 1, "run_id", "toolchain", "cuda_version", "archs", "base", "status"
-("ok" | "failed"), "started", "finished" (UTC ISO 8601), "duration_s", "docker_builds" (how many docker
+("running" | "ok" | "failed" | "interrupted"), "pid", "host", "proc_start", "started", "finished" (UTC ISO 8601), "duration_s", "docker_builds" (how many docker
 builds were issued), "wheelhouse", "nodes": [{"name", "kind", "method", "hash", "tag", "status" ("built" |
-"skipped" | "failed" | "interrupted" | "not reached"), "duration_s", "image_id", "size_bytes", "log",
-"wheels": {file: sha256}, "knobs": {name: value}, "compiled" (the last ninja counter of a node that did not
+"skipped" | "failed" | "building" | "interrupted" | "not reached"), "duration_s", "image_id", "size_bytes", "log",
+"wheels": {file: sha256}, "knobs": {name: value}, "child_pid" (the docker CLI of a node being built), "compiled" (the last ninja counter of a node that did not
 finish, e.g. "12/73"), "sdist" (a patched sdist's file, sha256 and patches)}], "error"}``.
 """
 from __future__ import annotations
@@ -342,6 +349,95 @@ def _ensure_os_image(engine: Engine, plan: BuildPlan, say: Say) -> None:
                        docker_cli=engine.buildkit.docker)
 
 
+def _proc_start(pid: int) -> str | None:
+    """The start time of process ``pid`` (clock ticks since boot, field 22 of /proc/<pid>/stat: proc(5)), or
+    None when no such process exists. With the pid it tells a live process from a recycled pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _process_alive(pid, start, host) -> bool:
+    """Whether the run that wrote a journal (``pid``, ``start``, ``host``) still runs. A journal from another
+    host counts as alive (it cannot be checked from here)."""
+    import socket
+
+    if host and host != socket.gethostname():
+        return True
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    now = _proc_start(pid)
+    if now is None:
+        if Path("/proc/self/stat").exists():
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return start is None or now == start
+
+
+def recover_interrupted(state: Path, toolchain: str, say: Say) -> list[dict]:
+    """Find runs of ``toolchain`` whose journal says "running" but whose process is gone (killed without a
+    chance to write its end), rewrite each record as "interrupted" (the node it was building as well),
+    say so, and return them. Records of runs still alive are left alone."""
+    rec_dir = state / "records"
+    found = []
+    for p in sorted(rec_dir.glob(f"build-cu{toolchain}-*.json")):
+        try:
+            rec = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if rec.get("status") != "running" or _process_alive(rec.get("pid"), rec.get("proc_start"), rec.get("host")):
+            continue
+        node = next((n for n in rec.get("nodes", []) if n.get("status") == "building"), None)
+        if node is not None:
+            node["status"] = "interrupted"
+        rec["status"] = "interrupted"
+        rec["error"] = (f"The build process (pid {rec.get('pid')}) ended without recording an exit (killed: "
+                        f"SIGKILL, the OOM killer or a lost machine)"
+                        + (f" while building {node['name']}" if node else "") + ".")
+        text = json.dumps(rec, indent=2) + "\n"
+        write_atomic(p, text)
+        latest = rec_dir / f"latest-cu{toolchain}.json"
+        try:
+            if json.loads(latest.read_text()).get("run_id") == rec.get("run_id"):
+                write_atomic(latest, text)
+        except (OSError, ValueError):
+            pass
+        say(f"previous run {rec.get('run_id')} (started {rec.get('started')}) was interrupted"
+            + (f" while building {node['name']}" if node else "")
+            + f": its process ended without recording an exit; {p} now says so")
+        found.append(rec)
+    return found
+
+
+def remove_stale_exports(folder: Path, say: Say) -> list[str]:
+    """Remove ``.export-*`` folders in ``folder`` (beside the wheelhouse) that no live build owns: the owner's
+    pid is in the name (``.export-<node>-p<pid>-<random>``); folders without one predate that naming and are
+    stale. Returns the names removed."""
+    import re as _re
+
+    removed = []
+    if not folder.is_dir():
+        return removed
+    for p in sorted(folder.glob(".export-*")):
+        m = _re.search(r"-p(\d+)-[^-]*$", p.name)
+        if m and (int(m.group(1)) == os.getpid() or _proc_start(int(m.group(1))) is not None):
+            continue          # its build is still running
+        shutil.rmtree(p, ignore_errors=True)
+        if not p.exists():
+            removed.append(p.name)
+    if removed:
+        say(f"removed {len(removed)} stale export folder(s) of killed runs beside the wheelhouse: {', '.join(removed)}")
+    return removed
+
+
 def run_build(
     plan: BuildPlan,
     *,
@@ -368,33 +464,48 @@ def run_build(
     t_run = time.monotonic()
     builds_before = engine.builds_issued
 
+    rec_dir = state / "records"
+    recover_interrupted(state, plan.toolchain, say)
+    remove_stale_exports(wheelhouse.path.parent, say)
+
     cached = cached_map(engine, wheelhouse, plan)
     todo = [n.name for n in plan.nodes if not cached[n.name]]
     say(f"cuda {plan.toolchain} ({plan.cuda_version}), base {plan.base_kind}, archs {','.join(plan.target_archs)}: "
         f"{len(plan.nodes)} nodes, {len(plan.nodes) - len(todo)} cached, {len(todo)} to build "
         f"[{engine.buildkit.describe()}]")
-    if todo:
-        _preflight_disk(engine, plan, cached, state, say)
-        _ensure_os_image(engine, plan, say)
-        if bundle:
-            say(f"CA bundle for builds: {bundle} (BuildKit secret 'cabundle', never in a layer)")
+    import socket
 
     record = {
         "format": RECORD_FORMAT, "run_id": run_id, "toolchain": plan.toolchain, "cuda_version": plan.cuda_version,
         "archs": plan.target_archs, "base": plan.base_kind, "base_image": plan.base_image,
         "recipes": plan.recipes_dir, "skipped_components": plan.skipped, "status": "running",
+        "pid": os.getpid(), "proc_start": _proc_start(os.getpid()), "host": socket.gethostname(),
         "started": started.isoformat(timespec="seconds"), "finished": None, "duration_s": None,
         "docker_builds": 0, "wheelhouse": str(wheelhouse.path), "buildkit": engine.buildkit.describe(),
-        "nodes": [], "error": None,
+        "nodes": [{"name": node.name, "kind": node.kind, "method": node.method, "hash": node.hash,
+                   "plan_hash": (node.inputs or {}).get("plan_hash", node.hash), "tag": node.tag,
+                   "status": "not reached", "duration_s": 0.0, "image_id": None, "size_bytes": None, "log": None,
+                   "wheels": {}, "knobs": {k.name: k.value for k in node.knobs}} for node in plan.nodes],
+        "error": None,
     }
+    rec_path = rec_dir / f"build-cu{plan.toolchain}-{run_id}.json"
+
+    def journal() -> None:
+        """Write the record as it stands (the run journal), to the run's file and to latest."""
+        text = json.dumps(record, indent=2) + "\n"
+        write_atomic(rec_path, text)
+        write_atomic(rec_dir / f"latest-cu{plan.toolchain}.json", text)
+
+    if todo:
+        journal()           # before anything expensive: a run killed from here on leaves a "running" record
+        _preflight_disk(engine, plan, cached, state, say)
+        _ensure_os_image(engine, plan, say)
+        if bundle:
+            say(f"CA bundle for builds: {bundle} (BuildKit secret 'cabundle', never in a layer)")
+
     secrets = {"cabundle": bundle} if bundle else {}
     error: StackError | None = None
-    for i, node in enumerate(plan.nodes, 1):
-        entry = {"name": node.name, "kind": node.kind, "method": node.method, "hash": node.hash,
-                 "plan_hash": (node.inputs or {}).get("plan_hash", node.hash), "tag": node.tag,
-                 "status": "not reached", "duration_s": 0.0, "image_id": None, "size_bytes": None, "log": None,
-                 "wheels": {}, "knobs": {k.name: k.value for k in node.knobs}}
-        record["nodes"].append(entry)
+    for i, (node, entry) in enumerate(zip(plan.nodes, record["nodes"]), 1):
         if error is not None:
             continue
         if cached[node.name]:
@@ -410,6 +521,14 @@ def run_build(
                if node.parallel_knobs else ""))
         log = logs / f"{node.name}.log"
         entry["log"] = str(log)
+        entry["status"] = "building"
+        journal()
+
+        def on_child(pid: int, entry=entry) -> None:
+            entry["child_pid"] = pid
+            journal()
+
+        engine.on_child = on_child
         t0 = time.monotonic()
         tmp_out = None
         ctx = None
@@ -426,7 +545,7 @@ def run_build(
                           secrets=secrets, labels=labels)
             if node.kind == "wheels":
                 wheelhouse.path.mkdir(parents=True, exist_ok=True)
-                tmp_out = Path(tempfile.mkdtemp(prefix=f".export-{node.name}-", dir=wheelhouse.path.parent))
+                tmp_out = Path(tempfile.mkdtemp(prefix=f".export-{node.name}-p{os.getpid()}-", dir=wheelhouse.path.parent))
                 engine.build(name=node.name, log_path=log, say=say, target="wheels", output_dir=str(tmp_out), **common)
                 entry["wheels"] = wheelhouse.add(node, tmp_out)
                 engine.build(name=f"{node.name} (tag builder)", log_path=log, say=say, target="builder",
@@ -457,22 +576,24 @@ def run_build(
             error = BuildError(f"Interrupted while building {node.name} after {_fmt_s(entry['duration_s'])}"
                                + (f" (compiled {entry['compiled']})" if entry.get("compiled") else "")
                                + f"; rerun to resume from the cached nodes. Log: {entry['log']}")
+            error.interrupted = True  # type: ignore[attr-defined]
             record["error"] = str(error)
         finally:
+            engine.on_child = None
+            entry.pop("child_pid", None)
             if tmp_out is not None:
                 shutil.rmtree(tmp_out, ignore_errors=True)
             if ctx is not None:
                 shutil.rmtree(ctx, ignore_errors=True)
+        journal()
 
     record["docker_builds"] = engine.builds_issued - builds_before
     record["status"] = "failed" if error else "ok"
+    if isinstance(error, BuildError) and getattr(error, "interrupted", False):
+        record["status"] = "interrupted"
     record["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     record["duration_s"] = round(time.monotonic() - t_run, 1)
-    rec_dir = state / "records"
-    text = json.dumps(record, indent=2) + "\n"
-    rec_path = rec_dir / f"build-cu{plan.toolchain}-{run_id}.json"
-    write_atomic(rec_path, text)
-    write_atomic(rec_dir / f"latest-cu{plan.toolchain}.json", text)
+    journal()
     record["record_path"] = str(rec_path)
     built = [n["name"] for n in record["nodes"] if n["status"] == "built"]
     skipped = [n["name"] for n in record["nodes"] if n["status"] == "skipped"]

@@ -15,6 +15,12 @@ BuildKit path detection (:func:`find_buildkit`), in order over every ``docker`` 
 If neither exists, :class:`EnvironmentError_` says to install ``docker-buildx`` (or Debian's ``docker.io``,
 whose 20.10 client does BuildKit by itself).
 
+The build child (the docker CLI, which holds the BuildKit session) dies with its parent: it is started with
+Linux's parent-death signal (``prctl(PR_SET_PDEATHSIG, SIGTERM)``, prctl(2)), so a SIGKILL of this process,
+which runs no handler, still ends the CLI; its session closes and the daemon cancels the solve instead of
+finishing the step as an orphan. Ctrl-C and SIGTERM (turned into KeyboardInterrupt by the tasks) terminate it
+explicitly.
+
 Each build streams BuildKit's plain progress into a log file (the whole log) and onto the terminal as one
 status line per step with the elapsed time (on a terminal, a line redrawn in place). A failing build
 raises :class:`BuildError` with the last lines of the failing step and the log's path.
@@ -24,6 +30,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -83,6 +90,31 @@ def _client_candidates() -> list[str]:
             if real not in [os.path.realpath(s) for s in seen]:
                 seen.append(p)
     return seen
+
+
+PR_SET_PDEATHSIG = 1          # <linux/prctl.h>
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A ``preexec_fn`` for :class:`subprocess.Popen` that makes the child receive ``sig`` when the process
+    that started it dies, for whatever reason (SIGKILL included): ``prctl(PR_SET_PDEATHSIG, sig)``. If the
+    parent is already gone by the time the child runs it (the race prctl(2) describes), the child sends
+    itself ``sig``. None off Linux (no such call; the child then outlives a killed parent).
+    The signal is tied to the thread that calls Popen: call it from a thread that lives as long as the build
+    (the main thread here)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl    # looked up here: no dlopen after fork
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), sig)
+
+    return preexec
 
 
 def _run(cmd: list[str], env: dict | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -206,6 +238,8 @@ class Engine:
         self.buildkit = buildkit
         self.client = client
         self.builds_issued = 0
+        self.child_pid: int | None = None       # the docker CLI of the build in progress
+        self.on_child: Callable[[int], None] | None = None   # told each build child's pid (the run journal)
 
     # --- construction / preflight ---------------------------------------------------------------
     @classmethod
@@ -296,6 +330,7 @@ class Engine:
         log_path = Path(log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.builds_issued += 1
+        self.child_pid = None
         prog = _Progress()
         t0 = time.monotonic()
         tty = sys.stderr.isatty()
@@ -321,9 +356,12 @@ class Engine:
             log.flush()
             try:
                 proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
-                                        errors="replace", bufsize=1)
+                                        errors="replace", bufsize=1, preexec_fn=die_with_parent())
             except OSError as exc:
                 raise EnvironmentError_(f"Could not run {cmd[0]}: {exc}.") from exc
+            self.child_pid = proc.pid
+            if self.on_child is not None:
+                self.on_child(proc.pid)
             hb = threading.Thread(target=heartbeat, daemon=True)
             hb.start()
             try:

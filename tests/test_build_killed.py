@@ -1,0 +1,122 @@
+"""Case C33 for real: `invoke build` killed with SIGKILL while a node builds.
+
+The fixture chain (tests/fixtures/recipes, images tagged cudastack-test/...) is built by a real `invoke build`
+whose source node runs a long, uniquely named `sleep` inside its docker build. While that sleep runs, the
+invoke process gets SIGKILL (no handler can run). Then:
+
+* the docker CLI child and every other descendant are gone within seconds, and so is the `sleep` inside the
+  build (the daemon cancelled the solve): no orphaned build keeps running;
+* the run journal, written before the first docker build, says "running" and names the node being built;
+* the next `invoke build` says the previous run was interrupted, its record now says "interrupted", and the
+  stale `.export-*` folder the killed run left beside the wheelhouse is removed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.docker, pytest.mark.network]
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).parent / "fixtures"
+INVOKE = Path(sys.executable).with_name("invoke")
+
+
+def _recipes(tmp_path: Path, setup_prefix: str) -> Path:
+    """A copy of the fixture recipes whose cuda-ext source runs ``setup_prefix`` before its setup.py."""
+    psutil = pytest.importorskip("psutil")  # noqa: F841  (the test needs it; declared in the test extra)
+    src = tmp_path / "cuda_ext"
+    shutil.copytree(FIXTURES / "cuda_ext", src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    setup = src / "setup.py"
+    setup.write_text(setup_prefix + setup.read_text())
+    recipes = tmp_path / "recipes"
+    shutil.copytree(FIXTURES / "recipes", recipes)
+    ext = recipes / "cuda-ext.yaml"
+    d = yaml.safe_load(ext.read_text())
+    d["toolchains"]["13.1"]["path"] = str(src)
+    ext.write_text(yaml.safe_dump(d))
+    return recipes
+
+
+def _invoke(recipes: Path, state: Path, out) -> subprocess.Popen:
+    return subprocess.Popen([str(INVOKE), "build", "--cuda", "13.1", "--recipes", str(recipes), "--state-dir",
+                             str(state), "--prefix", "cudastack-test", "--max-jobs", "1"],
+                            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _procs_with_cmdline(psutil, cmd: list[str]) -> list:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if (p.info.get("cmdline") or []) == cmd:
+            found.append(p)
+    return found
+
+
+def test_sigkill_of_invoke_build_leaves_no_orphan_and_the_next_run_reports_it(tmp_path):
+    import psutil
+
+    marker = f"{random.randint(1000, 9999)}.{random.randint(100, 999)}"      # a unique `sleep` argument
+    sleep_cmd = ["sleep", marker]
+    recipes = _recipes(tmp_path / "a", f"import subprocess\nsubprocess.run({sleep_cmd!r})\n")
+    state = tmp_path / "state"
+    out_path = tmp_path / "first.out"
+    with open(out_path, "wb") as out:
+        proc = _invoke(recipes, state, out)
+        try:
+            # the base node may have to be built first (minutes); wait for the sleep inside cuda-ext's build
+            deadline = time.monotonic() + 1200
+            sleepers = []
+            while time.monotonic() < deadline and proc.poll() is None:
+                sleepers = _procs_with_cmdline(psutil, sleep_cmd)
+                if sleepers:
+                    break
+                time.sleep(1)
+            assert sleepers, f"the build never reached the sleep: {out_path.read_text(errors='replace')[-3000:]}"
+            descendants = psutil.Process(proc.pid).children(recursive=True)
+            assert any("docker" in " ".join(d.cmdline()) for d in descendants), descendants
+            latest = json.loads((state / "records" / "latest-cu13.1.json").read_text())
+            exports = list((state / "wheelhouse").glob(".export-cuda-ext-*"))
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    # the journal was on disk before the kill: it says running and names the node being built
+    assert latest["status"] == "running" and latest["pid"] == proc.pid
+    assert {n["name"]: n["status"] for n in latest["nodes"]}["cuda-ext"] == "building"
+    assert exports, "a wheels node builds into an export folder beside the wheelhouse"
+
+    # no orphan: the CLI (and anything else it started) and the sleep inside the build end within seconds
+    gone, alive = psutil.wait_procs(descendants, timeout=20)
+    assert not alive, f"orphaned after SIGKILL of invoke: {[(p.pid, p.cmdline()) for p in alive]}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _procs_with_cmdline(psutil, sleep_cmd):
+        time.sleep(1)
+    assert not _procs_with_cmdline(psutil, sleep_cmd), "the build's RUN step kept running after its client died"
+    assert all(p.exists() for p in exports), "the killed run could not clean up (the next run must)"
+
+    # the next run (its cuda-ext now fails at once: the test needs only its start) reports and cleans up
+    recipes2 = _recipes(tmp_path / "b", "import sys\nsys.exit('fixture: fail fast')\n")
+    with open(tmp_path / "second.out", "wb") as out:
+        second = _invoke(recipes2, state, out)
+        rc = second.wait(timeout=1200)
+    text = (tmp_path / "second.out").read_text(errors="replace")
+    assert rc == 6, text                                          # the fail-fast node: BuildError
+    assert f"previous run {latest['run_id']}" in text and "was interrupted while building cuda-ext" in text, text
+    assert "stale export folder" in text, text
+    assert not any(p.exists() for p in exports)
+    old = json.loads((state / "records" / f"build-cu13.1-{latest['run_id']}.json").read_text())
+    assert old["status"] == "interrupted" and "ended without recording an exit" in old["error"]
+    assert {n["name"]: n["status"] for n in old["nodes"]}["cuda-ext"] == "interrupted"
+    assert json.loads((state / "records" / "latest-cu13.1.json").read_text())["status"] == "failed"
+    assert list((state / "wheelhouse").glob(".export-*")) == []

@@ -844,23 +844,29 @@ def apply_lock(plan, lock: dict) -> None:
 def explain_pip_hash_failure(output: str, lock: Optional[dict] = None) -> Optional[LockError]:
     """Turn pip's hash-checking failure (``THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS
     FILE``, followed by ``name==version from URL:`` / ``Expected sha256 ...`` / ``Got ...`` lines) into a
-    LockError naming each package, or None when ``output`` holds no such failure."""
+    LockError that starts "the lock and the index disagree on <package>" and names each package, or None when
+    ``output`` holds no such failure. Either side can be the wrong one: the lockfile may have been edited, or
+    the index may serve another file than the one that was locked."""
     if HASH_MISMATCH_HEADER not in output:
         return None
     block = output.split(HASH_MISMATCH_HEADER, 1)[1]
-    found = []
+    found, names = [], []
     for m in re.finditer(r"^\s+([A-Za-z0-9_.\-\[\],]+==\S+) from (\S+?):?\s*\n\s+Expected sha256 ([0-9a-f]+)\s*\n"
                          r"\s+Got\s+([0-9a-f]+)", block, re.M):
-        found.append(f"{m.group(1)} (file {m.group(2).rsplit('/', 1)[-1]}: the lock expects sha256 "
-                     f"{m.group(3)[:16]}..., the index now serves {m.group(4)[:16]}...)")
+        names.append(m.group(1))
+        found.append(f"{m.group(1)} (file {m.group(2).rsplit('/', 1)[-1]}: the lock pins sha256 "
+                     f"{m.group(3)[:16]}..., the downloaded file has {m.group(4)[:16]}...)")
     if not found:
         found = [ln.strip() for ln in block.splitlines() if "==" in ln][:5]
+        names = [ln.split()[0] for ln in found]
     refresh = lock_command(lock) if lock else "invoke lock --cuda X"
     return LockError(
-        "pip's hash-checking mode refused " + "; ".join(found) + ". The file on the index is not the one that was "
-        "locked: someone re-uploaded or tampered with it, or the index mirrors another build. Investigate before "
-        f"trusting it; if the new file is intended, refresh the lock with `{refresh}` and review the "
-        "diff. The lockfile was not changed."
+        f"The lock and the index disagree on {', '.join(names) or 'a package'}: pip's hash-checking mode refused "
+        + "; ".join(found) + ". Either the lockfile was changed since it was made (see `git diff lockfiles/`; "
+        "`invoke build --locked --dry-run` checks every locked hash against the index) or the index serves another "
+        "file than the one that was locked (re-uploaded, tampered with, or a mirror of another build): find out "
+        f"which before trusting either. If the index's file is intended, refresh the lock with `{refresh}` and "
+        "review the diff. The lockfile was not changed."
     )
 
 
@@ -930,13 +936,150 @@ def record_push(path: str | Path, node: str, pushed) -> dict:
     return update_lock(path, fn)
 
 
-def prepare_locked_build(plan, path: str | Path, *, client=None) -> dict:
-    """For ``invoke build --locked``: load the lock at ``path``, verify ``plan`` against it (LockError naming
-    every stale entry, before anything is built) and turn the plan into its locked build in place
-    (:func:`apply_lock`: hash-checking build args, pinned sdist digests, locked node hashes and tags).
-    Returns the lock."""
+def locked_files(lock: dict) -> list[dict]:
+    """Every file the lock pins by sha256 for download from an index: each install's packages and each sdist,
+    as ``{"node", "where" (e.g. "installs.PIP_SPECS" or "sdists"), "name", "version", "filename", "sha256",
+    "index"}`` (the node's index; find-links-only nodes, ``index: none``, are left out)."""
+    out = []
+    for node, e in (lock.get("nodes") or {}).items():
+        index = e.get("index") or DEFAULT_INDEX
+        if index == "none" or index.startswith("file:"):
+            continue
+        groups = [(f"installs.{arg}", i.get("packages") or []) for arg, i in (e.get("installs") or {}).items()]
+        groups.append(("sdists", e.get("sdists") or []))
+        for where, pkgs in groups:
+            for p in pkgs:
+                if p.get("filename") and p.get("sha256"):
+                    out.append({"node": node, "where": where, "name": canonicalize_name(p.get("name", "")),
+                                "version": str(p.get("version", "")), "filename": p["filename"],
+                                "sha256": str(p["sha256"]).lower(), "index": index})
+    return out
+
+
+_HREF_HASH = re.compile(r"""<a\s[^>]*href=["']([^"'#]*)#sha256=([0-9a-fA-F]{64})["'][^>]*>\s*([^<\s]+)\s*</a>""", re.I)
+
+
+def published_hashes(index: str, project: str, *, session: Optional[requests.Session] = None,
+                     timeout: float = 60) -> dict[str, str]:
+    """{file name: sha256} that a simple index publishes for ``project``: the JSON simple API (PEP 691,
+    ``files[].{filename, hashes.sha256}``) when the index serves it, else the HTML simple API (PEP 503: each
+    link's ``#sha256=`` fragment). Raises ``requests.RequestException`` when the index does not answer and
+    LookupError when it has no such project (404)."""
+    s = session or requests.Session()
+    base = index.rstrip("/")
+    r = s.get(f"{base}/{canonicalize_name(project)}/", timeout=timeout,
+              headers={"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1"}, verify=_verify_arg())
+    if r.status_code == 404:
+        raise LookupError(project)
+    r.raise_for_status()
+    if "application/vnd.pypi.simple.v1+json" in r.headers.get("Content-Type", ""):
+        return {f["filename"]: str((f.get("hashes") or {}).get("sha256", "")).lower()
+                for f in r.json().get("files", []) if f.get("filename")}
+    return {m.group(3): m.group(2).lower() for m in _HREF_HASH.finditer(r.text)}
+
+
+def _verify_arg():
+    for var in ("REQUESTS_CA_BUNDLE", "SSL_CERT_FILE", "PIP_CERT"):
+        v = os.environ.get(var)
+        if v and os.path.exists(v):
+            return v
+    return True
+
+
+def verify_locked_hashes(lock: dict, *, cache_dirs: Iterable[str | Path] = (), session=None,
+                         where: str = "the lockfile", fetch: Optional[Callable[[str, str], dict]] = None) -> dict:
+    """Check every sha256 the lock pins (:func:`locked_files`) against what the node's index publishes for
+    that file (:func:`published_hashes`, one request per project), or, where the index does not answer, against
+    a cached copy of the file in ``cache_dirs`` (the sdist cache, the wheelhouse). Returns ``{"checked",
+    "index", "cached", "unchecked": [file, ...], "unreachable": {index: reason}}``.
+
+    Raises LockError (exit 7) naming each package, its node and install, the locked and the published sha256,
+    when the lock pins a hash the index does not publish for that file, or a file the index no longer lists.
+    A lock edited by hand or a re-uploaded file thus fails here, before any build. ``fetch`` (index, project)
+    -> {file: sha256} replaces the HTTP lookup (tests)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    files = locked_files(lock)
+    projects = sorted({(f["index"], f["name"]) for f in files})
+    s = session or requests.Session()
+    get = fetch or (lambda index, project: published_hashes(index, project, session=s))
+
+    def one(key):
+        try:
+            return key, get(*key), None
+        except LookupError:
+            return key, {}, None
+        except requests.RequestException as exc:
+            return key, None, f"{type(exc).__name__}"
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(one, projects))
+    published = {k: v for k, v, _ in results}
+    unreachable = {k[0]: err for k, _, err in results if err}
+    cache: dict[str, Path] = {}
+    for d in cache_dirs:
+        d = Path(d)
+        if d.is_dir():
+            for p in d.rglob("*"):
+                if p.is_file():
+                    cache.setdefault(p.name, p)
+    bad, unchecked = [], []
+    n_index = n_cached = 0
+    for f in files:
+        pub = published.get((f["index"], f["name"]))
+        label = (f"{f['name']}=={f['version']} (node {f['node']}, {f['where']}, file {f['filename']})")
+        if pub is not None:
+            got = pub.get(f["filename"])
+            if got is None:
+                bad.append(f"{label}: the index {f['index']} does not list that file")
+            elif got != f["sha256"]:
+                bad.append(f"{label}: the lock pins sha256 {f['sha256']}, the index publishes {got}")
+            else:
+                n_index += 1
+            continue
+        cached = cache.get(f["filename"])
+        if cached is not None:
+            got = hashlib.sha256(cached.read_bytes()).hexdigest()
+            if got != f["sha256"]:
+                bad.append(f"{label}: the lock pins sha256 {f['sha256']}, the cached file {cached} has {got}")
+            else:
+                n_cached += 1
+        else:
+            unchecked.append(f["filename"])
+    if bad:
+        raise LockError(
+            f"{where} pins hashes that the package index does not publish: " + "; ".join(bad) + ". A hand edit, a "
+            "merge gone wrong or a file re-uploaded to the index: pip would refuse these in hash-checking mode. "
+            f"Restore the lockfile from version control, or refresh it with `{lock_command(lock)}` and review "
+            "the diff. Nothing was built and the lockfile was not changed.")
+    return {"checked": n_index + n_cached, "index": n_index, "cached": n_cached, "unchecked": unchecked,
+            "unreachable": unreachable}
+
+
+def describe_hash_check(result: dict) -> str:
+    """One line for the build's output: how many locked hashes were checked and against what."""
+    line = (f"{result['checked']} locked sha256 checked ({result['index']} against the index's published hashes, "
+            f"{result['cached']} against cached files)")
+    if result["unchecked"]:
+        why = "; ".join(f"{i}: {e}" for i, e in result["unreachable"].items()) or "no answer"
+        line += (f"; {len(result['unchecked'])} not checked ({why}; pip checks them during the build): "
+                 + ", ".join(result["unchecked"][:5]) + (" ..." if len(result["unchecked"]) > 5 else ""))
+    return line
+
+
+def prepare_locked_build(plan, path: str | Path, *, client=None, check_hashes: bool = True,
+                         cache_dirs: Iterable[str | Path] = (), say: Optional[Progress] = None) -> dict:
+    """For ``invoke build --locked`` (and its dry run): load the lock at ``path``, verify ``plan`` against it
+    (LockError naming every stale entry, before anything is built), check every locked sha256 against the
+    index or cached files (:func:`verify_locked_hashes`, with ``check_hashes``) and turn the plan into its
+    locked build in place (:func:`apply_lock`: hash-checking build args, pinned sdist digests, locked node
+    hashes and tags). Never writes the lock. Returns the lock."""
     lock = load_lock(path)
     verify_plan_against_lock(plan, lock, client=client, where=str(path))
+    if check_hashes:
+        result = verify_locked_hashes(lock, cache_dirs=cache_dirs, where=str(path))
+        if say:
+            say(describe_hash_check(result))
     apply_lock(plan, lock)
     return lock
 

@@ -23,6 +23,7 @@ _HELP = {
                  "proxy; never stored in a layer. Default: the system bundle where one exists.",
     "recipes": "Recipes folder (toolchains.yaml + one file per component). Default: the project's recipes/.",
     "state_dir": "Folder for the wheelhouse, build logs and build records. Default: .stack/",
+    "lockfiles": "Folder of the lockfiles (<toolchain>.lock.yaml) for --locked. Default: the project's lockfiles/.",
     "prefix": "Image repository prefix of the node tags (default cudastack: cudastack/cu13.1-pip-base:<hash>); "
               "the tests use cudastack-test.",
     "locked": "Build only what lockfiles/<cuda>.lock.yaml pins (hash-checking pip installs, base digest); the plan "
@@ -64,7 +65,8 @@ def _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=Non
 
 @task(help=_HELP, iterable=["skip"], auto_shortflags=False)
 def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jobs=None, nvcc_threads=None,
-          ca_bundle=None, recipes=None, state_dir=".stack", locked=False, prefix=None):
+          ca_bundle=None, recipes=None, state_dir=".stack", locked=False, prefix=None,
+          lockfiles=None):
     """Build a toolchain's images (base -> torch -> wheels -> runtime) with BuildKit; cached nodes are skipped."""
     from cudastack.build import dry_run as render_dry_run, run_build
 
@@ -73,13 +75,19 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
             from cudastack import lock as L
 
             # options not given come from the lock (its base, archs, skipped components)
-            arch, base, skip = L.plan_options(str(cuda), arch, base, skip)
+            arch, base, skip = L.plan_options(str(cuda), arch, base, skip, lockfiles)
+
+            def say(msg: str) -> None:
+                print(f"locked build: {msg}", file=sys.stderr, flush=True)
+
+            def caches(plan) -> list:   # files a locked hash can be checked against when the index is away
+                from pathlib import Path
+                return [Path(state_dir) / "sdists", Path(state_dir) / plan.wheelhouse]
         if dry_run:
             plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, prefix=prefix)
             if locked:
-                L.prepare_locked_build(plan, L.lock_path(plan.toolchain))
-                print(f"locked build: {L.lock_path(plan.toolchain)} verified against the plan; locked tags below",
-                      file=sys.stderr)
+                L.prepare_locked_build(plan, L.lock_path(plan.toolchain, lockfiles), say=say, cache_dirs=caches(plan))
+                say(f"{L.lock_path(plan.toolchain, lockfiles)} verified against the plan and the index; locked tags below")
             print(render_dry_run(plan, state_dir=state_dir))
             return
         from cudastack.engine import Engine
@@ -92,9 +100,9 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
             print(f"warning: {w}", file=sys.stderr)
         lock_file = None
         if locked:
-            lock_file = L.lock_path(plan.toolchain)
-            L.prepare_locked_build(plan, lock_file, client=engine.client)
-            print(f"locked build: {lock_file} verified against the plan", file=sys.stderr)
+            lock_file = L.lock_path(plan.toolchain, lockfiles)
+            L.prepare_locked_build(plan, lock_file, client=engine.client, say=say, cache_dirs=caches(plan))
+            say(f"{lock_file} verified against the plan and the index")
         _sigterm_as_interrupt()
         record = run_build(plan, state_dir=state_dir, ca_bundle=ca_bundle, engine=engine)
         if lock_file is not None:

@@ -50,6 +50,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from cudastack.credentials import redact, scrub
 from cudastack.engine import Engine, _fmt_s, resolve_ca_bundle
 from cudastack.errors import BuildError, EnvironmentError_, LockError, StackError
 from cudastack.plan import BuildPlan, PlannedNode, render_plan
@@ -141,19 +142,20 @@ def fetch_sdist(package: str, version: str, cache_dir: Path, *, index: str = "",
 
     base = (index or PYPI_SIMPLE).rstrip("/")
     url = f"{base}/{canonicalize_name(package)}/"
+    shown = redact(base)           # messages name the index without its login
     verify = ca_bundle or True
     try:
         r = requests.get(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"}, timeout=60, verify=verify)
         r.raise_for_status()
         files = r.json()["files"]
     except (requests.RequestException, ValueError, KeyError) as exc:
-        raise BuildError(f"Could not list {package} on {base} ({exc.__class__.__name__}: {exc}); check the network "
+        raise BuildError(f"Could not list {package} on {shown} ({exc.__class__.__name__}: {scrub(str(exc))}); check the network "
                          "or the recipe's index.") from exc
     name_pat = "[-_.]".join(_re.escape(part) for part in _re.split(r"[-_.]+", canonicalize_name(package)))
     pat = _re.compile(name_pat + "-" + _re.escape(version) + r"\.(tar\.gz|zip)$", _re.IGNORECASE)
     found = [f for f in files if pat.match(f["filename"])]
     if not found:
-        raise BuildError(f"{base} has no sdist of {package}=={version}; fix the recipe's sdist pin.")
+        raise BuildError(f"{shown} has no sdist of {package}=={version}; fix the recipe's sdist pin.")
     f = found[0]
     want = f.get("hashes", {}).get("sha256", "")
     dest = cache_dir / f["filename"]
@@ -161,7 +163,7 @@ def fetch_sdist(package: str, version: str, cache_dir: Path, *, index: str = "",
         return dest, sha256_file(dest)
     cache_dir.mkdir(parents=True, exist_ok=True)
     if say:
-        say(f"  fetching {f['filename']} from {base}")
+        say(f"  fetching {f['filename']} from {shown}")
     tmp = dest.with_name(f".{dest.name}.part")
     try:
         with requests.get(f["url"], stream=True, timeout=300, verify=verify) as resp:
@@ -174,7 +176,7 @@ def fetch_sdist(package: str, version: str, cache_dir: Path, *, index: str = "",
             raise BuildError(f"{f['filename']}: sha256 {got} does not match the index's {want}; not used.")
         os.replace(tmp, dest)
     except requests.RequestException as exc:
-        raise BuildError(f"Downloading {f['url']} failed: {exc}") from exc
+        raise BuildError(f"Downloading {redact(f['url'])} failed: {scrub(str(exc))}") from exc
     finally:
         tmp.unlink(missing_ok=True)
     return dest, sha256_file(dest)
@@ -491,8 +493,9 @@ def run_build(
     rec_path = rec_dir / f"build-cu{plan.toolchain}-{run_id}.json"
 
     def journal() -> None:
-        """Write the record as it stands (the run journal), to the run's file and to latest."""
-        text = json.dumps(record, indent=2) + "\n"
+        """Write the record as it stands (the run journal), to the run's file and to latest; URL logins are
+        scrubbed (credentials.scrub)."""
+        text = json.dumps(scrub(record), indent=2) + "\n"
         write_atomic(rec_path, text)
         write_atomic(rec_dir / f"latest-cu{plan.toolchain}.json", text)
 
@@ -532,6 +535,7 @@ def run_build(
         t0 = time.monotonic()
         tmp_out = None
         ctx = None
+        secret_dir = None
         try:
             ctx, extra = _make_context(ctx_root, node, wheelhouse, plan, ca_bundle=bundle, say=say)
             if "_sdist" in extra:
@@ -541,8 +545,14 @@ def run_build(
             args = {k: v for k, v in args.items() if not (k == "WHEEL_NAMES" and node.kind != "runtime")}
             labels = {"org.cudastack.node": node.name, "org.cudastack.hash": node.hash,
                       "org.cudastack.toolchain": plan.toolchain}
+            node_secrets = dict(secrets)
+            if node.index_secret:       # a private index with a login: a BuildKit secret, never a build arg
+                secret_dir = Path(tempfile.mkdtemp(prefix=".secrets-", dir=state))   # 0700
+                (secret_dir / "pipindex").touch(mode=0o600)
+                (secret_dir / "pipindex").write_text(node.index_secret)
+                node_secrets["pipindex"] = str(secret_dir / "pipindex")
             common = dict(context=str(ctx), dockerfile=str(_abs_dockerfile(node)), build_args=args,
-                          secrets=secrets, labels=labels)
+                          secrets=node_secrets, labels=labels)
             if node.kind == "wheels":
                 wheelhouse.path.mkdir(parents=True, exist_ok=True)
                 tmp_out = Path(tempfile.mkdtemp(prefix=f".export-{node.name}-p{os.getpid()}-", dir=wheelhouse.path.parent))
@@ -585,6 +595,8 @@ def run_build(
                 shutil.rmtree(tmp_out, ignore_errors=True)
             if ctx is not None:
                 shutil.rmtree(ctx, ignore_errors=True)
+            if secret_dir is not None:
+                shutil.rmtree(secret_dir, ignore_errors=True)
         journal()
 
     record["docker_builds"] = engine.builds_issued - builds_before

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from cudastack.credentials import scrub
 from cudastack.errors import BuildError, EnvironmentError_, UsageError
 
 SYSTEM_CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt",
@@ -352,7 +353,7 @@ class Engine:
                     say(status())
 
         with open(log_path, "a", encoding="utf-8", errors="replace") as log:
-            log.write(f"$ {' '.join(cmd)}\n")
+            log.write(scrub(f"$ {' '.join(cmd)}\n"))
             log.flush()
             try:
                 proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
@@ -367,6 +368,7 @@ class Engine:
             try:
                 assert proc.stdout is not None
                 for line in proc.stdout:
+                    line = scrub(line)       # pip prints index URLs; a login never reaches the log
                     log.write(line)
                     log.flush()          # `tail -f` on the log follows the build
                     line = line.rstrip("\n")

@@ -54,6 +54,7 @@ import yaml
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name, parse_sdist_filename
 
+from cudastack.credentials import redact, scrub
 from cudastack.errors import EnvironmentError_, LockError, UsageError
 from stackprobe.atomic import write_atomic  # the project's one atomic writer (re-exported here)
 
@@ -81,7 +82,8 @@ def render_lock(lock: dict) -> str:
     """The lockfile text: a header comment, then YAML in a stable key order (block style)."""
     head = (f"# cudastack lockfile for CUDA {lock.get('toolchain')}: every input of the plan pinned, every output "
             f"recorded.\n# Generated; do not edit. Refresh with: {lock_command(lock)}\n")
-    return head + yaml.safe_dump(lock, sort_keys=False, default_flow_style=False, width=200, allow_unicode=True)
+    # a URL's login (a private index's user:token) is never written (credentials.scrub)
+    return head + yaml.safe_dump(scrub(lock), sort_keys=False, default_flow_style=False, width=200, allow_unicode=True)
 
 
 def lock_command(lock: dict) -> str:
@@ -537,9 +539,9 @@ def resolve_lock(plan, *, target: Optional[dict] = None, python: str = sys.execu
         if node.method:
             entry["method"] = node.method
         entry["plan_hash"] = node.hash
-        index = node.build_args.get("PIP_INDEX_URL", "")
+        index = getattr(node, "index_secret", "") or node.build_args.get("PIP_INDEX_URL", "")
         extra = node.build_args.get("PIP_EXTRA_INDEX_URL", "")
-        entry["index"] = index or DEFAULT_INDEX
+        entry["index"] = redact(index) or DEFAULT_INDEX
         if node.kind == "base-pip":
             entry["os_image"] = _os_image_record(node.build_args.get("OS_IMAGE", ""), client)
             progress(f"{node.name}: OS image {entry['os_image']['tag']} = {entry['os_image']['image_id'][:19]}")
@@ -987,7 +989,8 @@ def _verify_arg():
 
 
 def verify_locked_hashes(lock: dict, *, cache_dirs: Iterable[str | Path] = (), session=None,
-                         where: str = "the lockfile", fetch: Optional[Callable[[str, str], dict]] = None) -> dict:
+                         where: str = "the lockfile", fetch: Optional[Callable[[str, str], dict]] = None,
+                         logins: Optional[dict[str, str]] = None) -> dict:
     """Check every sha256 the lock pins (:func:`locked_files`) against what the node's index publishes for
     that file (:func:`published_hashes`, one request per project), or, where the index does not answer, against
     a cached copy of the file in ``cache_dirs`` (the sdist cache, the wheelhouse). Returns ``{"checked",
@@ -996,13 +999,15 @@ def verify_locked_hashes(lock: dict, *, cache_dirs: Iterable[str | Path] = (), s
     Raises LockError (exit 7) naming each package, its node and install, the locked and the published sha256,
     when the lock pins a hash the index does not publish for that file, or a file the index no longer lists.
     A lock edited by hand or a re-uploaded file thus fails here, before any build. ``fetch`` (index, project)
-    -> {file: sha256} replaces the HTTP lookup (tests)."""
+    -> {file: sha256} replaces the HTTP lookup (tests). ``logins``: {index URL as locked (no login): the same
+    URL with its login} for private indexes (the plan's :attr:`PlannedNode.index_secret`)."""
     from concurrent.futures import ThreadPoolExecutor
 
     files = locked_files(lock)
     projects = sorted({(f["index"], f["name"]) for f in files})
     s = session or requests.Session()
-    get = fetch or (lambda index, project: published_hashes(index, project, session=s))
+    logins = logins or {}
+    get = fetch or (lambda index, project: published_hashes(logins.get(index, index), project, session=s))
 
     def one(key):
         try:
@@ -1010,7 +1015,8 @@ def verify_locked_hashes(lock: dict, *, cache_dirs: Iterable[str | Path] = (), s
         except LookupError:
             return key, {}, None
         except requests.RequestException as exc:
-            return key, None, f"{type(exc).__name__}"
+            code = getattr(getattr(exc, "response", None), "status_code", None)
+            return key, None, f"{type(exc).__name__}" + (f" HTTP {code}" if code else "")
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         results = list(pool.map(one, projects))
@@ -1077,7 +1083,9 @@ def prepare_locked_build(plan, path: str | Path, *, client=None, check_hashes: b
     lock = load_lock(path)
     verify_plan_against_lock(plan, lock, client=client, where=str(path))
     if check_hashes:
-        result = verify_locked_hashes(lock, cache_dirs=cache_dirs, where=str(path))
+        logins = {n.build_args.get("PIP_INDEX_URL", ""): n.index_secret for n in plan.nodes
+                  if getattr(n, "index_secret", "")}
+        result = verify_locked_hashes(lock, cache_dirs=cache_dirs, where=str(path), logins=logins)
         if say:
             say(describe_hash_check(result))
     apply_lock(plan, lock)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+from cudastack.credentials import scrub, split_userinfo
 from cudastack.errors import UsageError
 from cudastack.model import Knob, Node, Plan
 from cudastack.recipes import Component, RecipeSet, Toolchain, load_recipes
@@ -52,6 +53,7 @@ class PlannedNode(Node):
     parallel_knobs: list[str] = field(default_factory=list)
     wheel_packages: list[str] = field(default_factory=list)
     sdist: dict = field(default_factory=dict)   # {"package", "version", "index", "patches"} to fetch + patch
+    index_secret: str = ""   # the recipe's index URL when it carries a login: BuildKit secret 'pipindex', never an arg
 
 
 @dataclass
@@ -182,7 +184,7 @@ def _arch_tag(archs) -> str:
 
 def _recipe_view(c: Component, tc: Toolchain) -> dict:
     view = {k: v for k, v in c.raw.items() if k not in ("description", "est_disk_gib", "parallelism", "toolchains")}
-    view["toolchain_entry"] = c.toolchains[tc.name].raw
+    view["toolchain_entry"] = scrub(c.toolchains[tc.name].raw)     # an index login is no input of the image
     if c.parallelism:
         # which knobs receive the job counts is part of what is built; the budget numbers are not
         view["parallelism_knobs"] = [list(c.parallelism.jobs_knobs), list(c.parallelism.threads_knobs)]
@@ -263,6 +265,7 @@ def make_plan(
         env_knobs: list[Knob] = []
         notes: list[str] = []
         parallel: list[str] = []
+        index_secret = ""
         args: dict[str, str] = {}
         context: dict[str, str] = {}
         specs: list[str] = []
@@ -312,7 +315,10 @@ def make_plan(
             build_env = _build_env(knobs)
             args["PARENT_IMAGE"] = by_name[image_parent].tag
             if e.index:
-                args["PIP_INDEX_URL"] = e.index
+                # the login stays out of the build args (they persist in the image history): see credentials.py
+                args["PIP_INDEX_URL"], has_login = split_userinfo(e.index)
+                if has_login:
+                    index_secret = e.index
             if c.kind == "image":
                 args.update({"PIP_SPECS": " ".join(specs), "BUILD_ENV": build_env})
             elif c.kind == "wheels":
@@ -381,7 +387,7 @@ def make_plan(
             parents=parents, build_args=args, knobs=knobs, hash=h, tag=f"{repo}:{h[:16]}", method=method,
             memory_gib_per_job=c.parallelism.memory_gib_per_job if (c.parallelism and method == "source") else 0.0,
             est_disk_gib=c.est_disk_gib, inputs=inputs, context=context, env_knobs=env_knobs, notes=notes,
-            parallel_knobs=parallel, wheel_packages=wheel_pkgs,
+            parallel_knobs=parallel, wheel_packages=wheel_pkgs, index_secret=index_secret,
             sdist=({**e.sdist, "index": e.index, "patches": [dict(p) for p in e.patches]}
                    if (e.sdist and e.patches and c.kind != "base") else {}))
         nodes.append(node)

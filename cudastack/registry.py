@@ -204,6 +204,25 @@ def registry_credentials(registry: str, config_path: Optional[str] = None) -> Op
 
 
 # --------------------------------------------------------------------------------------------- HTTP client
+def _check_credential_url(url: str, registry: str, what: str) -> None:
+    """Credentials go only over https, or to a loopback host (this machine). A registry names the token service
+    (``realm``) its clients send their login to (distribution token auth spec), so a registry, or anyone who
+    can change its answer, could otherwise collect the login over plain HTTP or on another host. Raises
+    RegistryError before anything is sent."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.scheme == "https" or (parts.scheme == "http" and is_loopback(host)):
+        return
+    raise RegistryError(
+        f"The registry {registry} asks for the login to be sent to its {what} at "
+        f"{parts.scheme or '?'}://{parts.netloc.rsplit('@', 1)[-1]}{parts.path}, which is neither https nor a "
+        "loopback address; credentials are sent only over https (or to this machine). Nothing was sent. Serve the "
+        "registry's token service over https, or use a registry on a loopback address."
+    )
+
+
 def _parse_challenge(header: str) -> tuple[str, dict]:
     scheme, _, rest = header.strip().partition(" ")
     params = dict(re.findall(r'(\w+)="([^"]*)"', rest))
@@ -260,6 +279,8 @@ class RegistryClient:
         scheme, params = _parse_challenge(challenge)
         creds = self._creds() or {}
         if scheme == "basic":
+            if creds.get("Username"):
+                _check_credential_url(self.base_url, self.registry, "registry")
             if not creds.get("Username"):
                 raise RegistryError(
                     f"The registry {self.registry} asks for a login and the Docker credential store has none for "
@@ -270,6 +291,8 @@ class RegistryClient:
             self._auth_header = f"Basic {token}"
             return
         if scheme == "bearer" and params.get("realm"):
+            if creds.get("IdentityToken") or creds.get("Username"):
+                _check_credential_url(params["realm"], self.registry, "token service")
             query = {"service": params.get("service", "")}
             query["scope"] = params.get("scope") or scope_hint
             auth = None
@@ -415,6 +438,36 @@ def _stream_errors(stream) -> tuple[list[str], Optional[str]]:
     return errors, digest
 
 
+_LOGIN_WORDS = ("unauthorized", "authentication required", "denied", "no basic auth credentials", "401", "403")
+_GONE_WORDS = ("connection refused", "connection reset", "broken pipe", "eof", "no such host", "i/o timeout",
+               "server closed", "connection closed", "dial tcp", "use of closed network connection")
+
+
+def push_failure(ref: "ImageReference", error: str, rc: "RegistryClient") -> RegistryError:
+    """The RegistryError for a push the engine reported as failed with ``error``. A registry that stopped
+    answering during the push (the engine saw the connection drop, and a ping now fails) is said to have gone
+    away; a refused login suggests ``docker login``; anything else quotes the registry's reason."""
+    low = error.lower()
+    gone = any(w in low for w in _GONE_WORDS)
+    try:
+        rc.ping()
+        answers = True
+    except RegistryError:
+        answers = False
+    if not answers or (gone and not any(w in low for w in _LOGIN_WORDS)):
+        return RegistryError(
+            f"The registry {ref.registry} went away during the push of {ref.name}:{ref.tag}: the engine reported "
+            f"'{error}'" + ("" if answers else f", and {rc.base_url}/v2/ no longer answers")
+            + ". Start it again (or check the network to it) and push again; the layers already uploaded are "
+            "reused. Nothing was recorded.")
+    if any(w in low for w in _LOGIN_WORDS):
+        return RegistryError(
+            f"The registry {ref.registry} refused the push of {ref.name}:{ref.tag} for want of a login: {error}. "
+            f"Run `docker login {ref.registry}` with an account that may push there; nothing was recorded.")
+    return RegistryError(f"The registry {ref.registry} refused the push of {ref.name}:{ref.tag}: {error}. "
+                         "Nothing was recorded.")
+
+
 def push_image(local_image: str, target: str, *, client=None, registry_client: Optional[RegistryClient] = None,
                progress: Callable[[str], None] = lambda s: None) -> PushedImage:
     """Tag ``local_image`` (tag or id) as ``target`` (``registry/name:tag``), push it through the docker
@@ -443,10 +496,7 @@ def push_image(local_image: str, target: str, *, client=None, registry_client: O
     except docker.errors.APIError as exc:
         errors, pushed_digest = [str(exc.explanation or exc)], None
     if errors:
-        raise RegistryError(
-            f"The registry {ref.registry} refused the push of {ref.name}:{ref.tag}: {errors[-1]}. "
-            f"If it needs a login, run `docker login {ref.registry}`; nothing was recorded."
-        )
+        raise push_failure(ref, errors[-1], rc)
     digest = rc.manifest_digest(ref.repository, ref.tag)
     if pushed_digest and pushed_digest != digest:
         raise RegistryError(

@@ -87,7 +87,7 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
             plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, prefix=prefix)
             if locked:
                 L.prepare_locked_build(plan, L.lock_path(plan.toolchain, lockfiles), say=say, cache_dirs=caches(plan))
-                say(f"{L.lock_path(plan.toolchain, lockfiles)} verified against the plan and the index; locked tags below")
+                say(f"{L.lock_path(plan.toolchain, lockfiles)} verified against the plan; locked tags below")
             print(render_dry_run(plan, state_dir=state_dir))
             return
         from cudastack.engine import Engine
@@ -102,7 +102,7 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
         if locked:
             lock_file = L.lock_path(plan.toolchain, lockfiles)
             L.prepare_locked_build(plan, lock_file, client=engine.client, say=say, cache_dirs=caches(plan))
-            say(f"{lock_file} verified against the plan and the index")
+            say(f"{lock_file} verified against the plan")
         _sigterm_as_interrupt()
         record = run_build(plan, state_dir=state_dir, ca_bundle=ca_bundle, engine=engine)
         if lock_file is not None:

@@ -6,11 +6,12 @@
 # Build args (contract: cudastack/model.py):
 #   BASE_IMAGE     e.g. nvidia/cuda:13.1.1-cudnn-devel-ubuntu24.04 (Ubuntu/Debian based, CUDA at /usr/local/cuda)
 #   CUDA_VERSION   "13.1.1": checked against `nvcc --version` (major.minor)
-#   PIP_INDEX_URL, PIP_EXTRA_INDEX_URL   optional
+#   PIP_INDEX_URL, PIP_EXTRA_INDEX_URL   optional (never with a login: that is the secret pipindex)
 #   VENV_PIP_SPECS_LOCKED   optional (locked builds): hash-checking requirements text replacing VENV_PIP_SPECS;
 #                  a locked build also passes BASE_IMAGE by digest (name@sha256:...)
 # Secret (optional): id=cabundle, a CA bundle for an intercepting HTTPS proxy (pip, git, curl, and apt's https
-# sources such as NVIDIA's CUDA repository); never written to a layer.
+# sources such as NVIDIA's CUDA repository); never written to a layer; id=pipindex, a private index URL with its
+# login, which with-build-ca exports as PIP_INDEX_URL (never a build arg: build args persist in the image history).
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 
@@ -27,6 +28,7 @@ ENV DEBIAN_FRONTEND=noninteractive \
 RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
     --mount=type=cache,target=/var/lib/apt/lists,sharing=locked \
     --mount=type=secret,id=cabundle \
+    --mount=type=secret,id=pipindex \
     set -eu; \
     rm -f /etc/apt/apt.conf.d/docker-clean; \
     ca=""; if [ -s /run/secrets/cabundle ]; then ca="-o Acquire::https::CAInfo=/run/secrets/cabundle"; fi; \
@@ -41,6 +43,8 @@ RUN printf '%s\n' '#!/bin/sh' \
       'if [ -s "$ca" ]; then' \
       '  export PIP_CERT="$ca" SSL_CERT_FILE="$ca" REQUESTS_CA_BUNDLE="$ca" CURL_CA_BUNDLE="$ca" GIT_SSL_CAINFO="$ca"' \
       'fi' \
+      '# A private index with a login arrives as the BuildKit secret "pipindex" (the whole URL), never as a build arg.' \
+      'if [ -s /run/secrets/pipindex ]; then PIP_INDEX_URL="$(cat /run/secrets/pipindex)"; export PIP_INDEX_URL; fi' \
       '[ -n "${PIP_INDEX_URL:-}" ] || unset PIP_INDEX_URL' \
       '[ -n "${PIP_EXTRA_INDEX_URL:-}" ] || unset PIP_EXTRA_INDEX_URL' \
       'exec "$@"' > /usr/local/bin/with-build-ca \
@@ -57,6 +61,7 @@ ENV VIRTUAL_ENV=/opt/venv \
     CPLUS_INCLUDE_PATH=/usr/local/cuda/include/cccl
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=cabundle \
+    --mount=type=secret,id=pipindex \
     set -eu; \
     test -n "${CUDA_VERSION}" || { echo "build arg CUDA_VERSION is empty (expected e.g. 13.1.1)" >&2; exit 2; }; \
     if [ -n "${VENV_PIP_SPECS_LOCKED}" ]; then \

@@ -8,11 +8,12 @@
 #   CUDA_VERSION     "13.1.1": checked against `nvcc --version` (major.minor) when the wheels carry nvcc
 #   CUDA_WHEEL_ROOT  "nvidia/cu13" (CUDA 13 wheels share one prefix) or "" (CUDA 12: one folder per component,
 #                    merged into /usr/local/cuda as symlinks)
-#   PIP_INDEX_URL, PIP_EXTRA_INDEX_URL   optional index for pip
+#   PIP_INDEX_URL, PIP_EXTRA_INDEX_URL   optional index for pip (no login: that is the secret pipindex)
 #   VENV_PIP_SPECS_LOCKED, CUDA_PIP_SPECS_LOCKED   optional (locked builds): hash-checking requirements text
 #                    that replaces VENV_PIP_SPECS / CUDA_PIP_SPECS (pip --require-hashes --no-deps)
 # Secret (optional): id=cabundle, a CA bundle for an intercepting HTTPS proxy; used by pip/git/curl through
-# /usr/local/bin/with-build-ca and never written to a layer.
+# /usr/local/bin/with-build-ca and never written to a layer; id=pipindex, a private index URL with its login, which
+# with-build-ca exports as PIP_INDEX_URL (never a build arg: build args persist in the image history).
 #
 # The toolkit wheels go to their own prefix (/opt/cuda-wheels), not into the venv: torch from PyPI pins its own
 # cuda-toolkit version (e.g. torch 2.11 -> cuda-toolkit==13.0.2) and brings its own runtime libraries, as on
@@ -62,6 +63,8 @@ RUN printf '%s\n' '#!/bin/sh' \
       'if [ -s "$ca" ]; then' \
       '  export PIP_CERT="$ca" SSL_CERT_FILE="$ca" REQUESTS_CA_BUNDLE="$ca" CURL_CA_BUNDLE="$ca" GIT_SSL_CAINFO="$ca"' \
       'fi' \
+      '# A private index with a login arrives as the BuildKit secret "pipindex" (the whole URL), never as a build arg.' \
+      'if [ -s /run/secrets/pipindex ]; then PIP_INDEX_URL="$(cat /run/secrets/pipindex)"; export PIP_INDEX_URL; fi' \
       '[ -n "${PIP_INDEX_URL:-}" ] || unset PIP_INDEX_URL' \
       '[ -n "${PIP_EXTRA_INDEX_URL:-}" ] || unset PIP_EXTRA_INDEX_URL' \
       'exec "$@"' > /usr/local/bin/with-build-ca \
@@ -76,6 +79,7 @@ ENV VIRTUAL_ENV=/opt/venv \
 ARG VENV_PIP_SPECS_LOCKED=""
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=cabundle \
+    --mount=type=secret,id=pipindex \
     set -eu; \
     if [ -n "${VENV_PIP_SPECS_LOCKED}" ]; then \
         echo "cudastack: VENV_PIP_SPECS in hash-checking mode (lockfile)"; \
@@ -94,6 +98,7 @@ ARG CUDA_WHEEL_ROOT=""
 ARG CUDA_PIP_SPECS_LOCKED=""
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=cabundle \
+    --mount=type=secret,id=pipindex \
     set -eu; \
     test -n "${CUDA_VERSION}" || { echo "build arg CUDA_VERSION is empty (expected e.g. 13.1.1)" >&2; exit 2; }; \
     test -n "${CUDA_PIP_SPECS}" || { echo "build arg CUDA_PIP_SPECS is empty (expected e.g. cuda-toolkit[nvcc,cudart,cccl,crt,nvvm]==13.1.1)" >&2; exit 2; }; \

@@ -9,7 +9,7 @@
 #   FLASHINFER_CUDA_ARCH_LIST, TORCH_CUDA_ARCH_LIST   optional; when given they become ENV of the image (JIT
 #                  builds at run time use them); when empty they stay unset: FlashInfer's CompilationContext
 #                  splits any value that is set, so an empty one would break it.
-#   PIP_INDEX_URL, PIP_EXTRA_INDEX_URL   optional
+#   PIP_INDEX_URL, PIP_EXTRA_INDEX_URL   optional (never with a login: that is the secret pipindex)
 #   PIP_SPECS_LOCKED, SUITE_PIP_SPECS_LOCKED   optional (locked builds): hash-checking requirements text
 #                  replacing PIP_SPECS / SUITE_PIP_SPECS (pip --require-hashes --no-deps); PIP_SPECS_LOCKED is the
 #                  whole closure, wheelhouse wheels included by name==version (found via --find-links)
@@ -18,7 +18,8 @@
 #                  they were exported
 #   SUITE_PIP_SPECS  what the validation suite's static probes need (pinned; locked like the others)
 # Build context: wheelhouse/ (may be empty) and stackprobe/ (the suite's package folder).
-# Secret (optional): id=cabundle (CA bundle; never in a layer). Cache mount: pip's cache.
+# Secrets (optional): id=cabundle (CA bundle; never in a layer), id=pipindex (a private index URL with its login,
+# exported as PIP_INDEX_URL by with-build-ca; never a build arg, never in a layer). Cache mount: pip's cache.
 ARG PARENT_IMAGE
 ARG FLASHINFER_CUDA_ARCH_LIST=""
 ARG TORCH_CUDA_ARCH_LIST=""
@@ -44,6 +45,7 @@ ARG WHEELS_LOCKED=""
 
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=cabundle \
+    --mount=type=secret,id=pipindex \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
     set -eu; \
     if [ -n "${BUILD_ENV}" ]; then eval "export ${BUILD_ENV}"; fi; \
@@ -65,6 +67,7 @@ ARG SUITE_PIP_SPECS="pyelftools==0.33"
 ARG SUITE_PIP_SPECS_LOCKED=""
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=cabundle \
+    --mount=type=secret,id=pipindex \
     set -eu; \
     if [ -n "${SUITE_PIP_SPECS_LOCKED}" ]; then \
       printf '%s\n' "${SUITE_PIP_SPECS_LOCKED}" > /tmp/suite-locked.txt; \

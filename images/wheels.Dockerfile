@@ -15,12 +15,13 @@
 #   BUILD_DEPS     optional, METHOD=source: space separated requirements pip-installed into the builder's venv
 #                  first, because --no-build-isolation needs the build backend present (e.g. "scikit-build-core
 #                  cmake" for sgl-kernel); they stay in the builder stage, never in the exported wheels
-#   PIP_INDEX_URL, PIP_EXTRA_INDEX_URL   optional
+#   PIP_INDEX_URL, PIP_EXTRA_INDEX_URL   optional (never with a login: that is the secret pipindex)
 #   PIP_SPECS_LOCKED, BUILD_DEPS_LOCKED   optional (locked builds): hash-checking requirements text replacing
 #                  PIP_SPECS (METHOD=wheel: pip download --require-hashes) / BUILD_DEPS (pip install
 #                  --require-hashes --no-deps). A locked source build's sdist is checked against the lock's
 #                  sha256 by the executor before it is unpacked into the context.
-# Secret (optional): id=cabundle (CA bundle; never in a layer). Cache mounts: pip's cache and ccache
+# Secrets (optional): id=cabundle (CA bundle; never in a layer), id=pipindex (a private index URL with its login,
+# exported as PIP_INDEX_URL by with-build-ca; never a build arg, never in a layer). Cache mounts: pip's cache and ccache
 # (CCACHE_DIR; gcc/g++ through /usr/lib/ccache, CMake launchers for C, C++ and CUDA).
 # The build context is bind-mounted read-write at /ctx for the one RUN (changes are discarded, nothing is copied
 # into a layer); a context with no source folder is fine for METHOD=wheel.
@@ -40,6 +41,7 @@ ARG BUILD_DEPS_LOCKED=""
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=cache,target=/root/.cache/ccache \
     --mount=type=secret,id=cabundle \
+    --mount=type=secret,id=pipindex \
     --mount=type=bind,target=/ctx,rw \
     set -eu; \
     export CCACHE_DIR=/root/.cache/ccache CCACHE_MAXSIZE=20G \

@@ -15,7 +15,9 @@ build uses (``src/``, ``stackprobe/``, ``wheelhouse/``) plus a copy of the node'
 ``wheels`` group first, then run ``invoke bake`` again to refresh the runtime context, then bake ``runtime``.
 The CA bundle for an intercepting proxy is passed as the BuildKit secret ``cabundle`` from the file named by
 the bake variable ``CUDASTACK_CA_BUNDLE`` (override with the environment variable of the same name; bake
-interpolates ``${VAR}`` in JSON files too).
+interpolates ``${VAR}`` in JSON files too). A node whose recipe names a private index with a login gets the
+secret ``pipindex`` from the environment variable :func:`index_secret_env` names (set it to the index URL with
+its login when running bake); the file itself holds the URL without the login.
 """
 from __future__ import annotations
 
@@ -36,6 +38,12 @@ _TARGET_RE = re.compile(r"[^A-Za-z0-9_-]")
 def target_name(node_name: str) -> str:
     """A bake target name for a node (letters, digits, '_' and '-')."""
     return _TARGET_RE.sub("_", node_name)
+
+
+def index_secret_env(node_name: str) -> str:
+    """The environment variable a bake run reads a node's private index URL (with its login) from:
+    ``CUDASTACK_PIP_INDEX_URL_<TARGET>`` (buildx ``--secret id=pipindex,env=VAR``)."""
+    return f"CUDASTACK_PIP_INDEX_URL_{target_name(node_name).upper().replace('-', '_')}"
 
 
 def bake_dict(plan, *, contexts: dict[str, str], dockerfiles: dict[str, str], wheel_outputs: dict[str, str],
@@ -78,6 +86,9 @@ def bake_dict(plan, *, contexts: dict[str, str], dockerfiles: dict[str, str], wh
             (groups["runtime"] if node.kind == "runtime" else groups["images"]).append(t)
         if ca_secret:
             entry["secret"] = [CA_SECRET]
+        if getattr(node, "index_secret", ""):
+            # a private index's login: from the environment of whoever runs bake, never written in this file
+            entry.setdefault("secret", []).append(f"id=pipindex,env={index_secret_env(node.name)}")
         targets[t] = entry
         groups["default"].append(t)
     out = {"group": {g: {"targets": ts} for g, ts in groups.items() if ts}, "target": targets}

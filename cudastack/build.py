@@ -419,16 +419,17 @@ def recover_interrupted(state: Path, toolchain: str, say: Say) -> list[dict]:
     return found
 
 
-def remove_stale_exports(folder: Path, say: Say) -> list[str]:
-    """Remove ``.export-*`` folders in ``folder`` (beside the wheelhouse) that no live build owns: the owner's
-    pid is in the name (``.export-<node>-p<pid>-<random>``); folders without one predate that naming and are
-    stale. Returns the names removed."""
+def remove_stale_exports(folder: Path, say: Say, pattern: str = ".export-*",
+                         what: str = "export folder(s) of killed runs beside the wheelhouse") -> list[str]:
+    """Remove the ``pattern`` folders in ``folder`` (``.export-*`` beside the wheelhouse, ``.secrets-*`` in the
+    state folder) that no live build owns: the owner's pid is in the name (``.export-<node>-p<pid>-<random>``);
+    folders without one predate that naming and are stale. Returns the names removed."""
     import re as _re
 
     removed = []
     if not folder.is_dir():
         return removed
-    for p in sorted(folder.glob(".export-*")):
+    for p in sorted(folder.glob(pattern)):
         m = _re.search(r"-p(\d+)-[^-]*$", p.name)
         if m and (int(m.group(1)) == os.getpid() or _proc_start(int(m.group(1))) is not None):
             continue          # its build is still running
@@ -436,7 +437,7 @@ def remove_stale_exports(folder: Path, say: Say) -> list[str]:
         if not p.exists():
             removed.append(p.name)
     if removed:
-        say(f"removed {len(removed)} stale export folder(s) of killed runs beside the wheelhouse: {', '.join(removed)}")
+        say(f"removed {len(removed)} stale {what}: {', '.join(removed)}")
     return removed
 
 
@@ -469,6 +470,7 @@ def run_build(
     rec_dir = state / "records"
     recover_interrupted(state, plan.toolchain, say)
     remove_stale_exports(wheelhouse.path.parent, say)
+    remove_stale_exports(state, say, ".secrets-*", "secret folder(s) of killed runs")
 
     cached = cached_map(engine, wheelhouse, plan)
     todo = [n.name for n in plan.nodes if not cached[n.name]]
@@ -547,7 +549,7 @@ def run_build(
                       "org.cudastack.toolchain": plan.toolchain}
             node_secrets = dict(secrets)
             if node.index_secret:       # a private index with a login: a BuildKit secret, never a build arg
-                secret_dir = Path(tempfile.mkdtemp(prefix=".secrets-", dir=state))   # 0700
+                secret_dir = Path(tempfile.mkdtemp(prefix=f".secrets-p{os.getpid()}-", dir=state))   # 0700
                 (secret_dir / "pipindex").touch(mode=0o600)
                 (secret_dir / "pipindex").write_text(node.index_secret)
                 node_secrets["pipindex"] = str(secret_dir / "pipindex")

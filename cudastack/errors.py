@@ -26,7 +26,9 @@ class StackError(Exception):
     exit_code = 1
 
     def __init__(self, message: str):
-        super().__init__(" ".join(message.split()))
+        from cudastack.credentials import scrub
+
+        super().__init__(scrub(" ".join(message.split())))    # a URL's login never reaches a message
 
 
 class UsageError(StackError):

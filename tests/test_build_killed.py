@@ -25,8 +25,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = [pytest.mark.docker, pytest.mark.network]
-
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
 INVOKE = Path(sys.executable).with_name("invoke")
@@ -62,6 +60,8 @@ def _procs_with_cmdline(psutil, cmd: list[str]) -> list:
     return found
 
 
+@pytest.mark.docker
+@pytest.mark.network
 def test_sigkill_of_invoke_build_leaves_no_orphan_and_the_next_run_reports_it(tmp_path):
     import psutil
 
@@ -120,3 +120,37 @@ def test_sigkill_of_invoke_build_leaves_no_orphan_and_the_next_run_reports_it(tm
     assert {n["name"]: n["status"] for n in old["nodes"]}["cuda-ext"] == "interrupted"
     assert json.loads((state / "records" / "latest-cu13.1.json").read_text())["status"] == "failed"
     assert list((state / "wheelhouse").glob(".export-*")) == []
+
+
+def test_recovery_tells_dead_runs_from_live_ones(tmp_path):
+    """Without docker: a "running" journal whose pid is gone becomes "interrupted"; one whose process lives
+    (this one) is left alone; stale export and secret folders go, a live run's stay."""
+    from cudastack.build import _proc_start, recover_interrupted, remove_stale_exports
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    rec_dir = tmp_path / "records"
+    rec_dir.mkdir()
+    node = {"name": "flash-attn", "status": "building"}
+    for run, pid, start in (("dead", dead.pid, "1"), ("live", os.getpid(), _proc_start(os.getpid()))):
+        (rec_dir / f"build-cu13.1-{run}.json").write_text(json.dumps(
+            {"run_id": run, "status": "running", "pid": pid, "proc_start": start, "host": os.uname().nodename,
+             "started": "2026-01-01T00:00:00+00:00", "nodes": [dict(node)]}))
+    (rec_dir / "latest-cu13.1.json").write_text((rec_dir / "build-cu13.1-dead.json").read_text())
+    said: list[str] = []
+    found = recover_interrupted(tmp_path, "13.1", said.append)
+    assert [r["run_id"] for r in found] == ["dead"]
+    dead_rec = json.loads((rec_dir / "build-cu13.1-dead.json").read_text())
+    assert dead_rec["status"] == "interrupted" and dead_rec["nodes"][0]["status"] == "interrupted"
+    assert json.loads((rec_dir / "latest-cu13.1.json").read_text())["status"] == "interrupted"
+    assert json.loads((rec_dir / "build-cu13.1-live.json").read_text())["status"] == "running"
+    assert said and "previous run dead" in said[0] and "while building flash-attn" in said[0]
+
+    wh = tmp_path / "wheelhouse"
+    for name in (f".export-flash-attn-p{dead.pid}-abc", ".export-sgl-kernel-x1y2z3", f".export-x-p{os.getpid()}-q"):
+        (wh / name).mkdir(parents=True)
+    (tmp_path / f".secrets-p{dead.pid}-k").mkdir()
+    removed = remove_stale_exports(wh, said.append)
+    assert sorted(removed) == sorted([f".export-flash-attn-p{dead.pid}-abc", ".export-sgl-kernel-x1y2z3"])
+    assert [p.name for p in wh.iterdir()] == [f".export-x-p{os.getpid()}-q"]
+    assert remove_stale_exports(tmp_path, said.append, ".secrets-*", "secret folders") == [f".secrets-p{dead.pid}-k"]

@@ -17,6 +17,13 @@ def test_split_and_scrub():
     assert scrub("mail me: a@b.c") == "mail me: a@b.c"
 
 
+def test_error_messages_carry_no_login():
+    from cudastack.errors import LockError
+
+    err = LockError("pip could not reach https://ci:s3cr3t@pypi.example/simple/x/ (HTTP 503)")
+    assert "s3cr3t" not in str(err) and "https://pypi.example/simple/x/" in str(err)
+
+
 def test_plan_keeps_the_login_out_of_build_args_and_hash(recipes_copy):
     import yaml
 
@@ -33,3 +40,10 @@ def test_plan_keeps_the_login_out_of_build_args_and_hash(recipes_copy):
     assert a.index_secret == "https://ci:s3cr3t-aa@pypi.example/simple"
     assert "s3cr3t" not in repr(a.build_args) + repr(a.inputs)
     assert a.hash == b.hash          # a rotated token rebuilds nothing
+    from cudastack.bake import bake_dict
+
+    plan = make_plan(recipes_copy, "13.1", resources=Resources(2, 24.0))
+    names = {n.name: n.name for n in plan.nodes}
+    bake = bake_dict(plan, contexts=names, dockerfiles=names, wheel_outputs=names)
+    assert "s3cr3t" not in repr(bake)
+    assert "id=pipindex,env=CUDASTACK_PIP_INDEX_URL_FLASHINFER" in bake["target"]["flashinfer"]["secret"]

@@ -134,4 +134,7 @@ def test_explain_pip_hash_failure():
            "             Got        " + "b" * 64 + "\n")
     err = L.explain_pip_hash_failure(out, {"toolchain": "13.1"})
     assert "tinylib==1.1" in str(err) and "invoke lock --cuda 13.1" in str(err)
+    # it names the disagreement, not a culprit: the lockfile may be the side that changed (C32)
+    assert str(err).startswith("The lock and the index disagree on tinylib==1.1:"), str(err)
+    assert "git diff lockfiles/" in str(err)
     assert L.explain_pip_hash_failure("all good") is None

@@ -314,7 +314,8 @@ def locked_failure(node: str, log: Path) -> LockError | None:
     err = explain_pip_hash_failure(text)
     if err is None:
         return None
-    return LockError(f"Locked build of {node}: {err} Log: {log}")
+    text = str(err)
+    return LockError(f"Locked build of {node}: {text[:1].lower()}{text[1:]} Log: {log}")
 
 
 def _preflight_disk(engine: Engine, plan: BuildPlan, cached: dict[str, bool], state_dir: Path, say: Say) -> float:

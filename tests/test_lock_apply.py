@@ -150,5 +150,6 @@ def test_locked_failure_reads_pip_hash_refusal_from_a_buildkit_log(tmp_path):
     err = B.locked_failure("base", log)
     assert isinstance(err, LockError)
     assert "packaging==25.0" in str(err) and "packaging-25.0-py3-none-any.whl" in str(err) and str(log) in str(err)
+    assert "Locked build of base: the lock and the index disagree on packaging==25.0:" in str(err)
     log.write_text("#7 3.1 ERROR: No matching distribution found for torch==9.9\n")
     assert B.locked_failure("base", log) is None

@@ -111,12 +111,19 @@ def test_locked_build_stops_on_a_changed_hash(tmp_path, engine):
                 p["sha256"] = "0" * 64
     L.update_lock(path, tamper)
     before = path.read_bytes()
-    L.prepare_locked_build(plan, path, client=engine.client)
+    # the locked build's own check finds it first, against the index's published hashes (C32) ...
+    with pytest.raises(LockError) as early:
+        L.prepare_locked_build(plan, path, client=engine.client)
+    assert "packaging==25.0 (node base, installs.VENV_PIP_SPECS" in str(early.value)
+    assert not plan.locked
+    # ... and without that check, pip's hash-checking mode inside the Docker build refuses the file
+    L.prepare_locked_build(plan, path, client=engine.client, check_hashes=False)
     record_state = tmp_path / "state"
     with pytest.raises(LockError) as err:
         run_build(plan, state_dir=record_state, engine=engine, say=lambda s: None)
     msg = str(err.value)
     assert "packaging==25.0" in msg and "Locked build of base" in msg and "0000000000000000" in msg
+    assert "the lock and the index disagree on packaging==25.0" in msg
     assert path.read_bytes() == before
     assert not engine.exists(plan.node("base").tag)
 

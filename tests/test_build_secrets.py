@@ -42,9 +42,13 @@ def _bridge_gateway() -> str:
     for cfg in json.loads(out.stdout or "[]") or []:
         if cfg.get("Gateway"):
             return cfg["Gateway"]
-    ip = subprocess.run(["ip", "-4", "-o", "addr", "show", "docker0"], capture_output=True, text=True).stdout.split()
-    assert len(ip) > 3, f"no Docker bridge to serve the private index on: {out.stderr.strip()}"
-    return ip[3].split("/")[0]
+    import socket
+
+    import psutil
+
+    addrs = [a.address for a in psutil.net_if_addrs().get("docker0", []) if a.family == socket.AF_INET]
+    assert addrs, f"no Docker bridge (docker0) to serve the private index on: {out.stderr.strip()}"
+    return addrs[0]
 
 
 class _PrivateIndex(http.server.BaseHTTPRequestHandler):

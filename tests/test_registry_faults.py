@@ -12,7 +12,6 @@ import base64
 import http.server
 import io
 import os
-import subprocess
 import tarfile
 import threading
 import time
@@ -110,13 +109,16 @@ def _serve(host: str, handler) -> http.server.ThreadingHTTPServer:
 
 
 def _non_loopback_address() -> str:
-    """An address of this host that is not loopback (the Docker bridge's gateway, else the default route's)."""
-    out = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True).stdout
-    for line in out.splitlines():
-        addr = line.split()[3].split("/")[0]
-        if not addr.startswith("127."):
-            return addr
-    pytest.skip("this host has no non-loopback IPv4 address")
+    """An IPv4 address of this host that is not loopback (any interface's: the Docker bridge, the LAN)."""
+    import socket
+
+    import psutil
+
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return a.address
+    pytest.fail("this host has no non-loopback IPv4 address to serve the token service on")
 
 
 def test_login_is_never_sent_to_a_plain_http_realm_off_this_host():

@@ -27,7 +27,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
-INVOKE = Path(sys.executable).with_name("invoke")
+INVOKE = [sys.executable, "-m", "invoke", "-r", str(Path(__file__).resolve().parents[1])]
 
 
 def _recipes(tmp_path: Path, setup_prefix: str) -> Path:
@@ -47,7 +47,7 @@ def _recipes(tmp_path: Path, setup_prefix: str) -> Path:
 
 
 def _invoke(recipes: Path, state: Path, out) -> subprocess.Popen:
-    return subprocess.Popen([str(INVOKE), "build", "--cuda", "13.1", "--recipes", str(recipes), "--state-dir",
+    return subprocess.Popen([*INVOKE, "build", "--cuda", "13.1", "--recipes", str(recipes), "--state-dir",
                              str(state), "--prefix", "cudastack-test", "--max-jobs", "1"],
                             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 

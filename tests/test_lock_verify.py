@@ -17,11 +17,11 @@ from cudastack import lock as L
 from cudastack.errors import LockError
 
 ROOT = Path(__file__).resolve().parents[1]
-INVOKE = Path(sys.executable).with_name("invoke")
+INVOKE = [sys.executable, "-m", "invoke", "-r", str(Path(__file__).resolve().parents[1])]
 
 
 def _dry_run(lockfiles: Path, cuda: str = "13.1") -> subprocess.CompletedProcess:
-    return subprocess.run([str(INVOKE), "build", "--cuda", cuda, "--locked", "--dry-run", "--lockfiles", str(lockfiles)],
+    return subprocess.run([*INVOKE, "build", "--cuda", cuda, "--locked", "--dry-run", "--lockfiles", str(lockfiles)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 

@@ -154,3 +154,30 @@ def test_recovery_tells_dead_runs_from_live_ones(tmp_path):
     assert sorted(removed) == sorted([f".export-flash-attn-p{dead.pid}-abc", ".export-sgl-kernel-x1y2z3"])
     assert [p.name for p in wh.iterdir()] == [f".export-x-p{os.getpid()}-q"]
     assert remove_stale_exports(tmp_path, said.append, ".secrets-*", "secret folders") == [f".secrets-p{dead.pid}-k"]
+
+
+def test_child_started_with_die_with_parent_ends_when_its_parent_is_sigkilled(tmp_path):
+    """Without docker: the engine's preexec_fn (PR_SET_PDEATHSIG) on a plain child. The parent, SIGKILLed,
+    runs no handler; the child still ends within seconds. Started without it, the child outlives the parent."""
+    import psutil
+
+    script = ("import subprocess, sys, time\n"
+              "from cudastack.engine import die_with_parent\n"
+              "use = sys.argv[1] == 'yes'\n"
+              "p = subprocess.Popen(['sleep', '321.%s' % sys.argv[2]], preexec_fn=die_with_parent() if use else None)\n"
+              "print(p.pid, flush=True)\n"
+              "time.sleep(600)\n")
+    results = {}
+    for use in ("yes", "no"):
+        parent = subprocess.Popen([sys.executable, "-c", script, use, str(os.getpid())], stdout=subprocess.PIPE,
+                                  text=True, cwd=ROOT)
+        child = psutil.Process(int(parent.stdout.readline()))
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        try:
+            child.wait(timeout=10)
+            results[use] = "ended"
+        except psutil.TimeoutExpired:
+            results[use] = "orphan"
+            child.kill()
+    assert results == {"yes": "ended", "no": "orphan"}

@@ -203,10 +203,9 @@ def test_python_mismatch_is_refused(index):
 @pytest.mark.network
 def test_real_pypi_resolution_of_a_cuda_wheel():
     """The CUDA 13.1 runtime wheel from PyPI, resolved for a Debian bookworm image (glibc 2.36)."""
+    # pip resolves for the image's Python 3.11 whatever this interpreter's version (--python-version)
     pkgs = L.pip_resolve(["nvidia-cuda-runtime==13.1.80"], target=dict(TARGET, python_version="3.11"),
-                         no_deps=True, python=sys.executable) if TARGET["python_version"] == "3.11" else None
-    if pkgs is None:
-        pytest.skip("host Python is not 3.11")
+                         no_deps=True, python=sys.executable)
     assert pkgs[0]["name"] == "nvidia-cuda-runtime" and pkgs[0]["url"].startswith("https://")
     assert len(pkgs[0]["sha256"]) == 64
 

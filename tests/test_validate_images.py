@@ -112,6 +112,7 @@ def _full_stack_images(client) -> dict:
     return found
 
 
+@pytest.mark.stack
 def test_full_stack_images_verdicts_follow_the_evidence(client):
     images = _full_stack_images(client)
     if not images:

@@ -78,8 +78,10 @@ def _cgroup_value(*paths: str) -> str | None:
 
 
 def host_resources() -> Resources:
-    """This host's usable cores (affinity and cgroup CPU quota) and memory (the smaller of MemTotal,
-    MemAvailable and the cgroup limit), from /proc and /sys/fs/cgroup. Units: cores, GiB."""
+    """This host's usable cores (affinity and cgroup CPU quota) and memory (the smaller of MemTotal and the
+    cgroup limit), from /proc and /sys/fs/cgroup. Units: cores, GiB. MemAvailable is not an input: it moves
+    with the load (a running compile), and the memory rule must give a dry run the same MAX_JOBS as the
+    build (the knob is part of the node's hash)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -98,7 +100,7 @@ def host_resources() -> Resources:
     total = mem.get("MemTotal", 0)
     avail = mem.get("MemAvailable", total)
     limit = _cgroup_value("/sys/fs/cgroup/memory.max")
-    candidates = [x for x in (total, avail) if x]
+    candidates = [total] if total else []
     if limit and limit.isdigit():
         candidates.append(int(limit))
     gib = min(candidates) / 2**30 if candidates else 1.0

@@ -60,6 +60,56 @@ def _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=Non
                      resources=resources)
 
 
+def _builder_resources():
+    """The builder's cores and memory as a build reads them (the daemon's view when one answers, else this
+    host's), so a dry run prints the MAX_JOBS the build will use."""
+    from cudastack.engine import Engine
+
+    try:
+        return Engine.connect().resources()
+    except StackError:
+        return None   # no daemon: make_plan reads this host, as the engine of a local daemon does
+
+
+def final_line(record: dict) -> str:
+    """The build's last line: the runtime image's tag (the one thing the next command needs), or the last
+    node's tag when the plan has no runtime node."""
+    nodes = record.get("nodes") or []
+    runtime = next((n for n in nodes if n.get("kind") == "runtime"), nodes[-1] if nodes else None)
+    if runtime is None:
+        return "no image built"
+    what = "runtime image" if runtime.get("kind") == "runtime" else f"last image ({runtime['name']})"
+    return f"{what}: {runtime['tag']}"
+
+
+def check_base_registry(plan, engine) -> None:
+    """Before the first build: a base image that neither the engine holds nor a cached base node covers must
+    come from its registry (NVIDIA's base from Docker Hub, by default for CUDA 12.8): ping that registry
+    (``GET /v2/``) and raise RegistryError (exit 8) suggesting ``--base pip`` when it does not answer. Skipped
+    when the daemon has a registry mirror configured (it may pull through the mirror)."""
+    from cudastack.errors import RegistryError
+    from cudastack.registry import DOCKER_HUB, RegistryClient, parse_reference
+
+    if not plan.nodes or plan.base_kind == "pip" or not plan.base_image:
+        return
+    if engine.exists(plan.nodes[0].tag) or engine.exists(plan.base_image):
+        return
+    ref = parse_reference(plan.base_image)
+    if ref.registry == DOCKER_HUB and (engine.info().get("RegistryConfig") or {}).get("Mirrors"):
+        return
+    client = RegistryClient(ref.registry, timeout=15)
+    try:
+        client.ping()
+    except RegistryError:
+        skips = " --skip flash-attn" if plan.toolchain.startswith("12.") else ""
+        raise RegistryError(
+            f"The base image {plan.base_image} is not on this Docker engine, and its registry {ref.registry} "
+            f"does not answer at {client.base_url}/v2/. Build on the pip base instead (an OS image from debootstrap plus PyPI's "
+            f"CUDA toolkit wheels, no registry needed): `invoke build --cuda {plan.toolchain} --base pip{skips}`; "
+            "or load the base image into this engine first (`docker load`, or a pull through a reachable "
+            "mirror). Nothing was built.") from None
+
+
 @task(help=_HELP, iterable=["skip"], auto_shortflags=False)
 def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jobs=None, nvcc_threads=None,
           ca_bundle=None, recipes=None, state_dir=".stack", locked=False):
@@ -73,7 +123,8 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
             # options not given come from the lock (its base, archs, skipped components)
             arch, base, skip = L.plan_options(str(cuda), arch, base, skip)
         if dry_run:
-            plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes)
+            plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes)   # input errors first
+            plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=_builder_resources())
             if locked:
                 L.prepare_locked_build(plan, L.lock_path(plan.toolchain))
                 print(f"locked build: {L.lock_path(plan.toolchain)} verified against the plan; locked tags below",
@@ -92,11 +143,13 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
             lock_file = L.lock_path(plan.toolchain)
             L.prepare_locked_build(plan, lock_file, client=engine.client)
             print(f"locked build: {lock_file} verified against the plan", file=sys.stderr)
+        check_base_registry(plan, engine)
         _sigterm_as_interrupt()
         record = run_build(plan, state_dir=state_dir, ca_bundle=ca_bundle, engine=engine)
         if lock_file is not None:
             L.record_build_outputs(lock_file, record)
-        print(record["record_path"])
+        print(f"record: {record['record_path']}")
+        print(final_line(record))
     except StackError as exc:
         _fail(exc)
 

@@ -116,8 +116,9 @@ def test_c4_flashinfer_gets_an_explicit_suffix_per_toolchain():
 
 
 def test_pip_base_for_cuda_12_with_a_source_recipe_is_refused():
-    with pytest.raises(UsageError) as e:
+    with pytest.raises(ArchError) as e:    # an impossible toolkit combination: exit 4 (README)
         plan("12.8", base="pip")
+    assert e.value.exit_code == 4
     msg = str(e.value)
     assert "flash-attn" in msg and "--base nvidia" in msg and "--skip flash-attn" in msg and "13.x" in msg
 

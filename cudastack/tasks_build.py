@@ -1,6 +1,7 @@
 """Invoke tasks (build). Thin: parse flags, call the package, map StackError to its exit code."""
 from __future__ import annotations
 
+import re
 import sys
 
 from invoke import Exit, task
@@ -23,6 +24,8 @@ _HELP = {
                  "proxy; never stored in a layer. Default: the system bundle where one exists.",
     "recipes": "Recipes folder (toolchains.yaml + one file per component). Default: the project's recipes/.",
     "state_dir": "Folder for the wheelhouse, build logs and build records. Default: .stack/",
+    "prefix": "Repository prefix of every node's image tag (default cudastack: cudastack/cu13.1-pip-sm120-runtime:"
+              "<hash>). The tests use cudastack-test.",
     "locked": "Build only what lockfiles/<cuda>.lock.yaml pins (hash-checking pip installs, base digest); the plan "
               "is verified against the lock first, and the build's outputs are recorded into it.",
 }
@@ -52,12 +55,16 @@ def _fail(exc: StackError):
     raise Exit(f"error: {exc}", code=exc.exit_code)
 
 
-def _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=None):
-    from cudastack.plan import make_plan
+def _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=None, prefix=None):
+    from cudastack.plan import DEFAULT_PREFIX, make_plan
 
+    prefix = prefix or DEFAULT_PREFIX
+    if not re.fullmatch(r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*", prefix):
+        raise UsageError(f"--prefix {prefix!r}: give a Docker repository path in lower case (letters, digits, "
+                         "'.', '_', '-', '/'), such as cudastack or cudastack-test.")
     return make_plan(recipes, str(cuda), archs=arch, base=base, skip=skip or (),
                      max_jobs=_int("max-jobs", max_jobs), nvcc_threads=_int("nvcc-threads", nvcc_threads),
-                     resources=resources)
+                     resources=resources, prefix=prefix)
 
 
 def _builder_resources():
@@ -112,7 +119,7 @@ def check_base_registry(plan, engine) -> None:
 
 @task(help=_HELP, iterable=["skip"], auto_shortflags=False)
 def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jobs=None, nvcc_threads=None,
-          ca_bundle=None, recipes=None, state_dir=".stack", locked=False):
+          ca_bundle=None, recipes=None, state_dir=".stack", locked=False, prefix=None):
     """Build a toolchain's images (base -> torch -> wheels -> runtime) with BuildKit; cached nodes are skipped."""
     from cudastack.build import dry_run as render_dry_run, run_build
 
@@ -123,8 +130,9 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
             # options not given come from the lock (its base, archs, skipped components)
             arch, base, skip = L.plan_options(str(cuda), arch, base, skip)
         if dry_run:
-            plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes)   # input errors first
-            plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=_builder_resources())
+            plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, prefix=prefix)   # input errors first
+            plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=_builder_resources(),
+                         prefix=prefix)
             if locked:
                 L.prepare_locked_build(plan, L.lock_path(plan.toolchain))
                 print(f"locked build: {L.lock_path(plan.toolchain)} verified against the plan; locked tags below",
@@ -133,9 +141,10 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
             return
         from cudastack.engine import Engine
 
-        plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes)  # input errors before the daemon
+        plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, prefix=prefix)  # input errors first
         engine = Engine.connect()
-        plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=engine.resources())
+        plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=engine.resources(),
+                     prefix=prefix)
         for w in plan.warnings:
             print(f"warning: {w}", file=sys.stderr)
         lock_file = None

@@ -187,11 +187,11 @@ def empty_ctx(tmp_path_factory):
 @pytest.fixture(scope="session")
 def os_image():
     """The bootstrapped Debian bookworm image (debootstrap + docker import; reused when its tag exists)."""
-    from cudastack.bootstrap import bootstrap_os_image
+    from cudastack.bootstrap import bootstrap_os_image, release_info
 
     lines: list[str] = []
-    image_id = bootstrap_os_image("bookworm", progress=lines.append)
-    tag = next(t for t in _client().images.get(image_id).tags if t.startswith("cudastack/debian:bookworm-"))
+    tag = f"{TEST_REPO}/debian:bookworm-{release_info('bookworm')['date']}"   # the tests' name, not the stack's
+    image_id = bootstrap_os_image("bookworm", tag=tag, progress=lines.append)
     return {"id": image_id, "tag": tag, "lines": lines}
 
 
@@ -256,12 +256,13 @@ def runtime13(build, base13, fixture_wheelhouse, tmp_path_factory):
 @pytest.mark.docker
 @pytest.mark.network
 def test_bootstrap_is_idempotent_and_recorded(os_image):
-    from cudastack.bootstrap import bootstrap_os_image, os_image_record
+    from cudastack.bootstrap import bootstrap_os_image, default_tag, os_image_record
 
     lines: list[str] = []
     t0 = time.monotonic()
     # A missing debootstrap would raise if the second call tried to bootstrap again.
-    again = bootstrap_os_image("bookworm", progress=lines.append, debootstrap="/nonexistent/debootstrap")
+    again = bootstrap_os_image("bookworm", tag=os_image["tag"], progress=lines.append,
+                               debootstrap="/nonexistent/debootstrap")
     assert again == os_image["id"]
     assert time.monotonic() - t0 < 30
     assert any("skipping debootstrap" in s for s in lines), lines
@@ -269,7 +270,9 @@ def test_bootstrap_is_idempotent_and_recorded(os_image):
     assert rec["image_id"] == os_image["id"]
     assert rec["suite"] == "bookworm" and rec["variant"] == "minbase"
     assert rec["mirror"].startswith("http") and re.fullmatch(r"[0-9a-f]{64}", rec["release-sha256"])
-    assert os_image["tag"].endswith("-" + parsedate_to_datetime(rec["release-date"]).strftime("%Y%m%d"))
+    date = parsedate_to_datetime(rec["release-date"]).strftime("%Y%m%d")
+    assert os_image["tag"].endswith("-" + date)
+    assert default_tag("bookworm", date).endswith(f"/debian:bookworm-{date}")   # the stack's own OS image name
     # explicit tag: no network, no debootstrap
     assert bootstrap_os_image(tag=os_image["tag"], debootstrap="/nonexistent/debootstrap") == os_image["id"]
 

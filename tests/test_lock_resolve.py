@@ -111,7 +111,7 @@ def test_a_locked_build_after_a_plan_change_keeps_its_outputs_through_a_relock(i
     changed = tiny_plan(index)
     changed.nodes[0].hash = "e" * 64                      # the app node's plan changed, its pins did not
     L.verify_plan_against_lock(changed, L.load_lock(p))
-    record = {"nodes": [{"name": "app", "status": "built", "image_id": "sha256:" + "9" * 64, "tag": "cudastack/app:9",
+    record = {"nodes": [{"name": "app", "status": "built", "image_id": "sha256:" + "9" * 64, "tag": "cudastack-test/app:9",
                          "plan_hash": "e" * 64}]}
     lock = L.record_build_outputs(p, record)
     assert lock["nodes"]["app"]["plan_hash"] == "e" * 64

@@ -224,7 +224,7 @@ def test_comments_and_descriptions_do_not_change_hashes(recipes_copy):
 def test_changing_the_toolchain_changes_every_node(recipes_copy):
     before = hashes(plan(recipes=recipes_copy))
     edit(recipes_copy / "toolchains.yaml",
-         lambda d: d["toolchains"]["13.1"]["bases"]["pip"].__setitem__("os_image", "cudastack/debian:trixie"))
+         lambda d: d["toolchains"]["13.1"]["bases"]["pip"].__setitem__("os_image", "cudastack-test/debian:trixie"))
     after = hashes(plan(recipes=recipes_copy))
     assert all(before[n] != after[n] for n in before)
 

@@ -124,9 +124,10 @@ def check_base(tc: Toolchain, base_kind: str, source_components: list[Component]
         names = ", ".join(c.name for c in source_components)
         skips = " ".join(f"--skip {c.name}" for c in source_components)
         raise ArchError(f"The '{base_kind}' base of toolchain {tc.name} has no nvcc (PyPI's CUDA "
-                         f"{tc.name.split('.')[0]} toolkit wheels carry no compiler), but {names} "
-                         f"{'builds' if len(source_components) == 1 else 'build'} from source. Use --base nvidia (NVIDIA's devel image has nvcc), or {skips} to leave "
-                         f"them out, or a CUDA 13.x toolchain whose toolkit wheels ship nvcc.")
+                        f"{tc.name.split('.')[0]} toolkit wheels carry no compiler), but {names} "
+                        f"{'builds' if len(source_components) == 1 else 'build'} from source. Use --base nvidia "
+                        f"(NVIDIA's devel image has nvcc), or {skips} to leave them out, or a CUDA 13.x toolchain "
+                        "whose toolkit wheels ship nvcc.")
 
 
 # ------------------------------------------------------------------------------------ arch knobs

@@ -111,10 +111,10 @@ def check_base_registry(plan, engine) -> None:
         skips = " --skip flash-attn" if plan.toolchain.startswith("12.") else ""
         raise RegistryError(
             f"The base image {plan.base_image} is not on this Docker engine, and its registry {ref.registry} "
-            f"does not answer at {client.base_url}/v2/. Build on the pip base instead (an OS image from debootstrap plus PyPI's "
-            f"CUDA toolkit wheels, no registry needed): `invoke build --cuda {plan.toolchain} --base pip{skips}`; "
-            "or load the base image into this engine first (`docker load`, or a pull through a reachable "
-            "mirror). Nothing was built.") from None
+            f"does not answer at {client.base_url}/v2/. Build on the pip base instead (an OS image from "
+            "debootstrap plus PyPI's CUDA toolkit wheels, no registry needed): "
+            f"`invoke build --cuda {plan.toolchain} --base pip{skips}`; or load the base image into this engine "
+            "first (`docker load`, or a pull through a reachable mirror). Nothing was built.") from None
 
 
 @task(help=_HELP, iterable=["skip"], auto_shortflags=False)

@@ -412,7 +412,7 @@ try:
         for line in fh:
             md5, path = line.split(None, 1)
             path = "/" + path.strip()
-            if path.endswith(".crt") and os.path.isfile(path):
+            if path.startswith("/usr/share/ca-certificates/") and path.endswith(".crt") and os.path.isfile(path):
                 data = open(path, "rb").read()
                 if hashlib.md5(data).hexdigest() == md5:
                     out.write(data + b"\n")
@@ -514,12 +514,13 @@ def test_ca_bundle_is_in_no_layer(runtime13, ca_bundle, ca_needles, tmp_path):
 
 
 @pytest.fixture(scope="session")
-def c31_bundle(base13, public_bundles, tmp_path_factory) -> dict:
+def c31_bundle(base13, tmp_path_factory) -> dict:
     """Case C31: a host bundle holding Debian bookworm's roots, a public root that bookworm's ca-certificates
     lacks (one pip's certifi carries) and a private CA made here with openssl (an intercepting proxy's)."""
     out = _run(base13, "cat /etc/ssl/certs/ca-certificates.crt").stdout.encode()
     debian = {_der(c) for c in _PEM.findall(out)}
-    newer = [c for c in _PEM.findall(public_bundles) if _der(c) not in debian]
+    certifi = _run(base13, "cat /opt/venv/lib/python3*/site-packages/pip/_vendor/certifi/cacert.pem").stdout.encode()
+    newer = [c for c in _PEM.findall(certifi) if _der(c) not in debian]
     assert newer, "pip's certifi carries no root that bookworm lacks: C31 cannot be staged with this pip"
     d = tmp_path_factory.mktemp("c31")
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
@@ -528,7 +529,7 @@ def c31_bundle(base13, public_bundles, tmp_path_factory) -> dict:
     private = _PEM.findall((d / "private.pem").read_bytes())[0]
     bundle = out + newer[0] + b"\n" + private + b"\n"
     (d / "ca.crt").write_bytes(bundle)
-    return {"path": d / "ca.crt", "bundle": bundle, "public": newer[0], "private": private}
+    return {"path": d / "ca.crt", "bundle": bundle, "public": newer[0], "private": private, "debian": out}
 
 
 @pytest.mark.docker
@@ -540,6 +541,10 @@ def test_c31_public_root_newer_than_bookworm_is_no_leak(runtime13, public_bundle
     needles = _ca_needles(c31_bundle["bundle"], public_bundles)
     assert needles == [c31_bundle["private"].splitlines()[len(c31_bundle["private"].splitlines()) // 2]]
     assert _ca_leaks(runtime13, c31_bundle["bundle"], needles, tmp_path) == []
+    # the staging is real: compared with Debian's bundle alone (the old rule), pip's certifi is "a leak"
+    debian_only = _ca_needles(c31_bundle["bundle"], c31_bundle["debian"])
+    assert any("pip/_vendor/certifi/cacert.pem" in h
+               for h in _ca_leaks(runtime13, c31_bundle["bundle"], debian_only, tmp_path))
 
 
 @pytest.mark.docker

@@ -171,7 +171,9 @@ def plan(c, cuda="13.1", arch=None, base=None, skip=None, max_jobs=None, nvcc_th
     from cudastack.build import dry_run as render_dry_run
 
     try:
-        print(render_dry_run(_plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes), state_dir=state_dir))
+        _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes)   # input errors before the daemon
+        print(render_dry_run(_plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes,
+                                   resources=_builder_resources()), state_dir=state_dir))
     except StackError as exc:
         _fail(exc)
 

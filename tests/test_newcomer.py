@@ -121,18 +121,18 @@ def test_memory_rule_reads_memtotal_not_memavailable():
 def test_dry_run_prints_the_max_jobs_the_build_uses():
     """The dry run asks the same builder as the build (cudastack.tasks_build._builder_resources) and so
     prints the build's MAX_JOBS."""
-    from cudastack import rules
     from cudastack.plan import make_plan
     from cudastack.tasks_build import _builder_resources
 
     res = _builder_resources()
     plan = make_plan(None, "13.1", resources=res)
     want = {k.name: k.value for k in plan.node("flash-attn").knobs}["MAX_JOBS"]
-    p = _invoke("build", "--cuda", "13.1", "--dry-run")
-    assert p.returncode == 0, p.stderr
-    shown = re.search(r"knob\s+MAX_JOBS=(\d+)\s+\[memory-rule\]", p.stdout)
-    assert shown and shown.group(1) == str(want), p.stdout[-3000:]
-    assert rules.Resources  # the rule's input type
+    for args in (("build", "--cuda", "13.1", "--dry-run"), ("plan", "--cuda", "13.1")):
+        p = _invoke(*args)
+        assert p.returncode == 0, p.stderr
+        shown = re.search(r"knob\s+MAX_JOBS=(\d+)\s+\[memory-rule\]", p.stdout)
+        assert shown and shown.group(1) == str(want), (args, p.stdout[-3000:])
+        assert res is None or res.origin in p.stdout, (args, res)
 
 
 def test_final_line_names_the_runtime_tag():

@@ -80,8 +80,9 @@ def _cgroup_value(*paths: str) -> str | None:
 
 
 def host_resources() -> Resources:
-    """This host's usable cores (affinity and cgroup CPU quota) and memory (the smaller of MemTotal,
-    MemAvailable and the cgroup limit), from /proc and /sys/fs/cgroup. Units: cores, GiB."""
+    """This host's usable cores (affinity and cgroup CPU quota) and memory (the smaller of MemTotal and the
+    cgroup limit), from /proc and /sys/fs/cgroup. Units: cores, GiB. MemAvailable is not an input: it moves
+    with the load (a running compile), and a dry run must print the MAX_JOBS the build will use."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -98,14 +99,13 @@ def host_resources() -> Resources:
     except OSError:
         pass
     total = mem.get("MemTotal", 0)
-    avail = mem.get("MemAvailable", total)
     limit = _cgroup_value("/sys/fs/cgroup/memory.max")
-    candidates = [x for x in (total, avail) if x]
+    candidates = [total] if total else []
     if limit and limit.isdigit():
         candidates.append(int(limit))
     gib = min(candidates) / 2**30 if candidates else 1.0
-    return Resources(cores, round(gib, 1),
-                     f"host: {cores} cores, MemTotal {total / 2**30:.1f} GiB, MemAvailable {avail / 2**30:.1f} GiB")
+    cg = f", cgroup limit {int(limit) / 2**30:.1f} GiB" if limit and limit.isdigit() else ""
+    return Resources(cores, round(gib, 1), f"host: {cores} cores, MemTotal {total / 2**30:.1f} GiB{cg}")
 
 
 # ---------------------------------------------------------------------------------------- hashing

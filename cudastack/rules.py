@@ -114,17 +114,20 @@ def check_archs(recipes: RecipeSet, tc: Toolchain, archs: list[Arch]) -> None:
 
 def check_base(tc: Toolchain, base_kind: str, source_components: list[Component]) -> None:
     """Refuse a base that cannot build the plan's source recipes: the ``pip`` base of a CUDA 12 toolchain
-    has no nvcc (PyPI's nvidia-cuda-nvcc-cu12 ships only ptxas). Raises UsageError naming the fixes."""
+    has no nvcc (PyPI's nvidia-cuda-nvcc-cu12 ships only ptxas). Raises UsageError for a base the toolchain
+    does not have, ArchError (exit 4: an impossible toolkit combination) naming the fixes for a source recipe
+    on a base without nvcc."""
     if base_kind not in tc.bases:
         raise UsageError(f"Toolchain {tc.name} has no '{base_kind}' base (it has: {', '.join(tc.bases)}).")
     base = tc.bases[base_kind]
     if source_components and not base.has_nvcc:
         names = ", ".join(c.name for c in source_components)
         skips = " ".join(f"--skip {c.name}" for c in source_components)
-        raise UsageError(f"The '{base_kind}' base of toolchain {tc.name} has no nvcc (PyPI's CUDA "
-                         f"{tc.name.split('.')[0]} toolkit wheels carry no compiler), but {names} "
-                         f"{'builds' if len(source_components) == 1 else 'build'} from source. Use --base nvidia (NVIDIA's devel image has nvcc), or {skips} to leave "
-                         f"them out, or a CUDA 13.x toolchain whose toolkit wheels ship nvcc.")
+        raise ArchError(f"The '{base_kind}' base of toolchain {tc.name} has no nvcc (PyPI's CUDA "
+                        f"{tc.name.split('.')[0]} toolkit wheels carry no compiler), but {names} "
+                        f"{'builds' if len(source_components) == 1 else 'build'} from source. Use --base nvidia "
+                        f"(NVIDIA's devel image has nvcc), or {skips} to leave them out, or a CUDA 13.x toolchain "
+                        "whose toolkit wheels ship nvcc.")
 
 
 # ------------------------------------------------------------------------------------ arch knobs
@@ -194,7 +197,7 @@ def map_archs(recipes: RecipeSet, tc: Toolchain, ak: ArchKnob, archs: list[Arch]
 @dataclass(frozen=True)
 class Resources:
     """The builder's resources. ``cores``: CPUs usable; ``mem_gib``: memory the jobs may count on
-    (the smaller of total and available); ``origin``: where the numbers come from."""
+    (the smaller of the total and the cgroup limit); ``origin``: where the numbers come from."""
 
     cores: int
     mem_gib: float

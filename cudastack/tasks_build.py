@@ -1,6 +1,7 @@
 """Invoke tasks (build). Thin: parse flags, call the package, map StackError to its exit code."""
 from __future__ import annotations
 
+import re
 import sys
 
 from invoke import Exit, task
@@ -24,8 +25,8 @@ _HELP = {
     "recipes": "Recipes folder (toolchains.yaml + one file per component). Default: the project's recipes/.",
     "state_dir": "Folder for the wheelhouse, build logs and build records. Default: .stack/",
     "lockfiles": "Folder of the lockfiles (<toolchain>.lock.yaml) for --locked. Default: the project's lockfiles/.",
-    "prefix": "Image repository prefix of the node tags (default cudastack: cudastack/cu13.1-pip-base:<hash>); "
-              "the tests use cudastack-test.",
+    "prefix": "Repository prefix of every node's image tag (default cudastack: cudastack/cu13.1-pip-sm120-runtime:"
+              "<hash>). The tests use cudastack-test.",
     "locked": "Build only what lockfiles/<cuda>.lock.yaml pins (hash-checking pip installs, base digest); the plan "
               "is verified against the lock first, and the build's outputs are recorded into it.",
 }
@@ -56,11 +57,65 @@ def _fail(exc: StackError):
 
 
 def _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=None, prefix=None):
-    from cudastack.plan import make_plan
+    from cudastack.plan import DEFAULT_PREFIX, make_plan
 
+    prefix = prefix or DEFAULT_PREFIX
+    if not re.fullmatch(r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*", prefix):
+        raise UsageError(f"--prefix {prefix!r}: give a Docker repository path in lower case (letters, digits, "
+                         "'.', '_', '-', '/'), such as cudastack or cudastack-test.")
     return make_plan(recipes, str(cuda), archs=arch, base=base, skip=skip or (),
                      max_jobs=_int("max-jobs", max_jobs), nvcc_threads=_int("nvcc-threads", nvcc_threads),
-                     resources=resources, **({"prefix": prefix} if prefix else {}))
+                     resources=resources, prefix=prefix)
+
+
+def _builder_resources():
+    """The builder's cores and memory as a build reads them (the daemon's view when one answers, else this
+    host's), so a dry run prints the MAX_JOBS the build will use."""
+    from cudastack.engine import Engine
+
+    try:
+        return Engine.connect().resources()
+    except StackError:
+        return None   # no daemon: make_plan reads this host, as the engine of a local daemon does
+
+
+def final_line(record: dict) -> str:
+    """The build's last line: the runtime image's tag (the one thing the next command needs), or the last
+    node's tag when the plan has no runtime node."""
+    nodes = record.get("nodes") or []
+    runtime = next((n for n in nodes if n.get("kind") == "runtime"), nodes[-1] if nodes else None)
+    if runtime is None:
+        return "no image built"
+    what = "runtime image" if runtime.get("kind") == "runtime" else f"last image ({runtime['name']})"
+    return f"{what}: {runtime['tag']}"
+
+
+def check_base_registry(plan, engine) -> None:
+    """Before the first build: a base image that neither the engine holds nor a cached base node covers must
+    come from its registry (NVIDIA's base from Docker Hub, by default for CUDA 12.8): ping that registry
+    (``GET /v2/``) and raise RegistryError (exit 8) suggesting ``--base pip`` when it does not answer. Skipped
+    when the daemon has a registry mirror configured (it may pull through the mirror)."""
+    from cudastack.errors import RegistryError
+    from cudastack.registry import DOCKER_HUB, RegistryClient, parse_reference
+
+    if not plan.nodes or plan.base_kind == "pip" or not plan.base_image:
+        return
+    if engine.exists(plan.nodes[0].tag) or engine.exists(plan.base_image):
+        return
+    ref = parse_reference(plan.base_image)
+    if ref.registry == DOCKER_HUB and (engine.info().get("RegistryConfig") or {}).get("Mirrors"):
+        return
+    client = RegistryClient(ref.registry, timeout=15)
+    try:
+        client.ping()
+    except RegistryError:
+        skips = " --skip flash-attn" if plan.toolchain.startswith("12.") else ""
+        raise RegistryError(
+            f"The base image {plan.base_image} is not on this Docker engine, and its registry {ref.registry} "
+            f"does not answer at {client.base_url}/v2/. Build on the pip base instead (an OS image from "
+            "debootstrap plus PyPI's CUDA toolkit wheels, no registry needed): "
+            f"`invoke build --cuda {plan.toolchain} --base pip{skips}`; or load the base image into this engine "
+            "first (`docker load`, or a pull through a reachable mirror). Nothing was built.") from None
 
 
 @task(help=_HELP, iterable=["skip"], auto_shortflags=False)
@@ -84,7 +139,9 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
                 from pathlib import Path
                 return [Path(state_dir) / "sdists", Path(state_dir) / plan.wheelhouse]
         if dry_run:
-            plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, prefix=prefix)
+            plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, prefix=prefix)   # input errors first
+            plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=_builder_resources(),
+                         prefix=prefix)
             if locked:
                 L.prepare_locked_build(plan, L.lock_path(plan.toolchain, lockfiles), say=say, cache_dirs=caches(plan))
                 say(f"{L.lock_path(plan.toolchain, lockfiles)} verified against the plan; locked tags below")
@@ -103,11 +160,13 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
             lock_file = L.lock_path(plan.toolchain, lockfiles)
             L.prepare_locked_build(plan, lock_file, client=engine.client, say=say, cache_dirs=caches(plan))
             say(f"{lock_file} verified against the plan")
+        check_base_registry(plan, engine)
         _sigterm_as_interrupt()
         record = run_build(plan, state_dir=state_dir, ca_bundle=ca_bundle, engine=engine)
         if lock_file is not None:
             L.record_build_outputs(lock_file, record)
-        print(record["record_path"])
+        print(f"record: {record['record_path']}")
+        print(final_line(record))
     except StackError as exc:
         _fail(exc)
 
@@ -120,7 +179,9 @@ def plan(c, cuda="13.1", arch=None, base=None, skip=None, max_jobs=None, nvcc_th
     from cudastack.build import dry_run as render_dry_run
 
     try:
-        print(render_dry_run(_plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes), state_dir=state_dir))
+        _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes)   # input errors before the daemon
+        print(render_dry_run(_plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes,
+                                   resources=_builder_resources()), state_dir=state_dir))
     except StackError as exc:
         _fail(exc)
 

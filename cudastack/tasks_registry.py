@@ -48,8 +48,10 @@ def _node(plan, name):
       iterable=["skip", "find_links"], auto_shortflags=False)
 def lock(c, cuda="13.1", arch=None, base=None, skip=None, recipes=None, lockfiles=None, python=None, glibc=None,
          find_links=None):
-    """Pin every input of the plan (base image, OS snapshot, every pip package's closure with sha256, sdists,
-    git commits) into lockfiles/<toolchain>.lock.yaml, atomically."""
+    """Pin every input of the plan into lockfiles/<toolchain>.lock.yaml.
+
+    Base image, OS snapshot, every pip package's closure with sha256, sdists and git commits; written
+    atomically."""
     from cudastack import lock as L
 
     try:
@@ -98,8 +100,10 @@ def lock(c, cuda="13.1", arch=None, base=None, skip=None, recipes=None, lockfile
       iterable=["skip"], auto_shortflags=False)
 def push(c, cuda="13.1", registry=None, node="runtime", all_nodes=False, arch=None, base=None, skip=None,
          recipes=None, lockfiles=None):
-    """Push the locked build's image(s), read the digest the registry reports (HTTP API), check it against the
-    local image and record registry/name@sha256:... and registry#name@sha256:... in the lockfile."""
+    """Push the locked build's images and record their digests in the lockfile.
+
+    Reads the digest the registry reports (HTTP API), checks it against the local image and records
+    registry/name@sha256:... and registry#name@sha256:... in the lockfile."""
     from cudastack import lock as L
     from cudastack import registry as R
 
@@ -154,8 +158,9 @@ def pull(c, cuda="13.1", locked=True, node="runtime", lockfiles=None):
 def cluster_job(c, cuda="13.1", scheduler=None, gpus=None, nodes=1, image=None, output=None, partition=None,
                 account=None, time="01:00:00", namespace="default", host_path=None, pull_secret=None,
                 probe_arg=None, lockfiles=None):
-    """Write a Slurm batch script or a Kubernetes Job that runs the validation suite from the pinned digest on
-    GPU nodes and keeps its JSON reports."""
+    """Write a Slurm script or Kubernetes Job that validates GPU nodes from the pinned digest.
+
+    The job runs the validation suite in the image pinned by digest and keeps its JSON reports."""
     from cudastack import cluster
     from cudastack import lock as L
 
@@ -198,8 +203,9 @@ def cluster_job(c, cuda="13.1", scheduler=None, gpus=None, nodes=1, image=None, 
       iterable=["skip"], auto_shortflags=False)
 def bake(c, cuda="13.1", output="bake/docker-bake.json", arch=None, base=None, skip=None, recipes=None,
          state_dir=".stack", locked=False, lockfiles=None):
-    """Write the build plan as a buildx bake file (one target per node, parents chained through named
-    contexts), for `docker buildx bake -f FILE` on remote BuildKit builders."""
+    """Write the build plan as a buildx bake file for remote BuildKit builders.
+
+    One target per node, parents chained through named contexts; run it with `docker buildx bake -f FILE`."""
     from cudastack import bake as B
     from cudastack import lock as L
 

@@ -7,11 +7,17 @@ from invoke import Exit, task
 
 from cudastack.errors import StackError, UsageError
 
+#: where reports go unless --out names a folder: inside .stack/, which .gitignore covers
+DEFAULT_OUT = ".stack/validate"
+
 _HELP = {
     "image": "Image to validate (repeatable; tag or digest). Two or more print what changed between them per "
              "backend, and why. Without --image the current environment is validated.",
     "target_arch": "Target compute capability (default 12.0: RTX PRO 6000 Blackwell / RTX 50xx).",
-    "out": "Folder for the JSON reports (one per image). Default: results/validate.",
+    "out": "Folder for the JSON reports (one per image). Default: .stack/validate (git-ignored); name a folder "
+           "under results/ to publish them.",
+    "order": "Column order of a comparison: toolchain (default: older to newer CUDA toolchain, so it reads "
+             "before -> after) or given (the order of --image).",
     "markdown": "Also write the printed Markdown (matrix or comparison) to this file.",
     "jit_compile": "Also compile FlashInfer's allreduce-fusion module for the target (minutes; cached by content).",
     "world_size": "Tensor-parallel size the verdicts are for (default 8).",
@@ -21,8 +27,8 @@ _HELP = {
 
 
 @task(help=_HELP, iterable=["image"], auto_shortflags=False)
-def validate(c, image=None, target_arch="12.0", out="results/validate", markdown=None, jit_compile=False,
-             world_size=8, topology="auto", mount_suite=False):
+def validate(c, image=None, target_arch="12.0", out=DEFAULT_OUT, markdown=None, jit_compile=False,
+             world_size=8, topology="auto", mount_suite=False, order="toolchain"):
     """Validate images (or this environment): which allreduce backends can work for the target arch, and why."""
     from cudastack.validate_images import validate_many
 
@@ -33,7 +39,8 @@ def validate(c, image=None, target_arch="12.0", out="results/validate", markdown
             raise UsageError(f"--world-size {world_size!r}: give a whole number of GPUs.") from None
         if topology not in ("auto", "pcie", "nvlink"):
             raise UsageError(f"--topology {topology!r}: use auto, pcie or nvlink.")
-        _, text = validate_many(list(image or []), str(target_arch), out_dir=out, jit_compile=bool(jit_compile),
+        _, text = validate_many(list(image or []), str(target_arch), out_dir=out, order=str(order),
+                                jit_compile=bool(jit_compile),
                                 world_size=ws, topology=topology, say=lambda m: print(m, file=sys.stderr),
                                 **({"mount_suite": True} if mount_suite else {}))
     except StackError as exc:

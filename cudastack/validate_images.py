@@ -144,7 +144,35 @@ def validate_image(image: str, target_arch: str = "12.0", *, client=None, timeou
         raise ValidationError(f"the suite failed in {image} (exit {rc}, {how}): {err.strip()[-800:]}")
     report = _parse_report(out, image)
     report.options["ran_in"] = {"image": image, "python": py, "suite": how}
+    toolchain = (client.images.get(image).labels or {}).get("org.cudastack.toolchain")
+    if toolchain:
+        report.options["ran_in"]["toolchain"] = toolchain
     return report
+
+
+def toolchain_of(report) -> tuple[int, ...] | None:
+    """The CUDA toolchain a report's environment was built for, as a version tuple ((12, 8), (13, 1)): the
+    image's ``org.cudastack.toolchain`` label, else the CUDA release of nvcc under CUDA_HOME, else torch's
+    CUDA. None when none is known."""
+    ran_in = report.options.get("ran_in", {})
+    env = report.environment or {}
+    for value in (ran_in.get("toolchain"), ((env.get("nvcc") or {}).get("cuda_home_nvcc") or {}).get("release"),
+                  (env.get("torch") or {}).get("cuda")):
+        m = re.match(r"(\d+)\.(\d+)", str(value or ""))
+        if m:
+            return int(m.group(1)), int(m.group(2))
+    return None
+
+
+def older_to_newer(reports: list, labels: list[str]) -> tuple[list, list[str]]:
+    """``reports`` and their ``labels`` ordered from older to newer toolchain (see :func:`toolchain_of`), so
+    a comparison reads before -> after. Reports of the same toolchain keep the given order; when any
+    report's toolchain is unknown, the given order is kept as a whole."""
+    keys = [toolchain_of(r) for r in reports]
+    if any(k is None for k in keys):
+        return list(reports), list(labels)
+    order = sorted(range(len(reports)), key=lambda i: keys[i])
+    return [reports[i] for i in order], [labels[i] for i in order]
 
 
 def safe_name(image: str) -> str:
@@ -152,10 +180,13 @@ def safe_name(image: str) -> str:
 
 
 def validate_many(images: list[str], target_arch: str = "12.0", *, out_dir: str | Path | None = None,
-                  say=print, **kw) -> tuple[list, str]:
+                  say=print, order: str = "toolchain", **kw) -> tuple[list, str]:
     """Validate each image (or the current environment when ``images`` is empty); write each JSON
     report to ``out_dir`` when given; return (reports, Markdown: the comparison for two or more, the
-    matrix for one)."""
+    matrix for one). ``order``: ``toolchain`` (default) puts reports and comparison columns from older to
+    newer toolchain (:func:`older_to_newer`); ``given`` keeps the order of ``images``."""
+    if order not in ("toolchain", "given"):
+        raise UsageError(f"--order {order!r}: use toolchain (older to newer) or given (as the images are listed).")
     from stackprobe.report import comparison_markdown
 
     mount = kw.pop("mount_suite", False)
@@ -175,4 +206,7 @@ def validate_many(images: list[str], target_arch: str = "12.0", *, out_dir: str 
             say(f"report: {dest}")
     if len(reports) == 1:
         return reports, reports[0].to_markdown()
-    return reports, comparison_markdown(reports, images)
+    labels = list(images)
+    if order == "toolchain":
+        reports, labels = older_to_newer(reports, labels)
+    return reports, comparison_markdown(reports, labels)

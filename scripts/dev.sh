@@ -2,8 +2,10 @@
 # One entry point that does all set-up on a fresh Debian/Ubuntu machine, then runs what you ask:
 #   bash scripts/dev.sh test                 # set up, then run the test suite
 #   bash scripts/dev.sh build --cuda 13.1    # set up, then `invoke build --cuda 13.1` (any invoke task works)
-# Set-up (idempotent): Debian's docker.io (+ debootstrap, docker-registry, skopeo, shellcheck, htpasswd),
-# a running Docker daemon, and a virtual environment .venv with this project installed.
+# Set-up (idempotent): Debian's docker.io (+ debootstrap, docker-registry, shellcheck, htpasswd, objdump,
+# openssl, python3-venv, ca-certificates), a running Docker daemon, and a virtual environment .venv with this
+# project installed (torch for CPU work included). `test` then runs pytest in CI mode: a skipped test fails
+# unless it is marked gpu or stack (tests/require_all.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -18,6 +20,8 @@ command -v docker-registry >/dev/null || need_pkgs+=(docker-registry)
 command -v htpasswd >/dev/null || need_pkgs+=(apache2-utils)
 command -v shellcheck >/dev/null || need_pkgs+=(shellcheck)
 command -v objdump >/dev/null || need_pkgs+=(binutils)
+command -v openssl >/dev/null || need_pkgs+=(openssl)
+[ -s /etc/ssl/certs/ca-certificates.crt ] || need_pkgs+=(ca-certificates)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
@@ -26,7 +30,7 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
   fi
   log "installing ${need_pkgs[*]}"
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" ca-certificates >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
 fi
 
 # The Docker daemon: start one when none answers.
@@ -62,6 +66,9 @@ cmd=${1:-test}
 shift || true
 case "$cmd" in
   test)
+    # Everything the tests need was installed above: a skip is a failure here, apart from tests marked
+    # gpu or stack (tests/require_all.py). CUDASTACK_REQUIRE_ALL=0 allows skips.
+    export CUDASTACK_REQUIRE_ALL="${CUDASTACK_REQUIRE_ALL:-1}"
     set +e
     python -m pytest -ra "$@"
     rc=$?

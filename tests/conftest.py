@@ -7,6 +7,9 @@ import pytest
 
 from cudastack.recipes import DEFAULT_RECIPES_DIR
 
+# In CI a skip is a failure, apart from GPU and full-stack tests (tests/require_all.py).
+pytest_plugins = ["require_all"]
+
 
 @pytest.fixture
 def recipes_copy(tmp_path):

@@ -232,9 +232,9 @@ def test_real_build_interrupted_by_sigterm_is_cancelled_and_untagged(tmp_path):
 
     from cudastack.bootstrap import bootstrap_os_image
 
-    bootstrap_os_image("bookworm", tag="cudastack/debian:bookworm")
+    bootstrap_os_image("bookworm", tag="cudastack-test/debian:bookworm")
     df = tmp_path / "Dockerfile"
-    df.write_text(f"FROM cudastack/debian:bookworm\nRUN echo {uuid.uuid4().hex} && sleep 300\n")
+    df.write_text(f"FROM cudastack-test/debian:bookworm\nRUN echo {uuid.uuid4().hex} && sleep 300\n")
     ctx = tmp_path / "ctx"
     ctx.mkdir()
     tag = f"cudastack-test/engine-interrupt:{uuid.uuid4().hex[:8]}"

@@ -10,6 +10,7 @@ test-only download: the CUDA 13.1 wheel set has no cuobjdump; the package exists
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import json
@@ -186,11 +187,11 @@ def empty_ctx(tmp_path_factory):
 @pytest.fixture(scope="session")
 def os_image():
     """The bootstrapped Debian bookworm image (debootstrap + docker import; reused when its tag exists)."""
-    from cudastack.bootstrap import bootstrap_os_image
+    from cudastack.bootstrap import bootstrap_os_image, release_info
 
     lines: list[str] = []
-    image_id = bootstrap_os_image("bookworm", progress=lines.append)
-    tag = next(t for t in _client().images.get(image_id).tags if t.startswith("cudastack/debian:bookworm-"))
+    tag = f"{TEST_REPO}/debian:bookworm-{release_info('bookworm')['date']}"   # the tests' name, not the stack's
+    image_id = bootstrap_os_image("bookworm", tag=tag, progress=lines.append)
     return {"id": image_id, "tag": tag, "lines": lines}
 
 
@@ -255,12 +256,13 @@ def runtime13(build, base13, fixture_wheelhouse, tmp_path_factory):
 @pytest.mark.docker
 @pytest.mark.network
 def test_bootstrap_is_idempotent_and_recorded(os_image):
-    from cudastack.bootstrap import bootstrap_os_image, os_image_record
+    from cudastack.bootstrap import bootstrap_os_image, default_tag, os_image_record
 
     lines: list[str] = []
     t0 = time.monotonic()
     # A missing debootstrap would raise if the second call tried to bootstrap again.
-    again = bootstrap_os_image("bookworm", progress=lines.append, debootstrap="/nonexistent/debootstrap")
+    again = bootstrap_os_image("bookworm", tag=os_image["tag"], progress=lines.append,
+                               debootstrap="/nonexistent/debootstrap")
     assert again == os_image["id"]
     assert time.monotonic() - t0 < 30
     assert any("skipping debootstrap" in s for s in lines), lines
@@ -268,7 +270,9 @@ def test_bootstrap_is_idempotent_and_recorded(os_image):
     assert rec["image_id"] == os_image["id"]
     assert rec["suite"] == "bookworm" and rec["variant"] == "minbase"
     assert rec["mirror"].startswith("http") and re.fullmatch(r"[0-9a-f]{64}", rec["release-sha256"])
-    assert os_image["tag"].endswith("-" + parsedate_to_datetime(rec["release-date"]).strftime("%Y%m%d"))
+    date = parsedate_to_datetime(rec["release-date"]).strftime("%Y%m%d")
+    assert os_image["tag"].endswith("-" + date)
+    assert default_tag("bookworm", date).endswith(f"/debian:bookworm-{date}")   # the stack's own OS image name
     # explicit tag: no network, no debootstrap
     assert bootstrap_os_image(tag=os_image["tag"], debootstrap="/nonexistent/debootstrap") == os_image["id"]
 
@@ -395,10 +399,64 @@ def test_c7_thrust_host_code_compiles_and_links_for_sm120(base13, tmp_path):
 
 _PEM = re.compile(rb"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----", re.S)
 
+# Run inside an image: print every certificate of the public CA bundles the image carries, each counted only
+# when the image's own package database vouches for the file (so a host certificate appended to one of them
+# is not taken for a public root): Debian's ca-certificates package (its files checked against dpkg's
+# md5sums) and certifi (its own distribution or the copy pip vendors; checked against the sha256 in the
+# installing distribution's RECORD, as the wheel spec defines it).
+PUBLIC_BUNDLES_PY = r"""
+import base64, csv, glob, hashlib, os, sys
+out = sys.stdout.buffer
+try:
+    with open("/var/lib/dpkg/info/ca-certificates.md5sums") as fh:
+        for line in fh:
+            md5, path = line.split(None, 1)
+            path = "/" + path.strip()
+            if path.startswith("/usr/share/ca-certificates/") and path.endswith(".crt") and os.path.isfile(path):
+                data = open(path, "rb").read()
+                if hashlib.md5(data).hexdigest() == md5:
+                    out.write(data + b"\n")
+except FileNotFoundError:
+    pass
+records = []
+for pat in ("/opt/*/lib/python3*/site-packages", "/usr/lib/python3*/*-packages", "/usr/local/lib/python3*/*-packages"):
+    for site in glob.glob(pat):
+        records += glob.glob(os.path.join(site, "*.dist-info", "RECORD"))
+for record in records:
+    site = os.path.dirname(os.path.dirname(record))
+    with open(record, newline="") as fh:
+        for row in csv.reader(fh):
+            if len(row) < 2 or not row[0].endswith("certifi/cacert.pem") or not row[1].startswith("sha256="):
+                continue
+            path = os.path.join(site, row[0])
+            if not os.path.isfile(path):
+                continue
+            data = open(path, "rb").read()
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            if digest == row[1][len("sha256="):]:
+                out.write(data + b"\n")
+"""
 
-def _ca_needles(bundle: bytes, stock: bytes) -> list[bytes]:
-    """One base64 line of each certificate that only the host's bundle has (an intercepting proxy's CA)."""
-    return [c.splitlines()[len(c.splitlines()) // 2] for c in set(_PEM.findall(bundle)) - set(_PEM.findall(stock))]
+
+def _der(pem: bytes) -> bytes:
+    """The DER bytes of one PEM certificate (so line wrapping and comments do not matter)."""
+    body = pem.split(b"-----")[2]
+    return base64.b64decode(b"".join(body.split()))
+
+
+def _ca_needles(bundle: bytes, public: bytes) -> list[bytes]:
+    """One base64 line of each certificate of ``bundle`` (the host's CA bundle) found in no public bundle
+    (``public``: the PEM text of the public bundles the image carries): the host's private part, such as an
+    intercepting proxy's CA. A public root the host has and Debian's bundle lacks is not a needle when the
+    image's certifi carries it (case C31)."""
+    known = {_der(c) for c in _PEM.findall(public)}
+    private = {_der(c): c for c in _PEM.findall(bundle)}
+    return [c.splitlines()[len(c.splitlines()) // 2] for d, c in sorted(private.items()) if d not in known]
+
+
+def _public_bundles(image: str) -> bytes:
+    """The PEM text of the public CA bundles ``image`` carries (see PUBLIC_BUNDLES_PY)."""
+    return _run(image, f"python3 - <<'PY'\n{PUBLIC_BUNDLES_PY}\nPY").stdout.encode()
 
 
 def _ca_leaks(image: str, bundle: bytes, needles: list[bytes], tmp_path: Path) -> list[str]:
@@ -433,36 +491,85 @@ def _ca_leaks(image: str, bundle: bytes, needles: list[bytes], tmp_path: Path) -
 
 
 @pytest.fixture(scope="session")
-def ca_needles(base13, ca_bundle):
-    if not ca_bundle:
-        pytest.skip("no system CA bundle on this host: nothing was mounted")
-    stock = _run(base13, "cat /etc/ssl/certs/ca-certificates.crt").stdout.encode()
-    return _ca_needles(Path(ca_bundle).read_bytes(), stock)
+def public_bundles(runtime13) -> bytes:
+    """The public CA bundles the runtime image carries (Debian's ca-certificates, pip's certifi)."""
+    text = _public_bundles(runtime13)
+    assert text.count(b"BEGIN CERTIFICATE") > 100, "no public CA bundle found in the runtime image"
+    return text
+
+
+@pytest.fixture(scope="session")
+def ca_needles(public_bundles, ca_bundle):
+    assert ca_bundle, "no system CA bundle on this host (scripts/dev.sh installs ca-certificates)"
+    return _ca_needles(Path(ca_bundle).read_bytes(), public_bundles)
 
 
 @pytest.mark.docker
 @pytest.mark.network
 def test_ca_bundle_is_in_no_layer(runtime13, ca_bundle, ca_needles, tmp_path):
     """No file in any layer of the runtime image (which holds every layer of base13, its parent) equals the
-    host's CA bundle or holds a certificate only the host's bundle has; no history entry holds one."""
+    host's CA bundle or holds a certificate of the host's private part (in no public bundle the image
+    carries); no history entry holds one."""
     assert _ca_leaks(runtime13, Path(ca_bundle).read_bytes(), ca_needles, tmp_path) == []
+
+
+@pytest.fixture(scope="session")
+def c31_bundle(base13, tmp_path_factory) -> dict:
+    """Case C31: a host bundle holding Debian bookworm's roots, a public root that bookworm's ca-certificates
+    lacks (one pip's certifi carries) and a private CA made here with openssl (an intercepting proxy's)."""
+    out = _run(base13, "cat /etc/ssl/certs/ca-certificates.crt").stdout.encode()
+    debian = {_der(c) for c in _PEM.findall(out)}
+    certifi = _run(base13, "cat /opt/venv/lib/python3*/site-packages/pip/_vendor/certifi/cacert.pem").stdout.encode()
+    newer = [c for c in _PEM.findall(certifi) if _der(c) not in debian]
+    assert newer, "pip's certifi carries no root that bookworm lacks: C31 cannot be staged with this pip"
+    d = tmp_path_factory.mktemp("c31")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=cudastack-test private proxy CA", "-keyout", str(d / "key.pem"),
+                    "-out", str(d / "private.pem")], check=True, capture_output=True)
+    private = _PEM.findall((d / "private.pem").read_bytes())[0]
+    bundle = out + newer[0] + b"\n" + private + b"\n"
+    (d / "ca.crt").write_bytes(bundle)
+    return {"path": d / "ca.crt", "bundle": bundle, "public": newer[0], "private": private, "debian": out}
 
 
 @pytest.mark.docker
 @pytest.mark.network
-def test_ca_leak_check_finds_a_planted_bundle(os_image, ca_bundle, ca_needles, tmp_path):
-    """The leak check is not blind: an image that COPYs the bundle into a layer is caught."""
+def test_c31_public_root_newer_than_bookworm_is_no_leak(runtime13, public_bundles, c31_bundle, tmp_path):
+    """C31: the host's public root that bookworm lacks is in pip's certifi inside the image, which is no leak;
+    only the private CA is looked for. (The check that compared with Debian's bundle alone flagged pip's
+    vendored cacert.pem here.)"""
+    needles = _ca_needles(c31_bundle["bundle"], public_bundles)
+    assert needles == [c31_bundle["private"].splitlines()[len(c31_bundle["private"].splitlines()) // 2]]
+    assert _ca_leaks(runtime13, c31_bundle["bundle"], needles, tmp_path) == []
+    # the staging is real: compared with Debian's bundle alone (the old rule), pip's certifi is "a leak"
+    debian_only = _ca_needles(c31_bundle["bundle"], c31_bundle["debian"])
+    assert any("pip/_vendor/certifi/cacert.pem" in h
+               for h in _ca_leaks(runtime13, c31_bundle["bundle"], debian_only, tmp_path))
+
+
+@pytest.mark.docker
+@pytest.mark.network
+def test_ca_leak_check_finds_a_planted_bundle(os_image, ca_bundle, ca_needles, c31_bundle, public_bundles,
+                                              tmp_path):
+    """The leak check is not blind: an image that COPYs the host's bundle into a layer is caught, and so is
+    the C31 bundle's private CA alone, appended to a copy of Debian's public bundle."""
     ctx = tmp_path / "ctx"
     ctx.mkdir()
     shutil.copy(ca_bundle, ctx / "ca.crt")
-    (ctx / "Dockerfile").write_text(f"FROM {os_image['tag']}\nCOPY ca.crt /usr/share/planted/ca.crt\n")
+    (ctx / "mixed.pem").write_bytes(public_bundles[:200_000].rsplit(b"-----END CERTIFICATE-----", 1)[0]
+                                    + b"-----END CERTIFICATE-----\n" + c31_bundle["private"] + b"\n")
+    (ctx / "Dockerfile").write_text(f"FROM {os_image['tag']}\nCOPY ca.crt /usr/share/planted/ca.crt\n"
+                                    "COPY mixed.pem /etc/planted/mixed.pem\n")
     tag = f"{TEST_REPO}/planted-ca:latest"
     _client().images.build(path=str(ctx), tag=tag, rm=True)
     try:
         hits = _ca_leaks(tag, Path(ca_bundle).read_bytes(), ca_needles, tmp_path)
+        c31_needles = _ca_needles(c31_bundle["bundle"], public_bundles)
+        c31_hits = _ca_leaks(tag, c31_bundle["bundle"], c31_needles, tmp_path)
     finally:
         _client().images.remove(tag, force=True)
     assert any("usr/share/planted/ca.crt" in h for h in hits), hits
+    assert any("etc/planted/mixed.pem" in h for h in c31_hits), c31_hits
 
 
 @pytest.mark.docker

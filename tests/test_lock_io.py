@@ -95,7 +95,7 @@ def test_record_outputs_and_push(tmp_path, monkeypatch):
     whl = tmp_path / "w"
     whl.mkdir()
     (whl / "x-1-py3-none-any.whl").write_bytes(b"abc")
-    L.record_outputs(p, "app", image_id="sha256:" + "3" * 64, tag="cudastack/app:1",
+    L.record_outputs(p, "app", image_id="sha256:" + "3" * 64, tag="cudastack-test/app:1",
                      wheels=L.wheel_records(whl))
     d = "sha256:" + "4" * 64
     L.record_push(p, "app", PushedImage(d, f"127.0.0.1:5000/ci/app@{d}", f"127.0.0.1:5000#ci/app@{d}",

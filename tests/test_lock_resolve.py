@@ -111,7 +111,7 @@ def test_a_locked_build_after_a_plan_change_keeps_its_outputs_through_a_relock(i
     changed = tiny_plan(index)
     changed.nodes[0].hash = "e" * 64                      # the app node's plan changed, its pins did not
     L.verify_plan_against_lock(changed, L.load_lock(p))
-    record = {"nodes": [{"name": "app", "status": "built", "image_id": "sha256:" + "9" * 64, "tag": "cudastack/app:9",
+    record = {"nodes": [{"name": "app", "status": "built", "image_id": "sha256:" + "9" * 64, "tag": "cudastack-test/app:9",
                          "plan_hash": "e" * 64}]}
     lock = L.record_build_outputs(p, record)
     assert lock["nodes"]["app"]["plan_hash"] == "e" * 64
@@ -203,10 +203,9 @@ def test_python_mismatch_is_refused(index):
 @pytest.mark.network
 def test_real_pypi_resolution_of_a_cuda_wheel():
     """The CUDA 13.1 runtime wheel from PyPI, resolved for a Debian bookworm image (glibc 2.36)."""
+    # pip resolves for the image's Python 3.11 whatever this interpreter's version (--python-version)
     pkgs = L.pip_resolve(["nvidia-cuda-runtime==13.1.80"], target=dict(TARGET, python_version="3.11"),
-                         no_deps=True, python=sys.executable) if TARGET["python_version"] == "3.11" else None
-    if pkgs is None:
-        pytest.skip("host Python is not 3.11")
+                         no_deps=True, python=sys.executable)
     assert pkgs[0]["name"] == "nvidia-cuda-runtime" and pkgs[0]["url"].startswith("https://")
     assert len(pkgs[0]["sha256"]) == 64
 

@@ -116,8 +116,9 @@ def test_c4_flashinfer_gets_an_explicit_suffix_per_toolchain():
 
 
 def test_pip_base_for_cuda_12_with_a_source_recipe_is_refused():
-    with pytest.raises(UsageError) as e:
+    with pytest.raises(ArchError) as e:    # an impossible toolkit combination: exit 4 (README)
         plan("12.8", base="pip")
+    assert e.value.exit_code == 4
     msg = str(e.value)
     assert "flash-attn" in msg and "--base nvidia" in msg and "--skip flash-attn" in msg and "13.x" in msg
 
@@ -223,7 +224,7 @@ def test_comments_and_descriptions_do_not_change_hashes(recipes_copy):
 def test_changing_the_toolchain_changes_every_node(recipes_copy):
     before = hashes(plan(recipes=recipes_copy))
     edit(recipes_copy / "toolchains.yaml",
-         lambda d: d["toolchains"]["13.1"]["bases"]["pip"].__setitem__("os_image", "cudastack/debian:trixie"))
+         lambda d: d["toolchains"]["13.1"]["bases"]["pip"].__setitem__("os_image", "cudastack-test/debian:trixie"))
     after = hashes(plan(recipes=recipes_copy))
     assert all(before[n] != after[n] for n in before)
 

@@ -40,21 +40,56 @@ def _pins(r, tc):
     return out
 
 
-def test_version_sets_match_the_measured_pypi_metadata():
+def _exact_pins(requires_dist: list[str], names: set[str]) -> dict[str, str]:
+    """{name: version} of the ``name==version`` requirements among ``requires_dist`` (Requires-Dist strings)
+    that apply without extras on Linux/CPython 3.11, for the canonical ``names`` only."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    env = {"sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
+           "python_version": "3.11", "python_full_version": "3.11.2", "implementation_name": "cpython",
+           "platform_python_implementation": "CPython", "os_name": "posix", "extra": ""}
+    out = {}
+    for line in requires_dist:
+        req = Requirement(line)
+        name = canonicalize_name(req.name)
+        if name not in names or (req.marker and not req.marker.evaluate(env)):
+            continue
+        exact = [s.version for s in req.specifier if s.operator == "=="]
+        out[name] = exact[0] if exact else str(req.specifier) or "(unpinned)"
+    return out
+
+
+def test_exact_pins_reads_requires_dist():
+    rd = ["torch==2.14.1", "flashinfer_python[cu13]==0.7.2", "sgl-kernel>=0.3", "decord; extra == 'video'",
+          "torchao==0.9.0; sys_platform == 'darwin'"]
+    names = {"torch", "flashinfer-python", "sgl-kernel", "decord", "torchao"}
+    assert _exact_pins(rd, names) == {"torch": "2.14.1", "flashinfer-python": "0.7.2", "sgl-kernel": ">=0.3"}
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("tc", ["12.8", "13.1"])
+def test_version_sets_match_the_measured_pypi_metadata(tc):
+    """The runtime recipe's ``requires`` and the component recipes' pins equal what the pinned sglang wheel's
+    METADATA on PyPI demands (read through pip's installation report, as `invoke lock` reads it)."""
+    from packaging.utils import canonicalize_name
+
+    from cudastack import lock as L
+    from lock_support import TARGET
+
     r = load_recipes()
-    p13 = _pins(r, "13.1")
-    assert p13["torch"] == "2.14.1" and p13["sglang"] == "0.5.23"
-    assert p13["sglang-kernel"] == "0.4.10" and p13["flashinfer-python"] == "0.7.2"
-    assert p13["flash-attn"].startswith("2.8.3")
-    p12 = _pins(r, "12.8")
-    assert p12["torch"] in ("2.9.1", "2.10.0")            # PyPI's cu128 builds
-    assert p12["torch"] == r.toolchains["12.8"].torch_version
-    assert "sglang-kernel" not in p12 and "sgl-kernel" in p12  # 0.3.x: the CUDA 12 builds
     runtime = r.component("sglang")
-    assert runtime.kind == "runtime" and runtime.name == "runtime"
-    for tc in ("12.8", "13.1"):
-        for pkg, ver in runtime.toolchains[tc].requires.items():
-            assert _pins(r, tc)[pkg] == ver
+    spec = next(p for p in runtime.toolchains[tc].packages if p.startswith("sglang=="))
+    requires: dict = {}
+    L.pip_resolve([spec], target=dict(TARGET, python_version="3.11"), no_deps=True, requires=requires)
+    pins = {canonicalize_name(k): v for k, v in _pins(r, tc).items()}
+    stack = {"torch", "sgl-kernel", "sglang-kernel", "flashinfer-python", "flashinfer-cubin", "flash-attn"}
+    measured = _exact_pins(requires["sglang"]["requires_dist"], stack)
+    assert {"torch", "flashinfer-python"} <= set(measured), measured
+    assert {canonicalize_name(k): v for k, v in runtime.toolchains[tc].requires.items()} == measured, \
+        f"{spec}'s METADATA pins {measured}; recipes/sglang.yaml says {runtime.toolchains[tc].requires}"
+    assert {n: pins.get(n) for n in measured} == measured, f"recipes pin {pins}; {spec} demands {measured}"
+    assert pins["torch"] == r.toolchains[tc].torch_version
 
 
 def test_flash_attn_is_a_source_recipe_with_a_memory_budget():

@@ -21,9 +21,9 @@ from registry_server import auth_registry_server, docker_config, registry_server
 @pytest.mark.parametrize("text, expect", [
     ("debian", ("docker.io", "library/debian", None, None)),
     ("nvidia/cuda:13.1.1-cudnn-devel-ubuntu24.04", ("docker.io", "nvidia/cuda", "13.1.1-cudnn-devel-ubuntu24.04", None)),
-    ("127.0.0.1:5000/cudastack/runtime:abc", ("127.0.0.1:5000", "cudastack/runtime", "abc", None)),
+    ("127.0.0.1:5000/cudastack-test/runtime:abc", ("127.0.0.1:5000", "cudastack-test/runtime", "abc", None)),
     ("localhost/x/y", ("localhost", "x/y", None, None)),
-    ("127.0.0.1:5000#cudastack/runtime@sha256:" + "a" * 64, ("127.0.0.1:5000", "cudastack/runtime", None, "sha256:" + "a" * 64)),
+    ("127.0.0.1:5000#cudastack-test/runtime@sha256:" + "a" * 64, ("127.0.0.1:5000", "cudastack-test/runtime", None, "sha256:" + "a" * 64)),
     ("ghcr.io/o/n:t@sha256:" + "b" * 64, ("ghcr.io", "o/n", "t", "sha256:" + "b" * 64)),
 ])
 def test_parse_reference(text, expect):

@@ -179,7 +179,7 @@ def _nvidia_base_by_digest(tmp_path, engine, client, pip_plan, upstream):
     assert rec["digest"] == first.digest and rec["reference"] == first.reference
 
     # upstream moves the tag to another image (here: the bare OS image, no CUDA at all)
-    moved = R.push_image("cudastack/debian:bookworm", upstream, client=client)
+    moved = R.push_image("cudastack-test/debian:bookworm", upstream, client=client)
     assert moved.digest != first.digest
     L.prepare_locked_build(plan, path, client=client)
     assert plan.nodes[0].build_args["BASE_IMAGE"] == first.reference

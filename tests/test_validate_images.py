@@ -6,7 +6,9 @@
   image (no suite: this checkout's validate/ is mounted read-only), and the two reports are compared.
 * Bad input: an image that does not exist, an image with no Python.
 * Full-stack runtime images made by ``invoke build`` (label org.cudastack.kind=runtime, with sglang), when
-  this engine has them: the verdicts there must agree with the evidence the suite read (C9, C10, C11).
+  this engine has them (marked `stack`: CI does not build them), and the committed reports of the two
+  full-stack images: each verdict must follow the evidence the suite read (C9, C10, C11), and the evidence
+  must be there.
 """
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ def chain():
     from cudastack.engine import Engine
     from cudastack.plan import host_resources, make_plan
 
-    plan = make_plan(FIXTURES / "recipes", "13.1", resources=host_resources())
+    plan = make_plan(FIXTURES / "recipes", "13.1", resources=host_resources(), prefix="cudastack-test")
     run_build(plan, state_dir=CACHE / "validate-build-state", engine=Engine.connect(), say=lambda s: None)
     return plan
 
@@ -95,6 +97,63 @@ def test_invoke_validate_exit_code_for_a_missing_image():
     assert p.returncode == 9 and "does not exist" in p.stderr
 
 
+def _evidence(verdict, what):
+    """The value of ``verdict``'s first evidence item whose name satisfies ``what``, or None."""
+    return next((e.value for e in verdict.evidence if what(e.what)), None)
+
+
+def _check_verdicts_follow_evidence(r, where: str) -> None:
+    """Hand-written rules (C9, C10, C11) against the evidence a static report read; the evidence must be there."""
+    sym = r.verdict("torch-symm-mem")
+    keys = _evidence(sym, lambda w: w.startswith("TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES keys"))
+    assert isinstance(keys, list) and keys, f"{where}: torch-symm-mem gave no evidence of SGLang's size table"
+    assert (sym.status == "blocked" and sym.gate == "python-table") == (12 not in keys), (where, sym)      # C11
+    fus = r.verdict("flashinfer-allreduce-fusion")
+    majors = _evidence(fus, lambda w: w.endswith("supported majors"))
+    assert isinstance(majors, list) and majors, f"{where}: the fusion probe gave no evidence of FlashInfer's JIT list"
+    if 12 in majors:
+        assert fus.status == "gate-passes", (where, fus)                                                    # C9
+    else:
+        assert (fus.status, fus.gate) == ("blocked", "python-table"), (where, fus)
+    kern = r.package_coverage("sglang-kernel") or r.package_coverage("sgl-kernel")
+    assert kern, f"{where}: no coverage of sglang-kernel / sgl-kernel"
+    if r.environment["torch"].get("cuda", "").startswith("13"):
+        ops = [f for f in kern["files"] if "common_ops" in f["path"]]
+        assert ops and all("sm_120a" in f["sass"] for f in ops), (where, ops)                              # C10
+
+
+COMMITTED = sorted((ROOT / "results" / "validate").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=[p.stem for p in COMMITTED])
+def test_committed_full_stack_reports_follow_the_rules(path):
+    """The committed static reports of the two full-stack runtime images obey the same rules."""
+    from stackprobe.report import Report
+
+    _check_verdicts_follow_evidence(Report.load(path), path.name)
+
+
+def test_rules_fail_on_missing_evidence_or_a_wrong_verdict():
+    """The rules can fail: evidence dropped from a report, or a verdict that contradicts its evidence."""
+    import json
+
+    from stackprobe.report import Report
+
+    assert len(COMMITTED) >= 2
+    d = json.loads(COMMITTED[0].read_text())
+    for v in d["verdicts"]:
+        if v["backend"] == "torch-symm-mem":
+            v["evidence"] = [e for e in v["evidence"] if "MAX_SIZES" not in e["what"]]
+    with pytest.raises(AssertionError, match="no evidence of SGLang's size table"):
+        _check_verdicts_follow_evidence(Report.from_json(d), "no-evidence")
+    d = json.loads(COMMITTED[0].read_text())
+    for v in d["verdicts"]:
+        if v["backend"] == "flashinfer-allreduce-fusion":
+            v["status"], v["gate"] = ("blocked", "python-table") if v["status"] == "gate-passes" else ("gate-passes", None)
+    with pytest.raises(AssertionError):
+        _check_verdicts_follow_evidence(Report.from_json(d), "flipped")
+
+
 def _full_stack_images(client) -> dict:
     """Newest runtime image per toolchain that holds sglang (made by `invoke build`)."""
     found: dict = {}
@@ -112,6 +171,7 @@ def _full_stack_images(client) -> dict:
     return found
 
 
+@pytest.mark.stack
 def test_full_stack_images_verdicts_follow_the_evidence(client):
     images = _full_stack_images(client)
     if not images:
@@ -120,17 +180,6 @@ def test_full_stack_images_verdicts_follow_the_evidence(client):
     reports, md = validate_many([images[t] for t in order], "12.0", say=lambda s: None, mount_suite=True)
     assert all(r.options["ran_in"]["suite"].startswith("suite mounted") for r in reports)
     for r in reports:
-        sym = r.verdict("torch-symm-mem")
-        keys = next((e.value for e in sym.evidence if e.what.startswith("TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES keys")), None)
-        if keys is not None:
-            assert (sym.status == "blocked" and sym.gate == "python-table") == (12 not in keys)       # C11
-        fus = r.verdict("flashinfer-allreduce-fusion")
-        majors = next((e.value for e in fus.evidence if e.what.endswith("supported majors")), None)
-        if majors is not None and 12 not in majors:
-            assert fus.status == "blocked" and fus.gate == "python-table"                          # C9
-        kern = r.package_coverage("sglang-kernel") or r.package_coverage("sgl-kernel")
-        if kern and r.environment["torch"].get("cuda", "").startswith("13"):
-            ops = [f for f in kern["files"] if "common_ops" in f["path"]]
-            assert ops and all("sm_120a" in f["sass"] for f in ops)                                 # C10
+        _check_verdicts_follow_evidence(r, r.options["ran_in"]["image"])
     if len(reports) > 1:
         assert md.count("\n| ") >= 9

@@ -6,8 +6,10 @@ Other forms::
     python -m stackprobe --compare before.json after.json          # what changed per backend, and why
     python -m stackprobe --runtime ...                              # add the runtime tier (GPU host)
 
-Exit codes: 0 report written; 2 bad input (unknown target arch, unreadable report, bad flag);
-3 the runtime tier was asked for but is not available here.
+Exit codes (the README's table): 0 report written; 2 bad input (unknown target arch, unreadable report, bad
+flag); 9 validation could not run: ``--runtime`` was asked for but the runtime tier cannot run here (no GPU
+visible, or the tier's code is missing). The static report is still written (``--json``/``--markdown``), with
+``options.runtime`` saying why the runtime tier did not run.
 The runtime tier plugs in through ``stackprobe.runtime.run_runtime(report, args)`` (it adds verdicts
 with ``tier="runtime"`` to the Report :func:`stackprobe.static.run_static` made).
 """
@@ -20,7 +22,7 @@ import sys
 from .report import Report, ReportError, comparison_markdown
 from .static import KNOWN_COMPUTE_CAPABILITIES, TargetArchError, run_static
 
-EXIT_OK, EXIT_USAGE, EXIT_NO_RUNTIME = 0, 2, 3
+EXIT_OK, EXIT_USAGE, EXIT_NO_RUNTIME = 0, 2, 9
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,21 +82,31 @@ def main(argv: list[str] | None = None) -> int:
     except TargetArchError as e:
         print(f"stackprobe: {e}", file=sys.stderr)
         return EXIT_USAGE
+    rc = EXIT_OK
     if args.runtime:
         try:
             from .runtime import run_runtime  # provided by the runtime tier
         except ImportError as e:
             print(f"stackprobe: --runtime asked for, but the runtime tier is not available here ({e}). "
-                  "Run without --runtime for the static tier only.", file=sys.stderr)
-            return EXIT_NO_RUNTIME
-        run_runtime(report, args)
+                  "The static report is written; run without --runtime for the static tier only.", file=sys.stderr)
+            report.options["runtime"] = f"not run: the runtime tier is not available here ({e})"
+            rc = EXIT_NO_RUNTIME
+        else:
+            try:
+                run_runtime(report, args)
+            except SystemExit as e:   # the tier refused to start (no GPU visible); it printed why
+                if e.code in (0, None):
+                    raise
+                report.options["runtime"] = "not run: no NVIDIA GPU visible on this host"
+                print("stackprobe: the static report is written; the runtime tier did not run.", file=sys.stderr)
+                rc = EXIT_NO_RUNTIME
     if args.json:
         _emit(json.dumps(report.to_json(), indent=2, default=str) + "\n", args.json)
     if args.markdown:
         _emit(report.to_markdown(), args.markdown)
     if not args.json and not args.markdown:
         sys.stdout.write(report.to_markdown() + "\n")
-    return EXIT_OK
+    return rc
 
 
 if __name__ == "__main__":

@@ -168,8 +168,10 @@ def _evidence_map(v: Verdict | None) -> dict:
 
 
 def compare(reports: list[Report], labels: list[str] | None = None) -> list[Change]:
-    """What changed per backend between ``reports`` (first = before). ``why`` names the new gate and
-    cause, and evidence entries whose values differ (e.g. the module's supported majors)."""
+    """What changed per backend between ``reports`` (first = before, last = after: callers pass them from
+    older to newer toolchain). ``why`` names the new gate and cause, and evidence entries whose values
+    differ (e.g. the module's supported majors); a backend blocked in every report says first why it stays
+    blocked (the last report's gate, cause and what would lift it)."""
     labels = labels or [r.label or f"#{i + 1}" for i, r in enumerate(reports)]
     backends: list[str] = []
     for r in reports:
@@ -196,6 +198,13 @@ def compare(reports: list[Report], labels: list[str] | None = None) -> list[Chan
                       for k in bmap if "version" in k.lower() and a.get(k) != bmap.get(k)]
             if diffs and (changed or len(diffs) < 4):
                 why.append("; ".join(diffs[:4]))
+        present = [v for v in vs if v is not None]
+        if len(present) > 1 and all(v.status == "blocked" for v in present):
+            # blocked everywhere: say why it stays blocked in the last (newest) report, before what differs
+            last = present[-1]
+            lift = last.lift_detail or last.lift
+            why.insert(0, f"still blocked{' [' + last.gate + ']' if last.gate else ''}: {last.cause}"
+                       + (f" (what would lift it: {lift})" if lift else ""))
         if not why and first is not None:
             why.append(f"{first.gate or 'no gate'}: {first.cause}")
         out.append(Change(b, statuses, changed, " | ".join(why)))

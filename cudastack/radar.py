@@ -36,7 +36,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from cudastack.errors import RecipeError, StackError
+from cudastack.errors import RecipeError, StackError, UsageError
 from cudastack.pkgindex import Index, IndexFile, marker_env, supported_tags
 from cudastack.recipes import RecipeSet, Toolchain, load_recipes
 from cudastack.scan import pick_file, scan_package, scan_release
@@ -256,7 +256,10 @@ def engine_pin_conflicts(recipes: RecipeSet, tc: Toolchain, index: Index) -> lis
     for name, pin in ck.pins.items():
         if name in (ENGINE, "cuda-toolkit") or name not in STACK:
             continue
-        own, fn = ck.requires(name, Version(pin.version), pin.method)
+        try:
+            own, fn = ck.requires(name, Version(pin.version), pin.method)
+        except UsageError:
+            continue            # not on this index: the radar's row for it says so
         for dep, r in own.items():
             if dep in ck.pins and dep in STACK and dep != name and not r.specifier.contains(ck.pins[dep].version, prereleases=True):
                 out.append(f"{name} {pin.version} ({fn}) Requires-Dist `{r}` but {ck.pins[dep].where} pins "

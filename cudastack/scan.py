@@ -193,12 +193,34 @@ def coverage_gate(unpacked: Path, target: Arch, package: str, version: str) -> G
     if not files:
         return Gate("arch-coverage", "no shared objects", None, "no .so/.cubin in the file")
     cov = coverage.scan_files(files, target, "elf", package=package, version=version)
+    return _coverage_gate(cov)
+
+
+def _coverage_gate(cov) -> Gate:
     if cov.level == "no-cuda-code":
         return Gate("arch-coverage", "no-cuda-code", None, f"{cov.scanned} libraries, none with a fatbin")
     summary = {"level": cov.level, "libraries": len(cov.files), "without": cov.files_without[:5],
                "ptx_only": cov.files_ptx_only[:5]}
     return Gate("arch-coverage", summary, cov.level in ("native", "family"),
                 f"stackprobe.coverage ELF reader over {cov.scanned} files")
+
+
+def kernel_gates(unpacked: Path, target: Arch, package: str, version: str) -> dict[str, Gate]:
+    """sgl-kernel / sglang-kernel: arch coverage of every library, and of the custom allreduce kernels
+    alone (``common_ops``: the libraries the suite's custom allreduce probe reads; any one build of it
+    with SASS for the target admits)."""
+    files = [(p.relative_to(unpacked).as_posix(), str(p)) for p in sorted(unpacked.rglob("*"))
+             if p.is_file() and coverage._candidate(p.name)]
+    cov = coverage.scan_files(files, target, "elf", package=package, version=version)
+    ops = [f for f in cov.files if "common_ops" in f.path]
+    out = {"arch-coverage": _coverage_gate(cov)}
+    out["custom-allreduce-kernels"] = Gate(
+        "custom-allreduce-kernels", {"level": max((f.level for f in ops), key=lambda lv: -coverage.LEVELS.index(lv))
+                                     if ops else "absent", "libraries": len(ops),
+                                     "without": [f.path for f in ops if f.level == "none"][:3], "ptx_only": []},
+        any(f.level in ("native", "family") for f in ops) if ops else False,
+        "common_ops libraries, stackprobe.coverage ELF reader")
+    return out
 
 
 def _scan_unpacked(package: str, version: str, unpacked: Path, target: Arch, world_size: int,
@@ -217,6 +239,9 @@ def _scan_unpacked(package: str, version: str, unpacked: Path, target: Arch, wor
             gates["custom-allreduce"] = Gate("custom-allreduce", "no sglang package in the file", None, str(unpacked))
         else:
             gates.update(sglang_gates(root, target, world_size, topology))
+    if name in ("sglang-kernel", "sgl-kernel"):
+        gates.update(kernel_gates(unpacked, target, package, version))
+        return gates
     cov = coverage_gate(unpacked, target, package, version)
     if cov.admits is not None or not gates:
         gates["arch-coverage"] = cov

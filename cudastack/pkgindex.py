@@ -333,6 +333,35 @@ class Index:
             out.append(req)
         return out
 
+    def cuda_runtime_major(self, f: IndexFile) -> tuple[int | None, str]:
+        """CUDA major a wheel's shared objects link (``libcudart.so.<major>`` in the dynamic section
+        of its smallest ``.so``: the first MiB of that member, read with range requests), cached by
+        sha256. (None, why) for a wheel with no ``.so`` or no libcudart reference."""
+        path = self.cache / "cudart" / f"{f.sha256}.json"
+        if path.is_file():
+            d = json.loads(path.read_text())
+            return d["major"], d["evidence"]
+        import re
+
+        def read(z: zipfile.ZipFile) -> tuple[int | None, str]:
+            sos = sorted((i for i in z.infolist() if i.filename.endswith(".so") and i.file_size > 0),
+                         key=lambda i: i.file_size)
+            for i in sos[:3]:
+                with z.open(i) as m:
+                    head = m.read(1 << 20)
+                found = sorted({int(x) for x in re.findall(rb"libcudart\.so\.(\d+)", head)})
+                if found:
+                    return found[-1], f"{f.filename}: {i.filename} needs libcudart.so.{found[-1]}"
+            return None, f"{f.filename}: no libcudart.so.N in its shared objects"
+        try:
+            with zipfile.ZipFile(_RangeFile(self.session, f.url, f.size)) as z:
+                major, ev = read(z)
+        except (_NoRanges, zipfile.BadZipFile, requests.RequestException, ValueError):
+            with zipfile.ZipFile(self.download(f)) as z:
+                major, ev = read(z)
+        atomic_write(path, json.dumps({"major": major, "evidence": ev}).encode())
+        return major, ev
+
     # ----------------------------------------------------------------------------- downloads
     def download(self, f: IndexFile) -> Path:
         """The file, downloaded once and kept under ``files/<sha256>/``. RegistryError when the bytes do

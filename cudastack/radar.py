@@ -15,7 +15,9 @@ What can hold a release back (each reason names its source):
   Linux x86_64 with the base OS's glibc) can install, and no sdist for a source recipe;
 * ``cuda-variant``: torch's PyPI build targets another CUDA (read from its ``Requires-Dist``:
   ``cuda-toolkit[...]==13.2.2`` is a CUDA 13.2 build, ``nvidia-cuda-runtime-cu12==12.8.90`` a 12.8
-  build). A torch build whose CUDA is newer than the toolchain's toolkit, or of another major, belongs to
+  build); a kernel wheel (sgl-kernel, sglang-kernel) links another CUDA major's runtime (the
+  ``libcudart.so.<major>`` its shared objects need, read with range requests: sglang-kernel 0.4.1 needs
+  ``.so.12``, 0.4.10 ``.so.13``). A torch build whose CUDA is newer than the toolchain's toolkit, or of another major, belongs to
   another toolchain line. cuda-toolkit itself stays within its toolchain's major.minor line: a new minor
   is a new toolchain (one ``toolchains.yaml`` entry).
 * For the engine (sglang) itself: a release whose pins cannot be met on this toolchain at all (its torch
@@ -48,6 +50,8 @@ ENGINE = "sglang"
 COMPONENTS = ("torch", "flash-attn", "sglang-kernel", "sgl-kernel", "flashinfer-python", "flashinfer-cubin",
               "sglang", "cuda-toolkit")
 STACK = set(COMPONENTS) - {"cuda-toolkit"}
+KERNELS = {"sglang-kernel", "sgl-kernel"}   # compiled wheels whose CUDA build is read from their libcudart soname
+MAX_WALK = 60                      # releases checked per component, newest first
 SCANNED = {"flashinfer-python", "sglang", "sglang-kernel", "sgl-kernel"}   # the radar scans these for verdicts
 # glibc of the base OS images (Debian 12 bookworm ships glibc 2.36; Ubuntu 24.04 ships 2.39, 22.04 2.35)
 _GLIBC = {"bookworm": (2, 36), "trixie": (2, 41), "ubuntu24.04": (2, 39), "ubuntu22.04": (2, 35)}
@@ -197,6 +201,11 @@ class Checker:
                 what = "no CUDA build" if cu is None else f"CUDA {cu[0]}.{cu[1]}"
                 out.append(f"cuda-variant: torch {v}'s PyPI build is {what} ({ev}); toolchain {self.tc.name} is "
                            f"CUDA {self.tc.cuda_version}")
+        if name in KERNELS:
+            major, ev = self.index.cuda_runtime_major(f)
+            if major is not None and major != self.cuda[0]:
+                out.append(f"cuda-variant: {name} {v} is a CUDA {major} build ({ev}); toolchain {self.tc.name} is "
+                           f"CUDA {self.tc.cuda_version}")
         if name in engine_reqs and name != ENGINE and not engine_reqs[name].specifier.contains(v, prereleases=True):
             out.append(f"pin: {engine_label} Requires-Dist `{engine_reqs[name]}`")
         own, fn = self.requires(name, v, method)
@@ -315,10 +324,11 @@ def radar(cuda: str, *, index: Index | None = None, recipes: RecipeSet | str | P
         vs = proj.versions()
         row.newest = str(vs[-1]) if vs else "?"
         pv = Version(pin.version)
-        allowed = pv
+        allowed = None
         holds: dict[str, list] = {}     # reason kind -> [newest release's reason, releases refused]
-        for v in reversed(vs):
-            if v <= pv:
+        # newest first, down through the pin itself (a pin the engine refuses is itself held back)
+        for i, v in enumerate(reversed(vs)):
+            if i >= MAX_WALK:
                 break
             rs = ck.reasons(name, v, engine_reqs, engine_label, pin.method)
             if not rs:
@@ -327,7 +337,10 @@ def radar(cuda: str, *, index: Index | None = None, recipes: RecipeSet | str | P
             for r in rs:
                 kind = r.split(":", 1)[0] + (r.split("`")[1].split("=")[0].split("<")[0].split(">")[0] if "`" in r else "")
                 holds.setdefault(kind, [r, 0])[1] += 1
-        row.allowed = str(allowed)
+        row.allowed = (str(allowed) if allowed is not None else
+                       "none" if len(vs) <= MAX_WALK else f"none of the {MAX_WALK} newest")
+        if allowed is not None and allowed < pv:
+            row.notes.append(f"the pinned {pv} itself is refused; {allowed} is the newest allowed")
         row.holds = [r if n == 1 else f"{r} (and {n - 1} older release{'s' if n > 2 else ''} likewise)"
                      for r, n in holds.values()]
         if locked is not None and pin.locked and pin.locked != pin.version:
@@ -344,18 +357,23 @@ def move_effect(row: Row, index: Index, ck: Checker, target, world_size: int, to
                 say: Callable[[str], None]) -> str:
     """What moving ``row`` from its pin to the newest allowed and to the newest release changes in the
     gates the suite reads (scanned from the released files)."""
-    pv, av, nv = Version(row.pinned.version), Version(row.allowed), Version(row.newest)
-    if nv <= pv:
+    pv, nv = Version(row.pinned.version), Version(row.newest)
+    try:
+        av = Version(row.allowed)
+    except ValueError:
+        av = pv
+    if nv <= pv and av >= pv:
         return "up to date"
     name = row.name
     if name == "cuda-toolkit":
         return _toolkit_effect(ck, pv, av, nv, target)
     if name == "torch":
-        cu_p, _ = ck.torch_cuda(pv)
-        cu_n, _ = ck.torch_cuda(nv)
         fmt = lambda c: f"CUDA {c[0]}.{c[1]}" if c else "no CUDA"  # noqa: E731
-        return (f"torch's build {fmt(cu_p)} -> {fmt(cu_n)} ({nv}); its arch coverage is not read here (wheel "
-                f"~0.9 GB: `invoke scan --package torch --versions {nv}`)")
+        cu_p = ck.torch_cuda(pv)[0]
+        parts = [f"{v} ({label}): torch's build {fmt(cu_p)} -> {fmt(ck.torch_cuda(v)[0])}"
+                 for label, v in (("newest allowed", av), ("newest", nv)) if v != pv and not (label == "newest" and v == av)]
+        return ("; ".join(parts) + "; torch's arch coverage is not read here (wheel ~0.9 GB: `invoke scan "
+                f"--package torch --versions {nv}`)")
     if name not in SCANNED or not verdicts:
         return "no gate of the suite reads this package statically" if name not in SCANNED else "not scanned (--no-verdicts)"
     try:
@@ -374,15 +392,19 @@ def move_effect(row: Row, index: Index, ck: Checker, target, world_size: int, to
                     if r and r["state"] == "lifted-in-range" and r["first"] is not None and r["first"] > pv:
                         changed[i] = (g, text + f" (first in {r['first']})")
             if not changed:
-                fus = base.gates.get("fusion")
-                same = f"; fusion {fus.value} in both" if fus is not None else ""
-                changed_text = f"no gate changes ({len(base.gates)} gates read{same})"
+                main = [f"{g} {_state(x)}{' ' + _short(x.value) if g in ('fusion', 'symm-mem-table') else ''}"
+                        for g, x in sorted(base.gates.items()) if not g.startswith("jit:")]
+                changed_text = f"no gate changes ({'; '.join(main)} in both)"
             else:
                 changed_text = "; ".join(t for _, t in changed)
             parts.append(f"{v} ({label}): {changed_text}")
         return " / ".join(parts) if parts else "up to date"
-    except StackError as e:
+    except StackError as e:  # noqa: F841
         return f"not scanned: {e}"
+
+
+def _state(g) -> str:
+    return {True: "admits", False: "blocks", None: "n/a"}[g.admits]
 
 
 def _gate_diff(a, b) -> list[tuple[str, str]]:

@@ -66,6 +66,13 @@ def test_torch_metadata_is_read_with_range_requests_not_a_download(tmp_path):
     cu, ev = ck.torch_cuda(Version("2.15.0"))
     assert cu == (13, 2) and "cuda-toolkit" in ev
     assert ix.stats["downloads"] == 0 and ix.stats["metadata_fetched"] == 1
+    # a kernel wheel's CUDA build from the libcudart soname its libraries need, also by range reads
+    kf = lambda v: next(f for f in ix.project("sglang-kernel").files[Version(v)] if f.filename.endswith("x86_64.whl"))  # noqa: E731
+    assert ix.cuda_runtime_major(kf("0.4.1"))[0] == 12
+    assert ix.cuda_runtime_major(kf("0.4.10"))[0] == 13
+    assert ix.stats["downloads"] == 0
+    assert any("sglang-kernel 0.4.1" in r and "CUDA 12 build" in r
+               for r in ck.reasons("sglang-kernel", Version("0.4.1"), {}, "", "wheel"))
 
 
 @pytest.mark.network

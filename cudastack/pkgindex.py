@@ -397,31 +397,38 @@ class Index:
         self.stats["bytes_downloaded"] += n
         return dest
 
-    def unpack(self, f: IndexFile) -> Path:
-        """The file's contents under ``unpacked/<sha256>/`` (wheel: the zip as is; sdist: the archive,
-        with its top folder). Members with absolute paths or ``..`` are refused (RegistryError)."""
-        root = self.cache / "unpacked" / f.sha256
+    def unpack(self, f: IndexFile, suffixes: tuple[str, ...] = ()) -> Path:
+        """The file's contents under ``unpacked/<sha256>[-<suffixes>]/`` (wheel: the zip as is; sdist: the
+        archive, with its top folder). ``suffixes``: extract only members whose names end with one of them
+        or contain ``.so.`` (e.g. ``(".py", ".so")``: what static readers read), else everything. Members
+        with absolute paths or ``..`` are refused (RegistryError)."""
+        tag = ("-" + hashlib.sha256(",".join(suffixes).encode()).hexdigest()[:8]) if suffixes else ""
+        root = self.cache / "unpacked" / f"{f.sha256}{tag}"
         if (root / ".complete").is_file():
             return root
         local = self.download(f)
         if root.exists():
             shutil.rmtree(root)
+
+        def wanted(name: str) -> bool:
+            return not suffixes or name.endswith(suffixes) or ".so." in name.rsplit("/", 1)[-1]
         tmp = Path(tempfile.mkdtemp(dir=self.cache / "files", prefix=".unpack."))
         try:
             if local.name.endswith((".whl", ".zip")):
                 with zipfile.ZipFile(local) as z:
-                    for n in z.namelist():
+                    names = z.namelist()
+                    for n in names:
                         _safe_member(n, f)
-                    z.extractall(tmp)
+                    z.extractall(tmp, members=[n for n in names if wanted(n)])
             else:
                 with tarfile.open(local) as t:
                     members = []
                     for m in t.getmembers():
                         _safe_member(m.name, f)
-                        if m.isfile() or m.isdir():
+                        if (m.isfile() and wanted(m.name)) or m.isdir():
                             members.append(m)
                     t.extractall(tmp, members=members)
-            (tmp / ".complete").write_text(f.sha256 + "\n")
+            (tmp / ".complete").write_text(f"{f.sha256} {' '.join(suffixes) or 'all members'}\n")
             root.parent.mkdir(parents=True, exist_ok=True)
             os.replace(tmp, root)
         finally:

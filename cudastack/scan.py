@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -44,6 +46,7 @@ from stackprobe.probes import sglang_custom_ar as car
 from stackprobe.probes import torch_symm_mem as symm
 
 SCAN_FORMAT = 1
+SCAN_SUFFIXES = (".py", ".so", ".cubin")    # what the readers read: Python sources and shared objects
 FUSION_FN = "gen_trtllm_comm_module"
 _READERS = [Path(source.__file__), Path(fi.__file__), Path(car.__file__), Path(symm.__file__),
             Path(coverage.__file__), Path(__file__)]
@@ -249,8 +252,12 @@ def _scan_unpacked(package: str, version: str, unpacked: Path, target: Arch, wor
 
 
 def scan_release(index: Index, package: str, version: Version, target: Arch, *, world_size: int = 8,
-                 topology: str = "pcie", python: str = "3.11") -> ReleaseScan:
-    """Download, unpack and read the gates of one release (cached by file sha256 and scan key)."""
+                 topology: str = "pcie", python: str = "3.11", keep_unpacked: bool | None = None) -> ReleaseScan:
+    """Download, unpack and read the gates of one release (cached by file sha256 and scan key). The
+    unpacked tree is removed once the result is cached unless ``keep_unpacked`` (default: the
+    ``CUDASTACK_KEEP_UNPACKED`` environment variable is set): wheels such as sglang-kernel unpack to GBs."""
+    if keep_unpacked is None:
+        keep_unpacked = os.environ.get("CUDASTACK_KEEP_UNPACKED", "") not in ("", "0")
     proj = index.project(package)
     f = pick_file(proj.files.get(version, []), python)
     if f is None:
@@ -264,10 +271,12 @@ def scan_release(index: Index, package: str, version: Version, target: Arch, *, 
             return res
         except (ValueError, KeyError):
             pass
-    unpacked = index.unpack(f)
+    unpacked = index.unpack(f, SCAN_SUFFIXES)
     gates = _scan_unpacked(package, str(version), unpacked, target, world_size, topology)
     res = ReleaseScan(proj.name, str(version), f.filename, f.sha256, gates)
     atomic_write(path, json.dumps(res.to_json(), default=str).encode())
+    if not keep_unpacked:
+        shutil.rmtree(unpacked, ignore_errors=True)   # the download and the result stay; unpacking again takes seconds
     return res
 
 

@@ -29,6 +29,7 @@ engine's pins (``invoke build`` of a real image stops on it, naming the pin).
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -88,6 +89,8 @@ class Radar:
     engine: str
     rows: list[Row]
     conflicts: list[str]
+    index_url: str = ""
+    as_of: str = ""                # UTC date of the oldest project page the answer used
 
 
 # ------------------------------------------------------------------------------------ pins
@@ -349,8 +352,11 @@ def radar(cuda: str, *, index: Index | None = None, recipes: RecipeSet | str | P
         say(f"{tc.name}: {name} pinned {pin.version}, newest {row.newest}, allowed {row.allowed}")
     for row in rows:
         row.move = move_effect(row, index, ck, target, world_size, topology, verdicts, say)
-    return Radar(tc.name, tc.cuda_version, ck.base_note, target.cc, engine_label, rows,
-                 engine_pin_conflicts(recipes, tc, index))
+    conflicts = engine_pin_conflicts(recipes, tc, index)
+    fetched = [pr.fetched_at for pr in index._projects.values() if pr.fetched_at]
+    as_of = time.strftime("%Y-%m-%d", time.gmtime(min(fetched))) if fetched else ""
+    return Radar(tc.name, tc.cuda_version, ck.base_note, target.cc, engine_label, rows, conflicts,
+                 index.url, as_of)
 
 
 def move_effect(row: Row, index: Index, ck: Checker, target, world_size: int, topology: str, verdicts: bool,
@@ -453,7 +459,8 @@ def _cell(text: str) -> str:
 def render_markdown(r: Radar) -> str:
     """One Markdown table for one toolchain, with the engine-pin conflicts under it."""
     lines = [f"## CUDA {r.toolchain} (toolkit {r.cuda_version}; {r.python}; target {r.target})", "",
-             f"Engine: {r.engine or 'none pinned'}.", "",
+             f"Engine: {r.engine or 'none pinned'}. Read from {r.index_url} (project pages of {r.as_of or 'unknown date'}) "
+             "and from the released files; `invoke outdated` writes this table.", "",
              "| component | pinned | newest | newest allowed | held back by | what a move would change in the verdicts |",
              "| --- | --- | --- | --- | --- | --- |"]
     for row in r.rows:
@@ -488,6 +495,7 @@ def render_text(r: Radar) -> str:
 
 def to_json(r: Radar) -> dict:
     return {"toolchain": r.toolchain, "cuda_version": r.cuda_version, "base": r.python, "target": r.target,
+            "index": r.index_url, "as_of": r.as_of,
             "engine": r.engine, "conflicts": r.conflicts,
             "rows": [{"component": x.name, "pinned": x.pinned.version, "pinned_where": x.pinned.where,
                       "locked": x.pinned.locked, "newest": x.newest, "newest_allowed": x.allowed, "held_back_by": x.holds,

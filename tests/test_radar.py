@@ -216,3 +216,5 @@ def test_bad_flags_are_refused(tmp_path):
     assert r.returncode == 2 and "--target-arch" in r.stderr
     r = invoke("scan")
     assert r.returncode == 2 and "--package" in r.stderr
+    r = invoke("outdated", "--cuda", "99.9", "--out", str(tmp_path))
+    assert r.returncode == 2 and "Unknown CUDA version '99.9'" in r.stderr and not list(tmp_path.iterdir())

@@ -218,3 +218,21 @@ def test_bad_flags_are_refused(tmp_path):
     assert r.returncode == 2 and "--package" in r.stderr
     r = invoke("outdated", "--cuda", "99.9", "--out", str(tmp_path))
     assert r.returncode == 2 and "Unknown CUDA version '99.9'" in r.stderr and not list(tmp_path.iterdir())
+
+
+def test_python_tag_and_cuda_variant_hold_releases_back(tmp_path):
+    recipes = load_recipes()
+    w = tmp_path / "w"
+    _fake_stack(w, ["torch==2.14.1"])
+    for py in ("cp311", "cp312"):
+        make_wheel(w, "torch", "2.14.1", ["cuda-toolkit[cudart]==13.0.3"], tag=f"{py}-{py}-manylinux_2_28_x86_64")
+    make_wheel(w, "torch", "2.16.0", ["cuda-toolkit[cudart]==13.0.3"], tag="cp313-cp313-manylinux_2_28_x86_64")
+    with FakeIndex(w) as fx:
+        ck = R.Checker(Index(fx.url, cache=tmp_path / "c"), recipes, recipes.toolchain("13.1"))
+        tag = ck.reasons("torch", Version("2.16.0"), {}, "", "wheel")
+        assert len(tag) == 1 and tag[0].startswith("python-tag: no wheel for Python 3.11") and "cp313" in tag[0]
+        cuda = ck.reasons("torch", Version("2.15.0"), {}, "", "wheel")
+        assert len(cuda) == 1 and cuda[0].startswith("cuda-variant: torch 2.15.0's PyPI build is CUDA 13.2")
+        assert ck.reasons("torch", Version("2.14.1"), {}, "", "wheel") == []
+        ck12 = R.Checker(ck.index, recipes, recipes.toolchain("12.8"))
+        assert ck12.reasons("torch", Version("2.14.1"), {}, "", "wheel")[0].startswith("cuda-variant")

@@ -53,7 +53,7 @@ COMPONENTS = ("torch", "flash-attn", "sglang-kernel", "sgl-kernel", "flashinfer-
 STACK = set(COMPONENTS) - {"cuda-toolkit"}
 KERNELS = {"sglang-kernel", "sgl-kernel"}   # compiled wheels whose CUDA build is read from their libcudart soname
 MAX_WALK = 60                      # releases checked per component, newest first
-SCANNED = {"flashinfer-python", "sglang", "sglang-kernel", "sgl-kernel"}   # the radar scans these for verdicts
+SCANNED = {"torch", "flashinfer-python", "sglang", "sglang-kernel", "sgl-kernel"}   # scanned for verdicts
 # glibc of the base OS images (Debian 12 bookworm ships glibc 2.36; Ubuntu 24.04 ships 2.39, 22.04 2.35)
 _GLIBC = {"bookworm": (2, 36), "trixie": (2, 41), "ubuntu24.04": (2, 39), "ubuntu22.04": (2, 35)}
 
@@ -373,13 +373,11 @@ def move_effect(row: Row, index: Index, ck: Checker, target, world_size: int, to
     name = row.name
     if name == "cuda-toolkit":
         return _toolkit_effect(ck, pv, av, nv, target)
+    prefix: dict = {}
     if name == "torch":
         fmt = lambda c: f"CUDA {c[0]}.{c[1]}" if c else "no CUDA"  # noqa: E731
         cu_p = ck.torch_cuda(pv)[0]
-        parts = [f"{v} ({label}): torch's build {fmt(cu_p)} -> {fmt(ck.torch_cuda(v)[0])}"
-                 for label, v in (("newest allowed", av), ("newest", nv)) if v != pv and not (label == "newest" and v == av)]
-        return ("; ".join(parts) + "; torch's arch coverage is not read here (wheel ~0.9 GB: `invoke scan "
-                f"--package torch --versions {nv}`)")
+        prefix = {v: f"build {fmt(cu_p)} -> {fmt(ck.torch_cuda(v)[0])}; " for v in (av, nv)}
     if name not in SCANNED or not verdicts:
         return "no gate of the suite reads this package statically" if name not in SCANNED else "not scanned (--no-verdicts)"
     try:
@@ -398,12 +396,12 @@ def move_effect(row: Row, index: Index, ck: Checker, target, world_size: int, to
                     if r and r["state"] == "lifted-in-range" and r["first"] is not None and r["first"] > pv:
                         changed[i] = (g, text + f" (first in {r['first']})")
             if not changed:
-                main = [f"{g} {_state(x)}{' ' + _short(x.value) if g in ('fusion', 'symm-mem-table') else ''}"
+                main = [f"{g} {_state(x)}{' ' + _short(x.value) if g in ('fusion', 'symm-mem-table', 'arch-coverage') else ''}"
                         for g, x in sorted(base.gates.items()) if not g.startswith("jit:")]
                 changed_text = f"no gate changes ({'; '.join(main)} in both)"
             else:
                 changed_text = "; ".join(t for _, t in changed)
-            parts.append(f"{v} ({label}): {changed_text}")
+            parts.append(f"{v} ({label}): {prefix.get(v, '')}{changed_text}")
         return " / ".join(parts) if parts else "up to date"
     except StackError as e:  # noqa: F841
         return f"not scanned: {e}"

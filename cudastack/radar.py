@@ -367,7 +367,7 @@ def move_effect(row: Row, index: Index, ck: Checker, target, world_size: int, to
     try:
         av = Version(row.allowed)
     except ValueError:
-        av = pv
+        return "no release fits this toolchain's other pins (see held back by): no move to scan"
     if nv <= pv and av >= pv:
         return "up to date"
     name = row.name

@@ -56,8 +56,10 @@ def toolchains_supporting(recipes: RecipeSet, arch: Arch) -> list[str]:
     return out
 
 
-def check_arch(recipes: RecipeSet, tc: Toolchain, arch: Arch) -> None:
-    """Refuse one target arch that ``tc``'s nvcc cannot compile (C1, C2, C3). Raises ArchError."""
+def check_arch(recipes: RecipeSet, tc: Toolchain, arch: Arch, name_others: bool = True) -> None:
+    """Refuse one target arch that ``tc``'s nvcc cannot compile (C1, C2, C3). Raises ArchError; with
+    ``name_others`` its message names the other toolchains that can (never nested: two toolchains refusing the
+    same arch would otherwise ask each other forever)."""
     cuda = _v(tc.cuda_version)
     info = recipes.archs.get(arch.cc)
     if info is None:
@@ -68,11 +70,11 @@ def check_arch(recipes: RecipeSet, tc: Toolchain, arch: Arch) -> None:
         raise ArchError(f"Arch {arch} needs CUDA >= {info.min_cuda}, but toolchain {tc.name} is CUDA "
                         f"{tc.cuda_version}: its nvcc rejects compute_{arch.number} (\"Unsupported gpu "
                         f"architecture\"). Use a toolchain with CUDA >= {info.min_cuda}"
-                        f"{_others(recipes, arch, tc)} or drop {arch} from --arch.")
+                        f"{_others(recipes, arch, tc) if name_others else ''} or drop {arch} from --arch.")
     if info.dropped_in and cuda >= _v(info.dropped_in):
         raise ArchError(f"CUDA {info.dropped_in} dropped arch {arch.cc} (Maxwell, Pascal and Volta: sm_50 to "
                         f"sm_72 are gone from CUDA 13), so toolchain {tc.name} (CUDA {tc.cuda_version}) cannot "
-                        f"build for it. Build {arch.cc} with a CUDA 12 toolchain{_others(recipes, arch, tc)} "
+                        f"build for it. Build {arch.cc} with a CUDA 12 toolchain{_others(recipes, arch, tc) if name_others else ''} "
                         f"or remove it from --arch.")
     if arch.suffix:
         rule = recipes.suffixes.get(arch.suffix)
@@ -90,7 +92,7 @@ def check_arch(recipes: RecipeSet, tc: Toolchain, arch: Arch) -> None:
             raise ArchError(f"Arch {arch}: '{arch.suffix}' (family-specific) targets need CUDA >= "
                             f"{rule['min_cuda']}, but toolchain {tc.name} is CUDA {tc.cuda_version} "
                             f"(nvcc rejects compute_{arch.number}{arch.suffix}).{hint} or use a toolchain with "
-                            f"CUDA >= {rule['min_cuda']}{_others(recipes, arch, tc)}.")
+                            f"CUDA >= {rule['min_cuda']}{_others(recipes, arch, tc) if name_others else ''}.")
 
 
 def _others(recipes: RecipeSet, arch: Arch, tc: Toolchain) -> str:
@@ -99,7 +101,7 @@ def _others(recipes: RecipeSet, arch: Arch, tc: Toolchain) -> str:
         if other.name == tc.name:
             continue
         try:
-            check_arch(recipes, other, arch)
+            check_arch(recipes, other, arch, name_others=False)
         except ArchError:
             continue
         ok.append(other.name)

@@ -124,6 +124,7 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
           lockfiles=None):
     """Build a toolchain's images (base -> torch -> wheels -> runtime) with BuildKit; cached nodes are skipped."""
     from cudastack.build import dry_run as render_dry_run, run_build
+    from cudastack.radar import refuse_engine_pin_conflicts
 
     try:
         if locked:
@@ -146,10 +147,12 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
                 L.prepare_locked_build(plan, L.lock_path(plan.toolchain, lockfiles), say=say, cache_dirs=caches(plan))
                 say(f"{L.lock_path(plan.toolchain, lockfiles)} verified against the plan; locked tags below")
             print(render_dry_run(plan, state_dir=state_dir))
+            refuse_engine_pin_conflicts(plan, say=lambda m: print(f"WARNING: {m}", file=sys.stderr))
             return
         from cudastack.engine import Engine
 
         plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, prefix=prefix)  # input errors first
+        refuse_engine_pin_conflicts(plan)   # a new toolchain's pins against the engine's (index), before any build
         engine = Engine.connect()
         plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=engine.resources(),
                      prefix=prefix)

@@ -23,15 +23,22 @@ def version() -> str | None:
     return dist_version(DIST)
 
 
-def comm_source() -> Path:
-    """The installed ``flashinfer/jit/comm.py``. Raises source.SourceNotFound."""
+def comm_source(root: Path | None = None) -> Path:
+    """The installed ``flashinfer/jit/comm.py``, or the one under ``root`` (a folder holding the
+    ``flashinfer`` package, e.g. an unpacked wheel). Raises source.SourceNotFound."""
+    if root is not None:
+        p = Path(root) / "flashinfer" / "jit" / "comm.py"
+        if not p.is_file():
+            raise source.SourceNotFound(f"no flashinfer/jit/comm.py under {root}")
+        return p
     return source.module_file("flashinfer.jit.comm")
 
 
-def module_majors(fn_name: str) -> tuple[list | None, str]:
+def module_majors(fn_name: str, root: Path | None = None) -> tuple[list | None, str]:
     """``supported_major_versions`` passed inside ``flashinfer.jit.comm.<fn_name>`` (None: the
-    module passes none, i.e. every target arch) and where it was read. Raises source.SourceNotFound."""
-    path = comm_source()
+    module passes none, i.e. every target arch) and where it was read; ``root``: see comm_source.
+    Raises source.SourceNotFound."""
+    path = comm_source(root)
     fns = source.functions(source.parse(path))
     if fn_name not in fns:
         raise source.SourceNotFound(f"{fn_name} is not defined in {path}")
@@ -40,9 +47,9 @@ def module_majors(fn_name: str) -> tuple[list | None, str]:
     return (sorted(vals[0]) if vals else None), where
 
 
-def all_module_majors() -> dict:
+def all_module_majors(root: Path | None = None) -> dict:
     """Every ``gen_*`` function of flashinfer/jit/comm.py -> its supported majors (None = unrestricted)."""
-    path = comm_source()
+    path = comm_source(root)
     out = {}
     for name, fn in source.functions(source.parse(path)).items():
         if name.startswith("gen_"):

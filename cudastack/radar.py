@@ -1,0 +1,515 @@
+"""The upgrade radar: per toolchain, which release of each component is pinned, which is newest on the
+index, which is the newest the engine's pins allow, what holds it back, and what a move would change in
+the static verdicts. Nothing is installed or built: everything is read from the package index
+(:mod:`cudastack.pkgindex`) and from the released files themselves (:mod:`cudastack.scan`).
+
+Components (in this order, where the toolchain pins them): torch, flash-attn, sglang-kernel (or the
+older sgl-kernel), flashinfer-python, flashinfer-cubin, sglang (the engine), cuda-toolkit.
+
+What can hold a release back (each reason names its source):
+
+* ``pin``: the engine's ``Requires-Dist`` (the pinned sglang's core metadata, read from the index)
+  excludes it, or the candidate's own ``Requires-Dist`` excludes another component's pinned release
+  (sglang-kernel 0.4.10 requires ``torch==2.14.1``): moving one component alone is refused;
+* ``python-tag``: no wheel the toolchain's base Python (``toolchains.yaml`` bases.<default>.python, on
+  Linux x86_64 with the base OS's glibc) can install, and no sdist for a source recipe;
+* ``cuda-variant``: torch's PyPI build targets another CUDA (read from its ``Requires-Dist``:
+  ``cuda-toolkit[...]==13.2.2`` is a CUDA 13.2 build, ``nvidia-cuda-runtime-cu12==12.8.90`` a 12.8
+  build); a kernel wheel (sgl-kernel, sglang-kernel) links another CUDA major's runtime (the
+  ``libcudart.so.<major>`` its shared objects need, read with range requests: sglang-kernel 0.4.1 needs
+  ``.so.12``, 0.4.10 ``.so.13``). A torch build whose CUDA is newer than the toolchain's toolkit, or of another major, belongs to
+  another toolchain line. cuda-toolkit itself stays within its toolchain's major.minor line: a new minor
+  is a new toolchain (one ``toolchains.yaml`` entry).
+* For the engine (sglang) itself: a release whose pins cannot be met on this toolchain at all (its torch
+  pin has no build for this CUDA line or Python).
+
+:func:`engine_pin_conflicts` is the check that refuses a toolchain whose component pins contradict the
+engine's pins (``invoke build`` of a real image stops on it, naming the pin).
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from cudastack.errors import RecipeError, StackError, UsageError
+from cudastack.pkgindex import Index, IndexFile, marker_env, supported_tags
+from cudastack.recipes import RecipeSet, Toolchain, load_recipes
+from cudastack.scan import pick_file, scan_package, scan_release
+from stackprobe.archs import parse_arch, version_tuple
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+LOCK_DIR = PROJECT_ROOT / "lockfiles"
+ENGINE = "sglang"
+COMPONENTS = ("torch", "flash-attn", "sglang-kernel", "sgl-kernel", "flashinfer-python", "flashinfer-cubin",
+              "sglang", "cuda-toolkit")
+STACK = set(COMPONENTS) - {"cuda-toolkit"}
+KERNELS = {"sglang-kernel", "sgl-kernel"}   # compiled wheels whose CUDA build is read from their libcudart soname
+MAX_WALK = 60                      # releases checked per component, newest first
+SCANNED = {"torch", "flashinfer-python", "sglang", "sglang-kernel", "sgl-kernel"}   # scanned for verdicts
+# glibc of the base OS images (Debian 12 bookworm ships glibc 2.36; Ubuntu 24.04 ships 2.39, 22.04 2.35)
+_GLIBC = {"bookworm": (2, 36), "trixie": (2, 41), "ubuntu24.04": (2, 39), "ubuntu22.04": (2, 35)}
+
+
+@dataclass
+class Pin:
+    name: str
+    version: str
+    where: str                     # "recipes/torch.yaml toolchains.13.1"
+    method: str = "wheel"          # wheel | source
+    locked: str | None = None      # version in lockfiles/<tc>.lock.yaml (None: not locked)
+
+
+@dataclass
+class Row:
+    """One component of one toolchain in the radar."""
+
+    name: str
+    pinned: Pin
+    newest: str = ""
+    allowed: str = ""
+    holds: list[str] = field(default_factory=list)     # why releases newer than ``allowed`` are refused
+    move: str = ""                                      # what a move would change in the verdicts
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Radar:
+    toolchain: str
+    cuda_version: str
+    python: str
+    target: str
+    engine: str
+    rows: list[Row]
+    conflicts: list[str]
+    index_url: str = ""
+    as_of: str = ""                # UTC date of the oldest project page the answer used
+
+
+# ------------------------------------------------------------------------------------ pins
+def _base_env(tc: Toolchain) -> tuple[str, tuple[int, int], str]:
+    b = tc.bases[tc.default_base]
+    key = b.os_suite or next((k for k in _GLIBC if k in (b.image or "")), "")
+    glibc = _GLIBC.get(key, (2, 28))
+    return b.python, glibc, f"{tc.default_base} base: Python {b.python}, glibc {glibc[0]}.{glibc[1]} ({key or 'assumed'})"
+
+
+def recipe_pins(recipes: RecipeSet, tc: Toolchain) -> dict[str, Pin]:
+    """Every pinned package of toolchain ``tc`` (canonical name -> Pin), cuda-toolkit from the toolchain."""
+    out: dict[str, Pin] = {}
+    for c in recipes.components.values():
+        e = c.toolchains.get(tc.name)
+        if e is None:
+            continue
+        where = f"recipes/{c.file.name} toolchains.{tc.name}"
+        for spec in e.packages:
+            r = Requirement(spec)
+            out[canonicalize_name(r.name)] = Pin(canonicalize_name(r.name), next(iter(r.specifier)).version, where)
+        if e.sdist:
+            n = canonicalize_name(e.sdist["package"])
+            out[n] = Pin(n, str(e.sdist["version"]), where, "source")
+    out["cuda-toolkit"] = Pin("cuda-toolkit", tc.cuda_version,
+                              f"recipes/toolchains.yaml toolchains.{tc.name}.cuda_version", "toolchain")
+    return out
+
+
+def lock_versions(tc_name: str, lock_dir: Path = LOCK_DIR) -> dict[str, str] | None:
+    """name -> version the lockfile records (packages asked for by name first), None without a lock."""
+    p = Path(lock_dir) / f"{tc_name}.lock.yaml"
+    if not p.is_file():
+        return None
+    data = yaml.safe_load(p.read_text()) or {}
+    found: dict[str, tuple[bool, str]] = {}
+
+    def walk(o):
+        if isinstance(o, dict):
+            if "name" in o and "version" in o and isinstance(o["name"], str):
+                n, req = canonicalize_name(o["name"]), bool(o.get("requested"))
+                if n not in found or (req and not found[n][0]):
+                    found[n] = (req, str(o["version"]))
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, list):
+            for v in o:
+                walk(v)
+    walk(data)
+    out = {k: v for k, (_, v) in found.items()}
+    if "cuda-toolkit" not in out and data.get("cuda_version"):
+        out["cuda-toolkit"] = str(data["cuda_version"])
+    return out
+
+
+# ------------------------------------------------------------------------------------ the checker
+class Checker:
+    """Reads the index for one toolchain: files a Python can install, torch's CUDA build, Requires-Dist."""
+
+    def __init__(self, index: Index, recipes: RecipeSet, tc: Toolchain):
+        self.index, self.recipes, self.tc = index, recipes, tc
+        self.python, self.glibc, self.base_note = _base_env(tc)
+        self.tags = set(supported_tags(self.python, self.glibc))
+        self.env = marker_env(self.python)
+        self.pins = recipe_pins(recipes, tc)
+        self.cuda = version_tuple(tc.cuda_version)[:2]
+
+    def file_for(self, name: str, v: Version, method: str = "wheel") -> IndexFile | None:
+        fs = [f for f in self.index.project(name).files.get(v, []) if not f.yanked]
+        if method == "source":
+            return next((f for f in fs if f.kind == "sdist"), None)
+        ok = [f for f in fs if f.kind == "wheel" and f.tags & self.tags]
+        return pick_file(ok, self.python, self.glibc) if ok else None
+
+    def requires(self, name: str, v: Version, method: str = "wheel") -> tuple[dict[str, Requirement], str]:
+        f = self.file_for(name, v, method) or pick_file(self.index.project(name).files.get(v, []), self.python, self.glibc)
+        if f is None:
+            return {}, ""
+        return {canonicalize_name(r.name): r for r in self.index.requires(f, self.env)}, f.filename
+
+    def torch_cuda(self, v: Version) -> tuple[tuple[int, int] | None, str]:
+        """(major, minor) of the CUDA that torch ``v``'s installable wheel is built for, and the evidence."""
+        reqs, fn = self.requires("torch", v)
+        for n, r in reqs.items():
+            spec = next(iter(r.specifier), None)
+            if spec is None or spec.operator != "==":
+                continue
+            if n == "cuda-toolkit" or n == "nvidia-cuda-runtime" or n.startswith("nvidia-cuda-runtime-cu"):
+                return version_tuple(spec.version)[:2], f"{fn}: Requires-Dist {r.name}=={spec.version}"
+        return None, f"{fn}: no CUDA runtime in Requires-Dist (a CPU build?)"
+
+    # -- hold-back reasons for one candidate release
+    def reasons(self, name: str, v: Version, engine_reqs: dict[str, Requirement], engine_label: str,
+                method: str) -> list[str]:
+        out: list[str] = []
+        if name == "cuda-toolkit":
+            if version_tuple(str(v))[:2] != self.cuda:
+                out.append(f"toolchain line: cuda-toolkit {v} is CUDA {v.major}.{v.minor}, toolchain {self.tc.name} "
+                           f"is the {self.tc.name} line (a newer CUDA is a new toolchains.yaml entry)")
+            return out
+        f = self.file_for(name, v, method)
+        if f is None:
+            fs = self.index.project(name).files.get(v, [])
+            kinds = sorted({t.interpreter for f2 in fs for t in f2.tags}) or ["sdist only"]
+            out.append(f"python-tag: no {'sdist' if method == 'source' else 'wheel'} for Python {self.python} on "
+                       f"Linux x86_64 glibc {self.glibc[0]}.{self.glibc[1]} (files: {', '.join(kinds)})")
+            return out
+        if name == "torch":
+            cu, ev = self.torch_cuda(v)
+            if cu is None or cu[0] != self.cuda[0] or cu > self.cuda:
+                what = "no CUDA build" if cu is None else f"CUDA {cu[0]}.{cu[1]}"
+                out.append(f"cuda-variant: torch {v}'s PyPI build is {what} ({ev}); toolchain {self.tc.name} is "
+                           f"CUDA {self.tc.cuda_version}")
+        if name in KERNELS:
+            major, ev = self.index.cuda_runtime_major(f)
+            if major is not None and major != self.cuda[0]:
+                out.append(f"cuda-variant: {name} {v} is a CUDA {major} build ({ev}); toolchain {self.tc.name} is "
+                           f"CUDA {self.tc.cuda_version}")
+        if name in engine_reqs and name != ENGINE and not engine_reqs[name].specifier.contains(v, prereleases=True):
+            out.append(f"pin: {engine_label} Requires-Dist `{engine_reqs[name]}`")
+        own, fn = self.requires(name, v, method)
+        for dep, r in own.items():
+            if dep not in STACK or dep == name:
+                continue
+            if name == ENGINE:
+                ok, why = self.satisfiable(dep, r)
+                if not ok:
+                    out.append(f"pin: {name} {v} Requires-Dist `{r}`, {why}")
+            elif dep in self.pins and not r.specifier.contains(self.pins[dep].version, prereleases=True):
+                out.append(f"pin: {name} {v} Requires-Dist `{r}` but {self.pins[dep].where} pins "
+                           f"{dep} {self.pins[dep].version}")
+        return out
+
+    def satisfiable(self, dep: str, r: Requirement) -> tuple[bool, str]:
+        """Whether some release of ``dep`` within ``r`` can go on this toolchain (Python tag, CUDA build)."""
+        try:
+            proj = self.index.project(dep)
+        except StackError as e:
+            return False, f"{dep} cannot be read from the index ({e})"
+        cands = [v for v in reversed(proj.versions(True)) if r.specifier.contains(v, prereleases=True)][:4]
+        if not cands:
+            return False, f"no {dep} release on the index matches"
+        why = []
+        for v in cands:
+            rs = self.reasons(dep, v, {}, "", self.pins.get(dep, Pin(dep, "", "")).method)
+            rs = [x for x in rs if not x.startswith("pin:")]
+            if not rs:
+                return True, ""
+            why.append(rs[0])
+        return False, why[0]
+
+
+# ------------------------------------------------------------------------------------ the radar
+def engine_requirements(ck: Checker) -> tuple[dict[str, Requirement], str]:
+    pin = ck.pins.get(ENGINE)
+    if pin is None:
+        return {}, ""
+    reqs, fn = ck.requires(ENGINE, Version(pin.version))
+    return reqs, f"{ENGINE} {pin.version} ({fn} METADATA)"
+
+
+def engine_pin_conflicts(recipes: RecipeSet, tc: Toolchain, index: Index) -> list[str]:
+    """Each component pin of ``tc`` the pinned engine's ``Requires-Dist`` excludes, as one sentence naming
+    the engine's requirement and the recipe that pins the component. Empty when the set agrees."""
+    ck = Checker(index, recipes, tc)
+    reqs, label = engine_requirements(ck)
+    out = []
+    for name, pin in ck.pins.items():
+        if name == ENGINE or name not in reqs:
+            continue
+        r = reqs[name]
+        if not r.specifier.contains(pin.version, prereleases=True):
+            out.append(f"{label} Requires-Dist `{r}` but {pin.where} pins {name} {pin.version}: moving {name} alone is "
+                       f"refused; wait for an {ENGINE} release that admits {name} {pin.version} or pin {name} back")
+    for name, pin in ck.pins.items():
+        if name in (ENGINE, "cuda-toolkit") or name not in STACK:
+            continue
+        try:
+            own, fn = ck.requires(name, Version(pin.version), pin.method)
+        except UsageError:
+            continue            # not on this index: the radar's row for it says so
+        for dep, r in own.items():
+            if dep in ck.pins and dep in STACK and dep != name and not r.specifier.contains(ck.pins[dep].version, prereleases=True):
+                out.append(f"{name} {pin.version} ({fn}) Requires-Dist `{r}` but {ck.pins[dep].where} pins "
+                           f"{dep} {ck.pins[dep].version}")
+    return out
+
+
+def refuse_engine_pin_conflicts(plan, index: Index | None = None, say: Callable[[str], None] | None = None) -> None:
+    """Before a real build: when the runtime recipe does not record the engine's ``requires`` (a new
+    toolchain), read them from the index and raise RecipeError (exit 3) naming each pin that blocks.
+    With ``say``, report instead of raising (dry run). An unreachable index is reported, not fatal."""
+    recipes = load_recipes(plan.recipes_dir or None)
+    tc = recipes.toolchain(plan.toolchain)
+    runtime = [c for c in recipes.components.values() if c.kind == "runtime"]
+    if not runtime or any(c.toolchains[tc.name].requires for c in runtime):
+        return      # the recipe records the engine's pins and the loader has checked them
+    try:
+        conflicts = engine_pin_conflicts(recipes, tc, index or Index())
+    except StackError as e:
+        (say or (lambda m: None))(f"engine pins not checked against the index: {e}")
+        return
+    if not conflicts:
+        return
+    msg = (f"Toolchain {tc.name} cannot be built as pinned: " + "; ".join(conflicts) +
+           ". See `invoke outdated --cuda " + tc.name + "` for what each pin allows.")
+    if say:
+        say("REFUSED for a real build: " + msg)
+        return
+    raise RecipeError(msg)
+
+
+def radar(cuda: str, *, index: Index | None = None, recipes: RecipeSet | str | Path | None = None,
+          target_arch: str = "12.0", world_size: int = 8, topology: str = "pcie", lock_dir: Path = LOCK_DIR,
+          verdicts: bool = True, say: Callable[[str], None] = lambda m: None) -> Radar:
+    """The radar of toolchain ``cuda``: one :class:`Row` per pinned component. ``verdicts``: scan
+    the pinned and the newer releases of the gate-carrying packages (downloads, cached by hash)."""
+    index = index or Index()
+    if not isinstance(recipes, RecipeSet):
+        recipes = load_recipes(recipes)
+    tc = recipes.toolchain(cuda)
+    target = parse_arch(target_arch)
+    ck = Checker(index, recipes, tc)
+    locked = lock_versions(tc.name, lock_dir)
+    engine_reqs, engine_label = engine_requirements(ck)
+    rows = []
+    for name in COMPONENTS:
+        pin = ck.pins.get(name)
+        if pin is None:
+            continue
+        pin.locked = None if locked is None else locked.get(name, "")
+        row = Row(name, pin)
+        proj = index.project(name)
+        vs = proj.versions()
+        row.newest = str(vs[-1]) if vs else "?"
+        pv = Version(pin.version)
+        allowed = None
+        holds: dict[str, list] = {}     # reason kind -> [newest release's reason, releases refused]
+        # newest first, down through the pin itself (a pin the engine refuses is itself held back)
+        for i, v in enumerate(reversed(vs)):
+            if i >= MAX_WALK:
+                break
+            rs = ck.reasons(name, v, engine_reqs, engine_label, pin.method)
+            if not rs:
+                allowed = v
+                break
+            for r in rs:
+                kind = r.split(":", 1)[0] + (r.split("`")[1].split("=")[0].split("<")[0].split(">")[0] if "`" in r else "")
+                holds.setdefault(kind, [r, 0])[1] += 1
+        row.allowed = (str(allowed) if allowed is not None else
+                       "none" if len(vs) <= MAX_WALK else f"none of the {MAX_WALK} newest")
+        if allowed is not None and allowed < pv:
+            row.notes.append(f"the pinned {pv} itself is refused; {allowed} is the newest allowed")
+        row.holds = [r if n == 1 else f"{r} (and {n - 1} older release{'s' if n > 2 else ''} likewise)"
+                     for r, n in holds.values()]
+        if locked is not None and pin.locked and pin.locked != pin.version:
+            row.notes.append(f"lockfile records {pin.locked}: run invoke lock --cuda {tc.name}")
+        rows.append(row)
+        say(f"{tc.name}: {name} pinned {pin.version}, newest {row.newest}, allowed {row.allowed}")
+    for row in rows:
+        row.move = move_effect(row, index, ck, target, world_size, topology, verdicts, say)
+    conflicts = engine_pin_conflicts(recipes, tc, index)
+    fetched = [pr.fetched_at for pr in index._projects.values() if pr.fetched_at]
+    as_of = time.strftime("%Y-%m-%d", time.gmtime(min(fetched))) if fetched else ""
+    return Radar(tc.name, tc.cuda_version, ck.base_note, target.cc, engine_label, rows, conflicts,
+                 index.url, as_of)
+
+
+def move_effect(row: Row, index: Index, ck: Checker, target, world_size: int, topology: str, verdicts: bool,
+                say: Callable[[str], None]) -> str:
+    """What moving ``row`` from its pin to the newest allowed and to the newest release changes in the
+    gates the suite reads (scanned from the released files)."""
+    pv, nv = Version(row.pinned.version), Version(row.newest)
+    try:
+        av = Version(row.allowed)
+    except ValueError:
+        return "no release fits this toolchain's other pins (see held back by): no move to scan"
+    if nv <= pv and av >= pv:
+        return "up to date"
+    name = row.name
+    if name == "cuda-toolkit":
+        return _toolkit_effect(ck, pv, av, nv, target)
+    prefix: dict = {}
+    if name == "torch":
+        fmt = lambda c: f"CUDA {c[0]}.{c[1]}" if c else "no CUDA"  # noqa: E731
+        cu_p = ck.torch_cuda(pv)[0]
+        prefix = {v: f"build {fmt(cu_p)} -> {fmt(ck.torch_cuda(v)[0])}; " for v in (av, nv)}
+    if name not in SCANNED or not verdicts:
+        return "no gate of the suite reads this package statically" if name not in SCANNED else "not scanned (--no-verdicts)"
+    try:
+        base = scan_release(index, name, pv, target, world_size=world_size, topology=topology, python=ck.python)
+        parts = []
+        for label, v in (("newest allowed", av), ("newest", nv)):
+            if v == pv or (label == "newest" and v == av):
+                continue
+            other = scan_release(index, name, v, target, world_size=world_size, topology=topology, python=ck.python)
+            changed = _gate_diff(base, other)
+            if changed and label == "newest":
+                rep = scan_package(index, name, f"{pv}..{nv}", target.cc, world_size=world_size, topology=topology,
+                                   python=ck.python, say=say)
+                for i, (g, text) in enumerate(changed):
+                    r = rep.lifts.get(g)
+                    if r and r["state"] == "lifted-in-range" and r["first"] is not None and r["first"] > pv:
+                        changed[i] = (g, text + f" (first in {r['first']})")
+            if not changed:
+                main = [f"{g} {_state(x)}{' ' + _short(x.value) if g in ('fusion', 'symm-mem-table', 'arch-coverage') else ''}"
+                        for g, x in sorted(base.gates.items()) if not g.startswith("jit:")]
+                changed_text = f"no gate changes ({'; '.join(main)} in both)"
+            else:
+                changed_text = "; ".join(t for _, t in changed)
+            parts.append(f"{v} ({label}): {prefix.get(v, '')}{changed_text}")
+        return " / ".join(parts) if parts else "up to date"
+    except StackError as e:  # noqa: F841
+        return f"not scanned: {e}"
+
+
+def _state(g) -> str:
+    return {True: "admits", False: "blocks", None: "n/a"}[g.admits]
+
+
+def _gate_diff(a, b) -> list[tuple[str, str]]:
+    out = []
+    for g in sorted(set(a.gates) | set(b.gates)):
+        ga, gb = a.gates.get(g), b.gates.get(g)
+        sa = "absent" if ga is None else {True: "admits", False: "blocks", None: "n/a"}[ga.admits]
+        sb = "absent" if gb is None else {True: "admits", False: "blocks", None: "n/a"}[gb.admits]
+        if sa != sb:
+            va = "" if ga is None else f" {_short(ga.value)}"
+            vb = "" if gb is None else f" {_short(gb.value)}"
+            out.append((g, f"{g} {sa}{va} -> {sb}{vb}"))
+    return out
+
+
+def _short(v) -> str:
+    if isinstance(v, dict) and "level" in v:
+        return f"({v['level']})"
+    if isinstance(v, dict) and "keys" in v:
+        return f"(keys {v['keys']})"
+    return f"({v})" if not isinstance(v, str) else f"({v})"
+
+
+def _toolkit_effect(ck: Checker, pv: Version, av: Version, nv: Version, target) -> str:
+    from cudastack.rules import family_suffix
+
+    def sfx(v: Version) -> str:
+        tc = Toolchain(ck.tc.name, str(v), ck.tc.default_base, ck.tc.bases, ck.tc.torch_version, ck.tc.torch_cuda,
+                       ck.tc.torch_index, {})
+        return family_suffix(ck.recipes, tc, target)
+    parts = []
+    if av != pv:
+        parts.append(f"{av} (newest allowed): a patch release of the same line, no arch rule in toolchains.yaml changes")
+    if sfx(nv) != sfx(pv):
+        parts.append(f"{nv} (newest): FlashInfer's arch list becomes {target.cc}{sfx(nv)} instead of {target.cc}{sfx(pv)}")
+    else:
+        parts.append(f"{nv} (newest): a new toolchain line; target {target.cc} spelled {target.cc}{sfx(nv)} either way")
+    return " / ".join(parts)
+
+
+# ------------------------------------------------------------------------------------ output
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(r: Radar) -> str:
+    """One Markdown table for one toolchain, with the engine-pin conflicts under it."""
+    lines = [f"## CUDA {r.toolchain} (toolkit {r.cuda_version}; {r.python}; target {r.target})", "",
+             f"Engine: {r.engine or 'none pinned'}. Read from {r.index_url} (project pages of {r.as_of or 'unknown date'}) "
+             "and from the released files; `invoke outdated` writes this table.", "",
+             "| component | pinned | newest | newest allowed | held back by | what a move would change in the verdicts |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for row in r.rows:
+        p = row.pinned
+        pinned = p.version + ("" if p.locked is None else " (locked)" if p.locked == p.version else
+                              f" (lock: {p.locked or 'not recorded'})")
+        held = "; ".join(row.holds) if row.holds else ("-" if row.allowed == row.newest else "")
+        lines.append("| " + " | ".join(_cell(x) for x in (row.name, pinned, row.newest, row.allowed, held,
+                                                            row.move + ("; " + "; ".join(row.notes) if row.notes else ""))) + " |")
+    lines.append("")
+    if r.conflicts:
+        lines.append("Pins that refuse this toolchain as written:")
+        for c in r.conflicts:
+            lines.append(f"- {c}")
+    else:
+        lines.append("The component pins agree with the engine's pins.")
+    return "\n".join(lines) + "\n"
+
+
+def render_text(r: Radar) -> str:
+    out = [f"CUDA {r.toolchain} ({r.python}); engine {r.engine}"]
+    for row in r.rows:
+        out.append(f"  {row.name:18} pinned {row.pinned.version:12} newest {row.newest:12} allowed {row.allowed}")
+        for h in row.holds:
+            out.append(f"      held back by {h}")
+        if row.move:
+            out.append(f"      move: {row.move}")
+    for c in r.conflicts:
+        out.append(f"  REFUSED: {c}")
+    return "\n".join(out)
+
+
+def to_json(r: Radar) -> dict:
+    return {"toolchain": r.toolchain, "cuda_version": r.cuda_version, "base": r.python, "target": r.target,
+            "index": r.index_url, "as_of": r.as_of,
+            "engine": r.engine, "conflicts": r.conflicts,
+            "rows": [{"component": x.name, "pinned": x.pinned.version, "pinned_where": x.pinned.where,
+                      "locked": x.pinned.locked, "newest": x.newest, "newest_allowed": x.allowed, "held_back_by": x.holds,
+                      "move": x.move, "notes": x.notes} for x in r.rows]}
+
+
+def toolchain_names(recipes: RecipeSet | None, cuda: str | None) -> list[str]:
+    recipes = recipes or load_recipes()
+    if cuda:
+        return [recipes.toolchain(str(cuda)).name]
+    return list(recipes.toolchains)
+
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def out_name(tc: str) -> str:
+    return f"cu{_SAFE.sub('_', tc)}.md"
+

@@ -1,0 +1,238 @@
+"""The upgrade radar: `invoke outdated` and `invoke scan` against the real index (downloads cached by hash
+under $CUDASTACK_TEST_CACHE/radar), and each check failing on bad input through a package index served on
+127.0.0.1."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+from cudastack import radar as R
+from cudastack import scan as S
+from cudastack.errors import RegistryError, UsageError
+from cudastack.pkgindex import Index
+from cudastack.recipes import load_recipes
+from radar_support import FakeIndex, comm_py, make_wheel
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("CUDASTACK_TEST_CACHE", Path.home() / ".cache" / "cudastack-tests")) / "radar"
+
+
+def invoke(*args, env=None, timeout=1800) -> subprocess.CompletedProcess:
+    e = dict(os.environ, CUDASTACK_CACHE=str(CACHE))
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, env=e, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+# ------------------------------------------------------------------------------------ real index
+@pytest.mark.network
+def test_scan_flashinfer_finds_the_first_release_admitting_12_for_fusion():
+    r = invoke("scan", "--package", "flashinfer-python", "--versions", "0.6.10..", "--target-arch", "12.0")
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout
+    # read from each release's own flashinfer/jit/comm.py (FACTS: [9, 10] through 0.6.16, [9, 10, 12] from 0.6.17)
+    assert "fusion: first release that lifts it: 0.6.17 ([9, 10, 12]" in out, out
+    assert "0.6.16.post4 before it: [9, 10]" in out
+    assert "0.6.18 after it: [9, 10, 12]" in out
+    assert "Assumption: each gate is monotone" in out
+    assert "NOT MONOTONE" not in out.split("jit:")[0]
+    assert "jit:gen_trtllm_mnnvl_comm_module: no release in range lifts it; newest 0.7.4 reads [9, 10]" in out
+    # a second run reads every scan from the cache: no download
+    r2 = invoke("scan", "--package", "flashinfer-python", "--versions", "0.6.10..")
+    assert r2.returncode == 0 and "'downloads': 0" in r2.stderr and r2.stdout == out
+
+
+@pytest.mark.network
+def test_scan_sglang_reads_engine_gates_from_the_wheel():
+    ix = Index(cache=CACHE)
+    s = S.scan_release(ix, "sglang", Version("0.5.23"), S.parse_arch("12.0"))
+    ca, sm = s.gates["custom-allreduce"], s.gates["symm-mem-table"]
+    assert ca.admits is False and "world_size > 2" in ca.value, ca
+    assert sm.admits is False and sm.value["keys"] == [9, 10] and sm.value["lookup"] == "get", sm
+    # at world size 2 the custom allreduce rule admits
+    s2 = S.scan_release(ix, "sglang", Version("0.5.23"), S.parse_arch("12.0"), world_size=2)
+    assert s2.gates["custom-allreduce"].admits is True
+
+
+@pytest.mark.network
+def test_torch_metadata_is_read_with_range_requests_not_a_download(tmp_path):
+    ix = Index(cache=tmp_path)
+    ck = R.Checker(ix, load_recipes(), load_recipes().toolchain("13.2"))
+    cu, ev = ck.torch_cuda(Version("2.15.0"))
+    assert cu == (13, 2) and "cuda-toolkit" in ev
+    assert ix.stats["downloads"] == 0 and ix.stats["metadata_fetched"] == 1
+    # a kernel wheel's CUDA build from the libcudart soname its libraries need, also by range reads
+    kf = lambda v: next(f for f in ix.project("sglang-kernel").files[Version(v)] if f.filename.endswith("x86_64.whl"))  # noqa: E731
+    assert ix.cuda_runtime_major(kf("0.4.1"))[0] == 12
+    assert ix.cuda_runtime_major(kf("0.4.10"))[0] == 13
+    assert ix.stats["downloads"] == 0
+    assert any("sglang-kernel 0.4.1" in r and "CUDA 12 build" in r
+               for r in ck.reasons("sglang-kernel", Version("0.4.1"), {}, "", "wheel"))
+
+
+@pytest.mark.network
+def test_outdated_names_the_pins_that_hold_each_toolchain(tmp_path):
+    r = invoke("outdated", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    md = {tc: (tmp_path / f"cu{tc}.md").read_text() for tc in ("12.8", "13.1", "13.2")}
+    # 13.1: torch 2.15.0 is newest, but sglang 0.5.23 pins 2.14.1 and 2.15.0 is a CUDA 13.2 build
+    row = next(line for line in md["13.1"].splitlines() if line.startswith("| torch |"))
+    assert "| 2.14.1 (locked) | 2.15.0 | 2.14.1 |" in row and "Requires-Dist `torch==2.14.1`" in row
+    assert "CUDA 13.2" in row
+    # 13.2: torch moved alone is refused, naming the engine's pin
+    assert "sglang 0.5.23" in md["13.2"] and "Requires-Dist `torch==2.14.1`" in md["13.2"]
+    assert "moving torch alone is refused" in md["13.2"]
+    # 12.8: FlashInfer held at 0.6.3 by sglang 0.5.9; moving it would open the fusion gate from 0.6.17
+    fi = next(line for line in md["12.8"].splitlines() if line.startswith("| flashinfer-python |"))
+    assert "flashinfer_python==0.6.3" in fi and "fusion blocks ([9, 10]) -> admits ([9, 10, 12]) (first in 0.6.17)" in fi
+
+
+@pytest.mark.network
+def test_build_dry_run_plans_13_2_and_a_real_build_is_refused_by_the_engine_pin():
+    r = invoke("build", "--cuda", "13.2", "--dry-run", timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "Plan for CUDA 13.2 (toolkit 13.2.2)" in r.stdout and "PIP_SPECS=torch==2.15.0" in r.stdout
+    assert "REFUSED for a real build" in r.stderr and "Requires-Dist `torch==2.14.1`" in r.stderr
+    r = invoke("build", "--cuda", "13.2", timeout=300)     # refused before any Docker work
+    assert r.returncode == 3, r.stderr
+    assert "sglang 0.5.23" in r.stderr and "recipes/torch.yaml toolchains.13.2 pins torch 2.15.0" in r.stderr
+
+
+# ------------------------------------------------------------------------------------ failing cases
+def _fake_flashinfer(folder: Path, majors_by_version: dict[str, list[int]]):
+    for v, m in majors_by_version.items():
+        make_wheel(folder, "flashinfer-python", v, files={"flashinfer/__init__.py": "", "flashinfer/jit/__init__.py": "",
+                                                           "flashinfer/jit/comm.py": comm_py(m)})
+
+
+def test_bisection_finds_the_first_lifting_release_on_a_local_index(tmp_path):
+    (tmp_path / "w").mkdir()
+    _fake_flashinfer(tmp_path / "w", {"1.0": [9, 10], "1.1": [9, 10], "1.2": [9, 10], "1.3": [9, 10, 12],
+                                      "1.4": [9, 10, 12], "1.5": [9, 10, 12]})
+    with FakeIndex(tmp_path / "w") as fx:
+        rep = S.scan_package(Index(fx.url, cache=tmp_path / "c"), "flashinfer-python", "1.0..1.5", "12.0")
+    r = rep.lifts["fusion"]
+    assert str(r["first"]) == "1.3" and str(r["before"]) == "1.2" and str(r["after"]) == "1.4" and r["monotone"]
+    assert len(rep.scans) < 6          # bisection: not every release was scanned
+
+
+def test_a_gate_that_regresses_is_reported_not_monotone(tmp_path):
+    (tmp_path / "w").mkdir()
+    _fake_flashinfer(tmp_path / "w", {"1.0": [9, 10], "1.1": [9, 10], "1.2": [9, 10, 12], "1.3": [9, 10],
+                                      "1.4": [9, 10, 12]})
+    with FakeIndex(tmp_path / "w") as fx:
+        ix = Index(fx.url, cache=tmp_path / "c")
+        rep = S.scan_package(ix, "flashinfer-python", None, "12.0")
+        text = S.render_scan(rep)
+        assert not rep.lifts["fusion"]["monotone"] and "1.3" in map(str, rep.lifts["fusion"]["contradictions"])
+        assert "NOT MONOTONE" in text
+        full = S.scan_package(ix, "flashinfer-python", None, "12.0", scan_all=True)
+        assert not full.lifts["fusion"]["monotone"]
+
+
+def test_a_gate_no_release_lifts_is_said_so(tmp_path):
+    (tmp_path / "w").mkdir()
+    _fake_flashinfer(tmp_path / "w", {"1.0": [9, 10], "1.1": [9, 10]})
+    with FakeIndex(tmp_path / "w") as fx:
+        rep = S.scan_package(Index(fx.url, cache=tmp_path / "c"), "flashinfer-python", None, "12.0")
+    assert rep.lifts["fusion"]["state"] == "never-lifted" and rep.lifts["fusion"]["first"] is None
+    assert "no release in range lifts it" in S.render_scan(rep)
+
+
+def _fake_stack(folder: Path, sglang_requires: list[str], kernel_torch: str = "2.15.0"):
+    folder.mkdir(exist_ok=True)
+    make_wheel(folder, "sglang", "0.5.23", sglang_requires)
+    make_wheel(folder, "torch", "2.15.0", ["cuda-toolkit[cudart]==13.2.2"], tag="cp311-cp311-manylinux_2_28_x86_64")
+    make_wheel(folder, "sglang-kernel", "0.4.10", [f"torch=={kernel_torch}"], tag="cp310-abi3-manylinux2014_x86_64")
+    make_wheel(folder, "flashinfer-python", "0.7.4", ["torch"])
+    make_wheel(folder, "torchvision", "0.29.2", ["torch>=2.14.0"], tag="py3-none-manylinux_2_28_x86_64")
+
+
+def test_an_engine_pin_refuses_a_component_moved_alone(tmp_path):
+    recipes = load_recipes()
+    tc = recipes.toolchain("13.2")
+    _fake_stack(tmp_path / "blocks", ["torch==2.14.1", "sglang-kernel==0.4.10"])
+    with FakeIndex(tmp_path / "blocks") as fx:
+        conflicts = R.engine_pin_conflicts(recipes, tc, Index(fx.url, cache=tmp_path / "c1"))
+    assert len(conflicts) == 1 and "Requires-Dist `torch==2.14.1`" in conflicts[0]
+    assert "recipes/torch.yaml toolchains.13.2 pins torch 2.15.0" in conflicts[0]
+    # the same stack with the engine admitting torch 2.15.0: nothing refused
+    _fake_stack(tmp_path / "agrees", ["torch==2.15.0", "sglang-kernel==0.4.10", "flashinfer-python==0.7.4"])
+    with FakeIndex(tmp_path / "agrees") as fx:
+        assert R.engine_pin_conflicts(recipes, tc, Index(fx.url, cache=tmp_path / "c2")) == []
+    # a kernel that pins another torch is named too
+    _fake_stack(tmp_path / "kernel", ["torch==2.15.0"], kernel_torch="2.14.1")
+    with FakeIndex(tmp_path / "kernel") as fx:
+        c = R.engine_pin_conflicts(recipes, tc, Index(fx.url, cache=tmp_path / "c3"))
+    assert len(c) == 1 and c[0].startswith("sglang-kernel 0.4.10") and "`torch==2.14.1`" in c[0]
+
+
+def test_a_download_whose_hash_differs_is_refused_and_not_kept(tmp_path):
+    (tmp_path / "w").mkdir()
+    _fake_flashinfer(tmp_path / "w", {"1.0": [9, 10]})
+    with FakeIndex(tmp_path / "w", bad_hash={"flashinfer_python-1.0-py3-none-any.whl"}) as fx:
+        ix = Index(fx.url, cache=tmp_path / "c")
+        f = ix.project("flashinfer-python").files[Version("1.0")][0]
+        with pytest.raises(RegistryError, match="hashes to sha256"):
+            ix.download(f)
+    assert not list((tmp_path / "c" / "files").rglob("*.whl"))
+
+
+def test_an_index_without_pep691_json_and_an_unknown_project_are_clear_errors(tmp_path):
+    (tmp_path / "w").mkdir()
+    _fake_flashinfer(tmp_path / "w", {"1.0": [9, 10]})
+    with FakeIndex(tmp_path / "w", html=True) as fx:
+        with pytest.raises(RegistryError, match="PEP 691"):
+            Index(fx.url, cache=tmp_path / "c").project("flashinfer-python")
+    with FakeIndex(tmp_path / "w") as fx:
+        with pytest.raises(UsageError, match="has no project 'no-such-thing'"):
+            Index(fx.url, cache=tmp_path / "c").project("no-such-thing")
+    with pytest.raises(RegistryError, match="cannot be reached"):
+        Index("http://127.0.0.1:9/simple", cache=tmp_path / "c2").project("torch")
+
+
+def test_metadata_falls_back_to_a_download_when_ranges_are_ignored_and_is_cached_by_hash(tmp_path):
+    (tmp_path / "w").mkdir()
+    make_wheel(tmp_path / "w", "sglang", "1.0", ["torch==2.14.1"])
+    with FakeIndex(tmp_path / "w") as fx:
+        ix = Index(fx.url, cache=tmp_path / "c")
+        f = ix.project("sglang").files[Version("1.0")][0]
+        assert [str(r) for r in ix.requires(f)] == ["torch==2.14.1"]
+        n = len(fx.requests)
+        ix2 = Index(fx.url, cache=tmp_path / "c")
+        ix2.requires(ix2.project("sglang").files[Version("1.0")][0])
+        assert len(fx.requests) == n          # page (ttl) and metadata (by hash) both from the cache
+
+
+def test_bad_flags_are_refused(tmp_path):
+    with pytest.raises(UsageError, match="A..B"):
+        S.parse_range("zero..one")
+    r = invoke("scan", "--package", "flashinfer-python", "--target-arch", "12.9z", env={"CUDASTACK_INDEX": "http://127.0.0.1:9/simple"})
+    assert r.returncode == 2 and "--target-arch" in r.stderr
+    r = invoke("scan")
+    assert r.returncode == 2 and "--package" in r.stderr
+    r = invoke("outdated", "--cuda", "99.9", "--out", str(tmp_path))
+    assert r.returncode == 2 and "Unknown CUDA version '99.9'" in r.stderr and not list(tmp_path.iterdir())
+
+
+def test_python_tag_and_cuda_variant_hold_releases_back(tmp_path):
+    recipes = load_recipes()
+    w = tmp_path / "w"
+    _fake_stack(w, ["torch==2.14.1"])
+    for py in ("cp311", "cp312"):
+        make_wheel(w, "torch", "2.14.1", ["cuda-toolkit[cudart]==13.0.3"], tag=f"{py}-{py}-manylinux_2_28_x86_64")
+    make_wheel(w, "torch", "2.16.0", ["cuda-toolkit[cudart]==13.0.3"], tag="cp313-cp313-manylinux_2_28_x86_64")
+    with FakeIndex(w) as fx:
+        ck = R.Checker(Index(fx.url, cache=tmp_path / "c"), recipes, recipes.toolchain("13.1"))
+        tag = ck.reasons("torch", Version("2.16.0"), {}, "", "wheel")
+        assert len(tag) == 1 and tag[0].startswith("python-tag: no wheel for Python 3.11") and "cp313" in tag[0]
+        cuda = ck.reasons("torch", Version("2.15.0"), {}, "", "wheel")
+        assert len(cuda) == 1 and cuda[0].startswith("cuda-variant: torch 2.15.0's PyPI build is CUDA 13.2")
+        assert ck.reasons("torch", Version("2.14.1"), {}, "", "wheel") == []
+        ck12 = R.Checker(ck.index, recipes, recipes.toolchain("12.8"))
+        assert ck12.reasons("torch", Version("2.14.1"), {}, "", "wheel")[0].startswith("cuda-variant")

@@ -16,6 +16,8 @@ left to the runtime tier.
 """
 from __future__ import annotations
 
+from ..coverage import SASS_LEVELS
+
 import os
 
 from .. import source
@@ -125,7 +127,7 @@ def probe(ctx) -> list[Verdict]:
             v.status, v.gate, v.lift = BLOCKED, GATE_TOOLCHAIN, LIFT_UNKNOWN
             v.cause = f"the module did not compile for {' '.join(eff)}: {res.get('error') or res.get('log', '')[-300:]}"
             return [v]
-        bad = [o["path"] for o in res.get("objects", []) if o["level"] not in ("native", "family")]
+        bad = [o["path"] for o in res.get("objects", []) if o["level"] not in SASS_LEVELS]
         if bad:
             v.status, v.gate, v.lift = BLOCKED, GATE_TOOLCHAIN, LIFT_UNKNOWN
             v.cause = f"compiled objects lack SASS for {target.cc}: {bad}"

@@ -9,6 +9,8 @@ PCIe IPC allreduce, b12x) are the way out.
 """
 from __future__ import annotations
 
+from ..coverage import SASS_LEVELS
+
 import ast
 from pathlib import Path
 
@@ -105,7 +107,7 @@ def probe(ctx) -> list[Verdict]:
         v.status, v.gate, v.lift = BLOCKED, GATE_BINARY, LIFT_PACKAGE
         v.cause = "sgl-kernel / sglang-kernel (the custom allreduce kernels) is not installed"
         return [v]
-    if ops and not any(f.level in ("native", "family") for f in ops):
+    if ops and not any(f.level in SASS_LEVELS for f in ops):
         v.status, v.gate, v.lift = BLOCKED, GATE_BINARY, LIFT_REBUILD
         v.cause = f"{dist}'s common_ops carries no SASS for {ctx.target.cc}: {[f.path for f in ops]}"
         return [v]

@@ -195,3 +195,16 @@ def apply_driver_floor(verdicts: list, floor: dict | None) -> list:
         v.status, v.gate, v.cause = BLOCKED, GATE_DRIVER, floor["cause"]
         v.lift, v.lift_detail = LIFT_DRIVER, floor["lift"]
     return verdicts
+
+
+def stack_cuda_version(environment: dict) -> tuple[str | None, str]:
+    """(CUDA version the stack runs, where it was read): torch's ``torch.version.cuda``, else the
+    ``CUDART_VERSION`` of the toolkit root ``CUDA_HOME`` names, else of the first root that has one."""
+    t = (environment.get("torch") or {}).get("cuda")
+    if t:
+        return t, "torch.version.cuda"
+    roots = environment.get("toolkit_roots") or []
+    for r in sorted(roots, key=lambda r: "CUDA_HOME" not in r.get("found_by", [])):
+        if r.get("cudart"):
+            return r["cudart"], f"CUDART_VERSION of {r['root']}/include/cuda_runtime_api.h"
+    return None, ""

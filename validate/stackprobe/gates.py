@@ -125,12 +125,17 @@ def missing_dependency(error: str, dists: list[str] | tuple) -> dict | None:
         return None
     module = m.group(1).split(".")[0]
     nm = _norm(module)
+    best = None
     for owner in dists:
         for name, text in requirements(owner):
             nn = _norm(name)
-            if (nn == nm or nn.endswith("_" + nm) or nm in nn) and not _installed(name):
-                return {"dist": name, "module": module, "required_by": owner, "requirement": text}
-    return None
+            # how well the distribution's name fits the module: exact, "apache-tvm-ffi" for tvm_ffi,
+            # "cuda-python" for cuda, then any name containing it
+            score = 0 if nn == nm else 1 if nn.endswith("_" + nm) else 2 if nn.startswith(nm + "_") else \
+                3 if nm in nn else None
+            if score is not None and (best is None or score < best[0]) and not _installed(name):
+                best = (score, {"dist": name, "module": module, "required_by": owner, "requirement": text})
+    return best[1] if best else None
 
 
 def _texts(v) -> list[str]:

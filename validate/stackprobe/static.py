@@ -95,7 +95,8 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
             f"{p['package']}: {p['path']} is PTX-only with PTX ISA {p['ptx_isa']} (CUDA {p['needs_cuda']}), but the "
             f"driver JITs up to CUDA {p['driver_cuda']}: loading it fails with cudaErrorUnsupportedPtxVersion; "
             f"upgrade the driver or install a build with SASS for the target."})
-    floor = drivermod.driver_floor((environment.get("torch") or {}).get("cuda"), driver)
+    stack_cuda, _ = drivermod.stack_cuda_version(environment)
+    floor = drivermod.driver_floor(stack_cuda, driver)
     if floor:
         environment.setdefault("findings", []).append({"case": "C28", "level": "error", "message": floor["cause"]
                                                        + f"; every verdict is blocked (driver): {floor['lift']}."})

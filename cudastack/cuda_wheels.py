@@ -61,20 +61,31 @@ def off_release(pkgs: list[dict]) -> dict[str, str]:
     return {n: v for n, (v, r) in releases(pkgs).items() if a and r != a}
 
 
-def requirers(name: str, requires: dict, specs: list[str]) -> list[str]:
-    """Who asks for ``name``: "<package> requires <text>" for each Requires-Dist naming it (``requires`` as
-    :func:`cudastack.lock.pip_resolve` fills it) and "requested: <spec>" for a top-level spec."""
-    out = []
+def requirers(name: str, requires: dict, specs: list[str], unbounded_only: bool = False) -> list[str]:
+    """Who asks for ``name``: "<package> requires <requirement>" (with "(extra X)" when behind an extra)
+    for each Requires-Dist naming it (``requires`` as :func:`cudastack.lock.pip_resolve` fills it) and
+    "requested: <spec>" for a top-level spec; once each. ``unbounded_only``: only requirements without an
+    upper bound or exact pin (the ones that let pip pick a newer release)."""
+    out: list[str] = []
     for s in specs:
         m = _NAME.match(s)
-        if m and _canon(m.group(1)) == name:
+        if m and _canon(m.group(1)) == name and not (unbounded_only and _bounded(s)):
             out.append(f"requested: {s}")
     for owner, info in sorted(requires.items()):
         for text in info.get("requires_dist", []):
-            m = _NAME.match(text)
-            if m and _canon(m.group(1)) == name:
-                out.append(f"{owner} requires {text}")
+            req, _, marker = text.partition(";")
+            m = _NAME.match(req)
+            if not m or _canon(m.group(1)) != name or (unbounded_only and _bounded(req)):
+                continue
+            extra = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", marker)
+            line = f"{owner}{f' (extra {extra.group(1)})' if extra else ''} requires {req.strip()}"
+            if line not in out:
+                out.append(line)
     return out
+
+
+def _bounded(req: str) -> bool:
+    return "==" in req or "<" in req or "~=" in req
 
 
 def _canon(name: str) -> str:
@@ -106,7 +117,7 @@ def cohere(pkgs: list[dict], requires: dict, specs: list[str],
         return pkgs, (f"CUDA toolkit wheels still mix releases after constraining them to {target}: "
                       + ", ".join(f"{n} {v}" for n, v in sorted(left.items())))
     moved = {p["name"]: p["version"] for p in again if p["name"] in off}
-    forced_by = "; ".join(r for n in sorted(off) for r in requirers(n, requires, specs))
+    forced_by = "; ".join(r for n in sorted(off) for r in requirers(n, requires, specs, unbounded_only=True))
     return again, (f"CUDA toolkit wheels kept on CUDA {target} (the release of nvidia-cuda-runtime): "
                    + ", ".join(f"{n} {off[n]} -> {moved.get(n, '?')}" for n in sorted(off))
                    + (f" (asked for without an upper bound by: {forced_by})" if forced_by else ""))

@@ -142,8 +142,12 @@ class Report:
             sass = sorted({s for f in c.get("files", []) for s in f.get("sass", [])})
             lines.append(f"| {c['package']} | {c.get('version', '')} | {c['level']} | {' '.join(sass) or '-'} | "
                          f"{_cell(', '.join(c.get('files_without', [])) or '-')} |")
-        notes = [f"- {c['package']}: {f['path']}: {coverage_note(f)}" for c in self.coverage for f in c.get("files", [])
-                 if f.get("level") in ("partial", "ptx-only", "same-major", "family")]
+        notes = []
+        for c in self.coverage:
+            rows = [f for f in c.get("files", []) if f.get("level") in ("partial", "ptx-only", "same-major", "family")]
+            notes += [f"- {c['package']}: {f['path']}: {coverage_note(f)}" for f in rows[:5]]
+            if len(rows) > 5:
+                notes.append(f"- {c['package']}: {len(rows) - 5} more files (the JSON report lists them)")
         if notes:
             lines += ["", "Which rule applies (CUDA's binary/PTX compatibility):", ""] + notes
         lines += ["", "## Evidence", ""]

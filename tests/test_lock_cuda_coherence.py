@@ -59,3 +59,39 @@ def test_a_coherent_closure_is_left_alone(index):
     lock = L.resolve_lock(plan(index, "tinytorch==1.0"), target=TARGET)
     assert cuda_wheels.off_release([{"name": n, "version": v} for n, v in closure(lock).items()]) == {}
     assert not any("CUDA toolkit wheels" in w for w in lock.get("warnings", []))
+
+
+@pytest.mark.network
+def test_unlocked_runtime_build_constrains_cuda_wheels_to_the_runtime_release(tmp_path):
+    """The runtime Dockerfile's unlocked install writes ``name==<release>.*`` constraints from the installed
+    nvidia-cuda-runtime; run that snippet for real in a venv holding PyPI's nvidia-cuda-runtime 13.0.96 and
+    let pip resolve nvidia-cuda-nvcc (unbounded) against it: 13.0.x, where unconstrained pip picks a newer one."""
+    import json
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "images" / "runtime.Dockerfile").read_text()
+    start = text.index(': "one CUDA release')
+    end = text.index("with-build-ca pip install -c", start)
+    snippet = "\n".join(ln.strip().rstrip("\\").strip() for ln in text[start:end].splitlines())
+    cons = tmp_path / "c.txt"
+    snippet = snippet.replace("/tmp/cuda-constraints.txt", str(cons))
+    venv = tmp_path / "v"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "-q", "--disable-pip-version-check"]
+    subprocess.run(pip + ["install", "--no-deps", "nvidia-cuda-runtime==13.0.96"], check=True, timeout=600)
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin"}
+    p = subprocess.run(["bash", "-euc", snippet], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "constrained to CUDA 13.0" in p.stdout and "nvidia-cuda-nvcc==13.0.*" in cons.read_text()
+
+    def resolve(extra):
+        report = tmp_path / "r.json"
+        subprocess.run(pip + ["install", "--dry-run", "--ignore-installed", "--no-deps", "--report", str(report)]
+                       + extra + ["nvidia-cuda-nvcc"], check=True, timeout=600)
+        return json.loads(report.read_text())["install"][0]["metadata"]["version"]
+
+    assert re.match(r"13\.0\.", resolve(["-c", str(cons)]))
+    assert not resolve([]).startswith("13.0.")          # without the constraints: a newer release

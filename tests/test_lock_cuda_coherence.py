@@ -83,7 +83,7 @@ def test_unlocked_runtime_build_constrains_cuda_wheels_to_the_runtime_release(tm
     pip = [str(venv / "bin" / "python"), "-m", "pip", "-q", "--disable-pip-version-check"]
     subprocess.run(pip + ["install", "--no-deps", "nvidia-cuda-runtime==13.0.96"], check=True, timeout=600)
     env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin"}
-    p = subprocess.run(["bash", "-euc", snippet], capture_output=True, text=True, env=env, timeout=120)
+    p = subprocess.run(["sh", "-euc", snippet], capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "constrained to CUDA 13.0" in p.stdout and "nvidia-cuda-nvcc==13.0.*" in cons.read_text()
 

@@ -308,3 +308,18 @@ def test_report_json_round_trip_keeps_the_new_fields(built, tmp_path):
     cov = scan_files([("twocu.so", str(built["twocu.so"]))], parse_arch("12.0"), "elf", package="twocu")
     d = json.loads(json.dumps(cov.to_json()))
     assert d["files"][0]["detail"]["target"] == 1 and d["files_partial"] == ["twocu.so"]
+
+
+def test_c27_a_verdict_on_ptx_the_driver_cannot_jit_says_so(built):
+    from stackprobe.verdict import Verdict
+    cov = scan_files([("ptx90.so", str(built["ptx90.so"]))], parse_arch("12.0"), "elf", package="libnccl")
+    uses = Verdict("nccl-ring", "gate-passes").add("libnccl coverage", "ptx-only", "libnccl: ptx90.so")
+    other = Verdict("b12x", "gate-passes").add("b12x version", "1.0", "metadata")
+    old = drivermod.ptx_too_new([cov], {"version": "580.65.06", "cuda": "13.0"})
+    drivermod.apply_ptx_driver([uses, other], old)
+    assert uses.status == "blocked" and uses.gate == "driver" and "cudaErrorUnsupportedPtxVersion" in uses.cause
+    assert uses.lift_detail == "a driver for CUDA >= 13.1 (>= 590.44.01)"
+    assert other.status == "gate-passes"
+    fine = Verdict("nccl-ring", "gate-passes").add("libnccl coverage", "ptx-only", "libnccl: ptx90.so")
+    drivermod.apply_ptx_driver([fine], drivermod.ptx_too_new([cov], {"version": "590.44.01", "cuda": "13.1"}))
+    assert fine.status == "gate-passes"

@@ -208,3 +208,25 @@ def stack_cuda_version(environment: dict) -> tuple[str | None, str]:
         if r.get("cudart"):
             return r["cudart"], f"CUDART_VERSION of {r['root']}/include/cuda_runtime_api.h"
     return None, ""
+
+
+def apply_ptx_driver(verdicts: list, too_new: list[dict]) -> list:
+    """Post-pass for case C27: a verdict whose evidence names a package with PTX-only code the driver cannot
+    JIT (:func:`ptx_too_new`) is ``blocked (driver)`` when it was still open (gate passes or waiting for the
+    runtime), with the class of error it would meet (``cudaErrorUnsupportedPtxVersion``) and the driver that
+    lifts it; otherwise it gets a warning. Returns ``verdicts``."""
+    from .verdict import BLOCKED, GATE_DRIVER, GATE_NEEDS_RUNTIME, GATE_PASSES, LIFT_DRIVER, SKIPPED
+
+    for v in verdicts:
+        for p in too_new:
+            pkg = p.get("package") or ""
+            if not pkg or not any(pkg in e.what or pkg in e.source for e in v.evidence):
+                continue
+            msg = (f"{pkg}: {p['path']} is PTX-only with PTX ISA {p['ptx_isa']} (CUDA {p['needs_cuda']}); this driver "
+                   f"JITs up to CUDA {p['driver_cuda']}: loading it fails with cudaErrorUnsupportedPtxVersion")
+            if v.status == GATE_PASSES or (v.status == SKIPPED and v.gate == GATE_NEEDS_RUNTIME):
+                v.status, v.gate, v.cause, v.lift = BLOCKED, GATE_DRIVER, msg, LIFT_DRIVER
+                v.lift_detail = ptx_requirement(p["ptx_isa"]).split(": ", 1)[1]
+            else:
+                v.warnings.append(msg)
+    return verdicts

@@ -44,14 +44,17 @@ def parse_target(spec: str | Arch) -> Arch:
     return arch
 
 
-def post_pass(verdicts: list, environment: dict, target: Arch, topology: str, floor: dict | None) -> list:
+def post_pass(verdicts: list, environment: dict, target: Arch, topology: str, floor: dict | None,
+              too_new: list | None = None) -> list:
     """Checks that hold for every backend, after the probes: a missing declared dependency (C29), the
-    known-bad-releases data, then the driver floor (C28: every verdict blocked (driver) below it)."""
+    known-bad-releases data, PTX the driver cannot JIT (C27), then the driver floor (C28: every verdict
+    blocked (driver) below it)."""
     installed = [d for d in envmod.BACKEND_DISTS if (environment.get("packages") or {}).get(d)]
     gates.apply_missing_dependency(verdicts, installed)
     from . import known_bad
     versions = {e.package: envmod.dist_version(e.package) for e in known_bad.load() if e.package != "nccl"}
     gates.apply_known_bad(verdicts, versions, target, topology)
+    drivermod.apply_ptx_driver(verdicts, too_new or [])
     drivermod.apply_driver_floor(verdicts, floor)
     return verdicts
 
@@ -90,7 +93,8 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
         reader_error = str(e)
         environment.setdefault("findings", []).append({"case": "", "level": "warning", "message": f"arch coverage skipped: {e}"})
     driver = environment.get("driver") or {}
-    for p in drivermod.ptx_too_new(coverage_list, driver):   # C27 on a host with a driver
+    too_new = drivermod.ptx_too_new(coverage_list, driver)
+    for p in too_new:   # C27 on a host with a driver
         environment.setdefault("findings", []).append({"case": "C27", "level": "error", "message":
             f"{p['package']}: {p['path']} is PTX-only with PTX ISA {p['ptx_isa']} (CUDA {p['needs_cuda']}), but the "
             f"driver JITs up to CUDA {p['driver_cuda']}: loading it fails with cudaErrorUnsupportedPtxVersion; "
@@ -130,6 +134,6 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
         for v in verdicts:
             if not backends or v.backend in backends:
                 report.add(v)
-    post_pass(report.verdicts, environment, target, topo, floor)
+    post_pass(report.verdicts, environment, target, topo, floor, too_new)
     report.options["seconds"] = round(time.time() - t0, 1)
     return report

@@ -323,3 +323,30 @@ def test_c27_a_verdict_on_ptx_the_driver_cannot_jit_says_so(built):
     fine = Verdict("nccl-ring", "gate-passes").add("libnccl coverage", "ptx-only", "libnccl: ptx90.so")
     drivermod.apply_ptx_driver([fine], drivermod.ptx_too_new([cov], {"version": "590.44.01", "cuda": "13.1"}))
     assert fine.status == "gate-passes"
+
+
+def test_c24_sglang_kernel_custom_allreduce_at_8_6_is_not_a_false_binary_gate():
+    """sglang-kernel 0.4.10's common_ops carries sm_80 SASS: it runs on 8.6 (same major, higher minor), so
+    at TP2 the custom allreduce gate passes; at 7.5 nothing runs and the compiled-binary gate holds."""
+    paths = [pip_target("sglang==0.5.23"), pip_target("sglang-kernel==0.4.10")]
+    args = ["--backend", "sglang-custom-allreduce", "--world-size", "2"]
+    v86 = verdict(run_suite(suite_venv(), paths, args + ["--target-arch", "8.6"])[0], "sglang-custom-allreduce")
+    assert v86["status"] == "gate-passes", v86["cause"]
+    ops = evidence(v86, "sglang-kernel common_ops coverage")["value"]
+    assert any(level == "same-major" and "sm_80" in sass for _, level, sass in ops)
+    v75 = verdict(run_suite(suite_venv(), paths, args + ["--target-arch", "7.5"])[0], "sglang-custom-allreduce")
+    assert v75["status"] == "blocked" and v75["gate"] == "compiled-binary"
+
+
+def test_c26_a_libnccl_without_any_image_for_the_target_blocks_the_baseline(built):
+    from types import SimpleNamespace
+    from stackprobe.gates import nccl_library_gate
+    from stackprobe.verdict import Verdict
+    cov = scan_files([("nvidia/nccl/lib/libnccl.so.2", str(built["sm80.so"]))], parse_arch("12.0"), "elf",
+                     package="libnccl", version="2.99.0")
+    ctx = SimpleNamespace(coverage={"libnccl": cov}, target=parse_arch("12.0"), topology="pcie")
+    ring = nccl_library_gate(ctx, [Verdict("nccl-ring", "gate-passes")], "2.99.0")[0]
+    assert ring.status == "blocked" and ring.gate == "compiled-binary" and "sm_80" in ring.cause
+    ctx86 = SimpleNamespace(coverage={"libnccl": scan_files([("l", str(built["sm80.so"]))], parse_arch("8.6"), "elf")},
+                            target=parse_arch("8.6"), topology="pcie")
+    assert nccl_library_gate(ctx86, [Verdict("nccl-ring", "gate-passes")], "2.99.0")[0].status == "gate-passes"

@@ -12,11 +12,10 @@
 """
 from __future__ import annotations
 
-from ..coverage import SASS_LEVELS
-
 from pathlib import Path
 
 from .. import source
+from ..coverage import SASS_LEVELS
 from ..env import dist_version, effective_nvcc
 from ..isolate import run_task
 from ..verdict import (BLOCKED, ERROR, GATE_BINARY, GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON,

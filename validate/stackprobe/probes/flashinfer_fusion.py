@@ -16,11 +16,10 @@ left to the runtime tier.
 """
 from __future__ import annotations
 
-from ..coverage import SASS_LEVELS
-
 import os
 
 from .. import source
+from ..coverage import SASS_LEVELS
 from ..env import effective_nvcc
 from ..verdict import (BLOCKED, ERROR, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_TOOLCHAIN, LIFT_CUDA,
                        LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_SETTING, LIFT_UNKNOWN, SKIPPED, Verdict)

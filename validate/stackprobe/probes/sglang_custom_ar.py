@@ -9,12 +9,11 @@ PCIe IPC allreduce, b12x) are the way out.
 """
 from __future__ import annotations
 
-from ..coverage import SASS_LEVELS
-
 import ast
 from pathlib import Path
 
 from .. import source
+from ..coverage import SASS_LEVELS
 from ..env import dist_version
 from ..verdict import (BLOCKED, ERROR, GATE_BINARY, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_TOPOLOGY,
                        LIFT_NONE_NEEDED, LIFT_NOTHING, LIFT_PACKAGE, LIFT_REBUILD, SKIPPED, Verdict)

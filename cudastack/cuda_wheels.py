@@ -2,8 +2,8 @@
 
 PyPI's CUDA 13 component wheels (nvidia-cuda-nvcc, -crt, -cccl, -runtime, -nvrtc, -cupti, nvidia-nvvm, ...)
 all install into one ``site-packages/nvidia/cu13`` tree, and their versions carry the CUDA release
-(13.0.88 is CUDA 13.0; the cccl wheel 13.3.5.0.6 ships with CUDA 13.5 as CCCL 3.5 but is versioned on its
-own 13.3 line: CUDA 13.5 release notes, Table 1). A package that asks for a component without an upper bound
+(13.0.88 is CUDA 13.0; the cccl wheel 13.3.5.0.6 is CCCL 3.5.0 of CUDA 13.5:
+:func:`stackprobe.archs.cuda_wheel_release`). A package that asks for a component without an upper bound
 (sglang's ``humming-kernels[cu13]`` requires plain ``nvidia-cuda-nvcc`` and ``nvidia-cuda-cccl``) lets pip pick
 the newest one while torch pins the runtime of its own release, and the tree mixes releases: nvcc 13.5 with
 CUDA 13.0 runtime headers, which CCCL refuses ("CUDA compiler and CUDA toolkit headers are incompatible").
@@ -18,6 +18,7 @@ import re
 from typing import Callable, Optional
 
 from cudastack.errors import LockError
+from stackprobe.archs import cuda_wheel_release
 
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 #: the runtime whose release anchors the others (CUDA 13 name, then the CUDA 12 one)
@@ -30,15 +31,10 @@ def is_toolkit_wheel(name: str) -> bool:
     return name.startswith("nvidia-cuda-") or name in ("nvidia-nvvm", "nvidia-nvvm-cu12")
 
 
-def release(version: str) -> str:
-    """"13.0.88" -> "13.0"."""
-    parts = version.split(".")
-    return ".".join(parts[:2])
-
-
 def releases(pkgs: list[dict]) -> dict[str, tuple[str, str]]:
-    """{name: (version, release)} of the toolkit wheels in a resolved closure (``[{"name", "version"}]``)."""
-    return {p["name"]: (p["version"], release(p["version"])) for p in pkgs if is_toolkit_wheel(p["name"])}
+    """{name: (version, CUDA release)} of the toolkit wheels in a resolved closure (``[{"name", "version"}]``)."""
+    return {p["name"]: (p["version"], cuda_wheel_release(p["name"], p["version"]))
+            for p in pkgs if is_toolkit_wheel(p["name"])}
 
 
 def anchor(pkgs: list[dict]) -> Optional[str]:

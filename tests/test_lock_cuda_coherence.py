@@ -95,3 +95,12 @@ def test_unlocked_runtime_build_constrains_cuda_wheels_to_the_runtime_release(tm
 
     assert re.match(r"13\.0\.", resolve(["-c", str(cons)]))
     assert not resolve([]).startswith("13.0.")          # without the constraints: a newer release
+
+
+def test_cuda_release_of_a_wheel_version():
+    from stackprobe.archs import cuda_wheel_release
+    assert cuda_wheel_release("nvidia-cuda-nvcc", "13.5.37") == "13.5"
+    assert cuda_wheel_release("nvidia-cuda-cccl", "13.0.85") == "13.0"
+    assert cuda_wheel_release("nvidia-cuda-cccl", "13.3.5.0.6") == "13.5"      # CCCL 3.5.0 of CUDA 13.5
+    assert cuda_wheel_release("nvidia-cuda-cccl", "13.3.4.2.1") == "13.4"
+    assert cuda_wheel_release("nvidia-cuda-runtime", "13.0.96") == "13.0"

@@ -153,3 +153,15 @@ def version_tuple(version: str) -> tuple[int, ...]:
             break
         out.append(int(digits.group()))
     return tuple(out)
+
+
+def cuda_wheel_release(name: str, version: str) -> str:
+    """The CUDA release ("13.0") a CUDA toolkit component wheel belongs to. Most carry it in their first two
+    numbers (nvidia-cuda-nvcc 13.0.88 is CUDA 13.0). From CUDA 13.4 the nvidia-cuda-cccl wheel is versioned
+    ``13.3.<CCCL minor>.<CCCL patch>.<build>``: 13.3.4.2.1 is CCCL 3.4.2 of CUDA 13.4, 13.3.5.0.6 is CCCL 3.5.0
+    of CUDA 13.5 (CUDA 13.4 and 13.5 release notes, Table 1 "Component Versions": CCCL 3.N ships with
+    CUDA 13.N), so its release is 13.<CCCL minor>."""
+    parts = str(version).split(".")
+    if name.replace("_", "-").lower().startswith("nvidia-cuda-cccl") and len(parts) == 5 and parts[:2] == ["13", "3"]:
+        return f"13.{parts[2]}"
+    return ".".join(parts[:2])

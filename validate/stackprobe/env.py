@@ -27,7 +27,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from .archs import version_tuple
+from .archs import cuda_wheel_release, version_tuple
 from .driver import driver_info
 from .isolate import run_task
 
@@ -140,9 +140,8 @@ def nvcc_findings(nvccs: dict, torch_cuda: str | None) -> list[dict]:
 
 
 _CUDART_VERSION = re.compile(r"^\s*#\s*define\s+CUDART_VERSION\s+(\d+)", re.M)
-#: PyPI wheels whose version is the CUDA release of the component they carry (13.0.88 -> 13.0); the
-#: nvidia-cuda-cccl wheel is versioned by CUDA release too (13.3.5.0.6 is CCCL 3.3.5 of CUDA 13.3 / 13.5's
-#: cooperative-groups line, CUDA 13.5 release notes Table 1)
+#: PyPI wheels whose version names the CUDA release of the component they carry (13.0.88 -> 13.0;
+#: nvidia-cuda-cccl 13.3.5.0.6 -> 13.5: :func:`stackprobe.archs.cuda_wheel_release`)
 TOOLKIT_WHEEL_PREFIXES = ("nvidia-cuda-", "nvidia-nvvm")
 
 
@@ -234,7 +233,7 @@ def root_coherence(root: dict) -> tuple[bool | None, str]:
     compile_side = {d: v for d, v in (root.get("wheels") or {}).items()
                     if d in ("nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-nvvm", "nvidia-cuda-cccl",
                              "nvidia-cuda-runtime")}
-    if root.get("nvcc") and len({_mm(v) for v in compile_side.values()}) > 1:
+    if root.get("nvcc") and len({cuda_wheel_release(d, v) for d, v in compile_side.items()}) > 1:
         problems.append("its wheels mix CUDA releases: " + ", ".join(f"{d} {v}" for d, v in compile_side.items()))
     if problems:
         return False, "; ".join(problems)

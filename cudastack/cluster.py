@@ -5,6 +5,14 @@
   once per node (``--ntasks-per-node=1``), with the reports folder bind-mounted (``--container-mounts``).
   Sources: pyxis README (``--container-image``, ``--container-mounts``, ``--container-workdir``,
   ``--no-container-mount-home``); enroot ``doc/cmd/import.md`` (image URIs); sbatch(1) (``--gpus-per-node``).
+  Before importing, the job runs ``enroot version`` on every node and stops below :data:`ENROOT_MIN`
+  (4.0.0, the first enroot release whose ``docker::_parse_uri`` accepts a digest reference
+  ``REGISTRY#IMAGE@sha256:...``; enroot 3.x reads the digest as part of a tag and the import fails; enroot
+  v4.0.0 release notes) (case C30).
+* A loopback registry (127.0.0.0/8, ::1, localhost) is the submit host's own: compute nodes reach their own
+  loopback, not it. :func:`loopback_problem` says so; the builders refuse it with ``loopback="refuse"`` and
+  otherwise write a warning into the job (the Slurm script then refuses to start unless
+  ``STACKPROBE_ALLOW_LOOPBACK=1``, for a one-node cluster that serves the registry itself).
 * Kubernetes: a ``batch/v1`` Job, one pod per node (``completions`` = ``parallelism`` = nodes, Indexed
   completion mode, a required pod anti-affinity on ``kubernetes.io/hostname`` so no two pods share a node),
   requesting ``nvidia.com/gpu: N`` (the NVIDIA device plugin's resource name), the image by digest, a
@@ -32,6 +40,7 @@ from cudastack.registry import parse_reference
 REPORT_BEGIN = "----- BEGIN STACKPROBE REPORT"
 REPORT_END = "----- END STACKPROBE REPORT"
 DEFAULT_MOUNT = "/reports"
+ENROOT_MIN = "4.0.0"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -43,6 +52,43 @@ def _pinned(image: str):
             "first (invoke push) and use the recorded registry/name@sha256:... reference."
         )
     return ref
+
+
+def loopback_problem(ref) -> Optional[str]:
+    """A one-paragraph warning when ``ref`` (a parsed reference) names a loopback registry, else None."""
+    from cudastack.registry import is_loopback
+
+    if not ref.registry or not is_loopback(ref.registry):
+        return None
+    return (f"The image's registry {ref.registry} is a loopback address: on a compute node it names that node "
+            "itself, not the machine that pushed the image, so the import fails there. Push the runtime to a "
+            "registry the nodes can reach (invoke push --cuda <version> --registry HOST:PORT/NAMESPACE) and "
+            "pass its reference (or relock the push), or run the job on the one node that serves this registry.")
+
+
+def _check_loopback(ref, loopback: str) -> Optional[str]:
+    if loopback not in ("warn", "refuse"):
+        raise UsageError(f"loopback={loopback!r}: use 'warn' or 'refuse'.")
+    problem = loopback_problem(ref)
+    if problem and loopback == "refuse":
+        raise UsageError(problem)
+    return problem
+
+
+def enroot_check_lines(minimum: str = ENROOT_MIN) -> list[str]:
+    """Bash lines that run ``enroot version`` on every node of the allocation (one task per node) and stop
+    the job with a clear message where it is missing or older than ``minimum`` (``sort -V`` ordering)."""
+    msg = (f"enroot $v on $(hostname) is older than {minimum}, the first release that parses "
+           "REGISTRY#IMAGE@sha256:... (digest) image references; upgrade enroot (and pyxis) on the compute nodes")
+    check = (f'v=$(enroot version 2>/dev/null) || {{ echo "enroot is not installed on $(hostname): pyxis needs it" >&2; exit 3; }}; '
+             f'if [ "$(printf "%s\n%s\n" {minimum} "$v" | sort -V | head -n1)" != {minimum} ]; then '
+             f'echo "{msg}" >&2; exit 3; fi; echo "enroot $v on $(hostname)"')
+    return [
+        f"# enroot >= {minimum} on every node: older enroot rejects the digest reference below (case C30).",
+        "# shellcheck disable=SC2016",
+        f"srun --ntasks-per-node=1 bash -c {shlex.quote(check)}",
+        "",
+    ]
 
 
 def _check_counts(gpus: int, nodes: int) -> None:
@@ -68,13 +114,17 @@ def job_name(toolchain: str, digest: str) -> str:
 def slurm_script(image: str, *, gpus: int, nodes: int = 1, toolchain: str = "", name: Optional[str] = None,
                  partition: Optional[str] = None, account: Optional[str] = None, time_limit: str = "01:00:00",
                  report_dir: Optional[str] = None, probe_args: Iterable[str] = (),
-                 container_mount: str = DEFAULT_MOUNT) -> str:
+                 container_mount: str = DEFAULT_MOUNT, loopback: str = "warn") -> str:
     """An sbatch script (bash) running the suite from ``image`` (``registry/name@sha256:...`` or the enroot
     spelling) on ``nodes`` nodes with ``gpus`` GPUs each. Reports land in ``report_dir`` (default: the
     submit folder's ``stackprobe-reports/``; override at submit time with ``STACKPROBE_REPORT_DIR``), one
-    ``stackprobe-<jobid>-<host>.json`` per node. Raises UsageError (no digest, bad counts, bad time)."""
+    ``stackprobe-<jobid>-<host>.json`` per node. The job first checks enroot >= :data:`ENROOT_MIN` on every
+    node (:func:`enroot_check_lines`). ``loopback``: "warn" (a loopback registry makes the script refuse to
+    start unless ``STACKPROBE_ALLOW_LOOPBACK=1``) or "refuse" (UsageError now). Raises UsageError (no digest,
+    bad counts, bad time, a refused loopback registry)."""
     ref = _pinned(image)
     _check_counts(gpus, nodes)
+    problem = _check_loopback(ref, loopback)
     if not re.fullmatch(r"(\d+-)?\d{1,2}(:\d{2}){0,2}", time_limit):
         raise UsageError(f"--time {time_limit!r}: use Slurm's [D-]HH:MM:SS form, e.g. 01:00:00.")
     name = name or job_name(toolchain or "x", ref.digest)
@@ -104,6 +154,17 @@ def slurm_script(image: str, *, gpus: int, nodes: int = 1, toolchain: str = "", 
         "",
         f"IMAGE={shlex.quote(ref.enroot())}",
         f'REPORT_DIR="${{STACKPROBE_REPORT_DIR:-{default_dir}}}"',
+        "",
+    ]
+    if problem:
+        lines += [f"# WARNING: {line}" for line in _wrap(problem)] + [
+            'if [ "${STACKPROBE_ALLOW_LOOPBACK:-0}" != 1 ]; then',
+            f"  echo {shlex.quote(problem + ' (Set STACKPROBE_ALLOW_LOOPBACK=1 to run anyway.)')} >&2",
+            "  exit 2",
+            "fi",
+            "",
+        ]
+    lines += enroot_check_lines() + [
         'mkdir -p "$REPORT_DIR"',
         "",
         "# One task per node; each writes its own JSON report into the bind-mounted folder. The inner command",
@@ -120,19 +181,27 @@ def slurm_script(image: str, *, gpus: int, nodes: int = 1, toolchain: str = "", 
     return "\n".join(lines)
 
 
+def _wrap(text: str, width: int = 100) -> list[str]:
+    import textwrap
+    return textwrap.wrap(text, width)
+
+
 # ----------------------------------------------------------------------------------------- Kubernetes
 def kubernetes_job(image: str, *, gpus: int, nodes: int = 1, toolchain: str = "", name: Optional[str] = None,
                    namespace: str = "default", host_path: Optional[str] = None,
                    node_selector: Optional[dict] = None, image_pull_secret: Optional[str] = None,
                    probe_args: Iterable[str] = (), shm_size: str = "16Gi", ttl_seconds: int = 7 * 24 * 3600,
-                   active_deadline_seconds: int = 3600, container_mount: str = DEFAULT_MOUNT) -> dict:
+                   active_deadline_seconds: int = 3600, container_mount: str = DEFAULT_MOUNT,
+                   loopback: str = "warn") -> dict:
     """A ``batch/v1`` Job (a dict) running the suite from ``image`` (must carry a digest) on ``nodes`` distinct
     nodes with ``gpus`` GPUs each. ``host_path``: keep reports in this folder on each node (hostPath,
     DirectoryOrCreate); without it they go to an emptyDir and survive only in the pod log (between
     :data:`REPORT_BEGIN`/:data:`REPORT_END`). ``image_pull_secret``: name of a Secret of type
-    dockerconfigjson (credentials stay in the cluster, never in the manifest). Raises UsageError."""
+    dockerconfigjson (credentials stay in the cluster, never in the manifest). ``loopback``: "warn" (the
+    warning goes into the annotation ``cudastack/warning``) or "refuse". Raises UsageError."""
     ref = _pinned(image)
     _check_counts(gpus, nodes)
+    problem = _check_loopback(ref, loopback)
     name = name or job_name(toolchain or "x", ref.digest)
     for label, value in (("name", name), ("namespace", namespace)):
         if not _DNS_LABEL.match(value) or len(value) > 63:
@@ -184,7 +253,8 @@ def kubernetes_job(image: str, *, gpus: int, nodes: int = 1, toolchain: str = ""
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": name, "namespace": namespace, "labels": labels,
-                     "annotations": {"cudastack/image-enroot": ref.enroot()}},
+                     "annotations": {"cudastack/image-enroot": ref.enroot(),
+                                     **({"cudastack/warning": problem} if problem else {})}},
         "spec": {
             "completions": nodes,
             "parallelism": nodes,

@@ -55,6 +55,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name, parse_sdist_filename
 
 from cudastack.credentials import redact, scrub
+from cudastack import cuda_wheels
 from cudastack.errors import EnvironmentError_, LockError, UsageError
 from stackprobe.atomic import write_atomic  # the project's one atomic writer (re-exported here)
 
@@ -316,8 +317,8 @@ def pip_resolve(specs: list[str], *, target: dict, index: str = "", extra_index:
     """Resolve ``specs`` (requirement strings) with pip's resolver for ``target`` (see
     :func:`target_for_plan`) and return the install set: ``[{"name", "version", "filename", "url"?,
     "sha256", "requested"?}]`` sorted by name. ``no_deps`` resolves only the named packages (a wheel node's
-    ``pip download --no-deps``). ``constraints``: {name: version} passed as a pip constraints file (what the
-    image already holds). ``requires``: when a dict is given, it is filled with {name: [Requires-Dist
+    ``pip download --no-deps``). ``constraints``: {name: version or specifier} passed as a pip constraints
+    file (what the image already holds; ``"==13.0.*"`` keeps a CUDA wheel on a release). ``requires``: when a dict is given, it is filled with {name: [Requires-Dist
     strings]} of every resolved package (from the report's metadata). Runs ``python -m pip install --dry-run
     --ignore-installed --report``; nothing is installed. Raises LockError (pip < 22.2, unresolvable, no hash)."""
     if not specs:
@@ -336,7 +337,8 @@ def pip_resolve(specs: list[str], *, target: dict, index: str = "", extra_index:
             cmd.append("--no-deps")
         if constraints:
             cfile = os.path.join(tmp, "constraints.txt")
-            Path(cfile).write_text("".join(f"{n}=={v}\n" for n, v in sorted(constraints.items())))
+            Path(cfile).write_text("".join(f"{n}{v}\n" if v[:1] in "=<>!~" else f"{n}=={v}\n"
+                                           for n, v in sorted(constraints.items())))
             cmd += ["--constraint", cfile]
         cmd += _cert_args() + index_args(index, extra_index, find_links) + list(specs)
         try:
@@ -567,6 +569,11 @@ def resolve_lock(plan, *, target: Optional[dict] = None, python: str = sys.execu
                 except LockError:
                     warnings.append(f"{node.name} ({arg}): the versions its parent image holds could not all be "
                                     "kept; pinned the newest resolution instead")
+            if not inst["no_deps"]:   # one CUDA release for the toolkit wheels of this environment (C25)
+                pkgs, note = cuda_wheels.cohere(pkgs, requires, inst["specs"],
+                                                lambda cons: pip_resolve(inst["specs"], constraints={**keep, **cons}, **kw))
+                if note:
+                    warnings.append(f"{node.name} ({arg}): {note}")
             installs[arg] = {"requested": _requested_specs(inst["specs"]), "no_deps": inst["no_deps"],
                              "packages": pkgs}
             where_key = arg if arg in SEPARATE_PREFIX_INSTALLS else "env"

@@ -152,17 +152,19 @@ def pull(c, cuda="13.1", locked=True, node="runtime", lockfiles=None):
             "host_path": "Kubernetes: keep the JSON reports in this folder on each node (hostPath); default: "
                          "an emptyDir, the reports are printed to the pod log.",
             "pull_secret": "Kubernetes: name of an imagePullSecret (credentials stay in the cluster).",
+            "refuse_loopback": "Refuse a loopback registry (127.0.0.1, localhost) instead of warning: compute nodes "
+                               "cannot reach it.",
             "probe_arg": "Argument for `python -m stackprobe` (repeatable), e.g. --probe-arg=--target-arch "
                          "--probe-arg=12.0. Default: --runtime (static and runtime tiers on the node's GPUs)."},
       iterable=["probe_arg"], auto_shortflags=False)
 def cluster_job(c, cuda="13.1", scheduler=None, gpus=None, nodes=1, image=None, output=None, partition=None,
                 account=None, time="01:00:00", namespace="default", host_path=None, pull_secret=None,
-                probe_arg=None, lockfiles=None):
-    """Write a Slurm script or Kubernetes Job that validates GPU nodes from the pinned digest.
-
-    The job runs the validation suite in the image pinned by digest and keeps its JSON reports."""
+                probe_arg=None, lockfiles=None, refuse_loopback=False):
+    """Write a Slurm batch script or a Kubernetes Job that runs the validation suite from the pinned digest on
+    GPU nodes and keeps its JSON reports."""
     from cudastack import cluster
     from cudastack import lock as L
+    from cudastack.registry import parse_reference
 
     try:
         if scheduler not in ("slurm", "kubernetes"):
@@ -178,14 +180,19 @@ def cluster_job(c, cuda="13.1", scheduler=None, gpus=None, nodes=1, image=None, 
                 raise LockError(f"The lockfile for CUDA {cuda} records no pushed runtime image; run `invoke push "
                                 f"--cuda {cuda} --registry ...` or pass --image REGISTRY/NAME@sha256:...")
             image = rec["reference"]
+        loopback = "refuse" if refuse_loopback else "warn"
+        problem = cluster.loopback_problem(parse_reference(image))
+        if problem and not refuse_loopback:
+            _say(f"WARNING: {problem}")
         if scheduler == "slurm":
             text = cluster.slurm_script(image, gpus=n_gpus, nodes=n_nodes, toolchain=str(cuda), partition=partition,
-                                        account=account, time_limit=time, probe_args=probe_arg or ["--runtime"])
+                                        account=account, time_limit=time, probe_args=probe_arg or ["--runtime"],
+                                        loopback=loopback)
             out = output or f"stackprobe-cu{cuda}.sbatch"
         else:
             job = cluster.kubernetes_job(image, gpus=n_gpus, nodes=n_nodes, toolchain=str(cuda), namespace=namespace,
                                          host_path=host_path, image_pull_secret=pull_secret,
-                                         probe_args=probe_arg or ["--runtime"])
+                                         probe_args=probe_arg or ["--runtime"], loopback=loopback)
             version = cluster.validate_kubernetes(job)
             _say(f"the Job validates against the Kubernetes {version} schema")
             text = cluster.render_manifest(job)

@@ -59,7 +59,19 @@ RUN --mount=type=cache,target=/root/.cache/pip \
       printf '%s\n' "${PIP_SPECS_LOCKED}" "${WHEELS_LOCKED}" > /tmp/locked.txt; \
       with-build-ca pip install --require-hashes --no-deps --find-links /wheelhouse -r /tmp/locked.txt; \
       rm -f /tmp/locked.txt; \
-    elif [ $# -gt 0 ] || [ -n "${PIP_SPECS}" ]; then with-build-ca pip install "$@" ${PIP_SPECS}; fi
+    elif [ $# -gt 0 ] || [ -n "${PIP_SPECS}" ]; then \
+      : "one CUDA release for the toolkit wheels (C25): the release of the nvidia-cuda-runtime torch brought"; \
+      rel="$(python -c 'from importlib.metadata import version as v; print(".".join(v("nvidia-cuda-runtime").split(".")[:2]))' 2>/dev/null || true)"; \
+      : > /tmp/cuda-constraints.txt; \
+      if [ -n "$rel" ]; then \
+        for w in nvidia-cuda-nvcc nvidia-cuda-crt nvidia-cuda-cccl nvidia-nvvm nvidia-cuda-runtime nvidia-cuda-nvrtc nvidia-cuda-cupti; do \
+          echo "$w==$rel.*" >> /tmp/cuda-constraints.txt; \
+        done; \
+        echo "cudastack: CUDA toolkit wheels constrained to CUDA $rel (the release of nvidia-cuda-runtime)"; \
+      fi; \
+      with-build-ca pip install -c /tmp/cuda-constraints.txt "$@" ${PIP_SPECS}; \
+      rm -f /tmp/cuda-constraints.txt; \
+    fi
 
 # The validation suite: its package folder on the venv's path, plus what its static probes need.
 COPY stackprobe /opt/stackprobe/stackprobe

@@ -133,14 +133,18 @@ def test_no_nvcc_blocks_the_jit_backends(venv, fi):
 
 
 def test_import_failure_is_a_verdict_not_a_crash(fi, cuda13, tmp_path):
-    """A FlashInfer whose imports fail (here: its dependencies are absent from a bare venv) gives an
-    error verdict carrying the exception; the suite still writes its report."""
+    """A FlashInfer whose imports fail (here: its dependencies are absent from a bare venv) gives a
+    verdict, not a crash; the suite still writes its report. The import error names torch, a declared
+    dependency of flashinfer-python that is not installed: blocked (not installed: torch), case C29, with
+    the probe's own error verdict kept as evidence."""
     bare = tmp_path / "bare"
     subprocess.run(["python3", "-m", "venv", str(bare)], check=True)
     report, p = run_suite(bare / "bin" / "python", [fi["0.7.4"]], ["--backend", FUSION], cuda=cuda13)
     v = verdict(report, FUSION)
-    assert v["status"] == "error"
-    assert "ModuleNotFoundError" in v["cause"] and "torch" in v["cause"]
+    assert v["status"] == "blocked" and v["gate"] == "not-installed"
+    assert v["cause"].startswith("not installed: torch")
+    before = evidence(v, "verdict before the dependency check")["value"]
+    assert before.startswith("error") and "ModuleNotFoundError" in before and "torch" in before
 
 
 JIT_SCRIPT = """

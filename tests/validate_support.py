@@ -187,3 +187,89 @@ def build_fixture_wheel(out_dir: Path, name: str, libs: dict[str, list[str]], nv
         for path, data in files.items():
             z.writestr(path, data)
     return whl
+
+
+def wheel_file(spec: str, platform: str = "manylinux_2_28_x86_64", python_version: str = "3.11") -> Path:
+    """The wheel of ``spec`` ("torch==2.15.0") from PyPI, downloaded once into ``<cache>/dl`` (no install:
+    big wheels are read member by member with :func:`wheel_members`)."""
+    dl = CACHE / "dl"
+    name, version = spec.split("==")
+    stem = name.replace("-", "_")
+    found = sorted(dl.glob(f"{stem}-{version}-*.whl"))
+    if found:
+        return found[0]
+    _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
+          python_version, "--platform", platform, "--platform", "manylinux2014_x86_64", "-d", dl, spec], timeout=1800)
+    return sorted(dl.glob(f"{stem}-{version}-*.whl"))[0]
+
+
+def wheel_members(spec: str, prefix: str, suffix: str = "") -> dict[str, Path]:
+    """Members of ``spec``'s wheel whose name starts with ``prefix`` (and contains ``suffix``), extracted
+    once under ``<cache>/members/<wheel>/``: {member name: path}."""
+    whl = wheel_file(spec)
+    out_dir = CACHE / "members" / whl.stem
+    out = {}
+    with zipfile.ZipFile(whl) as z:
+        for info in z.infolist():
+            if not info.filename.startswith(prefix) or suffix not in info.filename or info.is_dir():
+                continue
+            dest = out_dir / info.filename
+            if not dest.is_file() or dest.stat().st_size != info.file_size:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                tmp = dest.with_name(dest.name + ".tmp")
+                with z.open(info) as src, open(tmp, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 22)
+                tmp.replace(dest)
+            out[info.filename] = dest
+    return out
+
+
+#: the CUDA wheels the 13.1 runtime lock once mixed in one site-packages root (case C25)
+MIXED_CUDA_WHEELS = ["nvidia-cuda-nvcc==13.5.37", "nvidia-cuda-crt==13.5.37", "nvidia-nvvm==13.5.37",
+                     "nvidia-cuda-cccl==13.3.5.0.6", "nvidia-cuda-runtime==13.0.96"]
+
+
+def mixed_cuda_site() -> Path:
+    """A ``--target`` folder holding :data:`MIXED_CUDA_WHEELS` (real PyPI wheels, no dependencies)."""
+    d = CACHE / "targets" / ("c25-mixed-" + _key(MIXED_CUDA_WHEELS))
+    if (d / ".ready").is_file():
+        return d
+    shutil.rmtree(d, ignore_errors=True)
+    _run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", "--target", d]
+         + MIXED_CUDA_WHEELS, timeout=1800)
+    (d / ".ready").write_text("ok")
+    return d
+
+
+def venv_without(dists: list[str]) -> Path:
+    """A virtual environment holding everything :func:`suite_venv` holds except ``dists`` (their import
+    packages and dist-info folders): each other entry of the suite venv's site-packages is linked into
+    a folder its .pth file names. Returns its python."""
+    base = suite_venv()
+    d = CACHE / f"venv-without-{_key(str(base), sorted(dists))}"
+    py = d / "bin" / "python"
+    if (d / ".ready").is_file():
+        return py
+    shutil.rmtree(d, ignore_errors=True)
+    _run([sys.executable, "-m", "venv", "--without-pip", d])
+    site = next(base.parent.parent.glob("lib/python3*/site-packages"))
+    own = next(d.glob("lib/python3*/site-packages"))
+    farm = d / "linked-site"
+    farm.mkdir()
+    drop = set()
+    for dist_info in site.glob("*.dist-info"):
+        meta = (dist_info / "METADATA")
+        name = next((ln.split(":", 1)[1].strip() for ln in meta.read_text(errors="replace").splitlines()
+                     if ln.startswith("Name:")), "") if meta.is_file() else ""
+        if name.lower().replace("_", "-") in {x.lower() for x in dists}:
+            drop.add(dist_info.name)
+            for line in (dist_info / "RECORD").read_text().splitlines():
+                top = line.split(",")[0].split("/")[0]
+                if top and not top.endswith(".dist-info") and top != "..":
+                    drop.add(top)
+    for entry in site.iterdir():
+        if entry.name not in drop and entry.name != "__pycache__":
+            (farm / entry.name).symlink_to(entry)
+    (own / "linked-site.pth").write_text(str(farm) + "\n")
+    (d / ".ready").write_text("ok")
+    return py

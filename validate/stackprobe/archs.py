@@ -3,12 +3,19 @@
 An *arch spec* is what users type: ``12.0``, ``12.0a``, ``12.0f``, ``120``, ``sm_120a``,
 ``compute_120f``, ``12.0+PTX``. It parses to :class:`Arch` (major, minor, suffix, ptx).
 
-Suffix semantics (NVIDIA CUDA 12.9 blog on family-specific features; CUDA 12.8/12.9 release notes):
+Compatibility rules (NVIDIA CUDA C++ Programming Guide, "Binary Compatibility" and "PTX Compatibility";
+CUDA 12.8/12.9 release notes; NVIDIA technical blog "NVIDIA Blackwell and NVIDIA CUDA 12.9 Introduce
+Family-Specific Architecture Features"):
 
-* no suffix: SASS for ``sm_XY`` runs on that compute capability only (same major, minor >= only via PTX);
+* no suffix: "a cubin object generated for compute capability X.y will only execute on devices of compute
+  capability X.z where z >= y" (binary compatibility within a major, upward in the minor);
 * ``a`` (architecture-specific): runs only on exactly that compute capability, unlocks arch-specific
   instructions; exists since CUDA 12.0 for sm_90a, 12.8 for sm_100a/sm_120a;
-* ``f`` (family-specific): runs on the same major with equal or higher minor; exists from CUDA 12.9.
+* ``f`` (family-specific): runs on the same major with equal or higher minor (the family); exists
+  from CUDA 12.9;
+* PTX: plain PTX JIT-compiles for any equal or higher compute capability, ``f`` PTX within its
+  family, ``a`` PTX only on its own compute capability; the driver must know the PTX ISA version
+  (see :mod:`stackprobe.driver`).
 
 Which toolkit supports which arch is *data* (``recipes/toolchains.yaml``), handed in by the caller;
 inside an image the suite asks the installed nvcc (``nvcc --list-gpu-code``).
@@ -74,16 +81,22 @@ class Arch:
     # --- compatibility -------------------------------------------------------------------------
     def sass_runs_on(self, device: "Arch") -> bool:
         """Whether SASS built for ``self`` (this is the *code* target) runs on a GPU of compute
-        capability ``device`` (its suffix is ignored).
+        capability ``device`` (its suffix is ignored): :meth:`sass_level` is not None."""
+        return self.sass_level(device) is not None
 
-        Plain and ``a`` SASS need the exact compute capability; ``f`` SASS runs on the same major
-        with a minor >= its own (CUDA 12.9 family-specific rules).
-        """
+    def sass_level(self, device: "Arch") -> str | None:
+        """How SASS for ``self`` runs on ``device``: ``"exact"`` (same compute capability, any suffix),
+        ``"family"`` (an ``f`` cubin of the same major, lower minor), ``"same-major"`` (a plain cubin of the
+        same major, lower minor: NVIDIA's binary compatibility rule X.y -> X.z, z >= y), or None (does not
+        run: another major, a higher minor, or an ``a`` cubin of another compute capability).
+        Source: CUDA C++ Programming Guide, "Binary Compatibility"; CUDA 12.9 family-specific targets."""
         if self.major != device.major:
-            return False
-        if self.suffix == "f":
-            return device.minor >= self.minor
-        return device.minor == self.minor
+            return None
+        if device.minor == self.minor:
+            return "exact"
+        if device.minor < self.minor or self.suffix == "a":
+            return None
+        return "family" if self.suffix == "f" else "same-major"
 
     def ptx_jits_on(self, device: "Arch") -> bool:
         """Whether PTX for ``self`` can be JIT-compiled by the driver for ``device``.
@@ -140,3 +153,15 @@ def version_tuple(version: str) -> tuple[int, ...]:
             break
         out.append(int(digits.group()))
     return tuple(out)
+
+
+def cuda_wheel_release(name: str, version: str) -> str:
+    """The CUDA release ("13.0") a CUDA toolkit component wheel belongs to. Most carry it in their first two
+    numbers (nvidia-cuda-nvcc 13.0.88 is CUDA 13.0). From CUDA 13.4 the nvidia-cuda-cccl wheel is versioned
+    ``13.3.<CCCL minor>.<CCCL patch>.<build>``: 13.3.4.2.1 is CCCL 3.4.2 of CUDA 13.4, 13.3.5.0.6 is CCCL 3.5.0
+    of CUDA 13.5 (CUDA 13.4 and 13.5 release notes, Table 1 "Component Versions": CCCL 3.N ships with
+    CUDA 13.N), so its release is 13.<CCCL minor>."""
+    parts = str(version).split(".")
+    if name.replace("_", "-").lower().startswith("nvidia-cuda-cccl") and len(parts) == 5 and parts[:2] == ["13", "3"]:
+        return f"13.{parts[2]}"
+    return ".".join(parts[:2])

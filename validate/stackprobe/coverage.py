@@ -18,10 +18,24 @@ number is the u32 at offset 28 (120 for sm_120) and its flags the u64 at offset 
 architecture-specific (``a``) target, 0x200000 a family-specific (``f``) target, 0x2000/0x8000
 compression.
 
-Levels for a target T (:data:`LEVELS`): ``native`` SASS for T's compute capability (any suffix);
-``family`` an ``f`` SASS of T's major with a lower minor (CUDA 12.9 family rules); ``ptx-only`` no SASS
-but PTX the driver can JIT for T (a warning: slow first load, no arch-specific features); ``none``
-no kernel image for T (case C6).
+Levels for a target T (:data:`LEVELS`), following CUDA's compatibility rules (NVIDIA CUDA C++
+Programming Guide, "Binary Compatibility" / "PTX Compatibility"; CUDA 12.9 family-specific targets;
+see :meth:`stackprobe.archs.Arch.sass_level`):
+
+* ``native``: SASS for exactly T's compute capability (any suffix);
+* ``family``: an ``f`` SASS of T's major with a lower minor;
+* ``same-major``: plain SASS of T's major with a lower minor (a cubin for X.y runs on X.z, z >= y;
+  ``sm_120`` runs on 12.1, ``sm_80`` on 8.6 and 8.9); ``a`` SASS never runs on another compute capability;
+* ``ptx-only``: no SASS that runs, but PTX the driver can JIT for T; the row names the PTX ISA version
+  (read from the fatbin entry header: the u16 pair at offsets 24/26 is minor/major, *measured*: 9.1 for
+  nvcc 13.1 output, equal to the ``.version`` line of its PTX) and the CUDA driver that can JIT it
+  (:func:`stackprobe.driver.ptx_requirement`): a warning, slow first load, no arch-specific features;
+* ``partial``: SASS that runs on T covers fewer fatbins (compilation units) than another arch does in
+  the same file: some kernels have no image for T (``detail`` gives the counts);
+* ``none``: no kernel image for T (case C6).
+
+Which level applies to a file is the one that applies to most of its fatbins (``detail["levels"]``
+counts them), so one ``sm_121a`` kernel in a file of 476 ``sm_120`` fatbins reads ``same-major`` for 12.1.
 """
 from __future__ import annotations
 
@@ -42,7 +56,10 @@ FLAG_ARCH_SPECIFIC = 0x100000
 FLAG_FAMILY = 0x200000
 FLAG_COMPRESSED = 0x2000 | 0x8000
 KIND_PTX, KIND_ELF = 1, 2
-LEVELS = ("native", "family", "ptx-only", "none")
+LEVELS = ("native", "family", "same-major", "ptx-only", "partial", "none")
+#: levels at which SASS runs on the target (no JIT): what a gate on compiled kernels accepts
+SASS_LEVELS = ("native", "family", "same-major")
+_SASS_LEVEL_NAME = {"exact": "native", "family": "family", "same-major": "same-major"}
 
 # distributions holding CUDA code that static coverage inspects (PyPI names)
 CUDA_DISTS = ("torch", "flash-attn", "flash_attn_3", "sglang-kernel", "sgl-kernel", "flashinfer-python",
@@ -55,11 +72,15 @@ class CoverageReaderError(RuntimeError):
 
 @dataclass(frozen=True)
 class Image:
-    """One fatbin entry: ``kind`` "sass" or "ptx", ``arch`` its target, ``compressed``."""
+    """One fatbin entry: ``kind`` "sass" or "ptx", ``arch`` its target, ``compressed``; ``unit`` names the
+    fatbin container (one per compilation unit) it sits in ("" when the reader cannot tell, cuobjdump);
+    ``ptx_isa`` the PTX ISA version ("9.1") of a PTX entry ("" when unknown)."""
 
     kind: str
     arch: Arch
     compressed: bool = False
+    unit: str = ""
+    ptx_isa: str = ""
 
     @property
     def name(self) -> str:
@@ -72,9 +93,9 @@ def _arch_from(number: int, flags: int) -> Arch:
 
 
 def _iter_fatbin_entries(f, base: int, size: int):
-    """Yield (kind, arch_number, flags) for every entry of every fatbin container in the byte range
-    [base, base+size) of the open file ``f``."""
-    off = 0
+    """Yield (kind, arch_number, flags, container index, (major, minor) from offsets 26/24) for every
+    entry of every fatbin container in the byte range [base, base+size) of the open file ``f``."""
+    off, container = 0, -1
     while off + 16 <= size:
         f.seek(base + off)
         head = f.read(16)
@@ -92,25 +113,49 @@ def _iter_fatbin_entries(f, base: int, size: int):
             off += idx
             continue
         eoff, end = off + hsize, off + hsize + fsize
+        container += 1
         while eoff + 16 <= end:
             f.seek(base + eoff)
             eh = f.read(48)
             if len(eh) < 48:
                 return
             kind, _ev, ehsize, psize = struct.unpack_from("<HHIQ", eh)
+            vminor, vmajor = struct.unpack_from("<HH", eh, 24)
             number = struct.unpack_from("<I", eh, 28)[0]
             flags = struct.unpack_from("<Q", eh, 40)[0]
             if ehsize == 0:
                 break
-            yield kind, number, flags
+            yield kind, number, flags, container, (vmajor, vminor)
             eoff += ehsize + psize
         off = max(end, off + 16)
 
 
+_TKINFO_ARCH = re.compile(rb"-arch[ =]sm_(\d+)([af]?)\b")
+
+
+def cubin_arch(elf) -> Arch | None:
+    """The target of a raw CUDA ELF (``.cubin``, OS ABI 0x41). The SM number is in ``e_flags`` (bits 8..15
+    for ELF ABI version >= 8, bits 0..7 before). The ``a``/``f`` suffix is read from the
+    ``.note.nv.tkinfo`` note (ptxas's options, ``-arch sm_120a``): *measured* on nvcc 13.1, ``e_flags``
+    are identical for sm_120, sm_120a and sm_120f cubins, so the flags alone cannot keep the suffix."""
+    flags = elf.header["e_flags"]
+    abi = elf.header["e_ident"]["EI_ABIVERSION"]
+    number = (flags >> 8) & 0xFF if abi >= 8 else flags & 0xFF
+    if not number:
+        return None
+    suffix = ""
+    note = elf.get_section_by_name(".note.nv.tkinfo")
+    if note is not None:
+        m = _TKINFO_ARCH.search(note.data())
+        if m and int(m.group(1)) == number:
+            suffix = m.group(2).decode()
+    return Arch(number // 10, number % 10, suffix)
+
+
 def read_elf(path: str) -> list[Image]:
-    """Fatbin images of one ELF file (shared object or object file) via pyelftools. Raw CUDA ELF
-    (``.cubin``, OS ABI 0x41) gives one SASS image from ``e_flags`` (SM in bits 8..15 for ABI version
-    >= 8, in bits 0..7 before; measured on nvcc 13.1 output); the suffix is not recoverable there."""
+    """Fatbin images of one ELF file (shared object or object file) via pyelftools, each with its fatbin
+    container (``unit``) and, for PTX, its PTX ISA version. A raw CUDA ELF (``.cubin``) gives one SASS
+    image (:func:`cubin_arch`, suffix kept)."""
     from elftools.elf.elffile import ELFFile
     from elftools.common.exceptions import ELFError
 
@@ -125,17 +170,17 @@ def read_elf(path: str) -> list[Image]:
         except ELFError:
             return images
         if ident[7] == 0x41:  # CUDA cubin
-            flags = elf.header["e_flags"]
-            number = (flags >> 8) & 0xFF if ident[8] >= 8 else flags & 0xFF
-            return [Image("sass", Arch(number // 10, number % 10))] if number else images
+            arch = cubin_arch(elf)
+            return [Image("sass", arch, unit="cubin")] if arch else images
         for name in (".nv_fatbin", "__nv_relfatbin"):
             sec = elf.get_section_by_name(name)
             if sec is None or sec["sh_type"] == "SHT_NOBITS":
                 continue
-            for kind, number, flags in _iter_fatbin_entries(f, sec["sh_offset"], sec["sh_size"]):
+            for kind, number, flags, container, (vmaj, vmin) in _iter_fatbin_entries(f, sec["sh_offset"], sec["sh_size"]):
                 if kind in (KIND_PTX, KIND_ELF) and number:
                     images.append(Image("ptx" if kind == KIND_PTX else "sass", _arch_from(number, flags),
-                                        bool(flags & FLAG_COMPRESSED)))
+                                        bool(flags & FLAG_COMPRESSED), f"{name}#{container}",
+                                        f"{vmaj}.{vmin}" if kind == KIND_PTX and vmaj else ""))
     return images
 
 
@@ -194,20 +239,67 @@ def pick_reader(preference: str = "auto") -> tuple[str, str | None]:
 
 def level_for(images: list[Image], target: Arch) -> str:
     """One of :data:`LEVELS` for the images of one file (see module doc)."""
-    sass = [i.arch for i in images if i.kind == "sass"]
-    if any((a.major, a.minor) == (target.major, target.minor) for a in sass):
-        return "native"
-    if any(a.suffix == "f" and a.sass_runs_on(target) for a in sass):
-        return "family"
-    if any(i.arch.ptx_jits_on(target) for i in images if i.kind == "ptx"):
-        return "ptx-only"
-    return "none"
+    return file_level(images, target)[0]
+
+
+def file_level(images: list[Image], target: Arch) -> tuple[str, dict]:
+    """(level, detail) for the images of one file and target ``target`` (see module doc).
+
+    ``detail``: ``{"unit": "fatbins" | "images", "target": n, "most": m, "most_arch": name,
+    "levels": {level: n}}`` when some SASS runs on the target: ``target`` units (fatbin containers, or
+    images for a reader that cannot tell containers apart) hold SASS that runs on it, ``most`` is the
+    largest number of units holding one arch's SASS (``most_arch``); ``target < most`` is ``partial``.
+    For PTX: ``{"ptx_isa": ["9.1"], ...}``. Empty otherwise."""
+    sass = [i for i in images if i.kind == "sass"]
+    rank = {lvl: i for i, lvl in enumerate(LEVELS)}
+    runs = [(i, i.arch.sass_level(target)) for i in sass]
+    runnable = [(i, _SASS_LEVEL_NAME[lv]) for i, lv in runs if lv]
+    detail: dict = {}
+    if runnable:
+        by_container = all(i.unit for i in sass)
+        if by_container:
+            best: dict = {}
+            for i, lv in runnable:
+                if i.unit not in best or rank[lv] < rank[best[i.unit]]:
+                    best[i.unit] = lv
+            levels: dict = {}
+            for lv in best.values():
+                levels[lv] = levels.get(lv, 0) + 1
+            covered = len(best)
+            per_arch: dict = {}
+            for i in sass:
+                per_arch.setdefault(i.name, set()).add(i.unit)
+            per_arch = {k: len(v) for k, v in per_arch.items()}
+        else:
+            per_arch = {}
+            for i in sass:
+                per_arch[i.name] = per_arch.get(i.name, 0) + 1
+            levels = {}
+            for i, lv in runnable:
+                levels[lv] = max(levels.get(lv, 0), per_arch[i.name])
+            covered = max(per_arch[i.name] for i, _ in runnable)
+        most_arch = max(sorted(per_arch), key=lambda k: per_arch[k])
+        detail = {"unit": "fatbins" if by_container else "images", "target": covered, "most": per_arch[most_arch],
+                  "most_arch": most_arch, "levels": levels}
+        if covered < per_arch[most_arch]:
+            return "partial", detail
+        return min(levels, key=lambda lv: (-levels[lv], rank[lv])), detail
+    ptx = [i for i in images if i.kind == "ptx" and i.arch.ptx_jits_on(target)]
+    if ptx:
+        from .driver import ptx_requirement
+        isas = sorted({i.ptx_isa for i in ptx if i.ptx_isa}, key=lambda v: tuple(int(x) for x in v.split(".")))
+        detail = {"ptx_isa": isas}
+        if isas:
+            detail["ptx_needs"] = ptx_requirement(isas[-1])
+        return "ptx-only", detail
+    return "none", detail
 
 
 @dataclass
 class FileCoverage:
     """One file holding CUDA code. ``path`` relative to its site directory; ``sass``/``ptx``: sorted
-    unique arch names; ``counts``: images per arch name; ``level`` for the target."""
+    unique arch names; ``counts``: images per arch name; ``level`` for the target; ``detail``: the
+    counts behind the level (:func:`file_level`); ``ptx_isa``: PTX ISA versions of its PTX images."""
 
     path: str
     sass: list[str]
@@ -215,6 +307,8 @@ class FileCoverage:
     level: str
     counts: dict = field(default_factory=dict)
     compressed: bool = False
+    detail: dict = field(default_factory=dict)
+    ptx_isa: list = field(default_factory=list)
 
 
 @dataclass
@@ -225,7 +319,8 @@ class PackageCoverage:
     e.g. ``sgl_kernel/sm90/common_ops.abi3.so`` and ``sm100/common_ops.abi3.so``, are alternative
     builds: the best of them counts), or "partial" when some libraries cover the target and others
     do not, "no-cuda-code" when no file carries a fatbin, "unreadable" on reader errors.
-    ``files_without``: files whose level is "none" (case C6 names them).
+    ``files_without``: files whose level is "none" (case C6 names them); ``files_partial``: files where
+    fewer fatbins carry code for the target than for another arch.
     """
 
     package: str
@@ -236,8 +331,10 @@ class PackageCoverage:
     files: list[FileCoverage] = field(default_factory=list)
     files_without: list[str] = field(default_factory=list)
     files_ptx_only: list[str] = field(default_factory=list)
+    files_partial: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     scanned: int = 0
+    source: str = ""   # where the files come from when not the distribution itself (libnccl: its wheel or path)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -267,9 +364,11 @@ def scan_files(files: list[tuple[str, str]], target: Arch, reader: str = "auto",
         counts: dict = {}
         for i in images:
             counts[i.name] = counts.get(i.name, 0) + 1
+        level, detail = file_level(images, target)
         cov.files.append(FileCoverage(
             rel, sorted({i.name for i in images if i.kind == "sass"}), sorted({i.name for i in images if i.kind == "ptx"}),
-            level_for(images, target), counts, any(i.compressed for i in images)))
+            level, counts, any(i.compressed for i in images), detail,
+            sorted({i.ptx_isa for i in images if i.ptx_isa})))
     _aggregate(cov)
     return cov
 
@@ -285,8 +384,9 @@ def _aggregate(cov: PackageCoverage) -> None:
     best = {name: min((f.level for f in members), key=rank.__getitem__) for name, members in groups.items()}
     cov.files_without = sorted(f.path for name, members in groups.items() if best[name] == "none" for f in members)
     cov.files_ptx_only = sorted(f.path for name, members in groups.items() if best[name] == "ptx-only" for f in members)
+    cov.files_partial = sorted(f.path for name, members in groups.items() if best[name] == "partial" for f in members)
     worst = max(best.values(), key=rank.__getitem__)
-    covered = any(v in ("native", "family") for v in best.values())
+    covered = any(v in SASS_LEVELS for v in best.values())
     cov.level = "partial" if worst == "none" and covered else worst
 
 
@@ -321,3 +421,40 @@ def scan_installed(target: Arch, reader: str = "auto", names: tuple = CUDA_DISTS
         if c is not None:
             out.append(c)
     return out
+
+
+# ------------------------------------------------------------------------------------------- libnccl
+NCCL_DISTS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12")
+SYSTEM_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
+                   "/usr/local/cuda/lib64", "/usr/local/cuda/lib", "/usr/local/nccl/lib")
+
+
+def find_libnccl() -> dict | None:
+    """The libnccl a process here loads: an nvidia-nccl-cu13/cu12 wheel's ``libnccl.so.2`` (what PyPI's
+    torch loads), else the first ``libnccl.so.2`` on ``LD_LIBRARY_PATH`` or in the system library folders.
+    Returns ``{"path", "dist", "version"}`` (dist/version empty for a system library) or None."""
+    for d in NCCL_DISTS:
+        found = dist_files(d)
+        if found:
+            version, files = found
+            for rel, absolute in files:
+                if os.path.basename(rel).startswith("libnccl.so") and os.path.isfile(absolute):
+                    return {"path": absolute, "rel": rel, "dist": d, "version": version}
+    dirs = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p] + list(SYSTEM_LIB_DIRS)
+    for folder in dirs:
+        p = Path(folder) / "libnccl.so.2"
+        if p.is_file():
+            return {"path": str(p.resolve()), "rel": str(p), "dist": "", "version": ""}
+    return None
+
+
+def scan_libnccl(target: Arch, reader: str = "auto") -> PackageCoverage | None:
+    """Coverage of the libnccl :func:`find_libnccl` finds, as package ``libnccl`` (the baseline's own
+    kernels: case C26), or None when there is none."""
+    lib = find_libnccl()
+    if lib is None:
+        return None
+    cov = scan_files([(lib["rel"], lib["path"])], target, reader, package="libnccl",
+                     version=lib["version"] or "")
+    cov.source = lib["dist"] or lib["path"]
+    return cov

@@ -4,6 +4,17 @@ version, NCCL, versions of the backend libraries, GPUs and their link topology.
 Mismatches are *findings* (case C5): an nvcc on PATH that is not CUDA_HOME's and has another version
 (FlashInfer and torch extensions pick different compilers then: flashinfer issue 2577), or an nvcc
 whose CUDA major differs from torch's.
+
+Toolkit coherence (case C25): every toolkit root in reach (PATH's, ``CUDA_HOME``'s, ``/usr/local/cuda``,
+each ``site-packages/nvidia/cu*`` of the PyPI wheels, torch's) reports its nvcc release and the
+``CUDART_VERSION`` of its ``include/cuda_runtime_api.h`` (13000 -> 13.0; NVIDIA's header defines it), and
+for a wheel root the nvidia-cuda-* wheels that put files there. nvcc and the headers of one root differing
+in major.minor is an error: CCCL refuses to compile ("CUDA compiler and CUDA toolkit headers are
+incompatible", its ``cuda/std/__cccl/cuda_toolkit.h`` check), and the CUDA runtime's headers describe
+another runtime than the one nvcc targets.
+
+The driver line (:mod:`stackprobe.driver`): driver version and the CUDA version it supports, or
+"no driver: static only".
 """
 from __future__ import annotations
 
@@ -16,7 +27,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from .archs import version_tuple
+from .archs import cuda_wheel_release, version_tuple
+from .driver import driver_info
 from .isolate import run_task
 
 # distributions reported when installed (PyPI names)
@@ -127,6 +139,123 @@ def nvcc_findings(nvccs: dict, torch_cuda: str | None) -> list[dict]:
     return found
 
 
+_CUDART_VERSION = re.compile(r"^\s*#\s*define\s+CUDART_VERSION\s+(\d+)", re.M)
+#: PyPI wheels whose version names the CUDA release of the component they carry (13.0.88 -> 13.0;
+#: nvidia-cuda-cccl 13.3.5.0.6 -> 13.5: :func:`stackprobe.archs.cuda_wheel_release`)
+TOOLKIT_WHEEL_PREFIXES = ("nvidia-cuda-", "nvidia-nvvm")
+
+
+def cudart_version(root: str | Path) -> str | None:
+    """``CUDART_VERSION`` of ``<root>/include/cuda_runtime_api.h`` as "major.minor" (13000 -> "13.0"),
+    or None without the header."""
+    header = Path(root) / "include" / "cuda_runtime_api.h"
+    try:
+        m = _CUDART_VERSION.search(header.read_text(errors="replace"))
+    except OSError:
+        return None
+    if not m:
+        return None
+    code = int(m.group(1))
+    return f"{code // 1000}.{code % 1000 // 10}"
+
+
+def root_wheels(root: str | Path) -> dict[str, str]:
+    """{distribution: version} of the installed nvidia-cuda-* / nvidia-nvvm wheels with files under ``root``
+    (a ``site-packages/nvidia/cu13`` folder); empty for a root no wheel owns."""
+    root = Path(os.path.realpath(root))
+    out = {}
+    for dist in metadata.distributions():
+        name = (dist.metadata.get("Name") or "").lower().replace("_", "-")
+        if not name.startswith(TOOLKIT_WHEEL_PREFIXES):
+            continue
+        for f in dist.files or []:
+            try:
+                loc = Path(os.path.realpath(f.locate()))
+            except (OSError, ValueError):
+                continue
+            if root == loc or root in loc.parents:
+                out[name] = dist.version
+                break
+    return dict(sorted(out.items()))
+
+
+def toolkit_roots(torch_cuda_home: str | None = None) -> list[dict]:
+    """Every CUDA toolkit root in reach, once each (by real path): ``[{"root", "found_by": ["PATH",
+    "CUDA_HOME", "torch", "site-packages", "/usr/local/cuda"], "nvcc": release | None, "nvcc_version",
+    "cudart": CUDART_VERSION as "13.0" | None, "wheels": {dist: version}, "coherent": bool | None,
+    "problem": str}]``. ``coherent`` is None when the root lacks nvcc or the header (nothing to compare).
+    ``torch_cuda_home``: torch's ``torch.utils.cpp_extension.CUDA_HOME`` when known."""
+    cands: list[tuple[str, str]] = []
+    on_path = shutil.which("nvcc")
+    if on_path:
+        cands.append(("PATH", str(Path(on_path).resolve().parent.parent)))
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            cands.append((var, os.environ[var]))
+    if torch_cuda_home:
+        cands.append(("torch", torch_cuda_home))
+    cands.append(("/usr/local/cuda", "/usr/local/cuda"))
+    for entry in sys.path:
+        base = Path(entry) / "nvidia"
+        if base.is_dir():
+            for sub in sorted(base.glob("cu[0-9]*")):
+                cands.append(("site-packages", str(sub)))
+    roots: dict[str, dict] = {}
+    for label, root in cands:
+        if not Path(root).is_dir():
+            continue
+        real = os.path.realpath(root)
+        if real in roots:
+            if label not in roots[real]["found_by"]:
+                roots[real]["found_by"].append(label)
+            continue
+        nvcc = Path(root) / "bin" / "nvcc"
+        info = nvcc_version(str(nvcc)) if nvcc.is_file() else {}
+        r = {"root": root, "found_by": [label], "nvcc": info.get("release"), "nvcc_version": info.get("version"),
+             "cudart": cudart_version(root), "wheels": root_wheels(root) if label == "site-packages" else {}}
+        r["coherent"], r["problem"] = root_coherence(r)
+        roots[real] = r
+    return list(roots.values())
+
+
+def _mm(version: str | None) -> tuple:
+    return version_tuple(version or "")[:2]
+
+
+def root_coherence(root: dict) -> tuple[bool | None, str]:
+    """(coherent, problem) of one :func:`toolkit_roots` entry: nvcc's release and ``CUDART_VERSION`` must
+    agree in major.minor, and so must the compiler-side wheels (nvcc, crt, nvvm, cccl, runtime) of a wheel
+    root. None when there is nothing to compare."""
+    problems = []
+    if root.get("nvcc") and root.get("cudart") and _mm(root["nvcc"]) != _mm(root["cudart"]):
+        problems.append(f"nvcc is CUDA {root['nvcc']} but include/cuda_runtime_api.h has CUDART_VERSION "
+                        f"{root['cudart']}")
+    compile_side = {d: v for d, v in (root.get("wheels") or {}).items()
+                    if d in ("nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-nvvm", "nvidia-cuda-cccl",
+                             "nvidia-cuda-runtime")}
+    if root.get("nvcc") and len({cuda_wheel_release(d, v) for d, v in compile_side.items()}) > 1:
+        problems.append("its wheels mix CUDA releases: " + ", ".join(f"{d} {v}" for d, v in compile_side.items()))
+    if problems:
+        return False, "; ".join(problems)
+    if not (root.get("nvcc") and root.get("cudart")):
+        return None, ""
+    return True, ""
+
+
+def toolkit_findings(roots: list[dict]) -> list[dict]:
+    """Case C25: one error finding per incoherent toolkit root, naming what to change."""
+    out = []
+    for r in roots:
+        if r.get("coherent") is False:
+            out.append({"case": "C25", "level": "error", "message":
+                        f"toolkit root {r['root']} (found by {', '.join(r['found_by'])}) is incoherent: {r['problem']}. "
+                        "Compiling any source that includes CCCL (thrust, cub, cuda/std) with this root fails "
+                        "(\"CUDA compiler and CUDA toolkit headers are incompatible\"); install the nvidia-cuda-* "
+                        "wheels of one CUDA release (e.g. cuda-toolkit[nvcc,cudart,cccl,crt,nvvm]==<release>), or point "
+                        "CUDA_HOME and PATH at a coherent toolkit."})
+    return out
+
+
 def parse_topology(txt: str) -> dict:
     """Parse ``nvidia-smi topo -m`` text: ``{"matrix", "pairs", "nvlink_pairs", "full_nvlink"}``.
     A GPU pair is NVLink when its cell reads ``NV#`` (a bonded set of # NVLinks, nvidia-smi's legend);
@@ -186,6 +315,8 @@ def collect(timeout: float = 180.0) -> dict:
     t = run_task("torch_info", timeout=timeout)
     torch = t.value if t.ok else {"import_error": t.error}
     nvccs = find_nvccs()
+    roots = toolkit_roots(torch.get("cuda_home"))
+    driver = driver_info()
     packages = {d: v for d in BACKEND_DISTS if (v := dist_version(d))}
     nccl = {"torch": torch.get("nccl"), "wheel": packages.get("nvidia-nccl-cu13") or packages.get("nvidia-nccl-cu12")}
     if not nccl["torch"]:
@@ -202,7 +333,9 @@ def collect(timeout: float = 180.0) -> dict:
         "gpus": torch.get("gpus", []),
         "p2p": torch.get("p2p", {}),
         "topology": topology(),
-        "findings": nvcc_findings(nvccs, torch.get("cuda")),
+        "driver": driver,
+        "toolkit_roots": roots,
+        "findings": nvcc_findings(nvccs, torch.get("cuda")) + toolkit_findings(roots),
     }
 
 

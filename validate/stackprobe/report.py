@@ -107,7 +107,7 @@ class Report:
         nvcc = (nv.get("cuda_home_nvcc") or nv.get("path") or (nv.get("pip") or [None])[0] or {}).get("release", "none")
         return (f"target {self.target_arch}; torch {t.get('version', '-')} (CUDA {t.get('cuda') or '-'}); nvcc {nvcc}; "
                 f"NCCL {env.get('nccl', {}).get('torch') or env.get('nccl', {}).get('wheel') or '-'}; "
-                f"GPUs {len(env.get('gpus', []))}"
+                f"GPUs {len(env.get('gpus', []))}; {driver_line(env.get('driver'))}"
                 + (f" ({self.options.get('topology')}, {self.options.get('topology_source', '').split(' (')[0].split(':')[0]})"
                    if self.options.get("topology") else ""))
 
@@ -118,6 +118,16 @@ class Report:
         if findings:
             lines += ["## Environment findings", ""]
             lines += [f"- **{f['level']}**{' (' + f['case'] + ')' if f.get('case') else ''}: {f['message']}" for f in findings]
+            lines.append("")
+        roots = self.environment.get("toolkit_roots") or []
+        if roots:
+            lines += ["## Toolkit roots", "", "| root | found by | nvcc | CUDART_VERSION | CUDA wheels | coherent |",
+                      "| --- | --- | --- | --- | --- | --- |"]
+            for r in roots:
+                wheels = ", ".join(f"{d} {v}" for d, v in (r.get("wheels") or {}).items()) or "-"
+                ok = {True: "yes", False: "**no**: " + r.get("problem", ""), None: "- (nothing to compare)"}[r.get("coherent")]
+                lines.append(f"| {r['root']} | {', '.join(r.get('found_by', []))} | {r.get('nvcc') or '-'} | "
+                             f"{r.get('cudart') or '-'} | {_cell(wheels)} | {_cell(ok)} |")
             lines.append("")
         lines += ["## Backends", "", "| backend | status | gate | cause | what would lift it |", "| --- | --- | --- | --- | --- |"]
         for b in self.backends():
@@ -131,6 +141,14 @@ class Report:
             sass = sorted({s for f in c.get("files", []) for s in f.get("sass", [])})
             lines.append(f"| {c['package']} | {c.get('version', '')} | {c['level']} | {' '.join(sass) or '-'} | "
                          f"{_cell(', '.join(c.get('files_without', [])) or '-')} |")
+        notes = []
+        for c in self.coverage:
+            rows = [f for f in c.get("files", []) if f.get("level") in ("partial", "ptx-only", "same-major", "family")]
+            notes += [f"- {c['package']}: {f['path']}: {coverage_note(f)}" for f in rows[:5]]
+            if len(rows) > 5:
+                notes.append(f"- {c['package']}: {len(rows) - 5} more files (the JSON report lists them)")
+        if notes:
+            lines += ["", "Which rule applies (CUDA's binary/PTX compatibility):", ""] + notes
         lines += ["", "## Evidence", ""]
         for v in self.verdicts:
             lines.append(f"### {v.backend} ({v.tier})")
@@ -140,6 +158,28 @@ class Report:
                 lines.append(f"- warning: {w}")
             lines.append("")
         return "\n".join(lines)
+
+
+def driver_line(driver: dict | None) -> str:
+    """``"driver 580.95.05 (CUDA 13.0)"`` or ``"no driver: static only"``."""
+    d = driver or {}
+    if not d.get("version"):
+        return d.get("none") or "no driver: static only"
+    return f"driver {d['version']}" + (f" (CUDA {d['cuda']})" if d.get("cuda") else "")
+
+
+def coverage_note(f: dict) -> str:
+    """One line saying which compatibility rule gives a file its level, with the counts."""
+    d, level = f.get("detail") or {}, f.get("level")
+    if level == "ptx-only":
+        return (f"PTX only ({', '.join(f.get('ptx', []))}, PTX ISA {', '.join(d.get('ptx_isa') or ['?'])}); "
+                + (d.get("ptx_needs") or "driver JIT at load"))
+    counts = f"{d.get('target')} of {d.get('most')} {d.get('unit', 'fatbins')} ({d.get('most_arch')}: {d.get('most')})"
+    if level == "partial":
+        return f"partial: SASS for the target in {counts}"
+    rule = {"same-major": "plain SASS of the same major, lower minor (runs on a higher minor)",
+            "family": "family-specific (f) SASS of the same major"}.get(level, level)
+    return f"{rule}; {counts}; by level {d.get('levels')}"
 
 
 def _cell(text: str) -> str:

@@ -10,7 +10,9 @@ import traceback
 from pathlib import Path
 
 from . import coverage as cov
+from . import driver as drivermod
 from . import env as envmod
+from . import gates
 from .archs import Arch, ArchSpecError, parse_arch
 from .probes import Context, probes
 from .report import Report
@@ -42,6 +44,21 @@ def parse_target(spec: str | Arch) -> Arch:
     return arch
 
 
+def post_pass(verdicts: list, environment: dict, target: Arch, topology: str, floor: dict | None,
+              too_new: list | None = None) -> list:
+    """Checks that hold for every backend, after the probes: a missing declared dependency (C29), the
+    known-bad-releases data, PTX the driver cannot JIT (C27), then the driver floor (C28: every verdict
+    blocked (driver) below it)."""
+    installed = [d for d in envmod.BACKEND_DISTS if (environment.get("packages") or {}).get(d)]
+    gates.apply_missing_dependency(verdicts, installed)
+    from . import known_bad
+    versions = {e.package: envmod.dist_version(e.package) for e in known_bad.load() if e.package != "nccl"}
+    gates.apply_known_bad(verdicts, versions, target, topology)
+    drivermod.apply_ptx_driver(verdicts, too_new or [])
+    drivermod.apply_driver_floor(verdicts, floor)
+    return verdicts
+
+
 def _log(msg: str, quiet: bool) -> None:
     if not quiet:
         print(f"[stackprobe] {msg}", file=sys.stderr, flush=True)
@@ -69,9 +86,24 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
     try:
         coverage_list = cov.scan_installed(target, coverage_reader,
                                            tuple(cov.CUDA_DISTS) + tuple(d for d in scan_dists if d not in cov.CUDA_DISTS))
+        nccl_cov = cov.scan_libnccl(target, coverage_reader)   # the baseline's own kernels (C26)
+        if nccl_cov is not None:
+            coverage_list.append(nccl_cov)
     except cov.CoverageReaderError as e:
         reader_error = str(e)
         environment.setdefault("findings", []).append({"case": "", "level": "warning", "message": f"arch coverage skipped: {e}"})
+    driver = environment.get("driver") or {}
+    too_new = drivermod.ptx_too_new(coverage_list, driver)
+    for p in too_new:   # C27 on a host with a driver
+        environment.setdefault("findings", []).append({"case": "C27", "level": "error", "message":
+            f"{p['package']}: {p['path']} is PTX-only with PTX ISA {p['ptx_isa']} (CUDA {p['needs_cuda']}), but the "
+            f"driver JITs up to CUDA {p['driver_cuda']}: loading it fails with cudaErrorUnsupportedPtxVersion; "
+            f"upgrade the driver or install a build with SASS for the target."})
+    stack_cuda, _ = drivermod.stack_cuda_version(environment)
+    floor = drivermod.driver_floor(stack_cuda, driver)
+    if floor:
+        environment.setdefault("findings", []).append({"case": "C28", "level": "error", "message": floor["cause"]
+                                                       + f"; every verdict is blocked (driver): {floor['lift']}."})
     topo, topo_source = topology, "given"
     if topology == "auto":
         t = environment.get("topology") or {}
@@ -102,5 +134,6 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
         for v in verdicts:
             if not backends or v.backend in backends:
                 report.add(v)
+    post_pass(report.verdicts, environment, target, topo, floor, too_new)
     report.options["seconds"] = round(time.time() - t0, 1)
     return report

@@ -29,8 +29,11 @@ GATE_HANG = "hang"
 GATE_WRONG = "wrong-result"
 GATE_NEEDS_RUNTIME = "needs-runtime"  # static tier cannot decide; GPUs must
 GATE_NOT_INSTALLED = "not-installed"
+GATE_DRIVER = "driver"                # the host's CUDA driver is below the stack's CUDA floor (R580 for 13.x)
+GATE_KNOWN_BAD = "known-bad-release"  # an installed release is listed in stackprobe/data/known_bad.toml
 GATE_KINDS = (GATE_TOOLCHAIN, GATE_PYTHON, GATE_BINARY, GATE_TOPOLOGY, GATE_CUDA_GRAPH, GATE_SETTING,
-              GATE_CRASH, GATE_HANG, GATE_WRONG, GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED)
+              GATE_CRASH, GATE_HANG, GATE_WRONG, GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED, GATE_DRIVER,
+              GATE_KNOWN_BAD)
 
 # what would lift a block
 LIFT_CUDA = "cuda-upgrade"
@@ -40,6 +43,7 @@ LIFT_REBUILD = "rebuild-with-arch"
 LIFT_NOTHING = "nothing-on-this-topology"
 LIFT_NONE_NEEDED = "none-needed"
 LIFT_UNKNOWN = "unknown"
+LIFT_DRIVER = "driver-upgrade"
 
 
 @dataclass

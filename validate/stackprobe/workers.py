@@ -30,6 +30,11 @@ def torch_info() -> dict:
     out["version"] = torch.__version__
     out["cuda"] = torch.version.cuda
     out["file"] = torch.__file__
+    try:   # the toolkit torch's extension builder would use (toolkit coherence, case C25)
+        from torch.utils import cpp_extension
+        out["cuda_home"] = cpp_extension.CUDA_HOME
+    except BaseException as e:  # noqa: BLE001
+        out["cuda_home_error"] = _err(e)
     try:
         out["arch_list"] = list(torch.cuda.get_arch_list())
     except BaseException as e:  # noqa: BLE001

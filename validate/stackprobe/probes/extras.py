@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import source
+from ..coverage import SASS_LEVELS
 from ..env import dist_version, effective_nvcc
 from ..isolate import run_task
 from ..verdict import (BLOCKED, ERROR, GATE_BINARY, GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON,
@@ -182,7 +183,7 @@ def _mscclpp(ctx) -> Verdict:
         v.status, v.gate, v.lift = BLOCKED, GATE_PYTHON, LIFT_PACKAGE
         v.cause = f"SGLang's PyMscclppCommunicator supports world sizes {sorted(sizes)}, not {ctx.world_size}"
         return v
-    if path is not None and ops and not any(f.level in ("native", "family") for f in ops):
+    if path is not None and ops and not any(f.level in SASS_LEVELS for f in ops):
         v.status, v.gate, v.lift = BLOCKED, GATE_BINARY, LIFT_REBUILD
         v.cause = f"{dist}'s common_ops (which holds SGLang's mscclpp ops) has no SASS for {ctx.target.cc}"
         return v

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 
 from .. import source
+from ..coverage import SASS_LEVELS
 from ..env import effective_nvcc
 from ..verdict import (BLOCKED, ERROR, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_TOOLCHAIN, LIFT_CUDA,
                        LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_SETTING, LIFT_UNKNOWN, SKIPPED, Verdict)
@@ -125,7 +126,7 @@ def probe(ctx) -> list[Verdict]:
             v.status, v.gate, v.lift = BLOCKED, GATE_TOOLCHAIN, LIFT_UNKNOWN
             v.cause = f"the module did not compile for {' '.join(eff)}: {res.get('error') or res.get('log', '')[-300:]}"
             return [v]
-        bad = [o["path"] for o in res.get("objects", []) if o["level"] not in ("native", "family")]
+        bad = [o["path"] for o in res.get("objects", []) if o["level"] not in SASS_LEVELS]
         if bad:
             v.status, v.gate, v.lift = BLOCKED, GATE_TOOLCHAIN, LIFT_UNKNOWN
             v.cause = f"compiled objects lack SASS for {target.cc}: {bad}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+from .. import gates
 from ..verdict import (BLOCKED, GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED, GATE_PASSES, GATE_SETTING, LIFT_NONE_NEEDED,
                        LIFT_SETTING, LIFT_UNKNOWN, SKIPPED, Verdict)
 
@@ -64,5 +65,6 @@ def probe(ctx) -> list[Verdict]:
         ring.warnings.append(f"NCCL_ALGO={algo} in the environment also forces Tree on this baseline's process")
     elif algo:
         tree.add("NCCL_ALGO form", "per-collective or exclusion list: other collectives keep their algorithms", "environment")
+    gates.nccl_library_gate(ctx, [ring, tree], version)   # libnccl coverage + known-bad data (C26)
     out += [ring, tree]
     return out

@@ -13,6 +13,7 @@ import ast
 from pathlib import Path
 
 from .. import source
+from ..coverage import SASS_LEVELS
 from ..env import dist_version
 from ..verdict import (BLOCKED, ERROR, GATE_BINARY, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_TOPOLOGY,
                        LIFT_NONE_NEEDED, LIFT_NOTHING, LIFT_PACKAGE, LIFT_REBUILD, SKIPPED, Verdict)
@@ -105,7 +106,7 @@ def probe(ctx) -> list[Verdict]:
         v.status, v.gate, v.lift = BLOCKED, GATE_BINARY, LIFT_PACKAGE
         v.cause = "sgl-kernel / sglang-kernel (the custom allreduce kernels) is not installed"
         return [v]
-    if ops and not any(f.level in ("native", "family") for f in ops):
+    if ops and not any(f.level in SASS_LEVELS for f in ops):
         v.status, v.gate, v.lift = BLOCKED, GATE_BINARY, LIFT_REBUILD
         v.cause = f"{dist}'s common_ops carries no SASS for {ctx.target.cc}: {[f.path for f in ops]}"
         return [v]

@@ -25,7 +25,7 @@ STATIC_NAME = {
     "mscclpp": "mscclpp", "b12x": "b12x",
 }
 # static gate kinds that mean "cannot run in this environment at all" (a topology gate is the runtime's to test)
-_BLOCKING_GATES = ("not-installed", "toolchain", "compiled-binary", "python-table")
+_BLOCKING_GATES = ("not-installed", "toolchain", "compiled-binary", "python-table", "driver")
 
 
 def static_skips(static_verdicts: list, target_arch: str, present_cc: str | None) -> dict[str, tuple[str, str]]:

@@ -11,8 +11,15 @@ Gates, in order (FACTS, "The dead-end backends"):
 3. a compiler: the JIT needs nvcc (or a flashinfer-jit-cache built for the target);
 4. optionally (``--jit-compile``) a compile-only build of the module's object files for the target,
    inspected for SASS (minutes; cached by content).
-Topology (SGLang's workspace preflight asks for multicast granularity; gains reported only at TP2) is
-left to the runtime tier.
+Those are the library's answer (:func:`library_gate`). The engine's answer (:func:`engine_gate`, read from
+the installed SGLang, FACTS "SGLang 0.5.23's own gates"; case C13):
+
+1. the server argument ``--flashinfer-allreduce-fusion-backend`` (auto-enabled only for listed models);
+2. ``_resolve_backend`` in ``srt/layers/flashinfer_comm_fusion.py`` raises unless the GPU passes its
+   platform predicates (0.5.23: ``is_sm90 or is_sm100``, majors 9 and 10, from ``srt/utils/common.py``);
+   ``flashinfer_ar_fusion_applies`` repeats that per call;
+3. the workspace preflight asks the driver for multicast granularity (``cuMulticastGetGranularity``)
+   and SGLang skips fusion when it fails; PCIe-only GPUs have no multicast (it needs NVSwitch).
 """
 from __future__ import annotations
 
@@ -20,16 +27,20 @@ import os
 
 from .. import source
 from ..env import effective_nvcc
-from ..verdict import (BLOCKED, ERROR, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_TOOLCHAIN, LIFT_CUDA,
-                       LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_SETTING, LIFT_UNKNOWN, SKIPPED, Verdict)
+from ..verdict import (BLOCKED, ERROR, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_SETTING, GATE_TOOLCHAIN,
+                       GATE_TOPOLOGY, LIFT_CUDA,
+                       LIFT_NONE_NEEDED, LIFT_NOTHING, LIFT_PACKAGE, LIFT_SETTING, LIFT_UNKNOWN, SCOPE_LIBRARY, SKIPPED, Verdict)
 from . import flashinfer_common as fi
+from . import sglang_engine as se
 
 BACKENDS = ("flashinfer-allreduce-fusion",)
+# runtime runners: the library kernel (stackprobe.runtime.probes) and SGLang's own workspace (runtime.engine)
+RUNTIME = {"library": ("flashinfer-allreduce-fusion",), "engine": ("sglang-flashinfer-fusion-workspace",)}
 MODULE_FN = "gen_trtllm_comm_module"
 
 
-def probe(ctx) -> list[Verdict]:
-    v = Verdict("flashinfer-allreduce-fusion", GATE_PASSES, lift=LIFT_NONE_NEEDED)
+def library_gate(ctx) -> list[Verdict]:
+    v = Verdict("flashinfer-allreduce-fusion", GATE_PASSES, lift=LIFT_NONE_NEEDED, scope=SCOPE_LIBRARY)
     ver = fi.version()
     if ver is None:
         v.status, v.gate, v.cause = SKIPPED, GATE_NOT_INSTALLED, "flashinfer-python is not installed"
@@ -130,42 +141,80 @@ def probe(ctx) -> list[Verdict]:
             v.status, v.gate, v.lift = BLOCKED, GATE_TOOLCHAIN, LIFT_UNKNOWN
             v.cause = f"compiled objects lack SASS for {target.cc}: {bad}"
             return [v]
-    _sglang_multicast_preflight(v, ctx)
     v.cause = (f"FlashInfer admits major {target.major} for the allreduce-fusion module and targets {' '.join(eff)} "
-               f"here; the runtime tier must still measure it (multicast workspace preflight, PCIe)")
+               f"here (the library's answer; SGLang's own gates are the engine answer)")
     return [v]
 
 
-def _sglang_multicast_preflight(v: Verdict, ctx) -> None:
-    """Where the installed sglang's fusion workspace preflight asks the driver for multicast
-    granularity (``cuMulticastGetGranularity``): on a host without multicast (PCIe) that call fails and
-    SGLang does not create the fusion workspace (FACTS). Adds evidence and, off NVLink, a warning."""
+FUSION_FILE = "srt/layers/flashinfer_comm_fusion.py"
+APPLIES_FILE = "srt/layers/layer_boundary/residual/add_norm.py"
+
+
+def engine_gate(ctx) -> list[Verdict]:
+    """Will the installed SGLang enable FlashInfer allreduce fusion on the target host (C13)?"""
+    b = BACKENDS[0]
+    eng = se.installed()
+    if eng is None:
+        return [se.not_installed(b)]
+    try:
+        return [_engine(ctx, eng)]
+    except se.GateNotFound as e:
+        return [se.error(b, eng, e, ctx)]
+
+
+def _engine(ctx, eng) -> Verdict:
     import ast
 
-    root = source.package_dir("sglang")
-    if root is None:
-        return
-    layers = root / "srt" / "layers"
-    hits = []
-    for p in source.find_files_containing(layers if layers.is_dir() else root, "cuMulticastGetGranularity"):
-        if "flashinfer" not in p.name:
-            continue
-        try:
-            tree = source.parse(p)
-        except SyntaxError:
-            continue
-        fns = source.functions(tree)
-        for name, fn in fns.items():
-            for node in ast.walk(fn):
-                if isinstance(node, ast.Attribute) and node.attr == "cuMulticastGetGranularity":
-                    parts = p.parts
-                    rel = "/".join(parts[parts.index("sglang"):]) if "sglang" in parts else str(p)
-                    hits.append(f"{rel}:{node.lineno} {name}")
-                    break
-    if hits:
-        v.add("SGLang fusion workspace preflight queries multicast granularity", hits, "sglang source (ast)")
-        if ctx.topology != "nvlink":
-            v.warnings.append("SGLang's fusion workspace preflight asks the driver for multicast granularity "
-                              f"({hits[0]}); on a {ctx.topology} host without multicast it fails and SGLang skips "
-                              "the fusion: the runtime tier decides")
+    refs = eng.references("allreduce_fusion")
+    if not refs:
+        return se.not_integrated(BACKENDS[0], eng, ("allreduce_fusion",), ctx)
+    ans = se.EngineAnswer(BACKENDS[0], eng, ctx)
+    # 1. the server argument
+    ans.add(se.Gate("server argument", True, f"sglang/{FUSION_FILE}", value="--flashinfer-allreduce-fusion-backend "
+                    "(auto-enabled only for the models SGLang lists, on SM90/SM10X)"))
+    # 2. the platform check that raises, and its per-call twin
+    table = se.platform_majors(eng)
+    fn = eng.function(FUSION_FILE, "_resolve_backend")
+    check = se.raising_arch_check(fn)
+    if check is None:
+        raise se.GateNotFound(f"gate not found in sglang {eng.version} at sglang/{FUSION_FILE}: _resolve_backend has "
+                              "no `if not (<platform>): raise` check")
+    names, majors = se.predicate_majors(check.test, table)
+    where = f"sglang/{FUSION_FILE}:{check.lineno} _resolve_backend `{ast.unparse(check.test)}`"
+    ok = ctx.target.major in majors
+    ans.add(se.Gate("platform check", ok, where, GATE_PYTHON,
+                    f"fusion requires compute-capability majors {majors} ({' or '.join(names)}); the target "
+                    f"{ctx.target.cc} is refused (ValueError)", se.LIFT_PACKAGE,
+                    f"an sglang release whose _resolve_backend admits major {ctx.target.major}", value=majors))
+    try:
+        afn = eng.function(APPLIES_FILE, "flashinfer_ar_fusion_applies")
+        a_names, a_majors = se.predicate_majors(afn, table)
+        ans.add(se.Gate("per-call check", ctx.target.major in a_majors,
+                        f"sglang/{APPLIES_FILE}:{afn.lineno} flashinfer_ar_fusion_applies", GATE_PYTHON,
+                        f"the per-call check admits majors {a_majors} only", se.LIFT_PACKAGE, value=a_majors))
+    except se.GateNotFound:
+        pass   # the raising check above already decides the platform; the per-call twin is evidence
+    # 3. the multicast preflight
+    pre = None
+    for name, node in source.functions(eng.tree(FUSION_FILE)).items():
+        for n in ast.walk(node):
+            if isinstance(n, ast.Attribute) and n.attr == "cuMulticastGetGranularity":
+                pre = (name, n.lineno)
+                break
+        if pre:
+            break
+    if pre is None:
+        raise se.GateNotFound(f"gate not found in sglang {eng.version} at sglang/{FUSION_FILE}: no workspace preflight "
+                              "calling cuMulticastGetGranularity")
+    mc = ctx.topology == "nvlink"
+    ans.add(se.Gate("workspace preflight (multicast)", mc, f"sglang/{FUSION_FILE}:{pre[1]} {pre[0]}", GATE_TOPOLOGY,
+                    f"the fusion workspace preflight asks the driver for multicast granularity and skips fusion when it "
+                    f"fails; {ctx.topology} GPUs report CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 0 (multicast needs "
+                    "NVSwitch)", LIFT_NOTHING, "nothing on PCIe: multicast needs an NVSwitch (NVLink) system",
+                    value=f"topology {ctx.topology} ({ctx.topology_source})"))
+    return ans.verdict(f"SGLang {eng.version} admits compute capability {ctx.target.cc} and the {ctx.topology} host "
+                       "passes the multicast preflight; enable it with --flashinfer-allreduce-fusion-backend")
 
+
+def probe(ctx) -> list[Verdict]:
+    return library_gate(ctx) + engine_gate(ctx)

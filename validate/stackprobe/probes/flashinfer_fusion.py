@@ -208,7 +208,8 @@ def _engine(ctx, eng) -> Verdict:
                               "calling cuMulticastGetGranularity")
     mc = ctx.topology == "nvlink"
     ans.add(se.Gate("workspace preflight (multicast)", mc, f"sglang/{FUSION_FILE}:{pre[1]} {pre[0]}", GATE_TOPOLOGY,
-                    f"the fusion workspace preflight asks the driver for multicast granularity and skips fusion when it "
+                    f"the fusion workspace preflight asks the driver for multicast granularity (cuMulticastGetGranularity) "
+                    f"and skips fusion when it "
                     f"fails; {ctx.topology} GPUs report CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 0 (multicast needs "
                     "NVSwitch)", LIFT_NOTHING, "nothing on PCIe: multicast needs an NVSwitch (NVLink) system",
                     value=f"topology {ctx.topology} ({ctx.topology_source})"))

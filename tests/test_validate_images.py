@@ -50,12 +50,21 @@ def chain():
 
 
 def test_suite_runs_in_the_runtime_image_and_in_an_image_without_it(chain):
+    from stackprobe.report import suite_digest
+
     runtime, base = chain.node("runtime").tag, chain.node("base").tag
     reports, md = validate_many([runtime, base], "12.0", say=lambda s: None,
                                 extra=["--scan-dist", "cuda-ext-fixture"])
     r_rt, r_base = reports
-    assert r_rt.options["ran_in"]["suite"] == "image's own suite"
-    assert r_base.options["ran_in"]["suite"].startswith("suite mounted read-only")
+    # the checkout's suite by default, in both; its digest and each image's id and plan hash in the report
+    assert all(r.options["ran_in"]["suite"].startswith("suite mounted read-only") for r in reports)
+    for r, node in ((r_rt, "runtime"), (r_base, "base")):
+        prov = r.provenance
+        assert prov["suite_digest"] == suite_digest()
+        assert prov["image"]["id"].startswith("sha256:") and prov["image"]["plan_hash"] == chain.node(node).hash
+        assert prov["image"]["node"] == node and "lock_entry" in prov["image"]
+    own = validate_many([runtime], "12.0", say=lambda s: None, image_suite=True)[0][0]
+    assert own.options["ran_in"]["suite"] == "image's own suite" and own.provenance["suite"] == "image's own suite"
     for r in reports:
         assert r.options["ran_in"]["python"] == "/opt/venv/bin/python"
         assert r.environment["nvcc"]["cuda_home_nvcc"]["release"] == "13.1"   # the PyPI toolkit as CUDA_HOME

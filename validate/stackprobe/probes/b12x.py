@@ -12,11 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import source
-from ..env import dist_version, effective_nvcc
+from ..env import dist_version
 from ..isolate import run_task
-from ..verdict import (BLOCKED, ERROR, GATE_BINARY, GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON,
-                       GATE_SETTING, GATE_TOOLCHAIN, LIFT_CUDA, LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_REBUILD, LIFT_SETTING,
-                       LIFT_UNKNOWN, SCOPE_ENGINE, SCOPE_LIBRARY, SKIPPED, Verdict)
+from ..verdict import (BLOCKED, ERROR, GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON,
+                       GATE_TOOLCHAIN, LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_UNKNOWN, SCOPE_ENGINE, SCOPE_LIBRARY,
+                       SKIPPED, Verdict)
 from . import flashinfer_common as fi
 from . import sglang_engine as se
 

@@ -329,6 +329,8 @@ class SglangEngineProbe(Probe):
             why.append(f"not built as served: {PCIE_OPT_IN} is off (default False)")
         if comm is None:
             why.append(f"with the opt-in set the build failed: {info.get('exception') or _why_from_log(info['log'])}")
+        elif getattr(comm, "disabled", False):
+            why.append(f"with the opt-in set it came up disabled: {_why_from_log(info['log'])}")
         info["why"] = "; ".join(why)
         return row
 
@@ -418,13 +420,28 @@ def _decode_median(row: dict, mode: str = "graph"):
     return None, None
 
 
+def classify(why: str) -> str:
+    """The gate kind of a communicator's own reason for coming up disabled (first match wins: a default-off
+    opt-in is a setting even when what follows it mentions PCIe)."""
+    from ..verdict import GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED, GATE_PYTHON, GATE_SETTING, GATE_TOPOLOGY
+    low = why.lower()
+    if "is off (default" in low or "opt-in" in low:
+        return GATE_SETTING
+    if "no module named" in low or "not importable" in low or "failed to import" in low:
+        return GATE_NOT_INSTALLED
+    if "multicast" in low or "nvlink" in low or "pcie-only" in low:
+        return GATE_TOPOLOGY
+    if "not supported" in low or "refused" in low or "requires" in low:
+        return GATE_PYTHON
+    return GATE_NEEDS_RUNTIME
+
+
 def engine_verdicts(ranks: list[dict], host: dict) -> list:
     """Runtime verdicts (scope ``engine``) from the ranks' rows: a communicator that came up disabled is
     ``blocked`` with its own reason (rank 0's; any rank's disable counts, as SGLang votes); an enabled one is
     compared with SGLang's pynccl at the decode size in the same run (graph time)."""
-    from ..verdict import (BLOCKED, ERROR, GATE_CRASH, GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED, GATE_PYTHON,
-                           GATE_SETTING, GATE_TOPOLOGY, GATE_WRONG, GATE_PASSES, SCOPE_ENGINE, SKIPPED, UNBLOCKED,
-                           WORKS_SLOWER,
+    from ..verdict import (BLOCKED, ERROR, GATE_CRASH, GATE_NEEDS_RUNTIME, GATE_PASSES, GATE_WRONG, SCOPE_ENGINE,
+                           SKIPPED, UNBLOCKED, WORKS_SLOWER,
                            Verdict)
 
     rows = {r["backend"]: r for r in ranks[0]["backends"]}
@@ -448,12 +465,7 @@ def engine_verdicts(ranks: list[dict], host: dict) -> list:
             v.status, v.gate, v.cause = ERROR, GATE_CRASH, row["failure"]["message"]
         elif not enabled:
             why = info.get("why") or next((i.get("why") for i in infos if i.get("why")), "") or "disabled"
-            low = why.lower()
-            v.gate = (GATE_NOT_INSTALLED if ("no module named" in low or "import" in low) else
-                      GATE_TOPOLOGY if ("multicast" in low or "nvlink" in low or "pcie" in low) else
-                      GATE_SETTING if "opt-in" in low or "is off" in low else
-                      GATE_PYTHON if ("not supported" in low or "refused" in low or "requires" in low) else
-                      GATE_NEEDS_RUNTIME)
+            v.gate = classify(why)
             v.cause = f"SGLang built it disabled here: {why}"
         else:
             med, nbytes = _decode_median(row)
@@ -542,7 +554,7 @@ def _host(run, world_size: int) -> dict:
 
 def markdown(result: dict) -> str:
     h = result["host"]
-    lines = [f"# SGLang's communicators, built on this host", "",
+    lines = ["# SGLang's communicators, built on this host", "",
              f"Host: {h.get('gpu')} (compute capability {h.get('compute_capability')}), {h.get('topology')}, world size "
              f"{h.get('world_size')}; driver {h.get('driver')}; torch {h.get('torch')}; NCCL {h.get('nccl')}; "
              f"sglang {h.get('sglang')}; multicast settings {h.get('multicast_env')}", "",
@@ -566,7 +578,18 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="stackprobe-engine")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--sizes", default="", help="comma-separated message sizes in bytes (default: the workload's)")
+    p.add_argument("--from-json", metavar="ENGINE_JSON",
+                   help="no GPUs: re-derive the verdicts from the rank records of a saved engine.json (this suite's rules)")
     a = p.parse_args(argv)
+    if a.from_json:
+        res = json.loads(Path(a.from_json).read_text())
+        res["verdicts"] = [v.to_json() for v in engine_verdicts(res["run"]["ranks"], res["host"])]
+        res["verdicts_derived"] = "re-derived from the saved rank records by python -m stackprobe.runtime.engine --from-json"
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        (Path(a.out) / "engine.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
+        (Path(a.out) / "engine.md").write_text(markdown(res))
+        sys.stdout.write(markdown(res))
+        return 0
     sizes = [int(x) for x in a.sizes.split(",") if x] or None
     t0 = time.time()
     res = run_engine(a.world_size, out_dir=a.out, sizes=sizes, timeout=a.timeout,

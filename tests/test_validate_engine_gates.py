@@ -79,12 +79,27 @@ def test_c13_on_an_admitted_arch_the_preflight_alone_blocks_on_pcie_and_passes_o
     assert verdict(r, FUSION, "engine")["status"] == "gate-passes"
 
 
-def test_c13_fails_closed_when_the_platform_check_moved(venv, sglang, tmp_path):
+def test_c13_fails_closed_when_the_platform_checks_moved(venv, sglang, tmp_path):
     rel = "sglang/srt/layers/flashinfer_comm_fusion.py"
-    copy = engine_copy(sglang, tmp_path / "sg", {rel: ("def _resolve_backend(", "def _resolve_fusion_backend(")})
+    per_call = "sglang/srt/layers/layer_boundary/residual/add_norm.py"
+    copy = engine_copy(sglang, tmp_path / "sg", {rel: ("def _resolve_backend(", "def _resolve_fusion_backend("),
+                                                 per_call: ("def flashinfer_ar_fusion_applies(", "def fusion_applies(")})
     v = verdict(run_suite(venv, [copy], ["--backend", FUSION])[0], FUSION, "engine")
     assert v["status"] == "error"
-    assert v["cause"] == f"gate not found in sglang 0.5.23 at {rel}: no function _resolve_backend"
+    assert v["cause"].startswith(f"gate not found in sglang 0.5.23 at {rel}: neither a platform check in _resolve_backend")
+    # one of the two is enough to decide
+    copy2 = engine_copy(sglang, tmp_path / "sg2", {rel: ("def _resolve_backend(", "def _resolve_fusion_backend(")})
+    v2 = verdict(run_suite(venv, [copy2], ["--backend", FUSION])[0], FUSION, "engine")
+    assert v2["status"] == "blocked" and "flashinfer_ar_fusion_applies admits majors [9, 10]" in v2["cause"]
+
+
+def test_c13_sglang_0_5_9_per_call_check_and_no_multicast_preflight(venv, fi, nvcc131):
+    v = verdict(run_suite(venv, [pip_target("sglang==0.5.9"), fi], ["--backend", FUSION], path_first=[nvcc131])[0],
+                FUSION, "engine")
+    assert v["status"] == "blocked" and v["gate"] == "python-table"
+    assert "sglang/srt/layers/communicator.py:91 apply_flashinfer_allreduce_fusion" in v["cause"]
+    pre = evidence(v, "engine gate: workspace preflight (multicast)")
+    assert pre["value"] == {"admits": True, "value": "none in this release: it builds the older CUDA-IPC workspace"}
 
 
 def test_c13_fails_closed_when_the_preflight_is_gone(venv, sglang, tmp_path):
@@ -92,7 +107,7 @@ def test_c13_fails_closed_when_the_preflight_is_gone(venv, sglang, tmp_path):
     copy = engine_copy(sglang, tmp_path / "sg", {rel: ("cuda_driver.cuMulticastGetGranularity(", "cuda_driver.cuGranularity(")})
     v = verdict(run_suite(venv, [copy], ["--backend", FUSION, "--target-arch", "9.0"])[0], FUSION, "engine")
     assert v["status"] == "error" and "sglang 0.5.23" in v["cause"] and rel in v["cause"]
-    assert "cuMulticastGetGranularity" in v["cause"]
+    assert "cuMulticastGetGranularity" in v["cause"] and "unified (multicast) workspace" in v["cause"]
 
 
 # --- C11 / C14 ---------------------------------------------------------------------------------------
@@ -189,6 +204,17 @@ def test_c15_fails_closed_when_the_guarded_import_is_gone(venv, sglang, tmp_path
     copy = engine_copy(sglang, tmp_path / "sg", {rel: ("except ImportError as exc:", "except OSError as exc:")})
     v = verdict(run_suite(venv, [copy], ["--backend", MSCCLPP])[0], MSCCLPP, "engine")
     assert v["status"] == "error" and f"at {rel}" in v["cause"] and "0.5.23" in v["cause"]
+
+
+def test_mscclpp_in_sglang_0_5_9_runs_sgl_kernels_bundled_ops(venv):
+    """0.5.9 (the CUDA 12.8 image's pin) had no standalone import: its gate is sgl-kernel's bundled ops."""
+    sg = pip_target("sglang==0.5.9")
+    v = verdict(run_suite(venv, [sg], ["--backend", MSCCLPP])[0], MSCCLPP, "engine")
+    assert v["status"] == "blocked" and v["gate"] == "not-installed" and "not installed: sgl-kernel" in v["cause"]
+    kern = pip_target("sglang-kernel==0.4.10")
+    v = verdict(run_suite(venv, [sg, kern], ["--backend", MSCCLPP])[0], MSCCLPP, "engine")
+    assert v["status"] == "gate-passes" and "bundled MSCCL++ ops" in v["cause"]
+    assert evidence(v, "engine gate: PyMscclppCommunicator supported world sizes")["value"]["value"] == [8, 16]
 
 
 # --- C16 -------------------------------------------------------------------------------------------

@@ -147,7 +147,7 @@ def library_gate(ctx) -> list[Verdict]:
 
 
 FUSION_FILE = "srt/layers/flashinfer_comm_fusion.py"
-APPLIES_FILE = "srt/layers/layer_boundary/residual/add_norm.py"
+PER_CALL_CHECKS = ("flashinfer_ar_fusion_applies", "apply_flashinfer_allreduce_fusion")
 
 
 def engine_gate(ctx) -> list[Verdict]:
@@ -172,47 +172,69 @@ def _engine(ctx, eng) -> Verdict:
     # 1. the server argument
     ans.add(se.Gate("server argument", True, f"sglang/{FUSION_FILE}", value="--flashinfer-allreduce-fusion-backend "
                     "(auto-enabled only for the models SGLang lists, on SM90/SM10X)"))
-    # 2. the platform check that raises, and its per-call twin
+    # 2. the platform checks: the one that raises at start-up (0.5.23: _resolve_backend) and the per-call one
+    #    (0.5.23: flashinfer_ar_fusion_applies; 0.5.9: apply_flashinfer_allreduce_fusion); at least one must be found
     table = se.platform_majors(eng)
-    fn = eng.function(FUSION_FILE, "_resolve_backend")
-    check = se.raising_arch_check(fn)
-    if check is None:
-        raise se.GateNotFound(f"gate not found in sglang {eng.version} at sglang/{FUSION_FILE}: _resolve_backend has "
-                              "no `if not (<platform>): raise` check")
-    names, majors = se.predicate_majors(check.test, table)
-    where = f"sglang/{FUSION_FILE}:{check.lineno} _resolve_backend `{ast.unparse(check.test)}`"
-    ok = ctx.target.major in majors
-    ans.add(se.Gate("platform check", ok, where, GATE_PYTHON,
-                    f"fusion requires compute-capability majors {majors} ({' or '.join(names)}); the target "
-                    f"{ctx.target.cc} is refused (ValueError)", se.LIFT_PACKAGE,
-                    f"an sglang release whose _resolve_backend admits major {ctx.target.major}", value=majors))
+    found = 0
     try:
-        afn = eng.function(APPLIES_FILE, "flashinfer_ar_fusion_applies")
-        a_names, a_majors = se.predicate_majors(afn, table)
-        ans.add(se.Gate("per-call check", ctx.target.major in a_majors,
-                        f"sglang/{APPLIES_FILE}:{afn.lineno} flashinfer_ar_fusion_applies", GATE_PYTHON,
-                        f"the per-call check admits majors {a_majors} only", se.LIFT_PACKAGE, value=a_majors))
+        fn = eng.function(FUSION_FILE, "_resolve_backend")
     except se.GateNotFound:
-        pass   # the raising check above already decides the platform; the per-call twin is evidence
-    # 3. the multicast preflight
+        fn = None
+    check = se.raising_arch_check(fn) if fn is not None else None
+    if check is not None:
+        names, majors = se.predicate_majors(check.test, table)
+        where = f"sglang/{FUSION_FILE}:{check.lineno} _resolve_backend `{ast.unparse(check.test)}`"
+        ans.add(se.Gate("platform check", ctx.target.major in majors, where, GATE_PYTHON,
+                        f"fusion requires compute-capability majors {majors} ({' or '.join(names)}); the target "
+                        f"{ctx.target.cc} is refused (ValueError)", se.LIFT_PACKAGE,
+                        f"an sglang release whose _resolve_backend admits major {ctx.target.major}", value=majors))
+        found += 1
+    layers = eng.root / "srt" / "layers"
+    for name in PER_CALL_CHECKS:
+        for path in source.find_files_containing(layers, f"def {name}("):
+            afn = source.functions(source.parse(path)).get(name)
+            if afn is None:
+                continue
+            a_names, a_majors = se.predicate_majors(afn, table)
+            if not a_majors:
+                continue
+            ans.add(se.Gate("per-call check", ctx.target.major in a_majors, f"{se.short(path)}:{afn.lineno} {name}",
+                            GATE_PYTHON, f"the per-call check {name} admits majors {a_majors} only "
+                            f"({' or '.join(dict.fromkeys(a_names))})", se.LIFT_PACKAGE,
+                            f"an sglang release whose {name} admits major {ctx.target.major}", value=a_majors))
+            found += 1
+            break
+    if not found:
+        raise se.GateNotFound(f"gate not found in sglang {eng.version} at sglang/{FUSION_FILE}: neither a platform check "
+                              f"in _resolve_backend nor a per-call check ({' / '.join(PER_CALL_CHECKS)}) under sglang/srt/layers")
+    # 3. the multicast preflight: wherever SGLang asks the driver for multicast granularity. Required when SGLang
+    #    builds FlashInfer's unified workspace (its trtllm SymmDeviceMemory is multicast); releases on the older
+    #    CUDA-IPC workspace (0.5.9) have none.
     pre = None
-    for name, node in source.functions(eng.tree(FUSION_FILE)).items():
-        for n in ast.walk(node):
-            if isinstance(n, ast.Attribute) and n.attr == "cuMulticastGetGranularity":
-                pre = (name, n.lineno)
+    srt = eng.root / "srt"
+    for path in source.find_files_containing(srt, "cuMulticastGetGranularity"):
+        for name, node in source.functions(source.parse(path)).items():
+            if any(isinstance(n, ast.Attribute) and n.attr == "cuMulticastGetGranularity" for n in ast.walk(node)):
+                pre = (se.short(path), name, next(n.lineno for n in ast.walk(node) if isinstance(n, ast.Attribute)
+                                                  and n.attr == "cuMulticastGetGranularity"))
                 break
         if pre:
             break
+    unified = "create_allreduce_fusion_workspace" in eng.file(FUSION_FILE).read_text(encoding="utf-8", errors="replace")
+    if pre is None and unified:
+        raise se.GateNotFound(f"gate not found in sglang {eng.version} at sglang/{FUSION_FILE}: it builds FlashInfer's "
+                              "unified (multicast) workspace but no workspace preflight calling cuMulticastGetGranularity "
+                              "was found under sglang/srt")
     if pre is None:
-        raise se.GateNotFound(f"gate not found in sglang {eng.version} at sglang/{FUSION_FILE}: no workspace preflight "
-                              "calling cuMulticastGetGranularity")
-    mc = ctx.topology == "nvlink"
-    ans.add(se.Gate("workspace preflight (multicast)", mc, f"sglang/{FUSION_FILE}:{pre[1]} {pre[0]}", GATE_TOPOLOGY,
-                    f"the fusion workspace preflight asks the driver for multicast granularity (cuMulticastGetGranularity) "
-                    f"and skips fusion when it "
-                    f"fails; {ctx.topology} GPUs report CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 0 (multicast needs "
-                    "NVSwitch)", LIFT_NOTHING, "nothing on PCIe: multicast needs an NVSwitch (NVLink) system",
-                    value=f"topology {ctx.topology} ({ctx.topology_source})"))
+        ans.add(se.Gate("workspace preflight (multicast)", True, f"sglang/{FUSION_FILE}",
+                        value="none in this release: it builds the older CUDA-IPC workspace"))
+    else:
+        mc = ctx.topology == "nvlink"
+        ans.add(se.Gate("workspace preflight (multicast)", mc, f"{pre[0]}:{pre[2]} {pre[1]}", GATE_TOPOLOGY,
+                        f"the fusion workspace preflight asks the driver for multicast granularity (cuMulticastGetGranularity) "
+                        f"and skips fusion when it fails; {ctx.topology} GPUs report CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 0 "
+                        "(multicast needs NVSwitch)", LIFT_NOTHING, "nothing on PCIe: multicast needs an NVSwitch (NVLink) system",
+                        value=f"topology {ctx.topology} ({ctx.topology_source})"))
     return ans.verdict(f"SGLang {eng.version} admits compute capability {ctx.target.cc} and the {ctx.topology} host "
                        "passes the multicast preflight; enable it with --flashinfer-allreduce-fusion-backend")
 

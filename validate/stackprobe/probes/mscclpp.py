@@ -13,7 +13,7 @@ from __future__ import annotations
 from .. import source
 from ..env import dist_version
 from ..isolate import run_task
-from ..verdict import (ERROR, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, LIFT_NONE_NEEDED, LIFT_PACKAGE,
+from ..verdict import (ERROR, GATE_BINARY, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, LIFT_NONE_NEEDED, LIFT_PACKAGE,
                        SCOPE_LIBRARY, SKIPPED, Verdict)
 from . import sglang_engine as se
 
@@ -83,22 +83,36 @@ def _engine(ctx, eng) -> Verdict:
             if "'mscclpp'" in body or '"mscclpp"' in body or "import mscclpp" in body:
                 imp = node
                 break
-    if imp is None:
-        raise se.GateNotFound(f"gate not found in sglang {eng.version} at sglang/{MSCCLPP_FILE}: no import of "
-                              "mscclpp guarded by `except ImportError`")
-    try:
-        found = importlib.util.find_spec("mscclpp") is not None
-    except (ImportError, ValueError):
-        found = False
     ans = se.EngineAnswer(BACKENDS[0], eng, ctx)
     ans.add(se.Gate("server argument", True, "sglang/srt/arg_groups", value="--enable-mscclpp (default off)"))
-    ans.add(se.Gate("import mscclpp", found, f"{se.short(path)}:{imp.lineno} (disabled on ImportError)",
-                    GATE_NOT_INSTALLED, "its communicator imports the standalone mscclpp package and disables itself on "
-                    "ImportError: not installed: mscclpp (sgl-kernel's bundled MSCCL++ binaries do not count)",
-                    LIFT_PACKAGE, "install the mscclpp Python package (microsoft/mscclpp) built for the target",
-                    value="importable" if found else "not importable"))
+    bundled = "IS_MSCCLPP_AR_AVAILABLE" in path.read_text(encoding="utf-8", errors="replace")
+    if imp is not None:          # 0.5.23: the standalone package
+        try:
+            found = importlib.util.find_spec("mscclpp") is not None
+        except (ImportError, ValueError):
+            found = False
+        ans.add(se.Gate("import mscclpp", found, f"{se.short(path)}:{imp.lineno} (disabled on ImportError)",
+                        GATE_NOT_INSTALLED, "its communicator imports the standalone mscclpp package and disables itself "
+                        "on ImportError: not installed: mscclpp (sgl-kernel's bundled MSCCL++ binaries do not count)",
+                        LIFT_PACKAGE, "install the mscclpp Python package (microsoft/mscclpp) built for the target",
+                        value="importable" if found else "not importable"))
+    elif bundled:                # 0.5.9: sgl-kernel's bundled MSCCL++ ops
+        from .sglang_custom_ar import kernel_coverage
+        dist, _, ops = kernel_coverage(ctx)
+        ok = bool(ops) and any(f.level in ("native", "family") for f in ops)
+        ans.add(se.Gate("sgl-kernel's MSCCL++ ops (IS_MSCCLPP_AR_AVAILABLE)", ok, f"{se.short(path)} (ops.IS_MSCCLPP_AR_AVAILABLE)",
+                        GATE_NOT_INSTALLED if not ops else GATE_BINARY,
+                        "its communicator runs sgl-kernel's bundled MSCCL++ ops: "
+                        + ("not installed: sgl-kernel" if not ops else f"{dist}'s common_ops has no SASS for {ctx.target.cc}"),
+                        LIFT_PACKAGE, "sgl-kernel built for the target", value=[(f.path, f.level) for f in ops]))
+    else:
+        raise se.GateNotFound(f"gate not found in sglang {eng.version} at sglang/{MSCCLPP_FILE}: neither an import of "
+                              "mscclpp guarded by `except ImportError` nor sgl-kernel's IS_MSCCLPP_AR_AVAILABLE")
     try:
-        sizes, line = source.module_assignment(path, "_SUPPORTED_WORLD_SIZES")
+        try:
+            sizes, line = source.module_assignment(path, "_SUPPORTED_WORLD_SIZES")
+        except source.SourceNotFound:
+            sizes, line = source.class_attribute(path, "PyMscclppCommunicator", "_SUPPORTED_WORLD_SIZES")
     except (source.SourceNotFound, ValueError) as e:
         raise se.GateNotFound(f"gate not found in sglang {eng.version} at sglang/{MSCCLPP_FILE}: "
                               f"_SUPPORTED_WORLD_SIZES ({e})") from e
@@ -106,7 +120,8 @@ def _engine(ctx, eng) -> Verdict:
                     f"{se.short(path)}:{line} (ast)", GATE_PYTHON,
                     f"PyMscclppCommunicator supports world sizes {sorted(sizes)}, not {ctx.world_size}", LIFT_PACKAGE,
                     value=sorted(sizes)))
-    return ans.verdict(f"mscclpp imports and SGLang {eng.version} admits world size {ctx.world_size}; enable it with "
+    how = "mscclpp imports" if imp is not None else "sgl-kernel's bundled MSCCL++ ops carry the target"
+    return ans.verdict(f"{how} and SGLang {eng.version} admits world size {ctx.world_size}; enable it with "
                        "--enable-mscclpp; its one-shot LL kernel writes to all peers and NVLS needs multicast: "
                        "the runtime tier decides")
 

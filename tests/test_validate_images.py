@@ -129,14 +129,16 @@ def test_full_stack_images_verdicts_follow_the_evidence(client):
     reports, md = validate_many([images[t] for t in order], "12.0", say=lambda s: None, mount_suite=True)
     assert all(r.options["ran_in"]["suite"].startswith("suite mounted") for r in reports)
     for r in reports:
-        sym = r.verdict("torch-symm-mem")
-        keys = next((e.value for e in sym.evidence if e.what.startswith("TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES keys")), None)
-        if keys is not None:
-            assert (sym.status == "blocked" and sym.gate == "python-table") == (12 not in keys)       # C11
-        fus = r.verdict("flashinfer-allreduce-fusion")
-        majors = next((e.value for e in fus.evidence if e.what.endswith("supported majors")), None)
-        if majors is not None and 12 not in majors:
+        sym = r.answers("torch-symm-mem")["engine"]
+        assert r.verdict("torch-symm-mem") is sym                                                  # headline = engine
+        keys = next(e.value["value"] for e in sym.evidence if e.what.startswith("engine gate: TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES keys"))
+        assert (sym.status == "blocked" and sym.gate == "python-table") == (12 not in keys)       # C11
+        fus = r.answers("flashinfer-allreduce-fusion")["library"]
+        majors = next(e.value for e in fus.evidence if e.what.endswith("supported majors"))
+        if 12 not in majors:
             assert fus.status == "blocked" and fus.gate == "python-table"                          # C9
+        assert r.verdict("flashinfer-allreduce-fusion").status == "blocked"                        # C13: SGLang's own checks
+        assert r.provenance["image"]["id"].startswith("sha256:") and r.provenance["suite_digest"].startswith("sha256:")
         kern = r.package_coverage("sglang-kernel") or r.package_coverage("sgl-kernel")
         if kern and r.environment["torch"].get("cuda", "").startswith("13"):
             ops = [f for f in kern["files"] if "common_ops" in f["path"]]

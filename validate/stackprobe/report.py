@@ -319,9 +319,27 @@ def _evidence_map(v: Verdict | None) -> dict:
     return {e.what: e.value for e in v.evidence} if v else {}
 
 
+def _why(label: str, first: Verdict | None, v: Verdict | None, changed: bool, prefix: str = "") -> list[str]:
+    if v is None:
+        return []
+    why = []
+    if first is None or (v.status, v.gate) != (first.status, first.gate):
+        why.append(f"{label}: {prefix}{v.status}{' [' + v.gate + ']' if v.gate else ''}: {v.cause}"
+                   + (f" (also: {v.warnings[0]})" if v.warnings else ""))
+    a, bmap = _evidence_map(first), _evidence_map(v)
+    diffs = [f"{k}: {_short_value(a.get(k), 80)} -> {_short_value(bmap.get(k), 80)}"
+             for k in bmap if k in a and a[k] != bmap[k] and "version" not in k.lower()]
+    diffs += [f"{k}: {_short_value(a.get(k), 40)} -> {_short_value(bmap.get(k), 80)}"
+              for k in bmap if "version" in k.lower() and a.get(k) != bmap.get(k)]
+    if diffs and (changed or len(diffs) < 4):
+        why.append(prefix + "; ".join(diffs[:4]))
+    return why
+
+
 def compare(reports: list[Report], labels: list[str] | None = None) -> list[Change]:
-    """What changed per backend between ``reports`` (first = before). ``why`` names the new gate and
-    cause, and evidence entries whose values differ (e.g. the module's supported majors)."""
+    """What changed per backend between ``reports`` (first = before): the headline (engine answer where
+    SGLang is installed) and the library answer, each compared. ``why`` names the new gate and cause, and
+    evidence entries whose values differ (e.g. the module's supported majors)."""
     labels = labels or [r.label or f"#{i + 1}" for i, r in enumerate(reports)]
     backends: list[str] = []
     for r in reports:
@@ -331,26 +349,18 @@ def compare(reports: list[Report], labels: list[str] | None = None) -> list[Chan
     out = []
     for b in backends:
         vs = [r.verdict(b) for r in reports]
+        libs = [r.answers(b)["library"] for r in reports]
         statuses = [v.status if v else "absent" for v in vs]
         changed = len({(v.status, v.gate) if v else None for v in vs}) > 1
+        lib_changed = len({(v.status, v.gate) if v else None for v in libs}) > 1
         why = []
-        first = vs[0]
-        for label, v in zip(labels[1:], vs[1:]):
-            if v is None:
-                continue
-            if first is None or (v.status, v.gate) != (first.status, first.gate):
-                why.append(f"{label}: {v.status}{' [' + v.gate + ']' if v.gate else ''}: {v.cause}"
-                           + (f" (also: {v.warnings[0]})" if v.warnings else ""))
-            a, bmap = _evidence_map(first), _evidence_map(v)
-            diffs = [f"{k}: {_short_value(a.get(k), 80)} -> {_short_value(bmap.get(k), 80)}"
-                     for k in bmap if k in a and a[k] != bmap[k] and "version" not in k.lower()]
-            diffs += [f"{k}: {_short_value(a.get(k), 40)} -> {_short_value(bmap.get(k), 80)}"
-                      for k in bmap if "version" in k.lower() and a.get(k) != bmap.get(k)]
-            if diffs and (changed or len(diffs) < 4):
-                why.append("; ".join(diffs[:4]))
-        if not why and first is not None:
-            why.append(f"{first.gate or 'no gate'}: {first.cause}")
-        out.append(Change(b, statuses, changed, " | ".join(why)))
+        for label, v, lib, in zip(labels[1:], vs[1:], libs[1:]):
+            why += _why(label, vs[0], v, changed)
+            if lib is not None and lib is not v and (lib_changed or not why):
+                why += _why(label, libs[0], lib, lib_changed, prefix="library ")
+        if not why and vs[0] is not None:
+            why.append(f"{vs[0].gate or 'no gate'}: {vs[0].cause}")
+        out.append(Change(b, statuses, changed or lib_changed, " | ".join(why)))
     return out
 
 

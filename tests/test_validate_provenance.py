@@ -75,7 +75,7 @@ def test_c20_a_runtime_verdict_from_h200_nvlink_stays_beside_the_targets_verdict
     a = r.answers("torch-symm-mem")
     assert [v.cause for v in a["measured_here"]] == ["fast on H200"]
     md = r.to_markdown()
-    assert "measured here" in md and "sglang-torch-symm-mem: unblocked (SM90, nvlink, ws 2)" in md
+    assert "measured here" in md and "SGLang sglang-torch-symm-mem: unblocked (SM90, nvlink, ws 2)" in md
     assert "The host differs from the target" in md
     row = next(ln for ln in md.splitlines() if ln.startswith("| torch-symm-mem |"))
     assert row.split("|")[2].strip().startswith("blocked")        # the headline is not "unblocked"
@@ -92,6 +92,12 @@ def test_c20_a_runtime_verdict_without_host_takes_this_environments(monkeypatch)
     v = r.verdicts[-1]
     assert v.host["compute_capability"] == "9.0" and v.host["topology"] == "nvlink" and v.host["world_size"] == 2
     assert r.verdict("torch-symm-mem").tier == "static"          # library kernel on another host: beside, not instead
+    assert "library kernel torch-symm-mem-one-shot: unblocked (SM90, nvlink, ws 2)" in r.to_markdown()
+    # a library kernel measured on the target host still never stands for the engine's answer
+    r.add(Verdict("torch-symm-mem-one-shot", UNBLOCKED, tier="runtime",
+                  host={"compute_capability": "12.0", "topology": "pcie", "world_size": 8}))
+    assert r.verdict("torch-symm-mem").cause == "static engine answer"
+    assert "library kernel torch-symm-mem-one-shot: unblocked (SM120, pcie, ws 8)" in r.to_markdown()
 
 
 def test_provenance_suite_digest_follows_the_suite_and_comparisons_warn(tmp_path):

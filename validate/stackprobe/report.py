@@ -64,6 +64,12 @@ def _runtime_names() -> dict[str, tuple[str, str]]:
     return out
 
 
+def runtime_scope(v: Verdict) -> str:
+    """"engine" for rows of SGLang's own communicators (stackprobe.runtime.engine), else "library" (a library
+    kernel timed directly: never the engine's answer)."""
+    return v.scope or _runtime_names().get(v.backend, ("", "library"))[1]
+
+
 def host_label(host: dict) -> str:
     """``SM90, nvlink, ws 2`` from a verdict's host."""
     cc = str(host.get("compute_capability") or "?")
@@ -154,10 +160,13 @@ class Report:
         engine answer when the backend has one (C18: skipped when SGLang is absent), else the library
         answer."""
         a = self.answers(backend)
-        if a["runtime_target"]:
-            eng = [v for v in a["runtime_target"] if _runtime_names().get(v.backend, ("", "engine"))[1] == "engine"]
-            return (eng or a["runtime_target"])[0]
-        return a["engine"] or a["library"] or (a["measured_here"][0] if a["measured_here"] else None)
+        eng = [v for v in a["runtime_target"] if runtime_scope(v) == "engine"]
+        lib = [v for v in a["runtime_target"] if runtime_scope(v) != "engine"]
+        if eng:
+            return eng[0]
+        if a["engine"] is not None:      # a library kernel's timing never stands for what SGLang will do
+            return a["engine"]
+        return (lib[0] if lib else None) or a["library"] or (a["measured_here"][0] if a["measured_here"] else None)
 
     def package_coverage(self, package: str) -> dict | None:
         return next((c for c in self.coverage if c.get("package") == package), None)
@@ -236,7 +245,9 @@ class Report:
             v = self.verdict(b)
             a = self.answers(b)
             lift = v.lift + (f": {v.lift_detail}" if v.lift_detail else "")
-            here = "; ".join(f"{r.backend}: {r.status} ({host_label(r.host or {})})" for r in a["measured_here"]) or "-"
+            here = "; ".join(f"{'SGLang' if runtime_scope(r) == 'engine' else 'library kernel'} {r.backend}: "
+                             f"{r.status} ({host_label(r.host or {})})" for r in a["measured_here"] + a["runtime_target"]
+                             if r is not v) or "-"
             lines.append(f"| {b} | {_status(v)} | {_status(a['library'])} | {_status(a['engine'])} | {_cell(here)} | "
                          f"{v.gate or '-'} | {_cell(v.cause)} | {_cell(lift)} |")
         lines += ["", "## Arch coverage", "", "| package | version | level | SASS | files without the target |",

@@ -10,7 +10,7 @@ import pytest
 
 from stackprobe.runtime.engine import SglangEngineProbe, classify, engine_verdicts
 
-RUN = Path(__file__).resolve().parent.parent / "results" / "2xH200-SM90-NVLink" / "sglang-engine" / "engine-as-run.json"
+RUN = Path(__file__).resolve().parent.parent / "results" / "2xH200-SM90-NVLink" / "sglang-engine" / "engine.json"
 
 
 @pytest.fixture(scope="module")

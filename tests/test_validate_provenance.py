@@ -114,3 +114,11 @@ def test_provenance_suite_digest_follows_the_suite_and_comparisons_warn(tmp_path
     assert "made by different suites" in comparison_markdown([a, b], ["a", "b"])
     back = Report.from_json(b.to_json())
     assert back.provenance["suite_digest"] == suite_digest(copy)
+
+
+def test_c19_torch_shared_objects_without_the_target_when_its_arch_list_is_unreadable():
+    from types import SimpleNamespace
+    env = {"torch": {"version": "2.6.0+cu124", "cuda": "12.4", "arch_list": []}}
+    none = SimpleNamespace(level="none", files_without=["torch/lib/libtorch_cuda.so"])
+    assert "libtorch_cuda.so" in torch_lacks_target(env, parse_arch("12.0"), none)
+    assert torch_lacks_target(env, parse_arch("12.0"), SimpleNamespace(level="native", files_without=[])) == ""

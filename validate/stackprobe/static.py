@@ -91,7 +91,7 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
                     label=label, options={"jit_compile": jit_compile, "coverage_reader": coverage_reader,
                                           "reader_error": reader_error, "world_size": world_size,
                                           "topology": topo, "topology_source": topo_source})
-    torch_gap = torch_lacks_target(environment, target)
+    torch_gap = torch_lacks_target(environment, target, next((c for c in coverage_list if c.package == "torch"), None))
     if torch_gap:
         environment.setdefault("findings", []).append({"case": "C19", "level": "error", "message": torch_gap})
     host = {"compute_capability": target.cc, "topology": topo, "world_size": world_size, "topology_source": topo_source}
@@ -143,13 +143,19 @@ def arch_entry_runs_on(entry: str, target: Arch) -> bool:
     return major == target.major and minor <= target.minor
 
 
-def torch_lacks_target(environment: dict, target: Arch) -> str:
+def torch_lacks_target(environment: dict, target: Arch, coverage=None) -> str:
     """Case C19: a one-sentence finding when this CUDA build of torch carries no kernel image for
-    ``target`` (its own ``torch.cuda.get_arch_list()``), else "". A CPU-only torch (no CUDA version) is
-    not judged here: it is reported by the environment."""
+    ``target`` (its own ``torch.cuda.get_arch_list()``, or, where that is unreadable, the static coverage of
+    its shared objects: level "none"), else "". A CPU-only torch (no CUDA version) is not judged here: it
+    is reported by the environment."""
     t = environment.get("torch") or {}
     archs = t.get("arch_list") or []
-    if not t.get("cuda") or not archs:
+    if not t.get("cuda"):
+        return ""
+    if not archs:
+        if coverage is not None and getattr(coverage, "level", "") == "none":
+            return (f"torch {t.get('version')} carries no kernel image for {target.cc}: none of its shared objects has "
+                    f"SASS or PTX for it ({', '.join(coverage.files_without[:3]) if getattr(coverage, 'files_without', None) else 'static coverage'})")
         return ""
     if any(arch_entry_runs_on(a, target) for a in archs):
         return ""

@@ -42,6 +42,9 @@ def engine_gate(ctx) -> list[Verdict]:
     if fv is None:
         v.status, v.gate, v.cause, v.lift = SKIPPED, GATE_NOT_INSTALLED, "not installed: flashinfer-python", LIFT_PACKAGE
         return [v]
+    eng = se.installed()
+    if eng is not None and not eng.references("MoeAlltoAll", "moe_a2a_backend"):
+        return [se.not_integrated("ep-flashinfer-a2a", eng, ("MoeAlltoAll", "moe_a2a_backend"), ctx)]
     v.add("versions", {"sglang": sg, "flashinfer-python": fv}, "distribution metadata")
     blocks: list[tuple[str, str, str, str]] = []  # (gate, cause, lift, detail)
     # 1. names SGLang imports from flashinfer for its a2a dispatcher

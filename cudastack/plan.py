@@ -37,6 +37,8 @@ HASH_FORMAT = 1
 DEFAULT_ARCH = "12.0"
 DEFAULT_PREFIX = "cudastack"
 STACKPROBE_DIR = PROJECT_ROOT / "validate" / "stackprobe"
+# build-context folders that travel with a node but are not part of its content hash (see plan_build)
+UNHASHED_CONTEXT = ("stackprobe",)
 _SKIP_PARTS = {"__pycache__", ".pytest_cache", "build", "dist", ".git"}
 
 
@@ -359,7 +361,11 @@ def make_plan(
             hashed_args["BUILD_ENV"] = _build_env([k for k in knobs if k.name not in parallel])
         if "PARENT_IMAGE" in hashed_args:
             hashed_args["PARENT_IMAGE"] = image_parent   # the parent's hash is hashed below
-        ctx_digest = {k: dir_digest(v) for k, v in context.items() if v}
+        # The validation suite's folder is copied into the runtime image (so `python -m stackprobe` works where
+        # the checkout is absent, e.g. cluster jobs) but is not an input of the hash: a probe change leaves the
+        # stack's tag, lock and push as they are. Reports name the suite that ran by its own digest
+        # (stackprobe.report.suite_digest), and `invoke validate` mounts this checkout's suite by default.
+        ctx_digest = {k: dir_digest(v) for k, v in context.items() if v and k not in UNHASHED_CONTEXT}
         inputs = {
             "format": HASH_FORMAT,
             "node": c.name,

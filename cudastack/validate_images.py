@@ -2,10 +2,14 @@
 compare the reports.
 
 Inside an image: the docker SDK runs ``<python> -m stackprobe --json - ...`` with ``--rm`` and no
-network (the static tier needs none). The image's Python is found among :data:`PYTHON_CANDIDATES`; when
-the image lacks the suite, this checkout's ``validate/`` folder is mounted read-only and put on
-PYTHONPATH. Errors (all :class:`cudastack.errors.ValidationError`, exit code 9): the image does not
-exist, it has no Python, the suite failed in it.
+network (the static tier needs none). The image's Python is found among :data:`PYTHON_CANDIDATES`. By
+default this checkout's ``validate/`` folder is mounted read-only and put on PYTHONPATH, so a probe change
+needs no image rebuild (the suite is not part of the runtime image's hash); ``image_suite=True`` runs the
+copy the image carries instead (when it has one). Every report gets ``provenance``: the digest of the suite
+that ran (computed by that suite), the image's id, repo digests, the plan hash and node from its labels,
+and the lockfile entry whose outputs or push record that image id. Errors (all
+:class:`cudastack.errors.ValidationError`, exit code 9): the image does not exist, it has no Python, the
+suite failed in it.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from cudastack.errors import UsageError, ValidationError
 
 PYTHON_CANDIDATES = ("/opt/venv/bin/python", "python3", "python")
 SUITE_DIR = Path(__file__).resolve().parent.parent / "validate"
+LOCK_DIR = Path(__file__).resolve().parent.parent / "lockfiles"
 MOUNT_AT = "/opt/stackprobe-src"
 
 
@@ -112,13 +117,43 @@ def find_python(client, image: str) -> str:
                           "Validate a runtime image built by `invoke build` (it has /opt/venv/bin/python).")
 
 
+def lock_entry(image_id: str, lock_dir: str | Path = LOCK_DIR) -> dict | None:
+    """The lockfile entry that records ``image_id`` (an ``outputs`` or ``pushed`` record):
+    ``{"lockfile", "node", "plan_hash", "tag", "pushed"}``, or None when no lockfile names it."""
+    import yaml
+
+    for path in sorted(Path(lock_dir).glob("*.lock.yaml")):
+        try:
+            lock = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        pushed = lock.get("pushed") or {}
+        for node, out in (lock.get("outputs") or {}).items():
+            push = pushed.get(node) or {}
+            if image_id and image_id in (out.get("image_id"), push.get("image_id")):
+                return {"lockfile": path.name, "node": node, "plan_hash": ((lock.get("nodes") or {}).get(node) or {}).get("plan_hash"),
+                        "tag": out.get("tag"), "pushed": push.get("reference")}
+    return None
+
+
+def image_provenance(client, image: str, lock_dir: str | Path = LOCK_DIR) -> dict:
+    """Id, repo digests, cudastack labels (plan hash, node) and lock entry of ``image``."""
+    img = client.images.get(image)
+    labels = ((img.attrs or {}).get("Config") or {}).get("Labels") or {}
+    return {"ref": image, "id": img.id, "repo_digests": list((img.attrs or {}).get("RepoDigests") or []),
+            "node": labels.get("org.cudastack.node"), "plan_hash": labels.get("org.cudastack.hash"),
+            "lock_entry": lock_entry(img.id, lock_dir)}
+
+
 def validate_image(image: str, target_arch: str = "12.0", *, client=None, timeout: float = 1800,
-                   mount_suite: bool = False, **kw):
+                   image_suite: bool = False, mount_suite: bool | None = None, **kw):
     """Run the static suite inside ``image`` (``docker run --rm``, no network) and return its Report.
 
-    Uses the image's own suite when ``import stackprobe`` works there (unless ``mount_suite``), else
-    mounts this checkout's ``validate/`` read-only (ahead of the image's copy on PYTHONPATH). Raises ValidationError (image missing, no Python, suite failed) or
-    UsageError (bad target arch).
+    Mounts this checkout's ``validate/`` read-only (ahead of any copy in the image) unless ``image_suite``,
+    which uses the image's own suite when ``import stackprobe`` works there (and mounts the checkout's when
+    it does not). ``mount_suite`` is the older spelling of the default. The report's ``provenance`` names the
+    suite digest and the image (:func:`image_provenance`). Raises ValidationError (image missing, no Python,
+    suite failed) or UsageError (bad target arch).
     """
     import docker
 
@@ -129,7 +164,8 @@ def validate_image(image: str, target_arch: str = "12.0", *, client=None, timeou
         raise ValidationError(f"image {image} does not exist on this Docker engine: build it (`invoke build --cuda 13.1`) "
                               "or pull it, then pass its tag or digest to --image.") from None
     py = find_python(client, image)
-    rc, _, _ = (1, "", "") if mount_suite else _run(client, image, [py, "-c", "import stackprobe"], timeout=120)
+    use_image = image_suite and not mount_suite
+    rc, _, _ = _run(client, image, [py, "-c", "import stackprobe"], timeout=120) if use_image else (1, "", "")
     volumes, env, how = {}, {}, "image's own suite"
     if rc != 0:
         volumes = {str(SUITE_DIR): {"bind": MOUNT_AT, "mode": "ro"}}
@@ -147,6 +183,7 @@ def validate_image(image: str, target_arch: str = "12.0", *, client=None, timeou
     toolchain = (client.images.get(image).labels or {}).get("org.cudastack.toolchain")
     if toolchain:
         report.options["ran_in"]["toolchain"] = toolchain
+    report.provenance = dict(report.provenance or {}, image=image_provenance(client, image), suite=how)
     return report
 
 
@@ -189,7 +226,8 @@ def validate_many(images: list[str], target_arch: str = "12.0", *, out_dir: str 
         raise UsageError(f"--order {order!r}: use toolchain (older to newer) or given (as the images are listed).")
     from stackprobe.report import comparison_markdown
 
-    mount = kw.pop("mount_suite", False)
+    mount = kw.pop("mount_suite", None)
+    image_suite = kw.pop("image_suite", False)
     if not images:
         say("validating the current environment")
         reports = [validate_here(target_arch, **kw)]
@@ -197,7 +235,7 @@ def validate_many(images: list[str], target_arch: str = "12.0", *, out_dir: str 
         reports = []
         for img in images:
             say(f"validating {img}")
-            reports.append(validate_image(img, target_arch, mount_suite=mount, **kw))
+            reports.append(validate_image(img, target_arch, mount_suite=mount, image_suite=image_suite, **kw))
     if out_dir:
         out = Path(out_dir)
         for r, name in zip(reports, images or ["current-environment"]):

@@ -17,7 +17,9 @@
 #                  wheels the closure does not name (wheels built from source), with the digests recorded when
 #                  they were exported
 #   SUITE_PIP_SPECS  what the validation suite's static probes need (pinned; locked like the others)
-# Build context: wheelhouse/ (may be empty) and stackprobe/ (the suite's package folder).
+# Build context: wheelhouse/ (may be empty) and stackprobe/ (the suite's package folder: a convenience copy for
+# hosts without the checkout; it is not part of the node's hash, so reports name the suite by its own digest and
+# `invoke validate` mounts the checkout's suite by default).
 # Secrets (optional): id=cabundle (CA bundle; never in a layer), id=pipindex (a private index URL with its login,
 # exported as PIP_INDEX_URL by with-build-ca; never a build arg, never in a layer). Cache mount: pip's cache.
 ARG PARENT_IMAGE

@@ -326,3 +326,20 @@ def test_cli_help_documents_every_flag():
                  "--recipes", "--state-dir"):
         assert flag in r.stdout
     assert "--=STRING" not in r.stdout
+
+
+def test_a_probe_change_leaves_every_tag_unchanged(tmp_path):
+    """The suite travels with the runtime image but is not part of its hash: a probe change needs no rebuild,
+    relock or repush (reports name the suite by its own digest)."""
+    suite = tmp_path / "stackprobe"
+    shutil.copytree(PROJECT_ROOT / "validate" / "stackprobe", suite, ignore=shutil.ignore_patterns("__pycache__"))
+    before = plan(stackprobe_dir=suite)
+    (suite / "probes" / "nccl.py").write_text((suite / "probes" / "nccl.py").read_text() + "\n# a probe change\n")
+    after = plan(stackprobe_dir=suite)
+    assert hashes(before) == hashes(after) and [n.tag for n in before.nodes] == [n.tag for n in after.nodes]
+    assert before.node("runtime").context["stackprobe"] == str(suite)          # still copied into the image
+    # the Dockerfile of the runtime node, by contrast, is an input
+    images = tmp_path / "images"
+    shutil.copytree(PROJECT_ROOT / "images", images)
+    (images / "runtime.Dockerfile").write_text((images / "runtime.Dockerfile").read_text() + "\n# changed\n")
+    assert hashes(plan(stackprobe_dir=suite, images_dir=images))["runtime"] != hashes(before)["runtime"]

@@ -78,8 +78,10 @@ def test_comparison_names_what_changed_and_why(report_files):
     b.label = "after"
     same = compare([a, b], ["before", "after"])
     assert not any(c.changed for c in same)
-    # a runtime verdict added later takes precedence over the static one for that backend
-    b.add(Verdict("torch-symm-mem", BLOCKED, tier="runtime", gate=GATE_PYTHON, cause="measured refusal"))
+    # a runtime verdict measured on the target host takes precedence over the static one for that backend (C20)
+    target = {"compute_capability": "12.0", "topology": b.options["topology"], "world_size": b.options["world_size"]}
+    b.add(Verdict("torch-symm-mem", BLOCKED, tier="runtime", gate=GATE_PYTHON, cause="measured refusal", host=target,
+                  scope="engine"))
     assert b.tiers == ["static", "runtime"] and b.verdict("torch-symm-mem").tier == "runtime"
     changes = {c.backend: c for c in compare([a, b], ["before", "after"])}
     if a.verdict("torch-symm-mem").status != BLOCKED:

@@ -52,12 +52,21 @@ def chain():
 
 
 def test_suite_runs_in_the_runtime_image_and_in_an_image_without_it(chain):
+    from stackprobe.report import suite_digest
+
     runtime, base = chain.node("runtime").tag, chain.node("base").tag
     reports, md = validate_many([runtime, base], "12.0", say=lambda s: None,
                                 extra=["--scan-dist", "cuda-ext-fixture"])
     r_rt, r_base = reports
-    assert r_rt.options["ran_in"]["suite"] == "image's own suite"
-    assert r_base.options["ran_in"]["suite"].startswith("suite mounted read-only")
+    # the checkout's suite by default, in both; its digest and each image's id and plan hash in the report
+    assert all(r.options["ran_in"]["suite"].startswith("suite mounted read-only") for r in reports)
+    for r, node in ((r_rt, "runtime"), (r_base, "base")):
+        prov = r.provenance
+        assert prov["suite_digest"] == suite_digest()
+        assert prov["image"]["id"].startswith("sha256:") and prov["image"]["plan_hash"] == chain.node(node).hash
+        assert prov["image"]["node"] == node and "lock_entry" in prov["image"]
+    own = validate_many([runtime], "12.0", say=lambda s: None, image_suite=True)[0][0]
+    assert own.options["ran_in"]["suite"] == "image's own suite" and own.provenance["suite"] == "image's own suite"
     for r in reports:
         assert r.options["ran_in"]["python"] == "/opt/venv/bin/python"
         assert r.environment["nvcc"]["cuda_home_nvcc"]["release"] == "13.1"   # the PyPI toolkit as CUDA_HOME
@@ -103,23 +112,31 @@ def _evidence(verdict, what):
 
 
 def _check_verdicts_follow_evidence(r, where: str) -> None:
-    """Hand-written rules (C9, C10, C11) against the evidence a static report read; the evidence must be there."""
-    sym = r.verdict("torch-symm-mem")
-    keys = _evidence(sym, lambda w: w.startswith("TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES keys"))
+    """Hand-written rules (C9, C10, C11, C13) against the evidence a static report read; the evidence must be
+    there. The headline is the engine's answer; the library's answer is checked on its own."""
+    sym = r.answers("torch-symm-mem")["engine"]
+    assert sym is not None and r.verdict("torch-symm-mem") is sym, f"{where}: headline is not the engine's answer"
+    keys = _evidence(sym, lambda w: w.startswith("engine gate: TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES keys"))
+    keys = keys.get("value") if isinstance(keys, dict) else keys
     assert isinstance(keys, list) and keys, f"{where}: torch-symm-mem gave no evidence of SGLang's size table"
-    assert (sym.status == "blocked" and sym.gate == "python-table") == (12 not in keys), (where, sym)      # C11
-    fus = r.verdict("flashinfer-allreduce-fusion")
+    if 12 not in keys:
+        assert (sym.status, sym.gate) == ("blocked", "python-table"), (where, sym)                      # C11
+    else:
+        assert sym.status == "blocked", (where, sym)                     # C14: multicast_ptr == 0 on PCIe
+    fus = r.answers("flashinfer-allreduce-fusion")["library"]
     majors = _evidence(fus, lambda w: w.endswith("supported majors"))
     assert isinstance(majors, list) and majors, f"{where}: the fusion probe gave no evidence of FlashInfer's JIT list"
     if 12 in majors:
-        assert fus.status == "gate-passes", (where, fus)                                                    # C9
+        assert fus.status == "gate-passes", (where, fus)                                                 # C9
     else:
         assert (fus.status, fus.gate) == ("blocked", "python-table"), (where, fus)
+    assert r.verdict("flashinfer-allreduce-fusion").status == "blocked", where      # C13: SGLang's own checks
+    assert r.provenance["suite_digest"].startswith("sha256:"), where
     kern = r.package_coverage("sglang-kernel") or r.package_coverage("sgl-kernel")
     assert kern, f"{where}: no coverage of sglang-kernel / sgl-kernel"
     if r.environment["torch"].get("cuda", "").startswith("13"):
         ops = [f for f in kern["files"] if "common_ops" in f["path"]]
-        assert ops and all("sm_120a" in f["sass"] for f in ops), (where, ops)                              # C10
+        assert ops and all("sm_120a" in f["sass"] for f in ops), (where, ops)                           # C10
 
 
 COMMITTED = sorted((ROOT / "results" / "validate").glob("*.json"))

@@ -38,15 +38,15 @@ def real(venv, sglang):
 
 
 def test_c11_real_sglang_table_has_no_key_12(real):
-    v = verdict(real["tp8"], SYMM)
-    keys = evidence(v, "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES keys")
-    assert keys["value"] == [9, 10]
+    v = verdict(real["tp8"], SYMM, "engine")
+    keys = evidence(v, "engine gate: TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES keys")
+    assert keys["value"] == {"admits": False, "value": [9, 10]}
     assert keys["source"].startswith("sglang/srt/distributed/device_communicators/") and "(ast)" in keys["source"]
     assert v["status"] == "blocked" and v["gate"] == "python-table"
     assert "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES" in v["cause"] and "major 12" in v["cause"]
     assert "no CUDA upgrade" in v["cause"] and v["lift"] != "cuda-upgrade"
     # 0.5.23 looks the major up with .get(): the KeyError became a clean disable
-    assert evidence(v, "lookup")["value"] == "get"
+    assert "lookup get at" in keys["source"]
 
 
 def _fake_sglang(root: Path, table_src: str, lookup_src: str) -> Path:
@@ -75,49 +75,54 @@ SUBSCRIPT = """
     from .all_reduce_utils import TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES
     def max_size(major, world_size):
         return TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES[major][world_size]
+    def enabled(handle):
+        if handle.multicast_ptr == 0:
+            return False
+        return True
 """
 
 
 def test_c11_subscript_lookup_is_named_as_keyerror_12(venv, tmp_path):
     root = _fake_sglang(tmp_path, TABLE_9_10, SUBSCRIPT)
-    v = verdict(run_suite(venv, [root], ["--backend", SYMM])[0], SYMM)
+    v = verdict(run_suite(venv, [root], ["--backend", SYMM])[0], SYMM, "engine")
     assert v["status"] == "blocked" and v["gate"] == "python-table"
     assert "`KeyError: 12`" in v["cause"]
-    assert evidence(v, "lookup")["value"] == "subscript"
+    assert "lookup subscript at" in evidence(v, "engine gate: TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES keys")["source"]
 
 
-def test_c11_a_table_with_key_12_passes_and_the_value_is_read_not_assumed(venv, tmp_path):
+def test_c11_a_table_with_key_12_passes_on_nvlink_and_the_value_is_read_not_assumed(venv, tmp_path):
     table = TABLE_9_10.replace("    }\n", "        12: {2: 32 * MiB, 8: 64 * MiB},\n    }\n")
     root = _fake_sglang(tmp_path, table, SUBSCRIPT)
-    report = run_suite(venv, [root], ["--backend", SYMM])[0]
-    v = verdict(report, SYMM)
-    assert evidence(v, "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES keys")["value"] == [9, 10, 12]
-    assert evidence(v, "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES[12] world sizes")["value"] == [2, 8]
+    report = run_suite(venv, [root], ["--backend", SYMM, "--topology", "nvlink"])[0]
+    v = verdict(report, SYMM, "engine")
+    assert evidence(v, "engine gate: TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES keys")["value"]["value"] == [9, 10, 12]
+    assert evidence(v, "engine gate: TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES[12] world sizes")["value"]["value"] == [2, 8]
     assert v["status"] == "gate-passes"
     # and for a world size the table lacks, the same table blocks
-    v6 = verdict(run_suite(venv, [root], ["--backend", SYMM, "--world-size", "6"])[0], SYMM)
+    v6 = verdict(run_suite(venv, [root], ["--backend", SYMM, "--world-size", "6", "--topology", "nvlink"])[0], SYMM, "engine")
     assert v6["status"] == "blocked" and "world size 6" in v6["cause"]
 
 
 def test_custom_allreduce_pcie_heuristic_from_the_installed_source(real):
-    v = verdict(real["tp8"], CAR)
-    rule = evidence(v, "PCIe world-size rule")
-    assert rule["value"] == "disabled when world_size > 2 without full NVLink"
+    v = verdict(real["tp8"], CAR, "engine")
+    rule = evidence(v, "engine gate: PCIe world-size rule")
+    assert rule["value"]["value"] == "disabled when world_size > 2 without full NVLink"
     assert "custom_all_reduce_utils.py" in rule["source"] and "world_size > 2" in rule["source"]
-    assert evidence(v, "CustomAllreduce._SUPPORTED_WORLD_SIZES")["value"] == [2, 4, 6, 8]
+    assert evidence(v, "engine gate: CustomAllreduce._SUPPORTED_WORLD_SIZES")["value"]["value"] == [2, 4, 6, 8]
     assert v["status"] == "blocked" and v["gate"] == "topology" and v["lift"] == "nothing-on-this-topology"
-    ops = evidence(v, "sglang-kernel common_ops coverage")["value"]
+    ops = evidence(verdict(real["tp8"], CAR, "library"), "sglang-kernel common_ops coverage")["value"]
     assert ops and all(level == "native" and "sm_120a" in sass for _, level, sass in ops)
     # at TP2, or on NVLink, the heuristic admits it and the kernels carry sm_120a
-    assert verdict(real["tp2"], CAR)["status"] == "gate-passes"
-    assert verdict(real["nvlink"], CAR)["status"] == "gate-passes"
+    assert verdict(real["tp2"], CAR, "engine")["status"] == "gate-passes"
+    assert verdict(real["nvlink"], CAR, "engine")["status"] == "gate-passes"
+    assert verdict(real["tp2"], CAR, "library")["status"] == "gate-passes"
 
 
 def test_ep_flashinfer_a2a_preconditions_and_api_match(venv, sglang):
     fi16, fi74 = pip_target("flashinfer-python==0.6.16"), pip_target("flashinfer-python==0.7.4")
     r16 = run_suite(venv, [sglang, fi16], ["--backend", EP])[0]
     r74 = run_suite(venv, [sglang, fi74], ["--backend", EP])[0]
-    v16, v74 = verdict(r16, EP), verdict(r74, EP)
+    v16, v74 = verdict(r16, EP, "engine"), verdict(r74, EP, "engine")
     for v in (v16, v74):
         assert v["status"] == "blocked" and v["gate"] == "topology" and v["lift"] == "nothing-on-this-topology"
         pre = evidence(v, "_flashinfer_a2a_topology_is_supported")
@@ -133,30 +138,17 @@ def test_ep_flashinfer_a2a_preconditions_and_api_match(venv, sglang):
 
 def test_c11_older_real_sglang_raises_keyerror_12(venv):
     """sglang 0.5.9 (the CUDA 12.8 recipe's pin) indexes the table directly: the real `KeyError: 12`."""
-    v = verdict(run_suite(venv, [pip_target("sglang==0.5.9")], ["--backend", SYMM])[0], SYMM)
-    assert evidence(v, "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES keys")["value"] == [9, 10]
-    assert evidence(v, "lookup")["value"] == "subscript"
+    v = verdict(run_suite(venv, [pip_target("sglang==0.5.9")], ["--backend", SYMM])[0], SYMM, "engine")
+    keys = evidence(v, "engine gate: TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES keys")
+    assert keys["value"]["value"] == [9, 10] and "lookup subscript at" in keys["source"]
     assert v["status"] == "blocked" and v["gate"] == "python-table" and "`KeyError: 12`" in v["cause"]
 
 
 def test_mscclpp_world_sizes_from_sglang_and_kernels_from_sglang_kernel(venv, sglang):
     kern = pip_target("sglang-kernel==0.4.10")
-    v8 = verdict(run_suite(venv, [sglang, kern], ["--backend", "mscclpp"])[0], "mscclpp")
-    sizes = evidence(v8, "SGLang PyMscclppCommunicator supported world sizes")
-    assert 8 in sizes["value"] and "pymscclpp.py" in sizes["source"]
-    assert all(level == "native" for _, level in evidence(v8, "sglang-kernel common_ops")["value"])
-    assert v8["status"] == "gate-passes" and "one-shot LL" in v8["cause"]
-    v2 = verdict(run_suite(venv, [sglang, kern], ["--backend", "mscclpp", "--world-size", "2"])[0], "mscclpp")
-    assert 2 not in sizes["value"]
-    assert v2["status"] == "blocked" and v2["gate"] == "python-table" and "not 2" in v2["cause"]
-
-
-def test_fusion_notes_sglangs_multicast_workspace_preflight(venv, sglang):
-    from validate_support import cuda_home
-    fi74 = pip_target("flashinfer-python==0.7.4")
-    v = verdict(run_suite(venv, [sglang, fi74], ["--backend", "flashinfer-allreduce-fusion"], cuda=cuda_home())[0],
-                "flashinfer-allreduce-fusion")
-    assert v["status"] == "gate-passes"
-    hits = evidence(v, "SGLang fusion workspace preflight queries multicast granularity")["value"]
-    assert hits and hits[0].startswith("sglang/srt/layers/flashinfer_comm_fusion.py:")
-    assert any("multicast" in w and "pcie" in w for w in v["warnings"])
+    r8 = run_suite(venv, [sglang, kern], ["--backend", "mscclpp"])[0]
+    v8 = verdict(r8, "mscclpp", "engine")
+    sizes = evidence(v8, "engine gate: PyMscclppCommunicator supported world sizes")
+    assert 8 in sizes["value"]["value"] and "pymscclpp.py" in sizes["source"]
+    assert all(level == "native" for _, level in evidence(verdict(r8, "mscclpp", "library"), "sglang-kernel common_ops")["value"])
+    assert v8["status"] == "blocked" and v8["gate"] == "not-installed"        # C15: no standalone mscclpp

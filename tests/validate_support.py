@@ -131,8 +131,31 @@ def run_suite(python: Path, paths: list[Path], args: list[str] = (), *, cuda: Pa
     return report, p
 
 
-def verdict(report: dict, backend: str) -> dict:
-    return next(v for v in report["verdicts"] if v["backend"] == backend)
+def verdict(report: dict, backend: str, scope: str | None = None) -> dict:
+    """The first verdict for ``backend`` (of ``scope`` "library" / "engine" when given)."""
+    return next(v for v in report["verdicts"] if v["backend"] == backend and (scope is None or v.get("scope") == scope))
+
+
+def engine_copy(src: Path, dest: Path, edits: dict[str, tuple[str, str]]) -> Path:
+    """A copy of an installed package folder (``src`` holds ``sglang/`` and its dist-info) where every file is a
+    symlink to the original except those in ``edits`` (``{relative path: (old text, new text)}``), written edited.
+    Raises AssertionError when an ``old text`` is not in its file (the edit would silently do nothing).
+    Used for the future-release cases (a table that gains a key, a gate that moved)."""
+    for p in sorted(Path(src).rglob("*")):
+        rel = p.relative_to(src)
+        if "__pycache__" in rel.parts or rel.name == ".ready":
+            continue
+        q = dest / rel
+        if p.is_dir():
+            q.mkdir(parents=True, exist_ok=True)
+        elif rel.as_posix() not in edits:
+            q.parent.mkdir(parents=True, exist_ok=True)
+            q.symlink_to(p)
+    for rel, (old, new) in edits.items():
+        text = (Path(src) / rel).read_text()
+        assert old in text, f"{rel} no longer contains {old!r}: the edited-copy case needs updating"
+        (dest / rel).write_text(text.replace(old, new))
+    return dest
 
 
 def evidence(v: dict, what_startswith: str):

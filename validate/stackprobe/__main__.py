@@ -47,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", action="append", dest="backends", metavar="NAME", help="only this backend (repeatable)")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds per child interpreter (imports, gates)")
     p.add_argument("--runtime", action="store_true", help="also run the runtime tier (GPUs needed)")
+    p.add_argument("--merge-runtime", action="append", default=[], metavar="JSON",
+                   help="add the runtime verdicts of this file (a runtime or engine-runner JSON with 'verdicts') to the "
+                        "report; each keeps the host it was measured on and replaces the target's verdict only when that "
+                        "host matches the target (repeatable)")
     p.add_argument("--compare", nargs="+", metavar="REPORT", help="compare JSON reports (first = before) and exit")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     return p
@@ -58,6 +62,24 @@ def _emit(text: str, dest: str) -> None:
     else:
         from .atomic import write_atomic
         write_atomic(dest, text)
+
+
+def merge_runtime(report: Report, path: str) -> int:
+    """Add the runtime verdicts in ``path`` (``{"verdicts": [...]}`` or ``{"runs": [{"verdicts": [...]}]}``)
+    to ``report``; returns how many. Raises ValueError for a file without verdicts."""
+    from .verdict import Verdict
+
+    d = json.loads(open(path).read())
+    vs = d.get("verdicts") or ((d.get("runs") or [{}])[-1].get("verdicts") if isinstance(d, dict) else None)
+    if not vs:
+        raise ValueError("no 'verdicts' in it")
+    n = 0
+    for v in vs:
+        v = Verdict.from_json(v)
+        v.tier = "runtime"
+        report.add(v)
+        n += 1
+    return n
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,6 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     except TargetArchError as e:
         print(f"stackprobe: {e}", file=sys.stderr)
         return EXIT_USAGE
+    for path in args.merge_runtime:
+        try:
+            merge_runtime(report, path)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"stackprobe: cannot merge runtime verdicts from {path}: {e}", file=sys.stderr)
+            return EXIT_USAGE
     rc = EXIT_OK
     if args.runtime:
         try:

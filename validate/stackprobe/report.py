@@ -8,11 +8,20 @@ JSON layout (``schema`` = :data:`stackprobe.REPORT_SCHEMA_VERSION`)::
      "coverage": [PackageCoverage.to_json(), ...],
      "verdicts": [Verdict.to_json(), ...]}
 
-The runtime tier adds verdicts with ``tier = "runtime"`` through :meth:`Report.add` and appends
-"runtime" to ``tiers``; :meth:`Report.verdict` prefers a runtime verdict over a static one.
+Schema 2 adds ``provenance`` (``suite_digest``: sha256 over the suite's own files, as run; ``image``:
+id, repo digests, plan hash and lock entry when run inside an image) and, per verdict, ``scope``
+("library" / "engine") and ``host`` (where it was judged or measured).
+
+Two answers per backend: the library's (does FlashInfer / torch / NCCL admit the target) and the
+engine's (will the installed SGLang enable it on the target host). :meth:`Report.verdict` returns the
+headline: a runtime verdict measured on a host that matches the target (compute capability, topology,
+world size: case C20), else the engine answer when the backend has one (``skipped (not installed:
+sglang)`` without SGLang: case C18), else the library answer. A runtime verdict from another host is
+shown beside it as "measured here", never as the target's verdict.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -21,6 +30,50 @@ from pathlib import Path
 from . import REPORT_SCHEMA_VERSION, __version__
 from .atomic import write_atomic
 from .verdict import Verdict
+
+
+SUITE_DIR = Path(__file__).resolve().parent
+
+
+def suite_digest(root: str | Path = SUITE_DIR) -> str:
+    """``sha256:<hex>`` over the suite's ``*.py`` files (relative path and content, sorted): which suite
+    produced a report, independent of the image it ran in."""
+    h = hashlib.sha256()
+    root = Path(root)
+    for p in sorted(root.rglob("*.py")):
+        if "__pycache__" in p.parts:
+            continue
+        h.update(p.relative_to(root).as_posix().encode() + b"\0")
+        h.update(hashlib.sha256(p.read_bytes()).digest())
+    return "sha256:" + h.hexdigest()
+
+
+def _runtime_names() -> dict[str, tuple[str, str]]:
+    """runtime backend name -> (static backend, scope) from every probe module's ``RUNTIME``."""
+    out: dict[str, tuple[str, str]] = {}
+    try:
+        from .probes import probes
+        mods = probes()
+    except Exception:  # noqa: BLE001 - a report must load even where a probe module cannot import
+        return out
+    for mod in mods:
+        for scope, names in (getattr(mod, "RUNTIME", None) or {}).items():
+            for n in names:
+                out[n] = (mod.BACKENDS[0], scope)
+    return out
+
+
+def runtime_scope(v: Verdict) -> str:
+    """"engine" for rows of SGLang's own communicators (stackprobe.runtime.engine), else "library" (a library
+    kernel timed directly: never the engine's answer)."""
+    return v.scope or _runtime_names().get(v.backend, ("", "library"))[1]
+
+
+def host_label(host: dict) -> str:
+    """``SM90, nvlink, ws 2`` from a verdict's host."""
+    cc = str(host.get("compute_capability") or "?")
+    sm = "SM" + cc.replace(".", "") if cc != "?" else "SM?"
+    return f"{sm}, {host.get('topology') or '?'}, ws {host.get('world_size') or '?'}"
 
 
 class ReportError(ValueError):
@@ -39,28 +92,80 @@ class Report:
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     schema: int = REPORT_SCHEMA_VERSION
     suite_version: str = __version__
+    provenance: dict = field(default_factory=lambda: {"suite_digest": suite_digest()})
 
     # --- access ----------------------------------------------------------------------------------
     def add(self, verdict: Verdict) -> None:
-        """Add a verdict (the runtime tier calls this; it also records its tier in ``tiers``)."""
+        """Add a verdict (the runtime tier calls this; it also records its tier in ``tiers``). A runtime
+        verdict without ``host`` gets this environment's: compute capability of its GPUs, their
+        topology, the world size it measured, driver, torch and NCCL versions (case C20)."""
+        if verdict.tier == "runtime" and not verdict.host:
+            verdict.host = self.measured_host(verdict)
         self.verdicts.append(verdict)
         if verdict.tier not in self.tiers:
             self.tiers.append(verdict.tier)
 
+    def measured_host(self, verdict: Verdict) -> dict:
+        env = self.environment or {}
+        gpus = env.get("gpus") or []
+        topo = env.get("topology") or {}
+        t = env.get("torch") or {}
+        return {"compute_capability": (gpus[0].get("capability") if gpus else None),
+                "topology": ("nvlink" if topo.get("full_nvlink") else "pcie") if topo.get("pairs") else None,
+                "world_size": (verdict.measurements or {}).get("world_size"),
+                "driver": (gpus[0].get("driver") if gpus else None), "torch": t.get("version"),
+                "nccl": (env.get("nccl") or {}).get("torch")}
+
+    def target_host(self) -> dict:
+        return {"compute_capability": self.target_arch.rstrip("af"), "topology": self.options.get("topology"),
+                "world_size": self.options.get("world_size")}
+
+    def host_matches_target(self, host: dict) -> bool:
+        """Whether a runtime verdict's host is the target: same compute capability, topology, world size."""
+        want = self.target_host()
+        return all(host.get(k) is not None and str(host.get(k)) == str(want[k]) for k in want if want[k] is not None) \
+            and host.get("compute_capability") is not None
+
+    def answers(self, backend: str) -> dict:
+        """``{"library": Verdict|None, "engine": Verdict|None, "runtime_target": [...], "measured_here":
+        [...]}`` for ``backend``: its two static answers, runtime verdicts measured on the target, and
+        runtime verdicts measured on another host (shown beside, never as the target's)."""
+        names = _runtime_names()
+        out: dict = {"library": None, "engine": None, "runtime_target": [], "measured_here": []}
+        for v in self.verdicts:
+            if v.tier == "static" and v.backend == backend:
+                key = "engine" if v.scope == "engine" else "library"
+                if out[key] is None:
+                    out[key] = v
+            elif v.tier == "runtime":
+                static, scope = names.get(v.backend, (v.backend, v.scope or "library"))
+                if static != backend and v.backend != backend:
+                    continue
+                out["runtime_target" if self.host_matches_target(v.host or {}) else "measured_here"].append(v)
+        return out
+
     def backends(self) -> list[str]:
+        """Backends in report order; runtime-only rows map onto their static backend."""
+        names = _runtime_names()
         seen = []
         for v in self.verdicts:
-            if v.backend not in seen:
-                seen.append(v.backend)
+            b = names.get(v.backend, (v.backend,))[0] if v.tier == "runtime" else v.backend
+            if b not in seen:
+                seen.append(b)
         return seen
 
     def verdict(self, backend: str) -> Verdict | None:
-        """The verdict that counts for ``backend``: the runtime one when present, else the static one."""
-        cands = [v for v in self.verdicts if v.backend == backend]
-        for v in cands:
-            if v.tier == "runtime":
-                return v
-        return cands[0] if cands else None
+        """The headline for ``backend``: a runtime verdict measured on the target host (C20), else the
+        engine answer when the backend has one (C18: skipped when SGLang is absent), else the library
+        answer."""
+        a = self.answers(backend)
+        eng = [v for v in a["runtime_target"] if runtime_scope(v) == "engine"]
+        lib = [v for v in a["runtime_target"] if runtime_scope(v) != "engine"]
+        if eng:
+            return eng[0]
+        if a["engine"] is not None:      # a library kernel's timing never stands for what SGLang will do
+            return a["engine"]
+        return (lib[0] if lib else None) or a["library"] or (a["measured_here"][0] if a["measured_here"] else None)
 
     def package_coverage(self, package: str) -> dict | None:
         return next((c for c in self.coverage if c.get("package") == package), None)
@@ -70,7 +175,7 @@ class Report:
         return {
             "schema": self.schema, "suite_version": self.suite_version, "created": self.created, "label": self.label,
             "target_arch": self.target_arch, "tiers": list(self.tiers), "options": self.options,
-            "environment": self.environment, "coverage": self.coverage,
+            "provenance": self.provenance, "environment": self.environment, "coverage": self.coverage,
             "verdicts": [v.to_json() for v in self.verdicts],
         }
 
@@ -84,7 +189,8 @@ class Report:
         return cls(target_arch=d["target_arch"], environment=d.get("environment", {}), coverage=d.get("coverage", []),
                    verdicts=[Verdict.from_json(v) for v in d["verdicts"]], tiers=d.get("tiers", ["static"]),
                    options=d.get("options", {}), label=d.get("label", ""), created=d.get("created", ""),
-                   schema=d["schema"], suite_version=d.get("suite_version", ""))
+                   schema=d["schema"], suite_version=d.get("suite_version", ""),
+                   provenance=d.get("provenance") or {"suite_digest": "unknown (report schema 1)"})
 
     @classmethod
     def load(cls, path: str | Path) -> "Report":
@@ -113,7 +219,12 @@ class Report:
 
     def to_markdown(self) -> str:
         lines = [f"# stackprobe report{': ' + self.label if self.label else ''}", "",
-                 f"{self.headline()}  ", f"tiers: {', '.join(self.tiers)}; created {self.created}; schema {self.schema}", ""]
+                 f"{self.headline()}  ", f"tiers: {', '.join(self.tiers)}; created {self.created}; schema {self.schema}  ",
+                 f"provenance: {_provenance(self.provenance)}", ""]
+        differs = self.host_differs()
+        if differs:
+            lines += [f"**The host differs from the target**: runtime verdicts here were measured on {differs}; they are "
+                      "shown as \"measured here\" beside the target's static verdicts, never as the target's.", ""]
         findings = self.environment.get("findings", [])
         if findings:
             lines += ["## Environment findings", ""]
@@ -129,12 +240,25 @@ class Report:
                 lines.append(f"| {r['root']} | {', '.join(r.get('found_by', []))} | {r.get('nvcc') or '-'} | "
                              f"{r.get('cudart') or '-'} | {_cell(wheels)} | {_cell(ok)} |")
             lines.append("")
-        lines += ["## Backends", "", "| backend | status | gate | cause | what would lift it |", "| --- | --- | --- | --- | --- |"]
+        eng = (self.environment.get("packages") or {}).get("sglang")
+        th = self.target_host()
+        lines += [f"## Backends (target {th['compute_capability']}, {th['topology'] or '?'}, world size "
+                  f"{th['world_size'] or '?'})", "",
+                  "Headline: the engine's answer (" + (f"SGLang {eng}" if eng else "SGLang not installed") +
+                  ") where the backend has one, else the library's; a runtime verdict replaces it only when measured "
+                  "on a host that matches the target.", "",
+                  "| backend | headline | library admits the target | "
+                  f"{'SGLang ' + eng if eng else 'SGLang'} will enable it here | measured here | gate | cause | "
+                  "what would lift it |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for b in self.backends():
             v = self.verdict(b)
+            a = self.answers(b)
             lift = v.lift + (f": {v.lift_detail}" if v.lift_detail else "")
-            lines.append(f"| {b} | {v.status}{' (' + v.tier + ')' if v.tier != 'static' else ''} | {v.gate or '-'} | "
-                         f"{_cell(v.cause)} | {_cell(lift)} |")
+            here = "; ".join(f"{'SGLang' if runtime_scope(r) == 'engine' else 'library kernel'} {r.backend}: "
+                             f"{r.status} ({host_label(r.host or {})})" for r in a["measured_here"] + a["runtime_target"]
+                             if r is not v) or "-"
+            lines.append(f"| {b} | {_status(v)} | {_status(a['library'])} | {_status(a['engine'])} | {_cell(here)} | "
+                         f"{v.gate or '-'} | {_cell(v.cause)} | {_cell(lift)} |")
         lines += ["", "## Arch coverage", "", "| package | version | level | SASS | files without the target |",
                   "| --- | --- | --- | --- | --- |"]
         for c in self.coverage:
@@ -151,13 +275,42 @@ class Report:
             lines += ["", "Which rule applies (CUDA's binary/PTX compatibility):", ""] + notes
         lines += ["", "## Evidence", ""]
         for v in self.verdicts:
-            lines.append(f"### {v.backend} ({v.tier})")
+            lines.append(f"### {v.backend} ({v.tier}{', ' + v.scope if v.scope else ''}"
+                         f"{', ' + host_label(v.host) if v.tier == 'runtime' and v.host else ''})")
             for e in v.evidence:
                 lines.append(f"- {e.what}: `{_short_value(e.value)}`" + (f" ({e.source})" if e.source else ""))
             for w in v.warnings:
                 lines.append(f"- warning: {w}")
             lines.append("")
         return "\n".join(lines)
+
+
+    def host_differs(self) -> str:
+        """``SM90, nvlink, ws 2`` when runtime verdicts were measured on a host unlike the target, else ""."""
+        hosts = {host_label(v.host or {}) for v in self.verdicts
+                 if v.tier == "runtime" and not self.host_matches_target(v.host or {})}
+        return "; ".join(sorted(hosts))
+
+
+def _status(v: Verdict | None) -> str:
+    if v is None:
+        return "-"
+    s = v.status + (f" ({v.gate})" if v.gate and v.status in ("blocked", "skipped") else "")
+    return s + (f" [{v.tier}]" if v.tier != "static" else "")
+
+
+def _provenance(p: dict) -> str:
+    img = p.get("image") or {}
+    parts = [f"suite {p.get('suite_digest', '?')}"]
+    if img:
+        parts.append(f"image {img.get('id', '?')}")
+        if img.get("repo_digests"):
+            parts.append(f"digest {', '.join(img['repo_digests'])}")
+        if img.get("plan_hash"):
+            parts.append(f"plan hash {img['plan_hash']}")
+        lock = img.get("lock_entry")
+        parts.append(f"lock entry {lock['lockfile']}#{lock['node']}" if lock else "lock entry: none matches this image id")
+    return "; ".join(parts)
 
 
 def driver_line(driver: dict | None) -> str:
@@ -207,11 +360,29 @@ def _evidence_map(v: Verdict | None) -> dict:
     return {e.what: e.value for e in v.evidence} if v else {}
 
 
+def _why(label: str, first: Verdict | None, v: Verdict | None, changed: bool, prefix: str = "") -> list[str]:
+    if v is None:
+        return []
+    why = []
+    if first is None or (v.status, v.gate) != (first.status, first.gate):
+        why.append(f"{label}: {prefix}{v.status}{' [' + v.gate + ']' if v.gate else ''}: {v.cause}"
+                   + (f" (also: {v.warnings[0]})" if v.warnings else ""))
+    a, bmap = _evidence_map(first), _evidence_map(v)
+    diffs = [f"{k}: {_short_value(a.get(k), 80)} -> {_short_value(bmap.get(k), 80)}"
+             for k in bmap if k in a and a[k] != bmap[k] and "version" not in k.lower()]
+    diffs += [f"{k}: {_short_value(a.get(k), 40)} -> {_short_value(bmap.get(k), 80)}"
+              for k in bmap if "version" in k.lower() and a.get(k) != bmap.get(k)]
+    if diffs and (changed or len(diffs) < 4):
+        why.append(prefix + "; ".join(diffs[:4]))
+    return why
+
+
 def compare(reports: list[Report], labels: list[str] | None = None) -> list[Change]:
     """What changed per backend between ``reports`` (first = before, last = after: callers pass them from
-    older to newer toolchain). ``why`` names the new gate and cause, and evidence entries whose values
-    differ (e.g. the module's supported majors); a backend blocked in every report says first why it stays
-    blocked (the last report's gate, cause and what would lift it)."""
+    older to newer toolchain): the headline (engine answer where SGLang is installed) and the library answer,
+    each compared. ``why`` names the new gate and cause, and evidence entries whose values differ (e.g. the
+    module's supported majors); a backend blocked in every report says first why it stays blocked (the last
+    report's gate, cause and what would lift it)."""
     labels = labels or [r.label or f"#{i + 1}" for i, r in enumerate(reports)]
     backends: list[str] = []
     for r in reports:
@@ -221,23 +392,15 @@ def compare(reports: list[Report], labels: list[str] | None = None) -> list[Chan
     out = []
     for b in backends:
         vs = [r.verdict(b) for r in reports]
+        libs = [r.answers(b)["library"] for r in reports]
         statuses = [v.status if v else "absent" for v in vs]
         changed = len({(v.status, v.gate) if v else None for v in vs}) > 1
+        lib_changed = len({(v.status, v.gate) if v else None for v in libs}) > 1
         why = []
-        first = vs[0]
-        for label, v in zip(labels[1:], vs[1:]):
-            if v is None:
-                continue
-            if first is None or (v.status, v.gate) != (first.status, first.gate):
-                why.append(f"{label}: {v.status}{' [' + v.gate + ']' if v.gate else ''}: {v.cause}"
-                           + (f" (also: {v.warnings[0]})" if v.warnings else ""))
-            a, bmap = _evidence_map(first), _evidence_map(v)
-            diffs = [f"{k}: {_short_value(a.get(k), 80)} -> {_short_value(bmap.get(k), 80)}"
-                     for k in bmap if k in a and a[k] != bmap[k] and "version" not in k.lower()]
-            diffs += [f"{k}: {_short_value(a.get(k), 40)} -> {_short_value(bmap.get(k), 80)}"
-                      for k in bmap if "version" in k.lower() and a.get(k) != bmap.get(k)]
-            if diffs and (changed or len(diffs) < 4):
-                why.append("; ".join(diffs[:4]))
+        for label, v, lib, in zip(labels[1:], vs[1:], libs[1:]):
+            why += _why(label, vs[0], v, changed)
+            if lib is not None and lib is not v and (lib_changed or not why):
+                why += _why(label, libs[0], lib, lib_changed, prefix="library ")
         present = [v for v in vs if v is not None]
         if len(present) > 1 and all(v.status == "blocked" for v in present):
             # blocked everywhere: say why it stays blocked in the last (newest) report, before what differs
@@ -245,21 +408,33 @@ def compare(reports: list[Report], labels: list[str] | None = None) -> list[Chan
             lift = last.lift_detail or last.lift
             why.insert(0, f"still blocked{' [' + last.gate + ']' if last.gate else ''}: {last.cause}"
                        + (f" (what would lift it: {lift})" if lift else ""))
-        if not why and first is not None:
-            why.append(f"{first.gate or 'no gate'}: {first.cause}")
-        out.append(Change(b, statuses, changed, " | ".join(why)))
+        if not why and vs[0] is not None:
+            why.append(f"{vs[0].gate or 'no gate'}: {vs[0].cause}")
+        out.append(Change(b, statuses, changed or lib_changed, " | ".join(why)))
     return out
 
 
 def comparison_markdown(reports: list[Report], labels: list[str] | None = None) -> str:
     """The comparison matrix: one row per backend, one status column per report, and why."""
     labels = labels or [r.label or f"#{i + 1}" for i, r in enumerate(reports)]
-    lines = ["| backend | " + " | ".join(labels) + " | changed | why |",
+    lines = []
+    digests = {r.provenance.get("suite_digest") for r in reports}
+    if len(digests) > 1:
+        lines += [f"> **warning**: these reports were made by different suites ({', '.join(sorted(map(str, digests)))}); "
+                  "a verdict may differ because the suite changed, not the image.", ""]
+    lines += ["| backend | " + " | ".join(labels) + " | changed | why |",
              "| --- | " + " | ".join("---" for _ in labels) + " | --- | --- |"]
     for c in compare(reports, labels):
-        lines.append(f"| {c.backend} | " + " | ".join(c.statuses) + f" | {'yes' if c.changed else 'no'} | {_cell(c.why)} |")
+        cells = []
+        for r, st in zip(reports, c.statuses):
+            a = r.answers(c.backend)
+            both = f"library {_status(a['library'])}; engine {_status(a['engine'])}" if a["engine"] else ""
+            here = "; ".join(f"measured here ({host_label(x.host or {})}): {x.status}" for x in a["measured_here"])
+            cells.append("; ".join(x for x in (f"**{st}**", both, here) if x))
+        lines.append(f"| {c.backend} | " + " | ".join(_cell(x) for x in cells) + f" | {'yes' if c.changed else 'no'} | {_cell(c.why)} |")
     lines += ["", "| environment | " + " | ".join(labels) + " |", "| --- | " + " | ".join("---" for _ in labels) + " |"]
     lines.append("| stack | " + " | ".join(_cell(r.headline()) for r in reports) + " |")
+    lines.append("| provenance | " + " | ".join(_cell(_provenance(r.provenance)) for r in reports) + " |")
     lines.append("| findings | " + " | ".join(
         _cell("; ".join(f"{f['level']}{' ' + f['case'] if f.get('case') else ''}: {f['message']}"
                         for f in r.environment.get("findings", [])) or "-") for r in reports) + " |")

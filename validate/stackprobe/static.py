@@ -16,7 +16,10 @@ from . import gates
 from .archs import Arch, ArchSpecError, parse_arch
 from .probes import Context, probes
 from .report import Report
-from .verdict import ERROR, Verdict
+import re
+
+from .verdict import (BLOCKED, ERROR, GATE_BINARY, GATE_PASSES, LIFT_PACKAGE, SCOPE_ENGINE, SCOPE_LIBRARY,
+                      Verdict)
 
 # Compute capabilities a target may name (NVIDIA's CUDA GPUs compute-capability table; sm_101 was
 # renamed sm_110 in CUDA 13.0). Valid spellings per archs.VALID_FORMS.
@@ -120,20 +123,74 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
                     label=label, options={"jit_compile": jit_compile, "coverage_reader": coverage_reader,
                                           "reader_error": reader_error, "world_size": world_size,
                                           "topology": topo, "topology_source": topo_source})
+    torch_gap = torch_lacks_target(environment, target, next((c for c in coverage_list if c.package == "torch"), None))
+    if torch_gap:
+        environment.setdefault("findings", []).append({"case": "C19", "level": "error", "message": torch_gap})
+    host = {"compute_capability": target.cc, "topology": topo, "world_size": world_size, "topology_source": topo_source}
     for mod in probes():
         names = list(getattr(mod, "BACKENDS", ()))
         if backends and not set(names) & set(backends):
             continue
         _log(f"probe {', '.join(names)}", quiet)
-        try:
-            verdicts = mod.probe(ctx)
-        except Exception as e:  # noqa: BLE001 - a probe bug is a verdict, not the end of the suite
-            tb = traceback.format_exc().strip().splitlines()
-            verdicts = [Verdict(n, ERROR, cause=f"static probe crashed: {type(e).__name__}: {e}",
-                                warnings=[" / ".join(tb[-3:])]) for n in names]
+        verdicts = []
+        for scope, fn in ((SCOPE_LIBRARY, getattr(mod, "library_gate", None) or mod.probe),
+                          (SCOPE_ENGINE, getattr(mod, "engine_gate", None))):
+            if fn is None:
+                continue
+            try:
+                verdicts += fn(ctx)
+            except Exception as e:  # noqa: BLE001 - a probe bug is a verdict, not the end of the suite
+                tb = traceback.format_exc().strip().splitlines()
+                verdicts += [Verdict(n, ERROR, scope=scope, cause=f"static {scope} gate crashed: {type(e).__name__}: {e}",
+                                     warnings=[" / ".join(tb[-3:])]) for n in names]
         for v in verdicts:
+            if not v.host:
+                v.host = dict(host)
+            if torch_gap and v.status == GATE_PASSES and not v.backend.startswith("nccl-"):
+                v.status, v.gate, v.lift = BLOCKED, GATE_BINARY, LIFT_PACKAGE
+                v.cause = f"{torch_gap} (case C19); this backend runs torch kernels"
+                v.lift_detail = f"a torch build whose arch list covers {target.cc} (TORCH_CUDA_ARCH_LIST={target.cc})"
             if not backends or v.backend in backends:
                 report.add(v)
     post_pass(report.verdicts, environment, target, topo, floor, too_new)
     report.options["seconds"] = round(time.time() - t0, 1)
     return report
+
+
+_ARCH_ENTRY = re.compile(r"^(sm|compute)_(\d+)(\d)([af]?)$")
+
+
+def arch_entry_runs_on(entry: str, target: Arch) -> bool:
+    """Whether one entry of torch's arch list (``sm_90``, ``sm_120a``, ``compute_90``) can run on
+    ``target`` (CUDA C Programming Guide, binary compatibility): SASS ``sm_XY`` runs on X.z for z >= Y;
+    ``sm_XYa`` only on X.Y; ``sm_XYf`` on the X family at minor >= Y; PTX ``compute_XY`` JIT-compiles
+    on any compute capability >= X.Y."""
+    m = _ARCH_ENTRY.match(entry.strip())
+    if not m:
+        return False
+    kind, major, minor, suffix = m.group(1), int(m.group(2)), int(m.group(3)), m.group(4)
+    if kind == "compute":
+        return (major, minor) <= (target.major, target.minor)
+    if suffix == "a":
+        return (major, minor) == (target.major, target.minor)
+    return major == target.major and minor <= target.minor
+
+
+def torch_lacks_target(environment: dict, target: Arch, coverage=None) -> str:
+    """Case C19: a one-sentence finding when this CUDA build of torch carries no kernel image for
+    ``target`` (its own ``torch.cuda.get_arch_list()``, or, where that is unreadable, the static coverage of
+    its shared objects: level "none"), else "". A CPU-only torch (no CUDA version) is not judged here: it
+    is reported by the environment."""
+    t = environment.get("torch") or {}
+    archs = t.get("arch_list") or []
+    if not t.get("cuda"):
+        return ""
+    if not archs:
+        if coverage is not None and getattr(coverage, "level", "") == "none":
+            return (f"torch {t.get('version')} carries no kernel image for {target.cc}: none of its shared objects has "
+                    f"SASS or PTX for it ({', '.join(coverage.files_without[:3]) if getattr(coverage, 'files_without', None) else 'static coverage'})")
+        return ""
+    if any(arch_entry_runs_on(a, target) for a in archs):
+        return ""
+    return (f"torch {t.get('version')} carries no kernel image for {target.cc}: its arch list is {archs} "
+            f"(torch.cuda.get_arch_list())")

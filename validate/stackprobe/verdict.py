@@ -31,9 +31,15 @@ GATE_NEEDS_RUNTIME = "needs-runtime"  # static tier cannot decide; GPUs must
 GATE_NOT_INSTALLED = "not-installed"
 GATE_DRIVER = "driver"                # the host's CUDA driver is below the stack's CUDA floor (R580 for 13.x)
 GATE_KNOWN_BAD = "known-bad-release"  # an installed release is listed in stackprobe/data/known_bad.toml
+GATE_NOT_INTEGRATED = "not-integrated"  # the installed engine never references the backend
 GATE_KINDS = (GATE_TOOLCHAIN, GATE_PYTHON, GATE_BINARY, GATE_TOPOLOGY, GATE_CUDA_GRAPH, GATE_SETTING,
               GATE_CRASH, GATE_HANG, GATE_WRONG, GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED, GATE_DRIVER,
-              GATE_KNOWN_BAD)
+              GATE_KNOWN_BAD, GATE_NOT_INTEGRATED)
+
+# scope of an answer: does the library admit the target, or will the engine enable it on the target host
+SCOPE_LIBRARY = "library"
+SCOPE_ENGINE = "engine"
+SCOPES = ("", SCOPE_LIBRARY, SCOPE_ENGINE)
 
 # what would lift a block
 LIFT_CUDA = "cuda-upgrade"
@@ -66,6 +72,10 @@ class Verdict:
     (empty when passing). ``cause``: one sentence. ``lift``: one of the ``LIFT_*`` values and
     ``lift_detail`` says concretely what (``flashinfer-python>=0.6.17``, ``NCCL_ALGO=allreduce:tree``).
     ``tier``: "static" or "runtime". ``measurements``: runtime figures (us, GB/s) keyed by name.
+    ``scope``: "library" (the library admits the target: code, tables, binaries), "engine" (the
+    installed serving engine, SGLang, would enable it on the target host) or "" (older reports).
+    ``host``: where a runtime verdict was measured (compute capability, topology, world size, driver,
+    torch and NCCL versions); a static verdict's host is the target it was judged for.
     """
 
     backend: str
@@ -78,12 +88,16 @@ class Verdict:
     evidence: list[Evidence] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     measurements: dict[str, Any] = field(default_factory=dict)
+    scope: str = ""
+    host: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.status not in STATUSES:
             raise ValueError(f"unknown verdict status {self.status!r}; one of {STATUSES}")
         if self.gate and self.gate not in GATE_KINDS:
             raise ValueError(f"unknown gate kind {self.gate!r}; one of {GATE_KINDS}")
+        if self.scope not in SCOPES:
+            raise ValueError(f"unknown verdict scope {self.scope!r}; one of {SCOPES}")
 
     def add(self, what: str, value: Any, source: str = "") -> "Verdict":
         self.evidence.append(Evidence(what, value, source))
@@ -96,6 +110,7 @@ class Verdict:
 
     @classmethod
     def from_json(cls, d: dict) -> "Verdict":
-        d = dict(d)
+        known = set(cls.__dataclass_fields__)
+        d = {k: v for k, v in d.items() if k in known}
         d["evidence"] = [Evidence(**e) for e in d.get("evidence", [])]
         return cls(**d)

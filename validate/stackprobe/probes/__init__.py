@@ -1,5 +1,14 @@
-"""Static probes, one module per backend. Each exposes ``BACKENDS`` (the backend names it answers
-for) and ``probe(ctx) -> list[Verdict]``; :data:`PROBES` lists them in report order.
+"""Static probes, one module per backend. Each module is the backend's unit and exposes
+
+* ``BACKENDS``: the backend names it answers for;
+* ``library_gate(ctx) -> list[Verdict]`` (scope "library"): does the library (FlashInfer, torch, NCCL,
+  MSCCL++, sgl-kernel) admit the target: its code, tables and binaries;
+* ``engine_gate(ctx) -> list[Verdict]`` (scope "engine"): will the installed SGLang enable it on the
+  target host (topology, world size): every condition on its path, read from its source
+  (:mod:`.sglang_engine`); ``skipped (not installed: sglang)`` without SGLang;
+* ``RUNTIME``: ``{"library": runtime backends timing the library kernel (:mod:`stackprobe.runtime.probes`),
+  "engine": runtime rows of SGLang's own communicator (:mod:`stackprobe.runtime.engine`)}``;
+* ``probe(ctx)``: both answers, library first. :func:`probes` lists the modules in report order.
 
 A probe reads the gate from the installed package (calls its gate code in a child interpreter or
 reads its table with ``ast``), never from a copy of a version's table in this suite.
@@ -36,8 +45,10 @@ class Context:
 
 
 def _load():
-    from . import ep_flashinfer_a2a, extras, flashinfer_fusion, nccl, sglang_custom_ar, torch_symm_mem
-    return [nccl, flashinfer_fusion, sglang_custom_ar, torch_symm_mem, ep_flashinfer_a2a, extras]
+    from . import (b12x, ep_flashinfer_a2a, flashinfer_fusion, flashinfer_pcie_ipc, mscclpp, nccl, sglang_custom_ar,
+                   torch_symm_mem)
+    return [nccl, flashinfer_fusion, sglang_custom_ar, torch_symm_mem, ep_flashinfer_a2a, flashinfer_pcie_ipc, b12x,
+            mscclpp]
 
 
 def probes():

@@ -14,11 +14,13 @@ from __future__ import annotations
 from .. import source
 from ..env import dist_version
 from ..verdict import (BLOCKED, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_TOPOLOGY, LIFT_NONE_NEEDED,
-                       LIFT_NOTHING, LIFT_PACKAGE, SKIPPED, Verdict)
+                       LIFT_NOTHING, LIFT_PACKAGE, SCOPE_ENGINE, SCOPE_LIBRARY, SKIPPED, Verdict)
 from . import flashinfer_common as fi
+from . import sglang_engine as se
 from .sglang_custom_ar import sglang_root, short
 
 BACKENDS = ("ep-flashinfer-a2a",)
+RUNTIME = {"library": (), "engine": ()}
 PRECONDITION = "_flashinfer_a2a_topology_is_supported"
 
 
@@ -30,15 +32,19 @@ def _flashinfer_has(module: str, name: str) -> bool | None:
     return name in source.defined_names(path)
 
 
-def probe(ctx) -> list[Verdict]:
-    v = Verdict("ep-flashinfer-a2a", GATE_PASSES, lift=LIFT_NONE_NEEDED)
+def engine_gate(ctx) -> list[Verdict]:
+    """SGLang's dispatcher, its precondition and the FlashInfer names it imports, with the topology."""
+    v = Verdict("ep-flashinfer-a2a", GATE_PASSES, lift=LIFT_NONE_NEEDED, scope=SCOPE_ENGINE)
     sg, fv = dist_version("sglang"), fi.version()
     root = sglang_root()
-    if sg is None or root is None or fv is None:
-        missing = [n for n, x in (("sglang", sg), ("flashinfer-python", fv)) if x is None]
-        v.status, v.gate, v.cause = SKIPPED, GATE_NOT_INSTALLED, f"{' and '.join(missing)} not installed"
-        v.lift = LIFT_PACKAGE
+    if sg is None or root is None:
+        return [se.not_installed("ep-flashinfer-a2a")]
+    if fv is None:
+        v.status, v.gate, v.cause, v.lift = SKIPPED, GATE_NOT_INSTALLED, "not installed: flashinfer-python", LIFT_PACKAGE
         return [v]
+    eng = se.installed()
+    if eng is not None and not eng.references("MoeAlltoAll", "moe_a2a_backend"):
+        return [se.not_integrated("ep-flashinfer-a2a", eng, ("MoeAlltoAll", "moe_a2a_backend"), ctx)]
     v.add("versions", {"sglang": sg, "flashinfer-python": fv}, "distribution metadata")
     blocks: list[tuple[str, str, str, str]] = []  # (gate, cause, lift, detail)
     # 1. names SGLang imports from flashinfer for its a2a dispatcher
@@ -97,3 +103,36 @@ def probe(ctx) -> list[Verdict]:
         return [v]
     v.cause = "the installed packages admit the target; the runtime tier must measure it"
     return [v]
+
+
+def library_gate(ctx) -> list[Verdict]:
+    """FlashInfer's side: its all-to-all JIT modules' arch lists and the MNNVL (NVLink fabric) design."""
+    v = Verdict("ep-flashinfer-a2a", GATE_PASSES, lift=LIFT_NONE_NEEDED, scope=SCOPE_LIBRARY)
+    fv = fi.version()
+    if fv is None:
+        v.status, v.gate, v.cause, v.lift = SKIPPED, GATE_NOT_INSTALLED, "not installed: flashinfer-python", LIFT_PACKAGE
+        return [v]
+    v.add("flashinfer-python version", fv, "distribution metadata")
+    try:
+        table = fi.all_module_majors()
+    except (source.SourceNotFound, SyntaxError) as e:
+        v.status, v.cause = "error", f"cannot read flashinfer/jit/comm.py of flashinfer-python {fv}: {e}"
+        return [v]
+    a2a = {k: val for k, val in table.items() if "alltoall" in k and ("moe" in k or "nvlink" in k)}
+    v.add("a2a JIT modules' supported majors (None = unrestricted)", a2a, "flashinfer/jit/comm.py (ast)")
+    refused = [k for k, val in a2a.items() if val is not None and ctx.target.major not in val]
+    if a2a and len(refused) == len(a2a):
+        v.status, v.gate, v.lift = BLOCKED, GATE_PYTHON, LIFT_PACKAGE
+        v.cause = f"every a2a JIT module's arch list excludes major {ctx.target.major}: {refused}"
+        return [v]
+    if ctx.topology != "nvlink":
+        v.status, v.gate, v.lift = BLOCKED, GATE_TOPOLOGY, LIFT_NOTHING
+        v.cause = f"FlashInfer's MoE all-to-all kernels are MNNVL/NVLink designs; this {ctx.topology} host has none"
+        v.lift_detail = "not on PCIe"
+        return [v]
+    v.cause = "FlashInfer's a2a modules admit the target on NVLink"
+    return [v]
+
+
+def probe(ctx) -> list[Verdict]:
+    return library_gate(ctx) + engine_gate(ctx)

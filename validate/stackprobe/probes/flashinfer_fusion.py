@@ -11,8 +11,15 @@ Gates, in order (FACTS, "The dead-end backends"):
 3. a compiler: the JIT needs nvcc (or a flashinfer-jit-cache built for the target);
 4. optionally (``--jit-compile``) a compile-only build of the module's object files for the target,
    inspected for SASS (minutes; cached by content).
-Topology (SGLang's workspace preflight asks for multicast granularity; gains reported only at TP2) is
-left to the runtime tier.
+Those are the library's answer (:func:`library_gate`). The engine's answer (:func:`engine_gate`, read from
+the installed SGLang, FACTS "SGLang 0.5.23's own gates"; case C13):
+
+1. the server argument ``--flashinfer-allreduce-fusion-backend`` (auto-enabled only for listed models);
+2. ``_resolve_backend`` in ``srt/layers/flashinfer_comm_fusion.py`` raises unless the GPU passes its
+   platform predicates (0.5.23: ``is_sm90 or is_sm100``, majors 9 and 10, from ``srt/utils/common.py``);
+   ``flashinfer_ar_fusion_applies`` repeats that per call;
+3. the workspace preflight asks the driver for multicast granularity (``cuMulticastGetGranularity``)
+   and SGLang skips fusion when it fails; PCIe-only GPUs have no multicast (it needs NVSwitch).
 """
 from __future__ import annotations
 
@@ -21,16 +28,20 @@ import os
 from .. import source
 from ..coverage import SASS_LEVELS
 from ..env import effective_nvcc
-from ..verdict import (BLOCKED, ERROR, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_TOOLCHAIN, LIFT_CUDA,
-                       LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_SETTING, LIFT_UNKNOWN, SKIPPED, Verdict)
+from ..verdict import (BLOCKED, ERROR, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_TOOLCHAIN,
+                       GATE_TOPOLOGY, LIFT_CUDA,
+                       LIFT_NONE_NEEDED, LIFT_NOTHING, LIFT_PACKAGE, LIFT_SETTING, LIFT_UNKNOWN, SCOPE_LIBRARY, SKIPPED, Verdict)
 from . import flashinfer_common as fi
+from . import sglang_engine as se
 
 BACKENDS = ("flashinfer-allreduce-fusion",)
+# runtime runners: the library kernel (stackprobe.runtime.probes) and SGLang's own workspace (runtime.engine)
+RUNTIME = {"library": ("flashinfer-allreduce-fusion",), "engine": ("sglang-flashinfer-fusion-workspace",)}
 MODULE_FN = "gen_trtllm_comm_module"
 
 
-def probe(ctx) -> list[Verdict]:
-    v = Verdict("flashinfer-allreduce-fusion", GATE_PASSES, lift=LIFT_NONE_NEEDED)
+def library_gate(ctx) -> list[Verdict]:
+    v = Verdict("flashinfer-allreduce-fusion", GATE_PASSES, lift=LIFT_NONE_NEEDED, scope=SCOPE_LIBRARY)
     ver = fi.version()
     if ver is None:
         v.status, v.gate, v.cause = SKIPPED, GATE_NOT_INSTALLED, "flashinfer-python is not installed"
@@ -131,42 +142,103 @@ def probe(ctx) -> list[Verdict]:
             v.status, v.gate, v.lift = BLOCKED, GATE_TOOLCHAIN, LIFT_UNKNOWN
             v.cause = f"compiled objects lack SASS for {target.cc}: {bad}"
             return [v]
-    _sglang_multicast_preflight(v, ctx)
     v.cause = (f"FlashInfer admits major {target.major} for the allreduce-fusion module and targets {' '.join(eff)} "
-               f"here; the runtime tier must still measure it (multicast workspace preflight, PCIe)")
+               f"here (the library's answer; SGLang's own gates are the engine answer)")
     return [v]
 
 
-def _sglang_multicast_preflight(v: Verdict, ctx) -> None:
-    """Where the installed sglang's fusion workspace preflight asks the driver for multicast
-    granularity (``cuMulticastGetGranularity``): on a host without multicast (PCIe) that call fails and
-    SGLang does not create the fusion workspace (FACTS). Adds evidence and, off NVLink, a warning."""
+FUSION_FILE = "srt/layers/flashinfer_comm_fusion.py"
+PER_CALL_CHECKS = ("flashinfer_ar_fusion_applies", "apply_flashinfer_allreduce_fusion")
+
+
+def engine_gate(ctx) -> list[Verdict]:
+    """Will the installed SGLang enable FlashInfer allreduce fusion on the target host (C13)?"""
+    b = BACKENDS[0]
+    eng = se.installed()
+    if eng is None:
+        return [se.not_installed(b)]
+    try:
+        return [_engine(ctx, eng)]
+    except se.GateNotFound as e:
+        return [se.error(b, eng, e, ctx)]
+
+
+def _engine(ctx, eng) -> Verdict:
     import ast
 
-    root = source.package_dir("sglang")
-    if root is None:
-        return
-    layers = root / "srt" / "layers"
-    hits = []
-    for p in source.find_files_containing(layers if layers.is_dir() else root, "cuMulticastGetGranularity"):
-        if "flashinfer" not in p.name:
-            continue
-        try:
-            tree = source.parse(p)
-        except SyntaxError:
-            continue
-        fns = source.functions(tree)
-        for name, fn in fns.items():
-            for node in ast.walk(fn):
-                if isinstance(node, ast.Attribute) and node.attr == "cuMulticastGetGranularity":
-                    parts = p.parts
-                    rel = "/".join(parts[parts.index("sglang"):]) if "sglang" in parts else str(p)
-                    hits.append(f"{rel}:{node.lineno} {name}")
-                    break
-    if hits:
-        v.add("SGLang fusion workspace preflight queries multicast granularity", hits, "sglang source (ast)")
-        if ctx.topology != "nvlink":
-            v.warnings.append("SGLang's fusion workspace preflight asks the driver for multicast granularity "
-                              f"({hits[0]}); on a {ctx.topology} host without multicast it fails and SGLang skips "
-                              "the fusion: the runtime tier decides")
+    refs = eng.references("allreduce_fusion")
+    if not refs:
+        return se.not_integrated(BACKENDS[0], eng, ("allreduce_fusion",), ctx)
+    ans = se.EngineAnswer(BACKENDS[0], eng, ctx)
+    # 1. the server argument
+    ans.add(se.Gate("server argument", True, f"sglang/{FUSION_FILE}", value="--flashinfer-allreduce-fusion-backend "
+                    "(auto-enabled only for the models SGLang lists, on SM90/SM10X)"))
+    # 2. the platform checks: the one that raises at start-up (0.5.23: _resolve_backend) and the per-call one
+    #    (0.5.23: flashinfer_ar_fusion_applies; 0.5.9: apply_flashinfer_allreduce_fusion); at least one must be found
+    table = se.platform_majors(eng)
+    found = 0
+    try:
+        fn = eng.function(FUSION_FILE, "_resolve_backend")
+    except se.GateNotFound:
+        fn = None
+    check = se.raising_arch_check(fn) if fn is not None else None
+    if check is not None:
+        names, majors = se.predicate_majors(check.test, table)
+        where = f"sglang/{FUSION_FILE}:{check.lineno} _resolve_backend `{ast.unparse(check.test)}`"
+        ans.add(se.Gate("platform check", ctx.target.major in majors, where, GATE_PYTHON,
+                        f"fusion requires compute-capability majors {majors} ({' or '.join(names)}); the target "
+                        f"{ctx.target.cc} is refused (ValueError)", se.LIFT_PACKAGE,
+                        f"an sglang release whose _resolve_backend admits major {ctx.target.major}", value=majors))
+        found += 1
+    layers = eng.root / "srt" / "layers"
+    for name in PER_CALL_CHECKS:
+        for path in source.find_files_containing(layers, f"def {name}("):
+            afn = source.functions(source.parse(path)).get(name)
+            if afn is None:
+                continue
+            a_names, a_majors = se.predicate_majors(afn, table)
+            if not a_majors:
+                continue
+            ans.add(se.Gate("per-call check", ctx.target.major in a_majors, f"{se.short(path)}:{afn.lineno} {name}",
+                            GATE_PYTHON, f"the per-call check {name} admits majors {a_majors} only "
+                            f"({' or '.join(dict.fromkeys(a_names))})", se.LIFT_PACKAGE,
+                            f"an sglang release whose {name} admits major {ctx.target.major}", value=a_majors))
+            found += 1
+            break
+    if not found:
+        raise se.GateNotFound(f"gate not found in sglang {eng.version} at sglang/{FUSION_FILE}: neither a platform check "
+                              f"in _resolve_backend nor a per-call check ({' / '.join(PER_CALL_CHECKS)}) under sglang/srt/layers")
+    # 3. the multicast preflight: wherever SGLang asks the driver for multicast granularity. Required when SGLang
+    #    builds FlashInfer's unified workspace (its trtllm SymmDeviceMemory is multicast); releases on the older
+    #    CUDA-IPC workspace (0.5.9) have none.
+    pre = None
+    srt = eng.root / "srt"
+    for path in source.find_files_containing(srt, "cuMulticastGetGranularity"):
+        for name, node in source.functions(source.parse(path)).items():
+            if any(isinstance(n, ast.Attribute) and n.attr == "cuMulticastGetGranularity" for n in ast.walk(node)):
+                pre = (se.short(path), name, next(n.lineno for n in ast.walk(node) if isinstance(n, ast.Attribute)
+                                                  and n.attr == "cuMulticastGetGranularity"))
+                break
+        if pre:
+            break
+    unified = "create_allreduce_fusion_workspace" in eng.file(FUSION_FILE).read_text(encoding="utf-8", errors="replace")
+    if pre is None and unified:
+        raise se.GateNotFound(f"gate not found in sglang {eng.version} at sglang/{FUSION_FILE}: it builds FlashInfer's "
+                              "unified (multicast) workspace but no workspace preflight calling cuMulticastGetGranularity "
+                              "was found under sglang/srt")
+    if pre is None:
+        ans.add(se.Gate("workspace preflight (multicast)", True, f"sglang/{FUSION_FILE}",
+                        value="none in this release: it builds the older CUDA-IPC workspace"))
+    else:
+        mc = ctx.topology == "nvlink"
+        ans.add(se.Gate("workspace preflight (multicast)", mc, f"{pre[0]}:{pre[2]} {pre[1]}", GATE_TOPOLOGY,
+                        f"the fusion workspace preflight asks the driver for multicast granularity (cuMulticastGetGranularity) "
+                        f"and skips fusion when it fails; {ctx.topology} GPUs report CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 0 "
+                        "(multicast needs NVSwitch)", LIFT_NOTHING, "nothing on PCIe: multicast needs an NVSwitch (NVLink) system",
+                        value=f"topology {ctx.topology} ({ctx.topology_source})"))
+    return ans.verdict(f"SGLang {eng.version} admits compute capability {ctx.target.cc} and the {ctx.topology} host "
+                       "passes the multicast preflight; enable it with --flashinfer-allreduce-fusion-backend")
 
+
+def probe(ctx) -> list[Verdict]:
+    return library_gate(ctx) + engine_gate(ctx)

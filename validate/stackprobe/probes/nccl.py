@@ -13,9 +13,10 @@ import os
 
 from .. import gates
 from ..verdict import (BLOCKED, GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED, GATE_PASSES, GATE_SETTING, LIFT_NONE_NEEDED,
-                       LIFT_SETTING, LIFT_UNKNOWN, SKIPPED, Verdict)
+                       LIFT_SETTING, LIFT_UNKNOWN, SCOPE_LIBRARY, SKIPPED, Verdict)
 
 BACKENDS = ("nccl-ring", "nccl-tree")
+RUNTIME = {"library": ("nccl-ring", "nccl-tree", "nccl-allreduce-tree"), "engine": ("sglang-pynccl",)}
 
 
 def _nccl_version(env: dict) -> tuple[str | None, str]:
@@ -38,7 +39,7 @@ def _process_wide_tree(value: str) -> bool:
     return not v.startswith("^") and algos == {"tree"}
 
 
-def probe(ctx) -> list[Verdict]:
+def library_gate(ctx) -> list[Verdict]:
     version, source = _nccl_version(ctx.env)
     algo = os.environ.get("NCCL_ALGO", "")
     out = []
@@ -51,6 +52,7 @@ def probe(ctx) -> list[Verdict]:
     if version is None:
         err = ctx.env.get("torch", {}).get("nccl_error") or ctx.env.get("torch", {}).get("import_error", "")
         for v in (ring, tree):
+            v.scope = SCOPE_LIBRARY
             v.status, v.gate, v.lift = SKIPPED, GATE_NOT_INSTALLED, LIFT_UNKNOWN
             v.cause = "no NCCL in this environment (torch without NCCL and no nvidia-nccl wheel)"
             v.add("torch NCCL query", err, "torch.cuda.nccl.version()")
@@ -67,4 +69,15 @@ def probe(ctx) -> list[Verdict]:
         tree.add("NCCL_ALGO form", "per-collective or exclusion list: other collectives keep their algorithms", "environment")
     gates.nccl_library_gate(ctx, [ring, tree], version)   # libnccl coverage + known-bad data (C26)
     out += [ring, tree]
+    for v in out:
+        v.scope = SCOPE_LIBRARY
     return out
+
+
+def engine_gate(ctx) -> list[Verdict]:
+    """NCCL is SGLang's fallback for every allreduce (pynccl): no engine gate of its own is read here."""
+    return []
+
+
+def probe(ctx) -> list[Verdict]:
+    return library_gate(ctx) + engine_gate(ctx)

@@ -1,0 +1,268 @@
+"""Cases C13-C18: the engine's answer, read from the real SGLang 0.5.23 wheel's source (and FlashInfer 0.7.2
+for the library's answer), plus edited copies of it for the future-release cases (C14: the size table gains key
+12; C17: gates that moved). Every engine gate also has a test that shows it failing closed: an error naming
+the package, its version and the file, never gate-passes."""
+from __future__ import annotations
+
+import pytest
+
+from validate_support import engine_copy, evidence, fake_nvcc, pip_target, run_suite, suite_venv, verdict
+
+pytestmark = pytest.mark.network
+
+SGLANG = "sglang==0.5.23"
+FUSION = "flashinfer-allreduce-fusion"
+SYMM = "torch-symm-mem"
+CAR = "sglang-custom-allreduce"
+PCIE = "flashinfer-pcie-ipc-allreduce"
+MSCCLPP = "mscclpp"
+COMM = "sglang/srt/distributed/device_communicators"
+
+
+@pytest.fixture(scope="module")
+def venv():
+    return suite_venv()
+
+
+@pytest.fixture(scope="module")
+def sglang():
+    return pip_target(SGLANG)
+
+
+@pytest.fixture(scope="module")
+def fi():
+    return pip_target("flashinfer-python==0.7.2")
+
+
+@pytest.fixture(scope="module")
+def nvcc131(tmp_path_factory):
+    return fake_nvcc(tmp_path_factory.mktemp("nvcc131") / "bin", "13.1", "13.1.80").parent
+
+
+@pytest.fixture(scope="module")
+def real(venv, sglang, fi, nvcc131):
+    """The target of the product: 12.0 on PCIe at world size 8, SGLang 0.5.23 and FlashInfer 0.7.2."""
+    return run_suite(venv, [sglang, fi], ["--topology", "pcie", "--world-size", "8"], path_first=[nvcc131])[0]
+
+
+def _engine_cites(v: dict, *needles: str) -> None:
+    for n in needles:
+        assert n in v["cause"], f"{n!r} not in {v['cause']!r}"
+
+
+# --- C13 ---------------------------------------------------------------------------------------------
+def test_c13_fusion_engine_answer_cites_sglangs_own_gates(real):
+    lib, eng = verdict(real, FUSION, "library"), verdict(real, FUSION, "engine")
+    assert lib["status"] == "gate-passes"                     # FlashInfer 0.7.2 admits major 12 ...
+    assert eng["status"] == "blocked"                         # ... SGLang 0.5.23 will not enable it here
+    # first on SGLang's path: its platform check, read from the installed source (majors 9 and 10)
+    plat = evidence(eng, "engine gate: platform check")
+    assert plat["value"] == {"admits": False, "value": [9, 10]}
+    assert plat["source"].startswith("sglang/srt/layers/flashinfer_comm_fusion.py:") and "_resolve_backend" in plat["source"]
+    assert eng["gate"] == "python-table"
+    # and the multicast preflight, which nothing on PCIe lifts: the lift is the hardest of the two
+    pre = evidence(eng, "engine gate: workspace preflight (multicast)")
+    assert pre["value"]["admits"] is False and "_flashinfer_trtllm_workspace_allocation_sizes" in pre["source"]
+    _engine_cites(eng, "cuMulticastGetGranularity", "CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 0", "_resolve_backend")
+    assert eng["lift"] == "nothing-on-this-topology"
+    assert eng["scope"] == "engine" and eng["host"]["topology"] == "pcie" and eng["host"]["world_size"] == 8
+
+
+def test_c13_on_an_admitted_arch_the_preflight_alone_blocks_on_pcie_and_passes_on_nvlink(venv, sglang, fi, nvcc131):
+    r = run_suite(venv, [sglang, fi], ["--backend", FUSION, "--target-arch", "9.0", "--topology", "pcie"],
+                  path_first=[nvcc131])[0]
+    v = verdict(r, FUSION, "engine")
+    assert v["status"] == "blocked" and v["gate"] == "topology" and v["lift"] == "nothing-on-this-topology"
+    _engine_cites(v, "flashinfer_comm_fusion.py:300 _flashinfer_trtllm_workspace_allocation_sizes")
+    r = run_suite(venv, [sglang, fi], ["--backend", FUSION, "--target-arch", "9.0", "--topology", "nvlink"],
+                  path_first=[nvcc131])[0]
+    assert verdict(r, FUSION, "engine")["status"] == "gate-passes"
+
+
+def test_c13_fails_closed_when_the_platform_checks_moved(venv, sglang, tmp_path):
+    rel = "sglang/srt/layers/flashinfer_comm_fusion.py"
+    per_call = "sglang/srt/layers/layer_boundary/residual/add_norm.py"
+    copy = engine_copy(sglang, tmp_path / "sg", {rel: ("def _resolve_backend(", "def _resolve_fusion_backend("),
+                                                 per_call: ("def flashinfer_ar_fusion_applies(", "def fusion_applies(")})
+    v = verdict(run_suite(venv, [copy], ["--backend", FUSION])[0], FUSION, "engine")
+    assert v["status"] == "error"
+    assert v["cause"].startswith(f"gate not found in sglang 0.5.23 at {rel}: neither a platform check in _resolve_backend")
+    # one of the two is enough to decide
+    copy2 = engine_copy(sglang, tmp_path / "sg2", {rel: ("def _resolve_backend(", "def _resolve_fusion_backend(")})
+    v2 = verdict(run_suite(venv, [copy2], ["--backend", FUSION])[0], FUSION, "engine")
+    assert v2["status"] == "blocked" and "flashinfer_ar_fusion_applies admits majors [9, 10]" in v2["cause"]
+
+
+def test_c13_sglang_0_5_9_per_call_check_and_no_multicast_preflight(venv, fi, nvcc131):
+    v = verdict(run_suite(venv, [pip_target("sglang==0.5.9"), fi], ["--backend", FUSION], path_first=[nvcc131])[0],
+                FUSION, "engine")
+    assert v["status"] == "blocked" and v["gate"] == "python-table"
+    assert "sglang/srt/layers/communicator.py:91 apply_flashinfer_allreduce_fusion" in v["cause"]
+    pre = evidence(v, "engine gate: workspace preflight (multicast)")
+    assert pre["value"] == {"admits": True, "value": "none in this release: it builds the older CUDA-IPC workspace"}
+
+
+def test_c13_fails_closed_when_the_preflight_is_gone(venv, sglang, tmp_path):
+    rel = "sglang/srt/layers/flashinfer_comm_fusion.py"
+    copy = engine_copy(sglang, tmp_path / "sg", {rel: ("cuda_driver.cuMulticastGetGranularity(", "cuda_driver.cuGranularity(")})
+    v = verdict(run_suite(venv, [copy], ["--backend", FUSION, "--target-arch", "9.0"])[0], FUSION, "engine")
+    assert v["status"] == "error" and "sglang 0.5.23" in v["cause"] and rel in v["cause"]
+    assert "cuMulticastGetGranularity" in v["cause"] and "unified (multicast) workspace" in v["cause"]
+
+
+# --- C11 / C14 ---------------------------------------------------------------------------------------
+def test_c11_c14_symm_mem_engine_answer_on_the_real_release(real):
+    lib, eng = verdict(real, SYMM, "library"), verdict(real, SYMM, "engine")
+    assert lib["status"] == "gate-passes"                      # torch has the ops
+    assert eng["status"] == "blocked" and eng["gate"] == "python-table"
+    keys = evidence(eng, "engine gate: TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES keys")
+    assert keys["value"] == {"admits": False, "value": [9, 10]}
+    assert keys["source"].startswith(f"{COMM}/all_reduce_utils.py:3 (ast); lookup get at {COMM}/torch_symm_mem.py:80")
+    mc = evidence(eng, "engine gate: multicast pointer check")
+    assert mc["value"]["admits"] is False and mc["source"].startswith(f"{COMM}/torch_symm_mem.py:116")
+    assert eng["lift"] == "nothing-on-this-topology"
+
+
+@pytest.fixture(scope="module")
+def sglang_key12(sglang, tmp_path_factory):
+    rel = f"{COMM}/all_reduce_utils.py"
+    return engine_copy(sglang, tmp_path_factory.mktemp("key12") / "sg", {rel: (
+        "    10: {\n", "    12: {\n        2: 64 * MiB,\n        4: 64 * MiB,\n        8: 64 * MiB,\n    },\n    10: {\n")})
+
+
+def test_c14_a_table_with_key_12_is_still_blocked_by_multicast_on_pcie(venv, sglang_key12):
+    v = verdict(run_suite(venv, [sglang_key12], ["--backend", SYMM])[0], SYMM, "engine")
+    assert evidence(v, "engine gate: TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES keys")["value"] == {"admits": True, "value": [9, 10, 12]}
+    assert v["status"] == "blocked" and v["gate"] == "topology" and v["lift"] == "nothing-on-this-topology"
+    assert "multicast" in v["cause"] and "multicast_ptr == 0" in evidence(v, "engine gate: multicast pointer check")["source"]
+    assert "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES" in v["lift_detail"] and "multicast" in v["lift_detail"]   # both named
+    # on NVLink (multicast) the same copy passes, and at a world size the table lacks it blocks again
+    assert verdict(run_suite(venv, [sglang_key12], ["--backend", SYMM, "--topology", "nvlink"])[0], SYMM, "engine")["status"] == "gate-passes"
+    v6 = verdict(run_suite(venv, [sglang_key12], ["--backend", SYMM, "--topology", "nvlink", "--world-size", "6"])[0],
+                 SYMM, "engine")
+    assert v6["status"] == "blocked" and "world size 6" in v6["cause"]
+
+
+def test_c17_symm_mem_table_moved_into_a_class_is_an_error(venv, sglang, tmp_path):
+    rel = f"{COMM}/all_reduce_utils.py"
+    copy = engine_copy(sglang, tmp_path / "sg", {rel: ("TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES = {",
+                                                       "class Sizes:\n  TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES = {")})
+    v = verdict(run_suite(venv, [copy], ["--backend", SYMM])[0], SYMM, "engine")
+    assert v["status"] == "error"
+    assert v["cause"].startswith("gate not found in sglang 0.5.23 at sglang/srt: no module-level TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES")
+
+
+def test_c17_symm_mem_multicast_check_gone_is_an_error(venv, sglang_key12, tmp_path):
+    rel = f"{COMM}/torch_symm_mem.py"
+    copy = engine_copy(sglang_key12, tmp_path / "sg", {rel: ("handle.multicast_ptr == 0", "handle is None")})
+    v = verdict(run_suite(venv, [copy], ["--backend", SYMM])[0], SYMM, "engine")
+    assert v["status"] == "error" and f"at {rel}" in v["cause"] and "multicast_ptr" in v["cause"]
+
+
+# --- custom allreduce (C17) ----------------------------------------------------------------------
+def test_custom_allreduce_engine_rule_and_its_per_call_twin(real):
+    eng = verdict(real, CAR, "engine")
+    rule = evidence(eng, "engine gate: PCIe world-size rule")
+    assert rule["value"] == {"admits": False, "value": "disabled when world_size > 2 without full NVLink"}
+    assert rule["source"].startswith(f"{COMM}/custom_all_reduce_utils.py:492")
+    assert eng["status"] == "blocked" and eng["gate"] == "topology" and eng["lift"] == "nothing-on-this-topology"
+    assert "should_custom_ar" in eng["cause"]
+
+
+def test_c17_custom_allreduce_rule_written_with_self_world_size_is_an_error(venv, sglang, tmp_path):
+    rel = f"{COMM}/custom_all_reduce_utils.py"
+    copy = engine_copy(sglang, tmp_path / "sg", {rel: ("if world_size > 2 and not full_nvlink:",
+                                                       "if self.world_size > 2 and not full_nvlink:")})
+    v = verdict(run_suite(venv, [copy], ["--backend", CAR])[0], CAR, "engine")
+    assert v["status"] == "error"
+    assert v["cause"].startswith("gate not found in sglang 0.5.23 at sglang/srt/distributed: no `world_size > N and not full_nvlink` rule")
+
+
+# --- C15 -------------------------------------------------------------------------------------------
+def test_c15_mscclpp_without_the_standalone_package_is_not_installed_whatever_sgl_kernel_carries(real):
+    eng, lib = verdict(real, MSCCLPP, "engine"), verdict(real, MSCCLPP, "library")
+    assert eng["status"] == "blocked" and eng["gate"] == "not-installed" and "not installed: mscclpp" in eng["cause"]
+    imp = evidence(eng, "engine gate: import mscclpp")
+    assert imp["value"] == {"admits": False, "value": "not importable"}
+    assert imp["source"].startswith(f"{COMM}/pymscclpp.py:1047")
+    assert lib["status"] == "skipped" and lib["gate"] == "not-installed"
+
+
+def test_c15_an_importable_mscclpp_opens_that_gate(venv, sglang, tmp_path):
+    fake = tmp_path / "mscclpp_pkg"
+    (fake / "mscclpp").mkdir(parents=True)
+    (fake / "mscclpp" / "__init__.py").write_text("")
+    v = verdict(run_suite(venv, [sglang, fake], ["--backend", MSCCLPP])[0], MSCCLPP, "engine")
+    assert evidence(v, "engine gate: import mscclpp")["value"]["admits"] is True
+    assert v["status"] == "gate-passes"          # world size 8 is in (4, 8, 16, 32, 64)
+    v2 = verdict(run_suite(venv, [sglang, fake], ["--backend", MSCCLPP, "--world-size", "2"])[0], MSCCLPP, "engine")
+    assert v2["status"] == "blocked" and "not 2" in v2["cause"]
+
+
+def test_c15_fails_closed_when_the_guarded_import_is_gone(venv, sglang, tmp_path):
+    rel = f"{COMM}/pymscclpp.py"
+    copy = engine_copy(sglang, tmp_path / "sg", {rel: ("except ImportError as exc:", "except OSError as exc:")})
+    v = verdict(run_suite(venv, [copy], ["--backend", MSCCLPP])[0], MSCCLPP, "engine")
+    assert v["status"] == "error" and f"at {rel}" in v["cause"] and "0.5.23" in v["cause"]
+
+
+def test_mscclpp_in_sglang_0_5_9_runs_sgl_kernels_bundled_ops(venv):
+    """0.5.9 (the CUDA 12.8 image's pin) had no standalone import: its gate is sgl-kernel's bundled ops."""
+    sg = pip_target("sglang==0.5.9")
+    v = verdict(run_suite(venv, [sg], ["--backend", MSCCLPP])[0], MSCCLPP, "engine")
+    assert v["status"] == "blocked" and v["gate"] == "not-installed" and "not installed: sgl-kernel" in v["cause"]
+    kern = pip_target("sglang-kernel==0.4.10")
+    v = verdict(run_suite(venv, [sg, kern], ["--backend", MSCCLPP])[0], MSCCLPP, "engine")
+    assert v["status"] == "gate-passes" and "bundled MSCCL++ ops" in v["cause"]
+    assert evidence(v, "engine gate: PyMscclppCommunicator supported world sizes")["value"]["value"] == [8, 16]
+
+
+# --- C16 -------------------------------------------------------------------------------------------
+def test_c16_pcie_ipc_is_a_default_off_setting_named_exactly(real, venv, sglang, fi, nvcc131):
+    eng = verdict(real, PCIE, "engine")
+    assert eng["status"] == "blocked" and eng["gate"] == "setting" and eng["lift"] == "setting"
+    assert eng["lift_detail"] == "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 in the server's environment"
+    opt = evidence(eng, "engine gate: opt-in SGLANG_ENABLE_PCIE_IPC_ALLREDUCE")
+    assert opt["value"] == {"admits": False, "value": {"default": False, "here": None}}
+    assert "sglang/srt/environ.py:1539" in opt["source"] and f"{COMM}/pcie_ipc_ar.py:98 eligible_group" in opt["source"]
+    assert verdict(real, PCIE, "library")["status"] == "gate-passes"
+    r = run_suite(venv, [sglang, fi], ["--backend", PCIE], path_first=[nvcc131],
+                  extra_env={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"})[0]
+    assert verdict(r, PCIE, "engine")["status"] == "gate-passes"
+
+
+def test_c16_fails_closed_when_the_opt_in_is_renamed(venv, sglang, tmp_path):
+    rel = "sglang/srt/environ.py"
+    copy = engine_copy(sglang, tmp_path / "sg", {rel: ("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE = EnvBool(False)",
+                                                       "SGLANG_PCIE_IPC = EnvBool(False)")})
+    v = verdict(run_suite(venv, [copy], ["--backend", PCIE])[0], PCIE, "engine")
+    assert v["status"] == "error" and v["cause"] == (f"gate not found in sglang 0.5.23 at {rel}: "
+                                                     "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE is not declared")
+
+
+# --- b12x -----------------------------------------------------------------------------------------
+def test_b12x_is_not_integrated_in_sglang_0_5_23(real):
+    v = verdict(real, "b12x", "engine")
+    assert v["status"] == "blocked" and v["gate"] == "not-integrated" and "sglang 0.5.23" in v["cause"]
+
+
+def test_b12x_referenced_by_an_engine_is_not_called_not_integrated(venv, sglang, tmp_path):
+    rel = f"{COMM}/pcie_ipc_ar.py"
+    copy = engine_copy(sglang, tmp_path / "sg", {rel: ('_ELIGIBLE_GROUP_NAMES = frozenset({"tp"})',
+                                                       '_ELIGIBLE_GROUP_NAMES = frozenset({"tp"})  # b12x next')})
+    v = verdict(run_suite(venv, [copy], ["--backend", "b12x"])[0], "b12x", "engine")
+    assert v["gate"] != "not-integrated" and v["status"] != "gate-passes"
+
+
+# --- C18 --------------------------------------------------------------------------------------------
+def test_c18_without_sglang_every_engine_answer_is_skipped_and_no_headline_passes(venv, fi, nvcc131):
+    from stackprobe.report import Report
+    d = run_suite(venv, [fi], [], path_first=[nvcc131])[0]
+    r = Report.from_json(d)
+    engine = [v for v in r.verdicts if v.scope == "engine"]
+    assert {v.backend for v in engine} >= {FUSION, SYMM, CAR, PCIE, MSCCLPP, "b12x"}
+    assert all(v.status == "skipped" and v.cause.startswith("not installed: sglang") for v in engine)
+    assert verdict(d, SYMM, "library")["status"] == "gate-passes"
+    for b in (FUSION, SYMM, PCIE):
+        assert r.verdict(b).status != "gate-passes" and r.verdict(b).scope == "engine"
+    assert "| torch-symm-mem | skipped (not-installed) | gate-passes | skipped (not-installed) |" in r.to_markdown()

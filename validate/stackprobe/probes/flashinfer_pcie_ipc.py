@@ -1,0 +1,115 @@
+"""FlashInfer PCIe IPC allreduce (``flashinfer.comm.PcieIpcAllReduceWorkspace``; case C16).
+
+Library gate: the class exists in the installed FlashInfer (0.7.x), its supported world sizes, its JIT
+module ``gen_pcie_ipc_comm_module``'s arch list (none: plain loads/stores and CUDA IPC), and an nvcc for
+its JIT. Built for hosts where every peer transfer crosses the CPU root complex.
+
+Engine gate (SGLang 0.5.23, ``srt/distributed/device_communicators/pcie_ipc_ar.py``): the group
+coordinator builds ``PcieIpcCommunicator`` only when ``eligible_group`` admits the group, which needs the
+opt-in environment variable ``SGLANG_ENABLE_PCIE_IPC_ALLREDUCE`` (declared in ``srt/environ.py``,
+default False), world size > 1 and the "tp" group. A default-off opt-in is a gate of kind ``setting``
+whose lift names the variable.
+"""
+from __future__ import annotations
+
+from .. import source
+from ..env import effective_nvcc
+from ..verdict import (BLOCKED, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_SETTING, GATE_TOOLCHAIN, LIFT_CUDA,
+                       LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_SETTING, SCOPE_LIBRARY, SKIPPED, Verdict)
+from . import flashinfer_common as fi
+from . import sglang_engine as se
+
+
+def _library(ctx) -> Verdict:
+    v = Verdict("flashinfer-pcie-ipc-allreduce", GATE_PASSES, lift=LIFT_NONE_NEEDED, scope=SCOPE_LIBRARY)
+    fv = fi.version()
+    if fv is None:
+        v.status, v.gate, v.cause, v.lift = SKIPPED, GATE_NOT_INSTALLED, "flashinfer-python is not installed", LIFT_PACKAGE
+        return v
+    v.add("flashinfer-python version", fv, "distribution metadata")
+    exported = None
+    try:
+        exported = "PcieIpcAllReduceWorkspace" in source.defined_names(source.module_file("flashinfer.comm"))
+    except (source.SourceNotFound, SyntaxError) as e:
+        v.add("flashinfer.comm", None, f"unreadable: {e}")
+    v.add("flashinfer.comm.PcieIpcAllReduceWorkspace", exported, "flashinfer/comm/__init__.py (ast)")
+    if not exported:
+        v.status, v.gate, v.lift = SKIPPED, GATE_NOT_INSTALLED, LIFT_PACKAGE
+        v.cause = f"FlashInfer {fv} has no PCIe IPC allreduce (flashinfer.comm.PcieIpcAllReduceWorkspace)"
+        v.lift_detail = "a flashinfer-python release with flashinfer.comm.PcieIpcAllReduceWorkspace (0.7.4 has it)"
+        return v
+    try:
+        ws_path = next(iter(source.find_files_containing(source.module_file("flashinfer.comm").parent,
+                                                         "class PcieIpcAllReduceWorkspace")), None)
+        if ws_path is not None:
+            sizes, line = source.module_assignment(ws_path, "_SUPPORTED_WORLD_SIZES")
+            v.add("PcieIpcAllReduceWorkspace supported world sizes", sorted(sizes), f"flashinfer/comm/{ws_path.name}:{line} (ast)")
+            if ctx.world_size not in sizes:
+                v.status, v.gate, v.lift = BLOCKED, GATE_PYTHON, LIFT_PACKAGE
+                v.cause = f"PcieIpcAllReduceWorkspace supports world sizes {sorted(sizes)}, not {ctx.world_size}"
+                return v
+    except (source.SourceNotFound, ValueError, SyntaxError, TypeError) as e:
+        v.add("PcieIpcAllReduceWorkspace supported world sizes", None, f"unreadable: {e}")
+    try:
+        majors, where = fi.module_majors("gen_pcie_ipc_comm_module")
+        v.add("gen_pcie_ipc_comm_module supported majors", majors if majors is not None else "unrestricted", where)
+        if majors is not None and ctx.target.major not in majors:
+            v.status, v.gate, v.lift = BLOCKED, GATE_PYTHON, LIFT_PACKAGE
+            v.cause = f"gen_pcie_ipc_comm_module admits majors {majors} only"
+            return v
+    except source.SourceNotFound as e:
+        v.add("gen_pcie_ipc_comm_module", None, str(e))
+    if not effective_nvcc(ctx.env):
+        v.status, v.gate, v.lift = BLOCKED, GATE_TOOLCHAIN, LIFT_CUDA
+        v.cause = "its kernels are JIT-compiled and this environment has no nvcc"
+        v.lift_detail = "a CUDA toolkit with nvcc >= 12.8 in the image"
+        return v
+    v.cause = "FlashInfer has it, no arch restriction, nvcc available: a PCIe-native candidate (the library's answer)"
+    return v
+
+
+BACKENDS = ("flashinfer-pcie-ipc-allreduce",)
+RUNTIME = {"library": ("flashinfer-pcie-ipc-allreduce",), "engine": ("sglang-pcie-ipc",)}
+PCIE_FILE = "srt/distributed/device_communicators/pcie_ipc_ar.py"
+OPT_IN = "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"
+
+
+def library_gate(ctx) -> list[Verdict]:
+    return [_library(ctx)]
+
+
+def engine_gate(ctx) -> list[Verdict]:
+    eng = se.installed()
+    if eng is None:
+        return [se.not_installed(BACKENDS[0])]
+    try:
+        return [_engine(ctx, eng)]
+    except se.GateNotFound as e:
+        return [se.error(BACKENDS[0], eng, e, ctx)]
+
+
+def _engine(ctx, eng) -> Verdict:
+    import ast
+    import os
+
+    if not eng.references("PcieIpc", "pcie_ipc"):
+        return se.not_integrated(BACKENDS[0], eng, ("PcieIpc", "pcie_ipc"), ctx)
+    fn = eng.function(PCIE_FILE, "eligible_group")
+    if OPT_IN not in ast.unparse(fn):
+        raise se.GateNotFound(f"gate not found in sglang {eng.version} at sglang/{PCIE_FILE}: eligible_group no longer "
+                              f"reads {OPT_IN}")
+    default, where_env = se.env_flag(eng, OPT_IN)
+    value = os.environ.get(OPT_IN)
+    on = se.env_truthy(value) if value is not None else bool(default)
+    ans = se.EngineAnswer(BACKENDS[0], eng, ctx)
+    ans.add(se.Gate(f"opt-in {OPT_IN}", on, f"sglang/{PCIE_FILE}:{fn.lineno} eligible_group; {where_env}", GATE_SETTING,
+                    f"SGLang builds the PCIe IPC communicator only when {OPT_IN} is set (default {default}; "
+                    f"here {value if value is not None else 'unset'})", LIFT_SETTING, f"{OPT_IN}=1 in the server's environment",
+                    value={"default": default, "here": value}))
+    ans.add(se.Gate("world size > 1", ctx.world_size > 1, f"sglang/{PCIE_FILE}:{fn.lineno} eligible_group", GATE_PYTHON,
+                    "a single GPU has no peers", LIFT_NONE_NEEDED, value=ctx.world_size))
+    return ans.verdict(f"{OPT_IN} is set: SGLang {eng.version} builds FlashInfer's PCIe IPC allreduce for the tp group")
+
+
+def probe(ctx) -> list[Verdict]:
+    return library_gate(ctx) + engine_gate(ctx)

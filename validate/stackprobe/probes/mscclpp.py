@@ -1,0 +1,131 @@
+"""MSCCL++ as SGLang uses it (case C15).
+
+Library gate: a standalone ``mscclpp`` distribution (what SGLang's communicator imports), and, as
+evidence, the MSCCL++ libraries bundled in installed wheels (sgl-kernel) and their arch coverage.
+
+Engine gate (SGLang 0.5.23, ``srt/distributed/device_communicators/pymscclpp.py``): ``--enable-mscclpp``
+(default off); ``PyMscclppCommunicator.__init__`` imports ``mscclpp`` (``importlib.import_module``) and
+stays disabled on ImportError, whatever sgl-kernel's binaries carry; then ``_SUPPORTED_WORLD_SIZES``.
+Its single-node one-shot LL kernel writes to all peers and NVLS algorithms need multicast (FACTS).
+"""
+from __future__ import annotations
+
+from .. import source
+from ..coverage import SASS_LEVELS
+from ..env import dist_version
+from ..isolate import run_task
+from ..verdict import (ERROR, GATE_BINARY, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, LIFT_NONE_NEEDED, LIFT_PACKAGE,
+                       SCOPE_LIBRARY, SKIPPED, Verdict)
+from . import sglang_engine as se
+
+
+BACKENDS = ("mscclpp",)
+RUNTIME = {"library": (), "engine": ("sglang-mscclpp",)}
+MSCCLPP_FILE = "srt/distributed/device_communicators/pymscclpp.py"
+
+
+def _library(ctx) -> Verdict:
+    from .sglang_custom_ar import kernel_coverage
+
+    v = Verdict("mscclpp", GATE_PASSES, lift=LIFT_NONE_NEEDED, scope=SCOPE_LIBRARY)
+    dv = dist_version("mscclpp")
+    bundled = [f for c in ctx.coverage.values() for f in c.files if "mscclpp" in f.path]
+    if bundled:
+        v.add("MSCCL++ libraries bundled in installed wheels", [(f.path, f.level) for f in bundled], "static coverage (fatbin)")
+        weak = [f.path for f in bundled if f.level in ("ptx-only", "none")]
+        if weak:
+            v.warnings.append(f"bundled MSCCL++ libraries without SASS for {ctx.target.cc} (PTX JIT at load or no "
+                              f"kernel image): {weak}")
+    dist, _, ops = kernel_coverage(ctx)
+    if ops:
+        v.add(f"{dist} common_ops coverage", [(f.path, f.level) for f in ops], "static coverage (fatbin)")
+    if dv is None and source.package_dir("mscclpp") is None:
+        v.status, v.gate, v.lift = SKIPPED, GATE_NOT_INSTALLED, LIFT_PACKAGE
+        v.cause = "not installed: mscclpp (the standalone package SGLang's communicator imports)"
+        v.lift_detail = "the mscclpp Python package (built from microsoft/mscclpp for the target)"
+        return v
+    v.add("mscclpp version", dv, "distribution metadata")
+    o = run_task("import_module", {"module": "mscclpp"}, timeout=ctx.timeout)
+    res = o.value if o.ok else {"imported": False, "error": o.error}
+    v.add("import mscclpp", "ok" if res.get("imported") else res.get("error"), "child interpreter")
+    if not res.get("imported"):
+        v.status, v.cause, v.lift = ERROR, f"import mscclpp failed: {res.get('error')}", LIFT_PACKAGE
+        return v
+    v.cause = "mscclpp imports; whether its kernels work on the target over PCIe is for the runtime tier"
+    return v
+
+
+def library_gate(ctx) -> list[Verdict]:
+    return [_library(ctx)]
+
+
+def engine_gate(ctx) -> list[Verdict]:
+    eng = se.installed()
+    if eng is None:
+        return [se.not_installed(BACKENDS[0])]
+    try:
+        return [_engine(ctx, eng)]
+    except se.GateNotFound as e:
+        return [se.error(BACKENDS[0], eng, e, ctx)]
+
+
+def _engine(ctx, eng) -> Verdict:
+    import ast
+    import importlib.util
+
+    if not eng.references("mscclpp"):
+        return se.not_integrated(BACKENDS[0], eng, ("mscclpp",), ctx)
+    path = eng.file(MSCCLPP_FILE)
+    tree = eng.tree(MSCCLPP_FILE)
+    imp = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(isinstance(h.type, ast.Name) and h.type.id == "ImportError" for h in node.handlers):
+            body = ast.unparse(ast.Module(body=node.body, type_ignores=[]))
+            if "'mscclpp'" in body or '"mscclpp"' in body or "import mscclpp" in body:
+                imp = node
+                break
+    ans = se.EngineAnswer(BACKENDS[0], eng, ctx)
+    ans.add(se.Gate("server argument", True, "sglang/srt/arg_groups", value="--enable-mscclpp (default off)"))
+    bundled = "IS_MSCCLPP_AR_AVAILABLE" in path.read_text(encoding="utf-8", errors="replace")
+    if imp is not None:          # 0.5.23: the standalone package
+        try:
+            found = importlib.util.find_spec("mscclpp") is not None
+        except (ImportError, ValueError):
+            found = False
+        ans.add(se.Gate("import mscclpp", found, f"{se.short(path)}:{imp.lineno} (disabled on ImportError)",
+                        GATE_NOT_INSTALLED, "its communicator imports the standalone mscclpp package and disables itself "
+                        "on ImportError: not installed: mscclpp (sgl-kernel's bundled MSCCL++ binaries do not count)",
+                        LIFT_PACKAGE, "install the mscclpp Python package (microsoft/mscclpp) built for the target",
+                        value="importable" if found else "not importable"))
+    elif bundled:                # 0.5.9: sgl-kernel's bundled MSCCL++ ops
+        from .sglang_custom_ar import kernel_coverage
+        dist, _, ops = kernel_coverage(ctx)
+        ok = bool(ops) and any(f.level in SASS_LEVELS for f in ops)
+        ans.add(se.Gate("sgl-kernel's MSCCL++ ops (IS_MSCCLPP_AR_AVAILABLE)", ok, f"{se.short(path)} (ops.IS_MSCCLPP_AR_AVAILABLE)",
+                        GATE_NOT_INSTALLED if not ops else GATE_BINARY,
+                        "its communicator runs sgl-kernel's bundled MSCCL++ ops: "
+                        + ("not installed: sgl-kernel" if not ops else f"{dist}'s common_ops has no SASS for {ctx.target.cc}"),
+                        LIFT_PACKAGE, "sgl-kernel built for the target", value=[(f.path, f.level) for f in ops]))
+    else:
+        raise se.GateNotFound(f"gate not found in sglang {eng.version} at sglang/{MSCCLPP_FILE}: neither an import of "
+                              "mscclpp guarded by `except ImportError` nor sgl-kernel's IS_MSCCLPP_AR_AVAILABLE")
+    try:
+        try:
+            sizes, line = source.module_assignment(path, "_SUPPORTED_WORLD_SIZES")
+        except source.SourceNotFound:
+            sizes, line = source.class_attribute(path, "PyMscclppCommunicator", "_SUPPORTED_WORLD_SIZES")
+    except (source.SourceNotFound, ValueError) as e:
+        raise se.GateNotFound(f"gate not found in sglang {eng.version} at sglang/{MSCCLPP_FILE}: "
+                              f"_SUPPORTED_WORLD_SIZES ({e})") from e
+    ans.add(se.Gate("PyMscclppCommunicator supported world sizes", ctx.world_size in sizes,
+                    f"{se.short(path)}:{line} (ast)", GATE_PYTHON,
+                    f"PyMscclppCommunicator supports world sizes {sorted(sizes)}, not {ctx.world_size}", LIFT_PACKAGE,
+                    value=sorted(sizes)))
+    how = "mscclpp imports" if imp is not None else "sgl-kernel's bundled MSCCL++ ops carry the target"
+    return ans.verdict(f"{how} and SGLang {eng.version} admits world size {ctx.world_size}; enable it with "
+                       "--enable-mscclpp; its one-shot LL kernel writes to all peers and NVLS needs multicast: "
+                       "the runtime tier decides")
+
+
+def probe(ctx) -> list[Verdict]:
+    return library_gate(ctx) + engine_gate(ctx)

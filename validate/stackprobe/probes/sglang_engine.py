@@ -1,0 +1,243 @@
+"""The serving engine's side of every backend: SGLang as installed, read from its source (``ast``).
+
+A backend's *engine gate* is every condition on SGLang's path from its server argument or environment
+variable to the communicator being enabled, including the per-call checks. Each backend module reads its
+own conditions with the helpers here and answers with a :class:`~stackprobe.verdict.Verdict` of scope
+``engine``. Rules (issue "Verdicts answer what SGLang will do on the target box"):
+
+* no SGLang installed: ``skipped (not installed: sglang)``; the headline then never says gate-passes
+  for the engine (case C18);
+* a gate whose source cannot be found or parsed: ``error`` naming the package, its version and the file
+  (case C17: "gate not found in sglang X at FILE"), never gate-passes;
+* a backend the installed SGLang never references: ``blocked (not-integrated)``;
+* a default-off opt-in: a gate of kind ``setting`` with lift ``setting`` and the exact variable.
+
+Several closed gates: the first on SGLang's path is the verdict's gate; the others are listed in the
+cause; the lift is the hardest of them (``nothing-on-this-topology`` wins over a package upgrade).
+"""
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import source
+from ..env import dist_version
+from ..verdict import (BLOCKED, ERROR, GATE_NOT_INSTALLED, GATE_NOT_INTEGRATED, GATE_PASSES, LIFT_NONE_NEEDED,
+                       LIFT_NOTHING, LIFT_PACKAGE, LIFT_SETTING, SCOPE_ENGINE, SKIPPED, Verdict)
+
+DIST = "sglang"
+# lifts, hardest first: what a user must do when several gates close
+_LIFT_ORDER = (LIFT_NOTHING, LIFT_PACKAGE, "cuda-upgrade", "rebuild-with-arch", LIFT_SETTING, "unknown", LIFT_NONE_NEEDED, "")
+
+
+class GateNotFound(LookupError):
+    """A gate's source is missing or unreadable in the installed engine: the verdict is ``error``."""
+
+
+@dataclass
+class Engine:
+    """The installed SGLang: ``version`` (distribution metadata) and ``root`` (the ``sglang`` folder)."""
+
+    version: str
+    root: Path
+
+    def file(self, rel: str) -> Path:
+        """``srt/layers/x.py`` -> its path; raises :class:`GateNotFound` naming package, version, file."""
+        p = self.root / rel
+        if not p.is_file():
+            raise GateNotFound(f"gate not found in sglang {self.version} at sglang/{rel}: the file does not exist")
+        return p
+
+    def tree(self, rel: str) -> ast.Module:
+        p = self.file(rel)
+        try:
+            return source.parse(p)
+        except (SyntaxError, ValueError) as e:
+            raise GateNotFound(f"gate not readable in sglang {self.version} at sglang/{rel}: {e}") from e
+
+    def function(self, rel: str, name: str) -> ast.FunctionDef:
+        fn = source.functions(self.tree(rel)).get(name)
+        if fn is None:
+            raise GateNotFound(f"gate not found in sglang {self.version} at sglang/{rel}: no function {name}")
+        return fn
+
+    def references(self, *needles: str) -> list[str]:
+        """``file:line`` of every line of SGLang's Python source that mentions one of ``needles``
+        (case-insensitive), at most 5."""
+        pat = re.compile("|".join(re.escape(n) for n in needles), re.IGNORECASE)
+        hits = []
+        for p in sorted(self.root.rglob("*.py")):
+            try:
+                for i, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+                    if pat.search(line):
+                        hits.append(f"{short(p)}:{i}")
+                        if len(hits) >= 5:
+                            return hits
+            except OSError:
+                continue
+        return hits
+
+
+def short(path: Path) -> str:
+    parts = Path(path).parts
+    return "/".join(parts[len(parts) - 1 - parts[::-1].index("sglang"):]) if "sglang" in parts else str(path)
+
+
+def installed() -> Engine | None:
+    """The installed SGLang, or None (no distribution metadata or no importable ``sglang`` folder)."""
+    ver, root = dist_version(DIST), source.package_dir("sglang")
+    if ver is None or root is None:
+        return None
+    return Engine(ver, root)
+
+
+def not_installed(backend: str) -> Verdict:
+    """Case C18: the engine answer when SGLang is absent."""
+    return Verdict(backend, SKIPPED, scope=SCOPE_ENGINE, gate=GATE_NOT_INSTALLED, lift=LIFT_PACKAGE,
+                   cause="not installed: sglang (the engine answer needs the serving engine)",
+                   lift_detail="pip install sglang")
+
+
+def target_host(ctx) -> dict:
+    return {"compute_capability": ctx.target.cc, "topology": ctx.topology, "world_size": ctx.world_size,
+            "topology_source": ctx.topology_source}
+
+
+@dataclass
+class Gate:
+    """One condition on SGLang's path. ``admits``: True / False for the target host. ``kind``/``lift``
+    as in :mod:`stackprobe.verdict`; ``where``: ``sglang/FILE:LINE what``."""
+
+    name: str
+    admits: bool
+    where: str
+    kind: str = ""
+    cause: str = ""
+    lift: str = ""
+    lift_detail: str = ""
+    value: object = None
+
+
+@dataclass
+class EngineAnswer:
+    """Collects the gates of one backend in SGLang's path order and makes the engine verdict."""
+
+    backend: str
+    engine: Engine
+    ctx: object
+    gates: list = field(default_factory=list)
+
+    def add(self, gate: Gate) -> Gate:
+        self.gates.append(gate)
+        return gate
+
+    def verdict(self, passes_cause: str) -> Verdict:
+        v = Verdict(self.backend, GATE_PASSES, scope=SCOPE_ENGINE, lift=LIFT_NONE_NEEDED, host=target_host(self.ctx))
+        v.add("sglang version", self.engine.version, "distribution metadata")
+        for g in self.gates:
+            v.add(f"engine gate: {g.name}", {"admits": g.admits, "value": g.value}, g.where)
+        closed = [g for g in self.gates if not g.admits]
+        if not closed:
+            v.cause = passes_cause
+            return v
+        first = closed[0]
+        hardest = min(closed, key=lambda g: _LIFT_ORDER.index(g.lift) if g.lift in _LIFT_ORDER else len(_LIFT_ORDER))
+        v.status, v.gate, v.lift = BLOCKED, first.kind, hardest.lift
+        v.cause = f"SGLang {self.engine.version}: {first.cause} ({first.where})"
+        if len(closed) > 1:
+            v.cause += "; also " + "; ".join(f"{g.cause} ({g.where})" for g in closed[1:])
+        v.lift_detail = "; ".join(dict.fromkeys(g.lift_detail for g in closed if g.lift_detail))
+        return v
+
+
+def error(backend: str, engine: Engine, exc: Exception, ctx=None) -> Verdict:
+    """Case C17: a gate that moved or vanished is an error naming package, version and file."""
+    v = Verdict(backend, ERROR, scope=SCOPE_ENGINE, cause=str(exc),
+                lift_detail="teach this suite where the gate lives in this sglang release (it refuses to guess)",
+                host=target_host(ctx) if ctx is not None else {})
+    v.add("sglang version", engine.version, "distribution metadata")
+    return v
+
+
+def not_integrated(backend: str, engine: Engine, needles: tuple[str, ...], ctx=None) -> Verdict:
+    """The installed SGLang never references the backend."""
+    return Verdict(backend, BLOCKED, scope=SCOPE_ENGINE, gate=GATE_NOT_INTEGRATED, lift=LIFT_PACKAGE,
+                   cause=f"not integrated in sglang {engine.version}: its source never references "
+                         f"{' / '.join(needles)}, so no server argument enables it",
+                   lift_detail="an sglang release that integrates it", host=target_host(ctx) if ctx else {}
+                   ).add("sglang references", [], f"sglang/**/*.py searched for {list(needles)}")
+
+
+# --- reading conditions ---------------------------------------------------------------------------
+_SM_NAME = re.compile(r"^_?(is_(?:sm\d+\w*|blackwell\w*|hopper\w*))$")
+
+
+def platform_majors(engine: Engine) -> dict[str, list[int]]:
+    """SGLang's platform predicates -> the compute-capability majors they admit, read from the
+    ``device_capability_majors=`` of each ``is_sm..._supported = lru_cache(...)(partial(...))`` in
+    ``srt/utils/common.py``. Keys are the predicate names without ``_supported`` (``is_sm90``)."""
+    rel = "srt/utils/common.py"
+    out: dict[str, list[int]] = {}
+    for node in engine.tree(rel).body:
+        if not isinstance(node, ast.Assign):
+            continue
+        majors = [v for v in source.keyword_literals(node.value, "device_capability_majors") if v]
+        if not majors:
+            continue
+        for t in node.targets:
+            for n in ast.walk(t):
+                if isinstance(n, ast.Name):
+                    out[n.id.removesuffix("_supported")] = sorted(majors[0])
+    if not out:
+        raise GateNotFound(f"gate not found in sglang {engine.version} at sglang/{rel}: no is_sm*_supported "
+                           "predicate with device_capability_majors")
+    return out
+
+
+def predicate_majors(node: ast.AST, table: dict[str, list[int]]) -> tuple[list[str], list[int]]:
+    """The platform predicates (``get_platform().is_sm90``, ``_is_sm100_supported``) named under
+    ``node`` and the union of the majors they admit. Raises GateNotFound for a predicate not in table."""
+    names, majors = [], set()
+    for n in ast.walk(node):
+        ident = n.attr if isinstance(n, ast.Attribute) else n.id if isinstance(n, ast.Name) else None
+        m = _SM_NAME.match(ident or "")
+        if not m:
+            continue
+        key = m.group(1).removesuffix("_supported")
+        if key not in table:
+            raise GateNotFound(f"platform predicate {ident} is not defined in sglang/srt/utils/common.py")
+        names.append(ident)
+        majors.update(table[key])
+    return names, sorted(majors)
+
+
+def raising_arch_check(fn: ast.FunctionDef) -> ast.If | None:
+    """The first ``if not (<platform predicates>): raise`` in ``fn``."""
+    for node in ast.walk(fn):
+        if (isinstance(node, ast.If) and isinstance(node.test, ast.UnaryOp) and isinstance(node.test.op, ast.Not)
+                and any(isinstance(b, ast.Raise) for b in node.body)
+                and any(_SM_NAME.match(getattr(n, "attr", getattr(n, "id", "")) or "") for n in ast.walk(node.test))):
+            return node
+    return None
+
+
+def env_flag(engine: Engine, name: str) -> tuple[object, str]:
+    """Default of ``name = EnvBool(<default>)`` in ``srt/environ.py`` and ``file:line``. Raises GateNotFound."""
+    rel = "srt/environ.py"
+    for node in ast.walk(engine.tree(rel)):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets) and isinstance(node.value, ast.Call):
+                args = node.value.args
+                try:
+                    default = ast.literal_eval(args[0]) if args else None
+                except ValueError:
+                    default = ast.unparse(args[0])
+                return default, f"sglang/{rel}:{node.lineno} {ast.unparse(node.value)}"
+    raise GateNotFound(f"gate not found in sglang {engine.version} at sglang/{rel}: {name} is not declared")
+
+
+def env_truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")

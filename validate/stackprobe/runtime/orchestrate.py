@@ -4,7 +4,12 @@ For a probe at world size ``n`` the orchestrator starts ``n`` worker processes (
 stackprobe.runtime.worker``); rank 0 leads a new process group and every other rank joins that group (same session, as setpgid requires), so
 one ``killpg`` ends them all. Each process carries ``STACKPROBE_RUN_ID`` in its environment; after the group is
 ended, ``/proc/*/environ`` is scanned for that marker and any survivor (a process that left the group) is killed,
-so no GPU process is left behind. Outcomes:
+so no GPU process is left behind.
+
+Nothing outlives the suite even when the suite itself is killed: every rank gets a parent-death signal
+(``PR_SET_PDEATHSIG`` = SIGKILL, set in the pre-exec hook and again by the worker), and a guard process
+(:mod:`stackprobe.runtime.guard`, own session, parent-death signal SIGTERM) kills the ranks' process group and
+every process carrying the run's marker when the suite dies without cleaning up. Outcomes:
 
 * ``ok``: every rank exited 0 and wrote its result;
 * ``crash``: a rank exited non-zero or by a signal (the others are ended after a grace period); the report keeps
@@ -110,10 +115,42 @@ def tail_lines(path: Path, n: int = TAIL_LINES) -> list[str]:
     return lines[-n:]
 
 
+def _rank_preexec(pgid_target: int):
+    """Pre-exec hook of a rank: join (or lead) the probe's process group, and die with the parent."""
+    def hook():
+        os.setpgid(0, pgid_target)
+        from .worker import set_parent_death_signal
+        set_parent_death_signal(signal.SIGKILL)
+    return hook
+
+
+def _start_guard(pgid: int, run_id: str, env: dict[str, str]) -> subprocess.Popen | None:
+    def hook():
+        from .worker import set_parent_death_signal
+        set_parent_death_signal(signal.SIGTERM)
+    try:
+        return subprocess.Popen([sys.executable, "-m", "stackprobe.runtime.guard", str(pgid), run_id], env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=hook)
+    except OSError:
+        return None
+
+
+def _stop_guard(guard: subprocess.Popen | None) -> None:
+    if guard is None:
+        return
+    try:
+        guard.send_signal(signal.SIGUSR1)
+        guard.wait(timeout=5)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        guard.kill()
+        guard.wait(timeout=5)
+
+
 def run_probe(probe_ref: str, world_size: int, config: dict, *, device: str = "cuda", timeout: float = 300.0,
               probe_env: dict[str, str] | None = None, env_overrides: dict[str, str] | None = None,
               crash_grace: float = 10.0, workdir: str | None = None, name: str | None = None,
-              progress=None) -> ProbeRun:
+              progress=None, extra: dict | None = None) -> ProbeRun:
     """Run one probe (``module:attr``) at ``world_size`` ranks and return its :class:`ProbeRun`.
 
     ``config``: :class:`~stackprobe.runtime.bench.BenchConfig` fields. ``timeout`` (s) covers the whole group;
@@ -124,24 +161,24 @@ def run_probe(probe_ref: str, world_size: int, config: dict, *, device: str = "c
     run_id = uuid.uuid4().hex
     env = child_env(probe_env or {}, env_overrides)
     env[RUN_ID_VAR] = run_id
+    env["STACKPROBE_PARENT_PID"] = str(os.getpid())
     spec = {"probe": probe_ref, "world_size": world_size, "store": str(tmp / "store"), "device": device,
-            "config": config, "result_dir": str(tmp)}
+            "config": config, "result_dir": str(tmp), **(extra or {})}
     (tmp / "spec.json").write_text(json.dumps(spec))
     logs = [tmp / f"rank{r}.log" for r in range(world_size)]
     procs: list[subprocess.Popen] = []
     t0 = time.monotonic()
     pgid = None
+    guard = None
     try:
         for r in range(world_size):
             cmd = [sys.executable, "-m", "stackprobe.runtime.worker", str(tmp / "spec.json"), str(r)]
             with open(logs[r], "wb") as log:
+                p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                     stdin=subprocess.DEVNULL, preexec_fn=_rank_preexec(0 if r == 0 else pgid))
                 if r == 0:
-                    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         preexec_fn=lambda: os.setpgid(0, 0))
                     pgid = p.pid
-                else:
-                    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         preexec_fn=lambda: os.setpgid(0, pgid))
+                    guard = _start_guard(pgid, run_id, {k: v for k, v in env.items() if k != RUN_ID_VAR})
             procs.append(p)
         status, failed = "ok", None
         fail_time = None
@@ -163,6 +200,7 @@ def run_probe(probe_ref: str, world_size: int, config: dict, *, device: str = "c
             time.sleep(0.1)
     finally:
         killed = _cleanup(pgid, procs, run_id)
+        _stop_guard(guard)
     seconds = time.monotonic() - t0
     run = ProbeRun(probe=name, world_size=world_size, status=status, seconds=round(seconds, 2),
                    returncodes=[p.returncode for p in procs], failed_rank=failed, killed_pids=killed,

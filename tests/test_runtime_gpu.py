@@ -77,7 +77,6 @@ def test_planted_op_that_writes_nothing_under_capture_is_a_wrong_result():
     import sys
     from stackprobe.runtime.suite import run_suite
     sys.path.insert(0, os.path.dirname(__file__))
-    os.environ["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])
     rep = run_suite(["nccl-default", "test_runtime_fixture_probes:StaleUnderCaptureProbe"], [2], _cfg(), timeout=240)
     v = {x["backend"]: x for x in rep["runs"][0]["verdicts"]}
     stale = v["fixture-stale-under-capture"]

@@ -144,3 +144,26 @@ def test_killing_the_suite_mid_probe_leaves_no_survivor(tmp_path, sig):
         if parent.poll() is None:
             parent.kill()
             parent.wait()
+
+
+def test_a_timed_out_build_leaves_no_compiler_running(tmp_path):
+    """run_in_session (used for the static tier's child interpreters, which may start ninja/nvcc): a command
+    whose children keep running past its timeout, one of them in a new session, leaves nothing behind."""
+    from stackprobe.runtime.orchestrate import run_in_session
+    pidfile = tmp_path / "pids"
+    script = ("import subprocess, sys, time\n"
+              "sl = [sys.executable, '-c', 'import time; time.sleep(600)']\n"
+              "a = subprocess.Popen(sl); b = subprocess.Popen(sl, start_new_session=True)\n"
+              f"open({str(pidfile)!r}, 'w').write(f'{{a.pid}} {{b.pid}}')\n"
+              "print('compiling', flush=True); time.sleep(600)\n")
+    t0 = time.monotonic()
+    res = run_in_session([sys.executable, "-c", script], timeout=5)
+    assert res.timed_out and res.returncode is None and time.monotonic() - t0 < 30
+    assert "compiling" in res.stdout
+    pids = [int(x) for x in pidfile.read_text().split()]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids), pids
+    ok = run_in_session([sys.executable, "-c", "import sys; print(sys.stdin.read()[::-1])"], input="abc", timeout=30)
+    assert (ok.returncode, ok.stdout.strip(), ok.timed_out) == (0, "cba", False)

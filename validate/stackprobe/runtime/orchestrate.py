@@ -258,3 +258,53 @@ def _cleanup(pgid: int | None, procs: list[subprocess.Popen], run_id: str) -> li
                 pass
         time.sleep(0.2)
     return killed
+
+
+@dataclass
+class SessionResult:
+    """Outcome of :func:`run_in_session`: ``returncode`` (None when it timed out), ``stdout``, ``stderr`` (text),
+    ``timed_out``, ``killed_pids`` (processes of the session or carrying its marker that were still alive at
+    the end and were killed)."""
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    killed_pids: list[int] = field(default_factory=list)
+
+
+def run_in_session(cmd: list[str], *, input: str | None = None, timeout: float = 600.0,
+                   env: dict[str, str] | None = None) -> SessionResult:
+    """Run a command that may start compilers (a JIT build, ninja, nvcc) so that none of them outlives it or us:
+    the child starts a new session (its own process group), dies with this process (``PR_SET_PDEATHSIG``), and a
+    guard (:mod:`stackprobe.runtime.guard`) kills the whole group when this process dies first. When the command
+    ends or times out, the group and every process carrying the run's marker (``STACKPROBE_RUN_ID``) are killed,
+    so a compiler left running by a timed-out or crashed build is ended too."""
+    run_id = uuid.uuid4().hex
+    env = dict(os.environ if env is None else env)
+    env[RUN_ID_VAR] = run_id
+    env["STACKPROBE_PARENT_PID"] = str(os.getpid())
+
+    def hook():
+        from .worker import set_parent_death_signal
+        set_parent_death_signal(signal.SIGKILL)
+
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True, preexec_fn=hook)
+    guard = _start_guard(proc.pid, run_id, {k: v for k, v in env.items() if k != RUN_ID_VAR})
+    timed_out, killed = False, []
+    try:
+        out, err = proc.communicate(input=input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        # end the group and every marked process first: a child that left the group may hold the pipes open
+        killed = _cleanup(proc.pid, [proc], run_id)
+        out, err = proc.communicate()
+    finally:
+        if proc.poll() is None:
+            _killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        killed += _cleanup(proc.pid, [proc], run_id)
+        _stop_guard(guard)
+    return SessionResult(None if timed_out else proc.returncode, out or "", err or "", timed_out, killed)

@@ -622,7 +622,7 @@ def registry() -> dict[str, Probe]:
         NotRunnableProbe("b12x", "b12x PCIe allreduce (b12x.comm.pcie)", ("b12x",),
                          "b12x.comm.pcie, CuTe DSL kernels; b12x 1.5.1 needs torch>=2.12 and nvidia-cutlass-dsl 4.8"),
         NcclSettingProbe("nccl-ring", "NCCL_ALGO=Ring on its own communicator"),
-        NcclSettingProbe("nccl-tree", "NCCL_ALGO=Tree on its own communicator (the process-wide form users set)"),
+        NcclSettingProbe("nccl-tree", "NCCL_ALGO=Tree (the form users export) on its own communicator"),
         NcclSettingProbe("nccl-allreduce-tree", "NCCL_ALGO=allreduce:tree on its own communicator"),
         NcclSettingProbe("nccl-graph-mixing-off", "NCCL_GRAPH_MIXING_SUPPORT=0 (process-wide; process groups "
                                                   "alternated with the baseline's)"),

@@ -277,8 +277,8 @@ def plot(report: dict, path: Path) -> bool:
         axr.set_yticklabels([f"{v['backend']} ({v['status']})" for v in vs], fontsize=7)
         axr.axvspan(1 - tol, 1 + tol, color="grey", alpha=0.2, label=f"parity band +/-{tol:.0%}")
         axr.axvline(1.0, color="black", linewidth=0.8)
-        axr.set_xlabel(f"ratio of work per call to {report.get('baseline')} at the decode size (95% CI); "
-                       "blue backends, orange settings")
+        axr.set_xlabel(f"work per call / {report.get('baseline')}, decode size, 95% CI "
+                       "(blue: backends, orange: settings)")
         axr.set_xscale("log")
         axr.grid(True, which="both", alpha=0.3)
         axr.legend(fontsize=7)

@@ -76,6 +76,10 @@ def test_child_env_sets_multicast_off_unless_overridden_explicitly():
     assert env["NCCL_ALGO"] == "Tree"
     env = child_env({"NCCL_ALGO": "Tree"}, {"NCCL_ALGO": "Ring", "NCCL_NVLS_ENABLE": "1"}, base={})
     assert env["NCCL_ALGO"] == "Ring" and env["NCCL_NVLS_ENABLE"] == "1"  # explicit user overrides win
+    # an NCCL setting left in the shell does not reach the baseline
+    env = child_env({}, base={"NCCL_ALGO": "Tree", "NCCL_PROTO": "LL", "NCCL_GRAPH_MIXING_SUPPORT": "0", "X": "1"})
+    assert not {"NCCL_ALGO", "NCCL_PROTO", "NCCL_GRAPH_MIXING_SUPPORT"} & set(env) and env["X"] == "1"
+    assert child_env({}, {"NCCL_PROTO": "Simple"}, base={"NCCL_PROTO": "LL"})["NCCL_PROTO"] == "Simple"
 
 
 def test_flashinfer_probes_are_runners_with_a_token_shape():

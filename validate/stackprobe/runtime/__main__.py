@@ -6,14 +6,13 @@ write ``runtime.json``, ``runtime.md`` and ``runtime.png`` into ``DIR``.
 
 Statistics flags and why their defaults are what they are:
 
-* ``--repeats 30``: paired rounds at the decode size inside one process group. Within a process the spread of one
-  trial (10 replays of a 122-call graph) is a few percent, so 30 pairs put the 95% interval of the ratio within
-  about +/-1-2 %, well inside the 5 % tolerance, while a whole process group stays near 15-25 s on 2x H200.
+* ``--repeats 30``: paired rounds at the decode size inside one process group. Measured on 2x H200 (five runs,
+  ``results/2xH200-SM90-NVLink``): with 30 pairs the 95% interval of a ratio is +/-0.1-0.4 %, and the ratio moves
+  by up to ~2 % between runs (the process's own level), both well inside the 5 % tolerance; a process group
+  stays under ~25 s.
 * ``--rounds 4``: alternated process-group rounds (baseline, setting, setting, baseline, ...) for settings NCCL
-  reads once per process (``NCCL_GRAPH_MIXING_SUPPORT``). Each round costs two process starts (~5 s each on a
-  2x H200 host); the per-process level moves by up to ~17 % between processes (FACTS, "Run-to-run noise"), so
-  such a setting can only be called faster or slower when its effect is large; four rounds keep the whole suite
-  at world size 2 near 100 s.
+  reads once per process (``NCCL_GRAPH_MIXING_SUPPORT``). Each round costs two process starts (~7 s each on
+  2x H200); four rounds gave intervals of +/-0.5 % there, and keep the whole suite at world size 2 at 85-97 s.
 * ``--tolerance 0.05``: see :data:`stackprobe.runtime.verdicts.DEFAULT_TOLERANCE`.
 * ``--sweep-repeats 3``: rounds at the sizes other than the decode size (the plot's curve and its error bars,
   not a verdict).

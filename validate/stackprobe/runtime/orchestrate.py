@@ -35,6 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+# removed from the inherited environment: the baseline is NCCL as an engine runs it, and a setting row sets its
+# own; only an explicit --env puts one back
+NCCL_SETTINGS_UNSET = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_GRAPH_MIXING_SUPPORT")
 RUN_ID_VAR = "STACKPROBE_RUN_ID"
 TAIL_LINES = 30
 
@@ -64,9 +67,12 @@ class ProbeRun:
 
 def child_env(probe_env: dict[str, str], overrides: dict[str, str] | None = None,
               base: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment of every probe process: the parent's, then multicast off, then the probe's own settings
-    (``NCCL_ALGO``...), then the caller's explicit overrides (``--env KEY=VALUE``), which win."""
+    """Environment of every probe process: the parent's without ``NCCL_ALGO``/``NCCL_PROTO``/
+    ``NCCL_GRAPH_MIXING_SUPPORT``, then multicast off, then the probe's own settings, then the caller's explicit
+    overrides (``--env KEY=VALUE``), which win."""
     env = dict(os.environ if base is None else base)
+    for k in NCCL_SETTINGS_UNSET:
+        env.pop(k, None)
     env.update(MULTICAST_OFF)
     env.update(probe_env)
     env.update(overrides or {})

@@ -10,6 +10,15 @@ from stackprobe.runtime.verdicts import decide
 torch = pytest.importorskip("torch")
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Timings in this process are compared with each other: keep torch on one core while they run."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 class Ctx:
     rank, world_size, device = 0, 1, "cpu"
 
@@ -80,7 +89,7 @@ def test_an_op_that_does_nothing_sits_on_the_floor_and_is_an_error():
 
     def make_real(nbytes):
         buf = torch.empty(nbytes // 4)
-        scratch = torch.empty(nbytes // 4 * 4)
+        scratch = torch.empty(nbytes // 4 * 16)          # 16x the floor's memory traffic
         return Op(buf, buf, lambda: (scratch.mul_(1.0), None)[1], in_place=True)
     units = measure(make_real, 1 << 20)
     assert size_record(1 << 20, units["op"], units[FLOOR], units["op"], 1, False)["no_gpu_work"] is False

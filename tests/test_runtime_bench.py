@@ -29,7 +29,7 @@ class Ctx:
         pass
 
 
-CFG = BenchConfig(sizes=[4096], dtype="float32", warmup=1, rounds=6, graph_calls=30, graph_replays=2)
+CFG = BenchConfig(sizes=[4096], dtype="float32", warmup=1, rounds=15, graph_calls=30, graph_replays=2)
 
 
 def measure(make, nbytes=4096):

@@ -94,8 +94,9 @@ def status(low: float, high: float, tolerance: float) -> str:
 
 
 def no_work(samples: list[float], floor: list[float], fraction: float = FLOOR_FRACTION) -> bool:
-    """True when a unit's mean work per call is at or below ``fraction`` of the floor's mean time: the graph
-    holds no GPU work of its own (an op that short-circuits, or captured nothing)."""
+    """True when a unit's median work per call (paired with the floor, round by round) is at or below
+    ``fraction`` of the floor's median time: the graph holds no GPU work of its own (an op that short-circuits,
+    or captured nothing). Medians, so one preempted round does not decide it."""
     if not samples or not floor:
         return False
-    return statistics.fmean(net(samples, floor)) <= fraction * statistics.fmean(floor)
+    return statistics.median(net(samples, floor)) <= fraction * statistics.median(floor)

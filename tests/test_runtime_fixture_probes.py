@@ -1,17 +1,25 @@
-"""Probes that misbehave on purpose, for the orchestration tests (no tests here; the workers import these).
+"""Probes that misbehave on purpose, for the orchestration and correctness tests (no tests here; the workers
+import these).
 
-They run in real worker processes, one per rank, exactly like the GPU probes, but on CPU (gloo):
+They run in real worker processes, one per rank, exactly like the GPU probes:
 
 * :class:`HangProbe`: starts a child in its process group and a detached grandchild in a new session (so only
-  the run marker can find it), prints their pids, then sleeps far past any timeout;
+  the run marker can find it), prints their pids (and writes them with the rank's pid to
+  ``$STACKPROBE_TEST_PIDFILE`` when set), then sleeps far past any timeout;
 * :class:`CrashProbe`: rank 1 prints a line and raises; rank 0 waits in a barrier that never completes;
-* :class:`WrongResultProbe`: a real gloo allreduce whose result is then corrupted by one.
+* :class:`WrongResultProbe`: a real gloo allreduce whose result is then corrupted by one;
+* :class:`StaleOutputProbe` (CPU analogue of case C21): a real gloo allreduce out of place that writes its output
+  on the first call only and leaves it stale afterwards;
+* :class:`EmptyProbe` (CPU analogue of case C22): an op that does no work at all;
+* :class:`StaleUnderCaptureProbe` (GPU, case C21): NCCL allreduce out of place that runs eagerly but records
+  nothing while a CUDA graph is being captured.
 """
+import os
 import subprocess
 import sys
 import time
 
-from stackprobe.runtime.bench import Harness, Op
+from stackprobe.runtime.bench import Op
 from stackprobe.runtime.probes import Probe
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
@@ -26,9 +34,13 @@ class HangProbe(Probe):
         child = subprocess.Popen(SLEEPER)
         detached = subprocess.Popen(SLEEPER, start_new_session=True)
         ctx.log(f"child pid {child.pid} detached pid {detached.pid}")
+        pidfile = os.environ.get("STACKPROBE_TEST_PIDFILE")
+        if pidfile:
+            with open(f"{pidfile}.{ctx.rank}", "w") as f:
+                f.write(f"{os.getpid()} {child.pid} {detached.pid}\n")
         ctx.log("hanging now")
         time.sleep(600)
-        return []
+        return {}
 
 
 class CrashProbe(Probe):
@@ -42,26 +54,83 @@ class CrashProbe(Probe):
             raise RuntimeError("injected failure on rank 1")
         ctx.barrier()  # never completes: rank 1 is gone
         time.sleep(600)
-        return []
+        return {}
 
 
-class WrongResultProbe(Probe):
+def _gloo(ctx, nbytes, after=None, calls=None, stale_after_first=False, empty=False):
+    import torch
+    import torch.distributed as dist
+    dtype = getattr(torch, ctx.config.dtype)
+    n = nbytes // torch.empty((), dtype=dtype).element_size()
+    inp = torch.empty(n, dtype=dtype)
+    out = torch.empty(n, dtype=dtype)
+    state = {"calls": 0}
+
+    def run():
+        state["calls"] += 1
+        if empty:
+            return
+        if stale_after_first and state["calls"] > 1:
+            return  # writes nothing: the output keeps whatever was there
+        dist.all_reduce(inp)  # in place on the input, then copied out: an out-of-place op
+        out.copy_(inp)
+        if after:
+            after(out)
+    return Op(inp, out, run, graphable=False)
+
+
+class _CpuFixture(Probe):
+    device = "cpu"
+    min_world_size = 1
+
+    def candidates(self, ctx, wanted):
+        return [{"backend": self.name, "label": self.label, "kind": "backend", "info": {},
+                 "make": lambda nbytes: self.make(ctx, nbytes)}]
+
+
+class WrongResultProbe(_CpuFixture):
     name = "fixture-wrong"
     label = "gloo allreduce plus one"
-    device = "cpu"
 
-    def run(self, ctx):
+    def make(self, ctx, nbytes):
+        return _gloo(ctx, nbytes, after=lambda t: t.add_(1))
+
+
+class StaleOutputProbe(_CpuFixture):
+    name = "fixture-stale"
+    label = "gloo allreduce that writes its output on the first call only"
+
+    def make(self, ctx, nbytes):
+        return _gloo(ctx, nbytes, stale_after_first=True)
+
+
+class EmptyProbe(_CpuFixture):
+    name = "fixture-empty"
+    label = "an op that does nothing"
+
+    def make(self, ctx, nbytes):
+        return _gloo(ctx, nbytes, empty=True)
+
+
+class StaleUnderCaptureProbe(Probe):
+    name = "fixture-stale-under-capture"
+    label = "NCCL allreduce (out of place) that records nothing under CUDA graph capture"
+    device = "cuda"
+
+    def candidates(self, ctx, wanted):
         import torch
-        import torch.distributed as dist
-        h = Harness(ctx, ctx.config)
+        from stackprobe.runtime.probes import nccl_comm
+        comm, info = nccl_comm(ctx, "stale")
+        dtype = getattr(torch, ctx.config.dtype)
 
-        def make_op(nbytes):
-            buf = torch.empty(nbytes // 4, dtype=torch.float32)
+        def make(nbytes):
+            n = nbytes // torch.empty((), dtype=dtype).element_size()
+            inp = torch.empty(n, dtype=dtype, device=ctx.device)
+            out = torch.empty_like(inp)
 
             def run():
-                dist.all_reduce(buf)
-                buf.add_(1)
-            return Op(buf, buf, run, in_place=True, graphable=False)
-
-        return [{"backend": self.name, "label": self.label, "info": {}, "sweep": h.sweep(make_op, self.name),
-                 "checks": {}, "failure": None}]
+                if torch.cuda.is_current_stream_capturing():
+                    return  # the planted defect: eager calls work, captured calls write nothing
+                comm.all_reduce(inp, out)
+            return Op(inp, out, run)
+        return [{"backend": self.name, "label": self.label, "kind": "backend", "info": info, "make": make}]

@@ -1,8 +1,12 @@
 """Process orchestration of the runtime tier, for real on CPU: worker processes, process groups, timeouts,
-cleanup, crash reports, and the environment every probe process gets."""
+cleanup, crash reports, the environment every probe process gets, and that nothing outlives a killed suite."""
 import os
 import re
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -11,7 +15,8 @@ from stackprobe.runtime.orchestrate import MULTICAST_OFF, child_env, processes_w
 
 pytest.importorskip("torch")
 
-CFG = {"sizes": [4096, 65536], "dtype": "float32", "warmup": 1, "iters": 3, "repeats": 2}
+CFG = {"sizes": [4096, 65536], "dtype": "float32", "warmup": 1, "rounds": 3, "sweep_rounds": 2, "graph_calls": 10,
+       "graph_replays": 1}
 FIX = "test_runtime_fixture_probes"
 
 
@@ -46,17 +51,21 @@ def test_crashing_rank_is_reported_with_its_last_lines_and_the_group_is_ended():
 
 @pytest.mark.parametrize("world_size", [2, 3])  # nothing may assume two ranks
 def test_gloo_probe_runs_for_real_with_multicast_off_in_every_rank(world_size):
-    run = run_probe("stackprobe.runtime.probes:by_name_torch_gloo", world_size, CFG, device="cpu", timeout=120)
+    run = run_probe("stackprobe.runtime.probes:group_gloo", world_size, CFG, device="cpu", timeout=120)
     assert run.status == "ok", run.tail
     assert len(run.ranks) == world_size
     for rank in run.ranks:
         env = rank["env"]["env"]
         for k, v in MULTICAST_OFF.items():
             assert env[k] == v
-        sweep = rank["backends"][0]["sweep"]
+        assert rank["baseline"] == "torch-gloo" and rank["backends"][0]["backend"] == "torch-gloo"
+        sweep = rank["sweep"]
         assert [r["bytes"] for r in sweep] == CFG["sizes"]
-        assert all(r["eager_correct"] for r in sweep)
-        assert all(r["eager"]["median_us"] > 0 and r["eager"]["repeats"] == 2 for r in sweep)
+        for r, rounds in zip(sweep, (3, 2)):   # rounds at the decode size, sweep rounds elsewhere
+            u, floor = r["units"]["torch-gloo"], r["units"]["__floor__"]
+            assert u["eager_correct"] and u["sequence_correct"] and u["timed_correct"], u
+            assert len(u["samples_us"]) == len(floor["samples_us"]) == rounds
+            assert min(u["samples_us"]) > 0
     assert processes_with_marker(run.run_id) == []
 
 
@@ -67,6 +76,10 @@ def test_child_env_sets_multicast_off_unless_overridden_explicitly():
     assert env["NCCL_ALGO"] == "Tree"
     env = child_env({"NCCL_ALGO": "Tree"}, {"NCCL_ALGO": "Ring", "NCCL_NVLS_ENABLE": "1"}, base={})
     assert env["NCCL_ALGO"] == "Ring" and env["NCCL_NVLS_ENABLE"] == "1"  # explicit user overrides win
+    # an NCCL setting left in the shell does not reach the baseline
+    env = child_env({}, base={"NCCL_ALGO": "Tree", "NCCL_PROTO": "LL", "NCCL_GRAPH_MIXING_SUPPORT": "0", "X": "1"})
+    assert not {"NCCL_ALGO", "NCCL_PROTO", "NCCL_GRAPH_MIXING_SUPPORT"} & set(env) and env["X"] == "1"
+    assert child_env({}, {"NCCL_PROTO": "Simple"}, base={"NCCL_PROTO": "LL"})["NCCL_PROTO"] == "Simple"
 
 
 def test_flashinfer_probes_are_runners_with_a_token_shape():
@@ -82,3 +95,79 @@ def test_flashinfer_probes_are_runners_with_a_token_shape():
     assert P._token_shape(16 << 20 >> 1) == (2048, 4096)
     with pytest.raises(ValueError):
         P._token_shape(100)
+
+
+def _alive(pid: int) -> bool:
+    return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+
+
+def _guards() -> list[int]:
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if "stackprobe.runtime.guard" in " ".join(p.info["cmdline"] or []):
+                out.append(p.info["pid"])
+        except psutil.Error:
+            pass
+    return out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_killing_the_suite_mid_probe_leaves_no_survivor(tmp_path, sig):
+    """The parent (the suite's CLI) is killed while both ranks hang inside a probe, each with a child in its
+    process group and a grandchild in a new session (like a JIT compiler): the parent-death signal ends the
+    ranks, the guard kills the group and every process carrying the run's marker."""
+    pidfile = tmp_path / "pids"
+    guards_before = set(_guards())
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent),
+                                                       str(Path(__file__).resolve().parents[1] / "validate")]),
+               STACKPROBE_TEST_PIDFILE=str(pidfile))
+    cmd = [sys.executable, "-m", "stackprobe.runtime", "run", "--device", "cpu", "--world-size", "2",
+           "--probes", f"{FIX}:HangProbe", "--dtype", "float32", "--sizes", "4096", "--timeout", "300",
+           "--out", str(tmp_path / "out")]
+    parent = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        files = [Path(f"{pidfile}.{r}") for r in (0, 1)]
+        while time.monotonic() < deadline and not all(f.exists() and f.read_text().strip() for f in files):
+            time.sleep(0.2)
+        assert all(f.exists() for f in files), "the probe never started"
+        # by now the baseline group (gloo) has run; the hanging group is the one in flight
+        pids = [int(x) for f in files for x in f.read_text().split()]
+        assert len(pids) == 6 and all(_alive(p) for p in pids)
+        new_guards = set(_guards()) - guards_before
+        assert new_guards, "a guard process watches the probe's process group"
+        parent.send_signal(sig)
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(_alive(p) for p in pids + sorted(new_guards)):
+            time.sleep(0.2)
+        survivors = [p for p in pids + sorted(new_guards) if _alive(p)]
+        assert survivors == [], f"still running after the suite was killed: {survivors}"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
+def test_a_timed_out_build_leaves_no_compiler_running(tmp_path):
+    """run_in_session (used for the static tier's child interpreters, which may start ninja/nvcc): a command
+    whose children keep running past its timeout, one of them in a new session, leaves nothing behind."""
+    from stackprobe.runtime.orchestrate import run_in_session
+    pidfile = tmp_path / "pids"
+    script = ("import subprocess, sys, time\n"
+              "sl = [sys.executable, '-c', 'import time; time.sleep(600)']\n"
+              "a = subprocess.Popen(sl); b = subprocess.Popen(sl, start_new_session=True)\n"
+              f"open({str(pidfile)!r}, 'w').write(f'{{a.pid}} {{b.pid}}')\n"
+              "print('compiling', flush=True); time.sleep(600)\n")
+    t0 = time.monotonic()
+    res = run_in_session([sys.executable, "-c", script], timeout=5)
+    assert res.timed_out and res.returncode is None and time.monotonic() - t0 < 30
+    assert "compiling" in res.stdout
+    pids = [int(x) for x in pidfile.read_text().split()]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids), pids
+    ok = run_in_session([sys.executable, "-c", "import sys; print(sys.stdin.read()[::-1])"], input="abc", timeout=30)
+    assert (ok.returncode, ok.stdout.strip(), ok.timed_out) == (0, "cba", False)

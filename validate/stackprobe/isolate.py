@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,13 +46,12 @@ def run_task(task: str, args: dict | None = None, *, timeout: float = 120.0,
         else:
             child_env[k] = str(v)
     cmd = [python or sys.executable, "-m", "stackprobe.workers", task]
-    try:
-        proc = subprocess.run(cmd, input=json.dumps(args or {}), capture_output=True, text=True,
-                              timeout=timeout, env=child_env)
-    except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"")
-        out = out.decode(errors="replace") if isinstance(out, bytes) else out
-        return Outcome(False, error=f"timed out after {timeout:.0f} s", log=out[-4000:])
+    # a new session, group-killed at the end or on timeout, and a guard if this process dies first: a JIT
+    # compiler (ninja, nvcc) the task starts never outlives it (stackprobe.runtime.orchestrate.run_in_session)
+    from .runtime.orchestrate import run_in_session
+    proc = run_in_session(cmd, input=json.dumps(args or {}), timeout=timeout, env=child_env)
+    if proc.timed_out:
+        return Outcome(False, error=f"timed out after {timeout:.0f} s", log=proc.stdout[-4000:])
     log_lines, value, found = [], None, False
     for line in proc.stdout.splitlines():
         if line.startswith(MARKER):

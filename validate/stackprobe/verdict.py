@@ -15,7 +15,14 @@ WORKS_SLOWER = "works-but-slower"  # runtime: correct but not faster than the ba
 BLOCKED = "blocked"
 SKIPPED = "skipped"
 ERROR = "error"
-STATUSES = (UNBLOCKED, GATE_PASSES, WORKS_SLOWER, BLOCKED, SKIPPED, ERROR)
+# runtime tier, from the 95% interval of the paired ratio to the baseline (stackprobe.runtime.stats.status)
+BASELINE = "baseline"
+FASTER = "faster"
+PARITY = "parity"
+SLOWER = "slower"
+INCONCLUSIVE = "inconclusive"
+STATUSES = (UNBLOCKED, GATE_PASSES, WORKS_SLOWER, BLOCKED, SKIPPED, ERROR, BASELINE, FASTER, PARITY, SLOWER,
+            INCONCLUSIVE)
 
 # kinds of gate (why something is blocked)
 GATE_TOOLCHAIN = "toolchain"          # nvcc too old / missing, arch not supported by the toolkit

@@ -1,5 +1,6 @@
-"""The runtime tier: which allreduce backends really work on the GPUs at hand, under CUDA graphs, at the
-decode-sized messages a serving engine sends, measured against NCCL Ring called directly in the same run.
+"""The runtime tier: which allreduce backends and NCCL settings really work on the GPUs at hand, under CUDA
+graphs, at the decode-sized messages a serving engine sends, measured in paired rounds against NCCL as the engine
+runs it (``nccl-default``: NCCL_ALGO/NCCL_PROTO unset, ncclAllReduce on the current stream).
 
 Entry points:
 
@@ -7,8 +8,9 @@ Entry points:
 * ``python -m stackprobe --runtime`` (the static tier's CLI) calls :func:`run_runtime`, which adds the runtime
   verdicts (``tier="runtime"``) to the static report and writes the full runtime report beside it.
 
-Modules: :mod:`.orchestrate` (process groups, timeouts, cleanup), :mod:`.worker` (one rank),
-:mod:`.probes` (the backends), :mod:`.ncclbind` (ctypes libnccl), :mod:`.bench` (timing/correctness),
+Modules: :mod:`.orchestrate` (process groups, timeouts, cleanup), :mod:`.guard` (kills a probe's processes
+when the suite dies), :mod:`.worker` (one rank), :mod:`.probes` (the rows), :mod:`.ncclbind` (ctypes libnccl),
+:mod:`.bench` (paired timing, correctness checks), :mod:`.stats` (bootstrap intervals, statuses),
 :mod:`.verdicts` (rules), :mod:`.workload` (presets), :mod:`.report` (JSON/Markdown/plot), :mod:`.suite`.
 """
 from __future__ import annotations
@@ -18,7 +20,8 @@ from pathlib import Path
 
 # runtime backend -> the static tier's backend whose gate governs it
 STATIC_NAME = {
-    "nccl-ring": "nccl-ring", "nccl-tree": "nccl-tree", "nccl-allreduce-tree": "nccl-tree",
+    "nccl-default": "nccl-ring", "nccl-ring": "nccl-ring", "nccl-tree": "nccl-tree",
+    "nccl-allreduce-tree": "nccl-tree",
     "torch-symm-mem-one-shot": "torch-symm-mem", "torch-symm-mem-two-shot": "torch-symm-mem",
     "sglang-custom-allreduce": "sglang-custom-allreduce", "flashinfer-allreduce-fusion": "flashinfer-allreduce-fusion",
     "flashinfer-pcie-ipc-allreduce": "flashinfer-pcie-ipc-allreduce", "ep-flashinfer-a2a": "ep-flashinfer-a2a",
@@ -74,7 +77,7 @@ def run_runtime(report, args) -> dict:
     skips = static_skips(report.verdicts, report.target_arch, present_cc)
     wanted = getattr(args, "backends", None)
     names = [n for n, p in registry().items() if p.device == "cuda"
-             and (not wanted or n in wanted or STATIC_NAME.get(n) in wanted or n == "nccl-ring")]
+             and (not wanted or n in wanted or STATIC_NAME.get(n) in wanted or n == "nccl-default")]
     workload = preset("kimi-k2")
     config = BenchConfig(sizes=default_sizes(workload))
     quiet = getattr(args, "quiet", False)

@@ -1,8 +1,21 @@
 """Command line of the runtime tier.
 
-``python -m stackprobe.runtime run [--world-size 1,2] [--probes nccl-ring,...] [--out DIR]``: run the probes
-(one process per GPU, each probe in its own process group) and write ``runtime.json``, ``runtime.md`` and
-``runtime.png`` into ``DIR``.
+``python -m stackprobe.runtime run [--world-size 1,2] [--probes nccl-default,...] [--out DIR]``: run the rows
+(one process per GPU; rows that can share a process group are measured side by side with the baseline) and
+write ``runtime.json``, ``runtime.md`` and ``runtime.png`` into ``DIR``.
+
+Statistics flags and why their defaults are what they are:
+
+* ``--repeats 30``: paired rounds at the decode size inside one process group. Measured on 2x H200 (five runs,
+  ``results/2xH200-SM90-NVLink``): with 30 pairs the 95% interval of a ratio is +/-0.1-0.4 %, and the ratio moves
+  by up to ~2 % between runs (the process's own level), both well inside the 5 % tolerance; a process group
+  stays under ~25 s.
+* ``--rounds 4``: alternated process-group rounds (baseline, setting, setting, baseline, ...) for settings NCCL
+  reads once per process (``NCCL_GRAPH_MIXING_SUPPORT``). Each round costs two process starts (~7 s each on
+  2x H200); four rounds gave intervals of +/-0.5 % there, and keep the whole suite at world size 2 at 85-97 s.
+* ``--tolerance 0.05``: see :data:`stackprobe.runtime.verdicts.DEFAULT_TOLERANCE`.
+* ``--sweep-repeats 3``: rounds at the sizes other than the decode size (the plot's curve and its error bars,
+  not a verdict).
 ``python -m stackprobe.runtime render REPORT.json [--out DIR]``: re-render Markdown and plot from a JSON.
 ``python -m stackprobe.runtime list``: the probes and the workload presets.
 
@@ -49,14 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--sizes", default="", help="explicit sizes, decode size first (e.g. 43008,32K,64K,16M)")
     r.add_argument("--max-size", default="16M")
     r.add_argument("--dtype", default="bfloat16")
-    r.add_argument("--warmup", type=int, default=5)
-    r.add_argument("--iters", type=int, default=50, help="eager calls per timed repeat")
-    r.add_argument("--repeats", type=int, default=5)
+    r.add_argument("--warmup", type=int, default=3, help="untimed trials of every unit before the rounds")
+    r.add_argument("--repeats", type=int, default=30, help="paired rounds at the decode size in one process group")
+    r.add_argument("--sweep-repeats", type=int, default=3, help="paired rounds at the other sizes")
+    r.add_argument("--rounds", type=int, default=4,
+                   help="alternated process-group rounds for process-wide settings (NCCL_GRAPH_MIXING_SUPPORT)")
     r.add_argument("--graph-calls", type=int, default=122, help="calls captured in one CUDA graph")
-    r.add_argument("--graph-replays", type=int, default=10)
+    r.add_argument("--graph-replays", type=int, default=10, help="graph replays per timed trial")
     r.add_argument("--timeout", type=float, default=300.0, help="seconds per probe process group")
     r.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="fraction, e.g. 0.05")
-    r.add_argument("--baseline", default="nccl-ring")
+    r.add_argument("--baseline", default="", help="default: nccl-default on GPUs, torch-gloo on CPU")
     r.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="set in every probe process, overriding the suite's defaults (multicast off, NCCL_ALGO)")
     r.add_argument("--label", default="", help="hardware label for the report (default derived: 2xH200-SM90-NVLink)")
@@ -95,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
                                                       "dtype")}) if wl else None
             for run in report["runs"]:
                 run["verdicts"] = [v.to_json() for v in
-                                   decide_all(run["rows"], report["tolerance"], workload, report["baseline"])]
+                                   decide_all(run["rows"], report["tolerance"], workload, report["baseline"],
+                                              host=run.get("host"))]
         paths = write(report, args.out or Path(args.json).parent, Path(args.json).stem)
         print("\n".join(str(p) for p in paths.values()))
         return 0
@@ -115,14 +131,33 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"world sizes must be >= 1 (got {world_sizes}); no GPUs found?" if args.device == "cuda"
                              else f"world sizes must be >= 1 (got {world_sizes})")
         probes = [p for p in args.probes.split(",") if p.strip()] or default_probes(args.device)
-        config = BenchConfig(sizes=sizes, dtype=args.dtype, warmup=args.warmup, iters=args.iters,
-                             repeats=args.repeats, graph_calls=args.graph_calls, graph_replays=args.graph_replays)
+        if args.repeats < 2 or args.sweep_repeats < 1:
+            raise ValueError(f"--repeats {args.repeats} / --sweep-repeats {args.sweep_repeats}: an interval needs "
+                             "at least 2 paired rounds at the decode size and 1 elsewhere")
+        if not 0 < args.tolerance < 1:
+            raise ValueError(f"--tolerance {args.tolerance}: write a fraction between 0 and 1 (0.05 = 5 %)")
+        if args.rounds < 2:
+            raise ValueError(f"--rounds {args.rounds}: at least 2 alternated process-group rounds are needed")
+        from .bench import check_exact_range
+        for ws in world_sizes:
+            check_exact_range(args.dtype, ws, args.graph_calls)
+        for name in probes:
+            if ":" not in name and name not in registry():
+                raise ValueError(f"unknown probe {name!r}; known: {', '.join(registry())} (or give module:attr)")
+        config = BenchConfig(sizes=sizes, dtype=args.dtype, warmup=args.warmup, rounds=args.repeats,
+                             sweep_rounds=args.sweep_repeats, graph_calls=args.graph_calls,
+                             graph_replays=args.graph_replays)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    import signal
+
+    def on_term(signum, frame):  # SIGTERM ends the suite through its cleanup (finally blocks), like Ctrl-C
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, on_term)
     report = run_suite(probes, world_sizes, config, device=args.device, timeout=args.timeout,
-                       tolerance=args.tolerance, workload=workload, baseline=args.baseline, env_overrides=env,
-                       gpus=gpus, label=args.label, target_arch=args.target_arch)
+                       tolerance=args.tolerance, workload=workload, baseline=args.baseline or None, env_overrides=env,
+                       gpus=gpus, label=args.label, target_arch=args.target_arch, rounds=args.rounds)
     if args.nccl_tests_log and Path(args.nccl_tests_log).is_file():
         report["nccl_tests"] = Path(args.nccl_tests_log).read_text(errors="replace")[-6000:]
     paths = write(report, args.out)
@@ -130,11 +165,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"world size {run['world_size']}:")
         for v in run["verdicts"]:
             m = v["measurements"]
-            print(f"  {v['backend']:36s} {v['status']:17s} graph {m.get('graph_us', '-')!s:>8.8} us  "
-                  f"ratio {m.get('ratio_to_baseline', '-')!s:.5}  {v.get('gate', '')}")
+            ci = (f"ratio {m['ratio_to_baseline']:.3f} [{m['ratio_low']:.3f}, {m['ratio_high']:.3f}]"
+                  if m.get("ratio_to_baseline") is not None else "")
+            work = f"work {m['work_us']:.2f} us" if m.get("work_us") is not None else ""
+            print(f"  {v['backend']:28s} {m.get('kind', ''):8s} {v['status']:13s} {work:16s} {ci}  {v.get('gate', '')}")
     print("\n".join(str(p) for p in paths.values()))
-    base_ok = all(any(v["backend"] == args.baseline and v["status"] not in ("blocked", "error", "skipped")
-                      for v in run["verdicts"]) for run in report["runs"])
+    base_ok = all(any(v["backend"] == report["baseline"] and v["status"] == "baseline" for v in run["verdicts"])
+                  for run in report["runs"])
     return 0 if base_ok else 3
 
 

@@ -4,7 +4,12 @@ For a probe at world size ``n`` the orchestrator starts ``n`` worker processes (
 stackprobe.runtime.worker``); rank 0 leads a new process group and every other rank joins that group (same session, as setpgid requires), so
 one ``killpg`` ends them all. Each process carries ``STACKPROBE_RUN_ID`` in its environment; after the group is
 ended, ``/proc/*/environ`` is scanned for that marker and any survivor (a process that left the group) is killed,
-so no GPU process is left behind. Outcomes:
+so no GPU process is left behind.
+
+Nothing outlives the suite even when the suite itself is killed: every rank gets a parent-death signal
+(``PR_SET_PDEATHSIG`` = SIGKILL, set in the pre-exec hook and again by the worker), and a guard process
+(:mod:`stackprobe.runtime.guard`, own session, parent-death signal SIGTERM) kills the ranks' process group and
+every process carrying the run's marker when the suite dies without cleaning up. Outcomes:
 
 * ``ok``: every rank exited 0 and wrote its result;
 * ``crash``: a rank exited non-zero or by a signal (the others are ended after a grace period); the report keeps
@@ -30,6 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+# removed from the inherited environment: the baseline is NCCL as an engine runs it, and a setting row sets its
+# own; only an explicit --env puts one back
+NCCL_SETTINGS_UNSET = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_GRAPH_MIXING_SUPPORT")
 RUN_ID_VAR = "STACKPROBE_RUN_ID"
 TAIL_LINES = 30
 
@@ -59,9 +67,12 @@ class ProbeRun:
 
 def child_env(probe_env: dict[str, str], overrides: dict[str, str] | None = None,
               base: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment of every probe process: the parent's, then multicast off, then the probe's own settings
-    (``NCCL_ALGO``...), then the caller's explicit overrides (``--env KEY=VALUE``), which win."""
+    """Environment of every probe process: the parent's without ``NCCL_ALGO``/``NCCL_PROTO``/
+    ``NCCL_GRAPH_MIXING_SUPPORT``, then multicast off, then the probe's own settings, then the caller's explicit
+    overrides (``--env KEY=VALUE``), which win."""
     env = dict(os.environ if base is None else base)
+    for k in NCCL_SETTINGS_UNSET:
+        env.pop(k, None)
     env.update(MULTICAST_OFF)
     env.update(probe_env)
     env.update(overrides or {})
@@ -110,10 +121,42 @@ def tail_lines(path: Path, n: int = TAIL_LINES) -> list[str]:
     return lines[-n:]
 
 
+def _rank_preexec(pgid_target: int):
+    """Pre-exec hook of a rank: join (or lead) the probe's process group, and die with the parent."""
+    def hook():
+        os.setpgid(0, pgid_target)
+        from .worker import set_parent_death_signal
+        set_parent_death_signal(signal.SIGKILL)
+    return hook
+
+
+def _start_guard(pgid: int, run_id: str, env: dict[str, str]) -> subprocess.Popen | None:
+    def hook():
+        from .worker import set_parent_death_signal
+        set_parent_death_signal(signal.SIGTERM)
+    try:
+        return subprocess.Popen([sys.executable, "-m", "stackprobe.runtime.guard", str(pgid), run_id], env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=hook)
+    except OSError:
+        return None
+
+
+def _stop_guard(guard: subprocess.Popen | None) -> None:
+    if guard is None:
+        return
+    try:
+        guard.send_signal(signal.SIGUSR1)
+        guard.wait(timeout=5)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        guard.kill()
+        guard.wait(timeout=5)
+
+
 def run_probe(probe_ref: str, world_size: int, config: dict, *, device: str = "cuda", timeout: float = 300.0,
               probe_env: dict[str, str] | None = None, env_overrides: dict[str, str] | None = None,
               crash_grace: float = 10.0, workdir: str | None = None, name: str | None = None,
-              progress=None) -> ProbeRun:
+              progress=None, extra: dict | None = None) -> ProbeRun:
     """Run one probe (``module:attr``) at ``world_size`` ranks and return its :class:`ProbeRun`.
 
     ``config``: :class:`~stackprobe.runtime.bench.BenchConfig` fields. ``timeout`` (s) covers the whole group;
@@ -124,24 +167,24 @@ def run_probe(probe_ref: str, world_size: int, config: dict, *, device: str = "c
     run_id = uuid.uuid4().hex
     env = child_env(probe_env or {}, env_overrides)
     env[RUN_ID_VAR] = run_id
+    env["STACKPROBE_PARENT_PID"] = str(os.getpid())
     spec = {"probe": probe_ref, "world_size": world_size, "store": str(tmp / "store"), "device": device,
-            "config": config, "result_dir": str(tmp)}
+            "config": config, "result_dir": str(tmp), **(extra or {})}
     (tmp / "spec.json").write_text(json.dumps(spec))
     logs = [tmp / f"rank{r}.log" for r in range(world_size)]
     procs: list[subprocess.Popen] = []
     t0 = time.monotonic()
     pgid = None
+    guard = None
     try:
         for r in range(world_size):
             cmd = [sys.executable, "-m", "stackprobe.runtime.worker", str(tmp / "spec.json"), str(r)]
             with open(logs[r], "wb") as log:
+                p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                     stdin=subprocess.DEVNULL, preexec_fn=_rank_preexec(0 if r == 0 else pgid))
                 if r == 0:
-                    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         preexec_fn=lambda: os.setpgid(0, 0))
                     pgid = p.pid
-                else:
-                    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         preexec_fn=lambda: os.setpgid(0, pgid))
+                    guard = _start_guard(pgid, run_id, {k: v for k, v in env.items() if k != RUN_ID_VAR})
             procs.append(p)
         status, failed = "ok", None
         fail_time = None
@@ -163,6 +206,7 @@ def run_probe(probe_ref: str, world_size: int, config: dict, *, device: str = "c
             time.sleep(0.1)
     finally:
         killed = _cleanup(pgid, procs, run_id)
+        _stop_guard(guard)
     seconds = time.monotonic() - t0
     run = ProbeRun(probe=name, world_size=world_size, status=status, seconds=round(seconds, 2),
                    returncodes=[p.returncode for p in procs], failed_rank=failed, killed_pids=killed,
@@ -220,3 +264,53 @@ def _cleanup(pgid: int | None, procs: list[subprocess.Popen], run_id: str) -> li
                 pass
         time.sleep(0.2)
     return killed
+
+
+@dataclass
+class SessionResult:
+    """Outcome of :func:`run_in_session`: ``returncode`` (None when it timed out), ``stdout``, ``stderr`` (text),
+    ``timed_out``, ``killed_pids`` (processes of the session or carrying its marker that were still alive at
+    the end and were killed)."""
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    killed_pids: list[int] = field(default_factory=list)
+
+
+def run_in_session(cmd: list[str], *, input: str | None = None, timeout: float = 600.0,
+                   env: dict[str, str] | None = None) -> SessionResult:
+    """Run a command that may start compilers (a JIT build, ninja, nvcc) so that none of them outlives it or us:
+    the child starts a new session (its own process group), dies with this process (``PR_SET_PDEATHSIG``), and a
+    guard (:mod:`stackprobe.runtime.guard`) kills the whole group when this process dies first. When the command
+    ends or times out, the group and every process carrying the run's marker (``STACKPROBE_RUN_ID``) are killed,
+    so a compiler left running by a timed-out or crashed build is ended too."""
+    run_id = uuid.uuid4().hex
+    env = dict(os.environ if env is None else env)
+    env[RUN_ID_VAR] = run_id
+    env["STACKPROBE_PARENT_PID"] = str(os.getpid())
+
+    def hook():
+        from .worker import set_parent_death_signal
+        set_parent_death_signal(signal.SIGKILL)
+
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True, preexec_fn=hook)
+    guard = _start_guard(proc.pid, run_id, {k: v for k, v in env.items() if k != RUN_ID_VAR})
+    timed_out, killed = False, []
+    try:
+        out, err = proc.communicate(input=input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        # end the group and every marked process first: a child that left the group may hold the pipes open
+        killed = _cleanup(proc.pid, [proc], run_id)
+        out, err = proc.communicate()
+    finally:
+        if proc.poll() is None:
+            _killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        killed += _cleanup(proc.pid, [proc], run_id)
+        _stop_guard(guard)
+    return SessionResult(None if timed_out else proc.returncode, out or "", err or "", timed_out, killed)

@@ -5,10 +5,13 @@ All three are written from the report dict alone, so a recorded JSON can be re-r
 and the Markdown says so.
 
 Report dict (``tier: runtime``): ``schema``, ``created``, ``label``, ``target_arch``, ``device``, ``gpus``,
-``environment`` (torch, CUDA, GPU name, compute capability, NCCL), ``topology``, ``config`` (sweep sizes in
-bytes, repeats, graph calls), ``workload``, ``baseline``, ``tolerance``, ``multicast_off`` and ``runs``: one per
-world size with ``rows`` (per backend, per size: eager/graph median us, per-rank medians, spread %, algbw/busbw
-GB/s, correctness) and ``verdicts`` (:class:`stackprobe.verdict.Verdict` JSON, ``tier="runtime"``).
+``environment`` (rank 0's torch, CUDA, GPU name, compute capability, NCCL), ``host`` (where it was measured:
+compute capability, topology nvlink/pcie, driver, torch, NCCL; see :func:`stackprobe.runtime.suite.host_info`),
+``topology``, ``config`` (sizes in bytes, rounds, graph calls), ``process_rounds``, ``workload``, ``baseline``,
+``tolerance``, ``multicast_off`` and ``runs``: one per world size with ``host`` (plus ``world_size``), ``rows``
+(per row, per size: per-round samples, time/work/floor per call with 95% intervals, the paired ratio with its
+interval, busbw, the three correctness checks) and ``verdicts`` (:class:`stackprobe.verdict.Verdict` JSON,
+``tier="runtime"``, status baseline / faster / parity / slower / inconclusive / blocked / skipped / error).
 """
 from __future__ import annotations
 
@@ -65,7 +68,8 @@ def hardware_note(report: dict) -> str:
         same = False
     note = (f"Measured on {report.get('gpus')}x {env.get('gpu_name', '?')} (compute capability {cc}, SM{cc.replace('.', '')}), "
             f"{link}; torch {env.get('torch', '?')} (CUDA {env.get('torch_cuda', '?')}), NCCL "
-            f"{env.get('torch_nccl_version', '?')}.")
+            f"{(report.get('host') or {}).get('nccl_version') or env.get('torch_nccl_version', '?')}; driver "
+            f"{(report.get('host') or {}).get('driver_version', '?')}.")
     if not same:
         note += (f" This is NOT the target (compute capability {target}, SM{target.replace('.', '')}, PCIe): figures "
                  f"show that the code paths run and how they compare on this host, not what SM{target.replace('.', '')} "
@@ -73,20 +77,60 @@ def hardware_note(report: dict) -> str:
     return note
 
 
+def _ci_text(d: dict | None, nd: int = 2) -> str:
+    if not d or d.get("mean", d.get("value")) is None:
+        return "-"
+    return f"{d.get('mean', d.get('value')):.{nd}f} [{d['low']:.{nd}f}, {d['high']:.{nd}f}]"
+
+
+def _ratio_text(m: dict) -> str:
+    if m.get("ratio_to_baseline") is None:
+        return "-"
+    return f"{m['ratio_to_baseline']:.3f} [{m['ratio_low']:.3f}, {m['ratio_high']:.3f}]"
+
+
+def _work_text(m: dict) -> str:
+    if m.get("work_us") is None:
+        return "-"
+    return f"{m['work_us']:.2f} [{m['work_low_us']:.2f}, {m['work_high_us']:.2f}]"
+
+
+def _rank_key(v: dict):
+    r = v["measurements"].get("ratio_to_baseline")
+    return (v["status"] != "baseline", r is None, r if r is not None else 0.0)
+
+
+def host_table(host: dict | None) -> list[str]:
+    if not host:
+        return []
+    keys = ("compute_capability", "gpu_name", "gpus", "topology", "driver_version", "torch", "torch_cuda",
+            "nccl_version")
+    return ["| host | " + " | ".join(keys) + " |", "| --- |" + " --- |" * len(keys),
+            "| measured on | " + " | ".join(str(host.get(k, "-")) for k in keys) + " |"]
+
+
 def markdown(report: dict, plot_name: str | None = None) -> str:
-    """The Markdown report: hardware note, settings, per world size the verdict table at the decode size,
-    the workload step time, and the sweep table per backend."""
+    """The Markdown report: hardware note and host block, settings, then per world size the backends and the
+    NCCL settings ranked apart (each by its paired ratio to the baseline, with the 95% interval and status),
+    the rows that did not run, and the sweep of every row."""
     cfg = report["config"]
     wl = report.get("workload") or {}
     lines = [f"# Runtime validation: {report.get('label', '')}", "", hardware_note(report), ""]
-    lines += [f"- created {report.get('created')}; baseline **{report['baseline']}** measured in the same run; "
-              f"tolerance {report['tolerance']:.0%} on the decode-size ratio (CUDA graph latency)",
+    lines += host_table(report.get("host")) + [""]
+    tol = report["tolerance"]
+    lines += [f"- created {report.get('created')}; baseline **{report['baseline']}** measured beside every row "
+              f"(paired rounds); status from the 95% bootstrap interval of the ratio: faster (upper bound < "
+              f"{1 - tol:.2f}), slower (lower bound > {1 + tol:.2f}), parity (inside [{1 - tol:.2f}, {1 + tol:.2f}]), "
+              f"else inconclusive",
               f"- sizes (bytes, decode size first): {', '.join(str(s) for s in cfg['sizes'])}; dtype {cfg['dtype']}",
-              f"- eager: {cfg['repeats']} repeats x {cfg['iters']} calls; CUDA graph: {cfg['graph_calls']} calls "
-              f"captured in one graph, {cfg['repeats']} repeats x {cfg['graph_replays']} replays; every captured "
-              "call checked against the reference sum",
-              "- time = mean over ranks of each rank's median per call; busbw = algbw * 2(n-1)/n (nccl-tests); "
-              "eager = calls issued back to back from Python (CPU-bound for small messages), graph = replays",
+              f"- one unit = {cfg['graph_calls']} calls in one CUDA graph (eager sequence on CPU), each call with its "
+              f"own input; {cfg['graph_replays']} replays per trial; {cfg['rounds']} paired rounds at the decode size, "
+              f"{cfg.get('sweep_rounds', '-')} elsewhere; settings NCCL reads once per process: "
+              f"{report.get('process_rounds', '-')} alternated process-group rounds",
+              "- work = time per call - the empty-graph floor (the per-call input writes alone) measured in the same "
+              "rounds; busbw = algbw * 2(n-1)/n (nccl-tests)",
+              "- correctness: output poisoned before each check; eager call, the accumulated sequence (arithmetic "
+              "series) and the timed graph itself",
               f"- multicast off in every probe process: "
               + ", ".join(f"{k}={v}" for k, v in (report.get("multicast_off") or {}).items())]
     if wl:
@@ -97,41 +141,70 @@ def markdown(report: dict, plot_name: str | None = None) -> str:
         lines += ["", "## nccl-tests in the same run", "", "```", report["nccl_tests"].strip(), "```"]
     for run in report["runs"]:
         ws = run["world_size"]
-        lines += ["", f"## World size {ws}", "",
-                  "| backend | eager us | graph us | ratio to baseline | busbw GB/s | spread % | step us | vs baseline us | verdict | cause |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
-        for v in run["verdicts"]:
-            m = v["measurements"]
-            status = v["status"]
-            if v.get("gate"):
-                status += f" ({v['gate']})"
-            cause = (v.get("cause") or "").replace("|", "/").replace("\n", " ")
-            if v.get("lift_detail"):
-                cause += f" Lift: {v['lift_detail']}."
-            for w in v.get("warnings") or []:
-                cause += f" Note: {w}."
-            lines.append(
-                f"| {v['backend']} | {_fmt(m.get('eager_us'))} | {_fmt(m.get('graph_us'))} | "
-                f"{_fmt(m.get('ratio_to_baseline'), 2)} | {_fmt(m.get('busbw_gbps'), 2)} | "
-                f"{_fmt(m.get('graph_spread_pct', m.get('eager_spread_pct')))} | {_fmt(m.get('step_us'))} | "
-                f"{_fmt(m.get('step_diff_us'))} | {status} | {cause[:700]} |")
+        verdicts = run.get("verdicts") or []
+        measured = [v for v in verdicts if v["status"] in ("baseline", "faster", "parity", "slower", "inconclusive")]
+        rest = [v for v in verdicts if v not in measured]
+        lines += ["", f"## World size {ws}", ""]
+        for kind, title in (("backend", "Backends"), ("setting", "NCCL settings (ranked apart: each needs its "
+                                                                  "precondition)")):
+            vs = sorted([v for v in measured if v["measurements"].get("kind") in (kind, "baseline")], key=_rank_key)
+            if kind == "setting":
+                vs = [v for v in vs if v["measurements"].get("kind") == "setting"]
+            if not vs:
+                continue
+            lines += [f"### {title}", ""]
+            if kind == "backend":
+                lines += ["| rank | row | status | ratio to baseline [95% CI] | work us/call [95% CI] | floor us | "
+                          "rounds | step us | cause |", "| ---: | --- | --- | --- | --- | ---: | ---: | ---: | --- |"]
+            else:
+                lines += ["| rank | setting | status | ratio to baseline [95% CI] | work us/call [95% CI] | rounds | "
+                          "precondition (source) | SGLang as shipped meets it |",
+                          "| ---: | --- | --- | --- | --- | ---: | --- | --- |"]
+            for i, v in enumerate(vs, 1):
+                m = v["measurements"]
+                cause = (v.get("cause") or "").replace("|", "/").replace("\n", " ")
+                for w in v.get("warnings") or []:
+                    if "not met by SGLang" not in w:
+                        cause += f" Note: {w}."
+                if kind == "backend":
+                    lines.append(f"| {i} | {v['backend']} | **{v['status']}** | {_ratio_text(m)} | {_work_text(m)} | "
+                                 f"{_fmt(m.get('floor_us'), 2)} | {m.get('rounds', '-')} | {_fmt(m.get('step_us'))} | "
+                                 f"{cause[:500]} |")
+                else:
+                    st = m.get("setting") or {}
+                    sg = st.get("sglang") or {}
+                    env = ", ".join(f"{k}={val}" for k, val in (st.get("env") or {}).items())
+                    lines.append(f"| {i} | {v['backend']} (`{env}`, {st.get('scope', '')} scope) | **{v['status']}** | "
+                                 f"{_ratio_text(m)} | {_work_text(m)} | {m.get('rounds', '-')} | "
+                                 f"{st.get('precondition', '')} ({st.get('source', '')}) | "
+                                 f"{'yes' if sg.get('meets') else 'no'}: {sg.get('note', '')} |")
+            lines.append("")
+        if rest:
+            lines += ["### Not measured, blocked or in error", "", "| row | kind | status | gate | cause |",
+                      "| --- | --- | --- | --- | --- |"]
+            for v in rest:
+                cause = (v.get("cause") or "").replace("|", "/").replace("\n", " ")
+                if v.get("lift_detail"):
+                    cause += f" Lift: {v['lift_detail']}."
+                if "ratio_to_baseline" in v["measurements"]:
+                    cause += f" Ratio {_ratio_text(v['measurements'])}."
+                lines.append(f"| {v['backend']} | {v['measurements'].get('kind', '')} | {v['status']} | "
+                             f"{v.get('gate', '')} | {cause[:600]} |")
         for row in run["rows"]:
             if not row.get("sweep"):
                 continue
-            lines += ["", f"### {row['backend']} @ {ws}: {row.get('label', '')}", "",
-                      "| size | eager us | graph us | graph algbw GB/s | graph busbw GB/s | spread % | correct (eager/graph) |",
-                      "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+            lines += ["", f"#### {row['backend']} @ {ws}: {row.get('label', '')}", "",
+                      "| size | time us/call [95% CI] | work us/call [95% CI] | ratio [95% CI] | busbw GB/s | rounds | "
+                      "correct (eager/sequence/timed graph) |",
+                      "| --- | --- | --- | --- | ---: | ---: | --- |"]
             for rec in row["sweep"]:
-                if "error" in rec:
-                    lines.append(f"| {_kb(rec['bytes'])} | error: {rec['error'][:200]} | | | | | |")
+                if "error" in rec and "work_us" not in rec:
+                    lines.append(f"| {_kb(rec['bytes'])} | error: {str(rec['error'])[:200]} | | | | | |")
                     continue
-                e, g = rec.get("eager") or {}, rec.get("graph") or {}
-                gok = g.get("status") == "ok"
-                lines.append(f"| {_kb(rec['bytes'])} | {_fmt(e.get('median_us'))} | "
-                             f"{_fmt(g.get('median_us')) if gok else g.get('status', '-')} | "
-                             f"{_fmt(g.get('algbw_gbps'), 2) if gok else '-'} | {_fmt(g.get('busbw_gbps'), 2) if gok else '-'} | "
-                             f"{_fmt(g.get('spread_pct') if gok else e.get('spread_pct'))} | "
-                             f"{rec.get('eager_correct')}/{rec.get('graph_correct', '-')} |")
+                lines.append(f"| {_kb(rec['bytes'])} | {_ci_text(rec.get('time_us'))} | {_ci_text(rec.get('work_us'))} | "
+                             f"{_ci_text(rec.get('ratio'), 3)} | {_fmt(rec.get('busbw_gbps'), 2)} | "
+                             f"{rec.get('rounds', '-')} | {rec.get('eager_correct', '-')}/"
+                             f"{rec.get('sequence_correct', '-')}/{rec.get('timed_correct', '-')} |")
             if row.get("checks"):
                 lines += ["", "Collectives captured in CUDA graphs:", ""]
                 for coll, r in row["checks"].items():
@@ -139,15 +212,16 @@ def markdown(report: dict, plot_name: str | None = None) -> str:
                                  + (f" ({r.get('eager_error') or r.get('graph_error') or r.get('error')})"
                                     if r.get('eager_error') or r.get('graph_error') or r.get('error') else ""))
     if plot_name:
-        lines += ["", f"![latency vs message size]({plot_name})"]
+        lines += ["", f"![work per call vs message size, and the paired ratios with 95% intervals]({plot_name})"]
     elif plot_name is None:
         lines += ["", "(no plot: matplotlib is not installed)"]
     return "\n".join(lines) + "\n"
 
 
 def plot(report: dict, path: Path) -> bool:
-    """Latency (us per call, CUDA graph; eager where there are no graphs) vs message size, log-log, one panel
-    per world size, one line per backend. Returns False when matplotlib is missing."""
+    """Per world size, two panels: work per call (us, mean with its 95% interval as error bars) vs message
+    size, log-log, one line per measured row; and the decode-size ratio to the baseline of every measured row
+    with its 95% interval (horizontal error bars) and the tolerance band. Returns False without matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -155,32 +229,53 @@ def plot(report: dict, path: Path) -> bool:
     except ImportError:
         return False
     runs = report["runs"]
-    fig, axes = plt.subplots(1, max(len(runs), 1), figsize=(6.5 * max(len(runs), 1), 4.8), squeeze=False)
-    for ax, run in zip(axes[0], runs):
+    tol = report.get("tolerance", 0.05)
+    fig, axes = plt.subplots(max(len(runs), 1), 2, figsize=(14, 4.8 * max(len(runs), 1)), squeeze=False)
+    for (ax, axr), run in zip(axes, runs):
         for row in run["rows"]:
-            for mode, style in (("graph", "-o"), ("eager", ":x")):
-                pts = [(r["bytes"], (r.get(mode) or {}).get("median_us")) for r in row.get("sweep", [])
-                       if (r.get(mode) or {}).get("status", "ok") == "ok" and (r.get(mode) or {}).get("median_us")]
-                if mode == "eager" and any((r.get("graph") or {}).get("status") == "ok" for r in row.get("sweep", [])):
-                    continue  # graph figures are the ones the engine sees; eager only where no graphs
-                if pts:
-                    pts.sort()
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], style, markersize=3,
-                            label=f"{row['backend']} ({mode})")
+            pts = [(r["bytes"], r["work_us"]) for r in row.get("sweep", []) if r.get("work_us")]
+            pts = [(b, w) for b, w in pts if w["mean"] > 0]
+            if not pts:
+                continue
+            pts.sort(key=lambda p: p[0])
+            xs = [p[0] for p in pts]
+            ys = [p[1]["mean"] for p in pts]
+            lo = [max(p[1]["mean"] - p[1]["low"], 0) for p in pts]
+            hi = [max(p[1]["high"] - p[1]["mean"], 0) for p in pts]
+            style = "--" if row.get("kind") == "setting" else "-"
+            ax.errorbar(xs, ys, yerr=[lo, hi], fmt=style + "o", markersize=3, capsize=2,
+                        label=f"{row['backend']} ({row.get('kind', '')})")
         wl = report.get("workload") or {}
         if wl.get("message_bytes"):
             ax.axvline(wl["message_bytes"], color="grey", linestyle="--", linewidth=0.8)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("message size (bytes)")
-        ax.set_ylabel("time per allreduce (us)")
+        ax.set_ylabel("work per allreduce (us), 95% CI")
         ax.set_title(f"{report.get('label', '')}, world size {run['world_size']}")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
+        vs = [v for v in run.get("verdicts") or [] if v["measurements"].get("ratio_to_baseline") is not None]
+        vs.sort(key=lambda v: (v["measurements"].get("kind") == "setting", v["measurements"]["ratio_to_baseline"]))
+        for i, v in enumerate(vs):
+            m = v["measurements"]
+            color = "tab:orange" if m.get("kind") == "setting" else "tab:blue"
+            axr.errorbar([m["ratio_to_baseline"]], [i], xerr=[[m["ratio_to_baseline"] - m["ratio_low"]],
+                                                             [m["ratio_high"] - m["ratio_to_baseline"]]],
+                         fmt="o", color=color, capsize=3)
+        axr.set_yticks(range(len(vs)))
+        axr.set_yticklabels([f"{v['backend']} ({v['status']})" for v in vs], fontsize=7)
+        axr.axvspan(1 - tol, 1 + tol, color="grey", alpha=0.2, label=f"parity band +/-{tol:.0%}")
+        axr.axvline(1.0, color="black", linewidth=0.8)
+        axr.set_xlabel(f"work per call / {report.get('baseline')}, decode size, 95% CI "
+                       "(blue: backends, orange: settings)")
+        axr.set_xscale("log")
+        axr.grid(True, which="both", alpha=0.3)
+        axr.legend(fontsize=7)
     fig.tight_layout()
     try:
         with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=110, format=path.suffix.lstrip(".") or "png")
+            fig.savefig(tmp, dpi=100, format=path.suffix.lstrip(".") or "png")
     finally:
         plt.close(fig)
     return True

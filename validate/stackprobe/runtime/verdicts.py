@@ -1,97 +1,92 @@
-"""Verdict rules of the runtime tier: a backend's measured row against NCCL Ring measured in the same run.
+"""Verdict rules of the runtime tier: a row's paired measurements against the baseline measured in the same
+process group (or in alternated process groups), at the decode size (the sweep's first size).
 
-Rules, first match wins (the decode size is the sweep's first size):
+Rules, first match wins:
 
-1. skipped before running (library not installed, too few GPUs) -> ``skipped``;
+1. skipped before running (library not installed, too few GPUs, world size 1: no peers) -> ``skipped``;
 2. the process group crashed or hung -> ``blocked`` (gate ``crash`` / ``hang``), with the last output lines;
 3. a setting made a collective fail (``NCCL_ALGO=Tree``: all_gather / reduce_scatter have no Tree algorithm,
    ncclInvalidUsage) -> ``blocked`` (gate ``setting``), lifted by the per-collective form the probe names;
-4. a wrong result at any size, eager or captured -> ``blocked`` (gate ``wrong-result``);
-5. CUDA graph capture failed at the decode size -> ``blocked`` (gate ``cuda-graph``);
-6. the call raised at the decode size -> ``blocked`` (gate ``crash``);
-7. no usable baseline -> ``error``;
-8. ratio = latency / baseline latency at the decode size, CUDA-graph figures (eager where the device has no
-   graphs): ``unblocked`` when ratio <= 1 - tolerance *and* the backend's slowest repeat is faster than the
-   baseline's fastest (the ranges of the repeats do not overlap: faster beyond the noise), else
-   ``works-but-slower`` (the cause says: overlapping ranges, at parity within the tolerance, or slower).
+4. the probe reported an error of its own (e.g. a setting that did not reach its communicator) -> ``error``;
+5. a wrong result at any size (eager, the checked sequence, or the timed graph replayed with its output poisoned)
+   -> ``blocked`` (gate ``wrong-result``);
+6. CUDA graph capture failed at the decode size -> ``blocked`` (gate ``cuda-graph``);
+7. the call raised at the decode size -> ``blocked`` (gate ``crash``);
+8. the row's work per call is at or below the empty-graph floor measured in the same rounds -> ``error``
+   ("no GPU work captured"), never a speed-up (case C22);
+9. the baseline row -> ``baseline``;
+10. no paired ratio -> ``error``;
+11. the status read from the 95% interval of the paired ratio (:func:`stackprobe.runtime.stats.status`):
+    ``faster``, ``parity``, ``slower`` or ``inconclusive``.
 
-The baseline row itself is reported ``unblocked`` with cause "baseline" (it works; its ratio is 1).
+Every verdict carries the ``host`` block of its run (where it was measured) in ``measurements["host"]``.
 """
 from __future__ import annotations
 
-from ..verdict import (BLOCKED, ERROR, GATE_CRASH, GATE_CUDA_GRAPH, GATE_HANG, GATE_NEEDS_RUNTIME,
+from ..verdict import (BASELINE, BLOCKED, ERROR, GATE_CRASH, GATE_CUDA_GRAPH, GATE_HANG, GATE_NEEDS_RUNTIME,
                        GATE_NOT_INSTALLED, GATE_SETTING, GATE_TOPOLOGY, GATE_WRONG, LIFT_NONE_NEEDED,
-                       LIFT_PACKAGE, LIFT_SETTING, LIFT_UNKNOWN, SKIPPED, UNBLOCKED, WORKS_SLOWER, Verdict)
-from .workload import Workload, latency_at
+                       LIFT_PACKAGE, LIFT_SETTING, LIFT_UNKNOWN, SKIPPED, Verdict)
+from . import stats
+from .workload import Workload
 
+# Default tolerance on the ratio: 5 %. At the Kimi-K2 decode step (122 allreduces of ~42 KB at ~6-18 us each)
+# a 5 % difference per allreduce is 40-110 us per step, under 1 % of a ~10 ms decode step: smaller differences
+# do not change what an engine should run. Paired rounds make intervals far narrower than the 15-20 % spread
+# between runs (FACTS, "Run-to-run noise"), so 5 % can be resolved.
 DEFAULT_TOLERANCE = 0.05
 
 
-def decode_latency(row: dict) -> tuple[float | None, str]:
-    """(us, mode) at the decode size: the CUDA graph median when captured, else the eager median."""
-    if not row.get("sweep"):
-        return None, ""
-    rec = row["sweep"][0]
-    g = rec.get("graph") or {}
-    if g.get("status") == "ok":
-        return g["median_us"], "graph"
-    if g.get("status") == "not-applicable" and rec.get("eager"):
-        return rec["eager"]["median_us"], "eager"
-    return None, ""
+def decode_record(row: dict) -> dict:
+    return (row.get("sweep") or [{}])[0]
 
 
-def curve(row: dict, mode: str) -> list[tuple[int, float]]:
-    """``(bytes, us)`` points of one mode (``eager`` / ``graph``) over the sweep."""
-    pts = []
-    for rec in row.get("sweep", []):
-        m = rec.get(mode) or {}
-        if m.get("median_us") and (mode == "eager" or m.get("status") == "ok"):
-            pts.append((rec["bytes"], m["median_us"]))
-    return pts
-
-
-def _measurements(row: dict, workload: Workload | None) -> dict:
-    m: dict = {"world_size": row["world_size"]}
-    if not row.get("sweep"):
+def _measurements(row: dict, workload: Workload | None, host: dict | None) -> dict:
+    m: dict = {"world_size": row["world_size"], "kind": row.get("kind", "backend")}
+    if host:
+        m["host"] = host
+    if row.get("setting"):
+        m["setting"] = row["setting"]
+    if row.get("pairing"):
+        m["pairing"] = row["pairing"]
+    rec = decode_record(row)
+    if not rec:
         return m
-    rec = row["sweep"][0]
-    m["decode_bytes"] = rec["bytes"]
-    e, g = rec.get("eager") or {}, rec.get("graph") or {}
-    if e:
-        m.update(eager_us=e.get("median_us"), eager_spread_pct=e.get("spread_pct"), eager_repeats=e.get("repeats"),
-                 eager_calls_per_repeat=e.get("calls_per_repeat"))
-    if g.get("status") == "ok":
-        m.update(graph_us=g.get("median_us"), graph_spread_pct=g.get("spread_pct"), graph_repeats=g.get("repeats"),
-                 graph_calls=g.get("calls_per_graph"), algbw_gbps=g.get("algbw_gbps"), busbw_gbps=g.get("busbw_gbps"))
-    elif g:
-        m["graph_status"] = g.get("status")
-    m["sizes_measured"] = [r["bytes"] for r in row["sweep"] if "eager" in r]
-    us, mode = decode_latency(row)
-    if workload and us:
-        pts = curve(row, mode)
-        step = latency_at(pts, workload.message_bytes)
-        if step is not None:
-            m["step_us"] = step * workload.calls_per_step
-            m["step_mode"] = mode
+    m["decode_bytes"] = rec.get("bytes")
+    for key in ("time_us", "work_us", "floor_us"):
+        if key in rec:
+            m[key] = rec[key]["mean"]
+            m[key.replace("_us", "_low_us")] = rec[key]["low"]
+            m[key.replace("_us", "_high_us")] = rec[key]["high"]
+    if "ratio" in rec:
+        m.update(ratio_to_baseline=rec["ratio"]["value"], ratio_low=rec["ratio"]["low"],
+                 ratio_high=rec["ratio"]["high"])
+    if "rounds" in rec:
+        m["rounds"] = rec["rounds"]
+    if "busbw_gbps" in rec:
+        m.update(algbw_gbps=rec.get("algbw_gbps"), busbw_gbps=rec.get("busbw_gbps"))
+    if workload and m.get("work_us") is not None and rec.get("bytes") == workload.message_bytes:
+        m["step_us"] = m["work_us"] * workload.calls_per_step
+    m["sizes_measured"] = [r["bytes"] for r in row.get("sweep", []) if "work_us" in r]
     return m
 
 
-def decide(row: dict, baseline: dict | None, tolerance: float = DEFAULT_TOLERANCE,
-           workload: Workload | None = None, baseline_name: str = "nccl-ring") -> Verdict:
+def _wrong(rec: dict) -> list[str]:
+    return [k for k in ("eager_correct", "sequence_correct", "timed_correct") if rec.get(k) is False]
+
+
+def decide(row: dict, tolerance: float = DEFAULT_TOLERANCE, workload: Workload | None = None,
+           baseline_name: str = "nccl-default", host: dict | None = None) -> Verdict:
     """The runtime :class:`~stackprobe.verdict.Verdict` of one row (see module doc for the rules).
 
-    ``row``/``baseline``: aggregated rows (``backend``, ``world_size``, ``outcome``, ``sweep``, ``failure``,
-    ``tail``, ``skip_reason``). ``tolerance``: fraction (0.05 = 5 %)."""
+    ``row``: an aggregated row (``backend``, ``world_size``, ``kind``, ``outcome``, ``sweep`` with ``ratio``
+    intervals, ``failure``, ``tail``, ``skip_reason``). ``tolerance``: fraction (0.05 = 5 %)."""
     name = row["backend"]
-    v = Verdict(backend=name, status=UNBLOCKED, tier="runtime", measurements=_measurements(row, workload))
+    v = Verdict(backend=name, status=ERROR, tier="runtime", measurements=_measurements(row, workload, host))
     v.measurements["tolerance"] = tolerance
-    if row.get("world_size") == 1 and row.get("outcome") == "ok":
-        v.warnings.append("world size 1: no data crosses between GPUs, so latencies and ratios measure call and "
-                          "kernel overhead only")
-    gus = v.measurements.get("graph_us")
-    if gus is not None and gus < 0.2:
-        v.warnings.append(f"the CUDA graph holds next to no GPU work per call ({gus:.3f} us): the backend "
-                          "short-circuits this call, so its ratio is no evidence of speed")
+    st = row.get("setting")
+    if st and st.get("sglang") and not st["sglang"].get("meets"):
+        v.warnings.append(f"precondition ({st['precondition']}; {st['source']}) not met by SGLang as shipped: "
+                          f"{st['sglang']['note']}")
     outcome = row.get("outcome")
     if outcome == "skipped":
         reason = row.get("skip_reason", "")
@@ -114,102 +109,68 @@ def decide(row: dict, baseline: dict | None, tolerance: float = DEFAULT_TOLERANC
         v.add("last lines of output", tail, "probe process log")
         return v
     failure = row.get("failure")
+    rec = decode_record(row)
     if failure and failure.get("kind") == "setting":
         v.status, v.gate, v.lift = BLOCKED, GATE_SETTING, LIFT_SETTING
         v.lift_detail = failure.get("lift_detail", "")
         v.cause = (failure["message"] + ". The setting, not CUDA graphs, is what fails"
                    + (f"; {v.lift_detail} runs every collective" if v.lift_detail else ""))
+        if "ratio" in rec:
+            v.cause += (f". allreduce alone: ratio {rec['ratio']['value']:.3f} "
+                        f"[{rec['ratio']['low']:.3f}, {rec['ratio']['high']:.3f}]")
         v.add("collective checks", row.get("checks"), "NCCL called directly, eager and CUDA graph capture")
-        _compare(v, row, baseline, tolerance, baseline_name, set_status=False)
         return v
-    wrong = [r["bytes"] for r in row.get("sweep", []) if r.get("eager_correct") is False or r.get("graph_correct") is False]
+    if failure and failure.get("kind") == "error":
+        v.status, v.lift, v.cause = ERROR, LIFT_UNKNOWN, failure.get("message", "probe error")
+        return v
+    wrong = [(r["bytes"], _wrong(r)) for r in row.get("sweep", []) if _wrong(r)]
     if wrong or (failure and failure.get("kind") == "wrong-result"):
         v.status, v.gate, v.lift = BLOCKED, GATE_WRONG, LIFT_UNKNOWN
-        v.cause = f"wrong result against the reference sum at {wrong or 'a collective check'} bytes"
+        where = "; ".join(f"{b} B: {', '.join(k.replace('_correct', '') for k in ks)}" for b, ks in wrong)
+        v.cause = ("wrong result against the reference sum (output poisoned before each check; each captured "
+                   f"call a different input): {where or (failure or {}).get('message', 'a collective check')}")
         return v
-    sweep = row.get("sweep") or []
-    first = sweep[0] if sweep else {}
     if failure and failure.get("kind") == "cuda-graph":
         v.status, v.gate, v.lift, v.cause = BLOCKED, GATE_CUDA_GRAPH, LIFT_UNKNOWN, failure["message"]
         return v
-    if (first.get("graph") or {}).get("status") == "capture-failed":
+    if rec.get("graph") == "capture-failed":
         v.status, v.gate, v.lift = BLOCKED, GATE_CUDA_GRAPH, LIFT_UNKNOWN
-        v.cause = f"CUDA graph capture failed at {first['bytes']} B: {first['graph'].get('error', '')}"
+        v.cause = f"CUDA graph capture failed at {rec['bytes']} B: {rec.get('error', '')}"
         return v
-    if not sweep or "error" in first or (failure and failure.get("kind") == "error"):
+    if not rec or "error" in rec or "work_us" not in rec:
         v.status, v.gate, v.lift = BLOCKED, GATE_CRASH, LIFT_UNKNOWN
-        v.cause = f"the call raised: {first.get('error') or (failure or {}).get('message') or 'no measurement'}"
+        v.cause = f"the call raised: {rec.get('error') or 'no measurement at the decode size'}"
         return v
-    for r in sweep[1:]:
+    for r in row["sweep"][1:]:
         if "error" in r:
             v.warnings.append(f"{r['bytes']} B raised: {r['error']}; the sweep stopped there")
-        elif (r.get("graph") or {}).get("status") == "capture-failed":
-            v.warnings.append(f"{r['bytes']} B: CUDA graph capture failed: {r['graph'].get('error', '')}")
-    if row["backend"] == baseline_name:
-        v.status, v.lift = UNBLOCKED, LIFT_NONE_NEEDED
-        v.cause = "baseline: works and is correct; the ratio is 1 by definition"
-        v.measurements["ratio_to_baseline"] = 1.0
-        v.measurements["baseline"] = baseline_name
+    if rec.get("no_gpu_work"):
+        v.status, v.lift = ERROR, LIFT_UNKNOWN
+        v.cause = (f"no GPU work captured: {rec['time_us']['mean']:.3f} us per call against an empty-graph floor of "
+                   f"{rec['floor_us']['mean']:.3f} us measured in the same rounds; no speed can be claimed")
         return v
-    _compare(v, row, baseline, tolerance, baseline_name, set_status=True)
+    if name == baseline_name:
+        v.status, v.lift = BASELINE, LIFT_NONE_NEEDED
+        w = rec["work_us"]
+        v.cause = (f"baseline: correct; {w['mean']:.2f} us of work per call [{w['low']:.2f}, {w['high']:.2f}] "
+                   f"over {rec.get('rounds')} rounds; ratio 1 by definition")
+        return v
+    if "ratio" not in rec:
+        v.status, v.lift = ERROR, LIFT_UNKNOWN
+        v.cause = f"no {baseline_name} baseline measured beside it at the decode size; no comparison"
+        return v
+    r = rec["ratio"]
+    v.status = stats.status(r["low"], r["high"], tolerance)
+    v.lift = LIFT_NONE_NEEDED if v.status == stats.FASTER else LIFT_UNKNOWN
+    pairing = ("paired rounds in one process group" if row.get("pairing") == "in-process"
+               else "alternated process groups")
+    v.cause = (f"correct; ratio to {baseline_name} {r['value']:.3f}, 95% interval [{r['low']:.3f}, {r['high']:.3f}] "
+               f"({rec.get('rounds')} {pairing}; tolerance {tolerance:.0%}) at {rec['bytes']} B: "
+               f"{rec['work_us']['mean']:.2f} us of work per call")
     return v
 
 
-def _compare(v: Verdict, row: dict, baseline: dict | None, tolerance: float, baseline_name: str,
-             set_status: bool) -> None:
-    us, mode = decode_latency(row)
-    base_us, base_mode = decode_latency(baseline) if baseline and baseline.get("outcome") == "ok" else (None, "")
-    v.measurements["baseline"] = baseline_name
-    if base_us is None or us is None:
-        if set_status:
-            v.status, v.lift = ERROR, LIFT_UNKNOWN
-            v.cause = f"no {baseline_name} baseline measured in this run at the decode size; no comparison"
-        return
-    if mode != base_mode:
-        us = (row["sweep"][0].get(base_mode) or {}).get("median_us")
-        mode = base_mode
-        if us is None:
-            return
-    ratio = us / base_us
-    v.measurements.update(ratio_to_baseline=ratio, baseline_us=base_us, compared_mode=mode)
-    bstep = (baseline.get("_verdict_step_us") if baseline else None)
-    if bstep is not None and v.measurements.get("step_us") is not None:
-        v.measurements["step_diff_us"] = v.measurements["step_us"] - bstep
-    if not set_status:
-        return
-    nbytes = row["sweep"][0]["bytes"]
-    own = (row["sweep"][0].get(mode) or {})
-    base = (baseline["sweep"][0].get(mode) or {})
-    separated = own.get("max_us") is not None and base.get("min_us") is not None and own["max_us"] < base["min_us"]
-    v.measurements["ranges_separated"] = separated
-    if ratio <= 1.0 - tolerance and not separated:
-        v.status, v.lift = WORKS_SLOWER, LIFT_UNKNOWN
-        v.cause = (f"correct; faster than {baseline_name} by median at {nbytes} B ({mode}): {us:.1f} vs {base_us:.1f} us, "
-                   f"ratio {ratio:.2f}, but the repeat ranges overlap ({own.get('min_us', 0):.1f}-{own.get('max_us', 0):.1f} "
-                   f"vs {base.get('min_us', 0):.1f}-{base.get('max_us', 0):.1f} us): not faster beyond the noise")
-        return
-    if ratio <= 1.0 - tolerance:
-        v.status, v.lift = UNBLOCKED, LIFT_NONE_NEEDED
-        v.cause = (f"correct and faster than {baseline_name} at {nbytes} B ({mode}): {us:.1f} vs {base_us:.1f} us, "
-                   f"ratio {ratio:.2f} (tolerance {tolerance:.0%})")
-    else:
-        v.status, v.lift = WORKS_SLOWER, LIFT_UNKNOWN
-        where = "at parity within" if ratio < 1.0 + tolerance else "slower beyond"
-        v.cause = (f"correct but not faster than {baseline_name} at {nbytes} B ({mode}): {us:.1f} vs "
-                   f"{base_us:.1f} us, ratio {ratio:.2f}, {where} the {tolerance:.0%} tolerance")
-
-
 def decide_all(rows: list[dict], tolerance: float = DEFAULT_TOLERANCE, workload: Workload | None = None,
-               baseline_name: str = "nccl-ring") -> list[Verdict]:
-    """Verdicts for every row of one world size, against the row named ``baseline_name``."""
-    baseline = next((r for r in rows if r["backend"] == baseline_name), None)
-    if baseline is not None:
-        bm = _measurements(baseline, workload)
-        baseline = dict(baseline, _verdict_step_us=bm.get("step_us"))
-    out = []
-    for r in rows:
-        v = decide(r, baseline, tolerance, workload, baseline_name)
-        if r["backend"] == baseline_name and v.measurements.get("step_us") is not None:
-            v.measurements["step_diff_us"] = 0.0
-        out.append(v)
-    return out
+               baseline_name: str = "nccl-default", host: dict | None = None) -> list[Verdict]:
+    """Verdicts for every row of one world size."""
+    return [decide(r, tolerance, workload, baseline_name, host) for r in rows]

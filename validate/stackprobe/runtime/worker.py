@@ -3,7 +3,12 @@
 Started by :mod:`stackprobe.runtime.orchestrate`, one process per GPU, all ranks of a probe in one process
 group. The spec (JSON) holds: ``probe`` (``module:attr``), ``world_size``, ``store`` (a FileStore path shared by
 the ranks), ``device`` (``cuda`` or ``cpu``), ``config`` (:class:`~stackprobe.runtime.bench.BenchConfig` fields),
-``result_dir``. Rank ``r`` writes ``result_dir/rank{r}.json`` atomically: ``{"rank", "env", "backends": [...]}``.
+``result_dir``, ``backends`` (the rows wanted from the group). Rank ``r`` writes ``result_dir/rank{r}.json``
+atomically: ``{"rank", "env", "baseline", "sweep", "backends": [...]}``.
+
+A rank never outlives the suite: it asks the kernel for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``,
+set again here in case the parent died before the orchestrator's pre-exec hook ran) and exits at once when its
+parent is already gone (``STACKPROBE_PARENT_PID`` differs from ``getppid()``).
 An exception escapes (non-zero exit, traceback in the log): the orchestrator reports it as a crash with the
 log's last lines.
 """
@@ -64,6 +69,26 @@ def env_info(device: str) -> dict:
     return info
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def set_parent_death_signal(sig: int) -> bool:
+    """Ask Linux to send ``sig`` to this process when its parent exits (``prctl(PR_SET_PDEATHSIG)``).
+    Returns False where that is not available (not Linux)."""
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def orphaned() -> bool:
+    want = os.environ.get("STACKPROBE_PARENT_PID")
+    return bool(want) and os.getppid() != int(want)
+
+
 def load_probe(ref: str):
     module, _, attr = ref.partition(":")
     obj = getattr(importlib.import_module(module), attr)
@@ -71,7 +96,11 @@ def load_probe(ref: str):
 
 
 def main(argv: list[str] | None = None) -> int:
+    import signal
     argv = sys.argv[1:] if argv is None else argv
+    set_parent_death_signal(signal.SIGKILL)
+    if orphaned():
+        return 70
     spec_path, rank = argv[0], int(argv[1])
     with open(spec_path) as f:
         spec = json.load(f)
@@ -93,8 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     probe = load_probe(spec["probe"])
     ctx.log(f"probe {spec['probe']} world size {world_size} on {device} "
             f"(NCCL_ALGO={os.environ.get('NCCL_ALGO', '')!r})")
-    backends = probe.run(ctx)
-    result = {"rank": rank, "env": env_info(device), "backends": backends}
+    result = {"rank": rank, "env": env_info(device), **probe.run(ctx)}
     out = os.path.join(spec["result_dir"], f"rank{rank}.json")
     write_atomic(out, json.dumps(result, default=str))
     ctx.log("done")

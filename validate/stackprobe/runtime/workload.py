@@ -58,15 +58,18 @@ def preset(name: str, tokens: int | None = None) -> Workload:
     return w.with_tokens(tokens) if tokens else w
 
 
-def default_sizes(workload: Workload, largest: int = 16 * 2**20, smallest: int = 32 * 2**10) -> list[int]:
-    """The sweep: the workload's message size first, then powers of two from ``smallest`` to ``largest``
-    (32 KB .. 16 MB), bytes."""
+def default_sizes(workload: Workload, largest: int = 16 * 2**20, smallest: int = 64 * 2**10,
+                  factor: int = 4) -> list[int]:
+    """The sweep: the workload's message size first, then ``smallest * factor**k`` up to ``largest`` (64 KB,
+    256 KB, 1 MB, 4 MB, 16 MB by default), bytes."""
+    if factor < 2 or smallest < 1:
+        raise ValueError(f"sweep factor {factor} / smallest size {smallest}: need factor >= 2 and a positive size")
     sizes = [workload.message_bytes]
     s = smallest
     while s <= largest:
         if s != workload.message_bytes:
             sizes.append(s)
-        s *= 2
+        s *= factor
     return sizes
 
 

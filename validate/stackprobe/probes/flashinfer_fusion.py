@@ -153,14 +153,7 @@ PER_CALL_CHECKS = ("flashinfer_ar_fusion_applies", "apply_flashinfer_allreduce_f
 
 def engine_gate(ctx) -> list[Verdict]:
     """Will the installed SGLang enable FlashInfer allreduce fusion on the target host (C13)?"""
-    b = BACKENDS[0]
-    eng = se.installed()
-    if eng is None:
-        return [se.not_installed(b)]
-    try:
-        return [_engine(ctx, eng)]
-    except se.GateNotFound as e:
-        return [se.error(b, eng, e, ctx)]
+    return se.answer(BACKENDS[0], ctx, _engine)
 
 
 def _engine(ctx, eng) -> Verdict:

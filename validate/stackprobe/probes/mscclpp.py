@@ -60,13 +60,7 @@ def library_gate(ctx) -> list[Verdict]:
 
 
 def engine_gate(ctx) -> list[Verdict]:
-    eng = se.installed()
-    if eng is None:
-        return [se.not_installed(BACKENDS[0])]
-    try:
-        return [_engine(ctx, eng)]
-    except se.GateNotFound as e:
-        return [se.error(BACKENDS[0], eng, e, ctx)]
+    return se.answer(BACKENDS[0], ctx, _engine)
 
 
 def _engine(ctx, eng) -> Verdict:

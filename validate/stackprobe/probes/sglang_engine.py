@@ -152,6 +152,19 @@ class EngineAnswer:
         return v
 
 
+def answer(backend: str, ctx, decide) -> list[Verdict]:
+    """The engine answer for ``backend``: ``decide(ctx, engine) -> Verdict`` over the installed SGLang;
+    ``skipped (not installed: sglang)`` without one (C18) and an error naming the file when ``decide`` cannot
+    find a gate (C17, :class:`GateNotFound`): never a pass by default."""
+    eng = installed()
+    if eng is None:
+        return [not_installed(backend)]
+    try:
+        return [decide(ctx, eng)]
+    except GateNotFound as e:
+        return [error(backend, eng, e, ctx)]
+
+
 def error(backend: str, engine: Engine, exc: Exception, ctx=None) -> Verdict:
     """Case C17: a gate that moved or vanished is an error naming package, version and file."""
     v = Verdict(backend, ERROR, scope=SCOPE_ENGINE, cause=str(exc),

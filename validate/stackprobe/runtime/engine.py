@@ -554,7 +554,8 @@ def engine_verdicts(ranks: list[dict], host: dict, tolerance: float = DEFAULT_TO
       checked result, ``error`` at or below the empty-graph floor ("no GPU work captured").
 
     Raises :class:`EngineRecordError` for records without the shared paired sweep."""
-    from ..verdict import BLOCKED, ERROR, GATE_CRASH, GATE_NEEDS_RUNTIME, LIFT_UNKNOWN, SCOPE_ENGINE, SKIPPED, Verdict
+    from ..verdict import (BLOCKED, ERROR, GATE_CRASH, GATE_NEEDS_RUNTIME, LIFT_UNKNOWN, SCOPE_ENGINE, SCOPE_LIBRARY,
+                           SKIPPED, Verdict)
     from .verdicts import decide
 
     timed = _timed_rows(ranks)
@@ -569,7 +570,8 @@ def engine_verdicts(ranks: list[dict], host: dict, tolerance: float = DEFAULT_TO
         if enabled and not failure and all(i.get("timed") for i in infos):
             v = decide(dict(row, world_size=len(ranks)), tolerance, None, baseline, dict(host))
             v.scope, v.host = SCOPE_ENGINE, dict(host)
-            if row.get("kind") == KIND_REFERENCE:
+            if row.get("kind") == KIND_REFERENCE:   # the suite's own NCCL call: never SGLang's answer
+                v.scope = SCOPE_LIBRARY
                 v.warnings.append("reference row: the suite's own NCCL call, not an SGLang communicator")
         else:
             v = Verdict(name, BLOCKED, tier="runtime", scope=SCOPE_ENGINE, host=dict(host),

@@ -59,6 +59,10 @@ def _unit(work: float, spread: float = 0.0, floor: float = 1.0, **checks) -> dic
     return dict(CHECKS_OK, samples_us=_series(work + floor, spread), calls_per_trial=1220, **checks)
 
 
+def _named(verdicts):
+    return {v.backend: v for v in verdicts}
+
+
 def _by_name(ranks, tolerance=0.05):
     return {v.backend: v for v in engine_verdicts(ranks, HOST, tolerance)}
 
@@ -224,3 +228,50 @@ def test_the_runners_sweep_and_vote_for_real_on_cpu(tmp_path):
     write_result(res, tmp_path)
     assert json.loads((tmp_path / "engine.json").read_text())["verdicts"][0]["backend"] == BASELINE
     assert (tmp_path / "engine.md").read_text() == markdown(res)
+
+
+def test_a_reference_row_is_decided_but_never_stands_for_sglang():
+    ranks = _ranks({BASELINE: _unit(10.0), "nccl-default": _unit(9.0, 0.05)})
+    for rk in ranks:
+        rk["backends"].append({"backend": "nccl-default", "label": "", "kind": "reference",
+                               "info": {"constructed": True, "enabled": True, "timed": True, "why": ""},
+                               "checks": {}, "failure": None})
+    v = _by_name(ranks)["nccl-default"]
+    assert v.status == "faster" and v.scope == "library" and "not an SGLang communicator" in v.warnings[0]
+    assert _by_name(ranks)[BASELINE].scope == "engine"
+
+
+@pytest.fixture(scope="module")
+def saved():
+    return json.loads((RESULTS / "engine.json").read_text())
+
+
+def test_the_saved_h200_run_rederives_to_what_it_recorded(saved):
+    vs = _named(engine_verdicts(saved["run"]["ranks"], saved["host"], saved["tolerance"]))
+    assert {v["backend"]: v["status"] for v in saved["verdicts"]} == {n: v.status for n, v in vs.items()}
+    assert set(vs) == set(COMMUNICATORS) | {"nccl-default"}
+    b = vs[BASELINE]
+    assert b.status == "baseline" and b.measurements["rounds"] == 30 and b.measurements["work_us"] > 0
+    assert b.measurements["time_us"] > b.measurements["floor_us"] > 0
+    ref = vs["nccl-default"].measurements
+    assert ref["ratio_low"] <= ref["ratio_to_baseline"] <= ref["ratio_high"]
+    assert (vs["sglang-torch-symm-mem"].status, vs["sglang-torch-symm-mem"].gate) == ("blocked", "topology")
+    assert "multicast operations are not supported" in vs["sglang-torch-symm-mem"].cause
+    assert (vs["sglang-mscclpp"].status, vs["sglang-mscclpp"].gate) == ("blocked", "not-installed")
+    assert (vs["sglang-pcie-ipc"].status, vs["sglang-pcie-ipc"].gate) == ("blocked", "setting")
+    for v in vs.values():
+        assert v.tier == "runtime" and v.host["compute_capability"] == "9.0" and v.host["topology"] == "nvlink"
+        assert v.host["world_size"] == 2
+
+
+def test_the_saved_run_with_pynccl_poisoned_on_one_rank_is_wrong_result_and_leaves_no_ratio(saved):
+    ranks = copy.deepcopy(saved["run"]["ranks"])
+    u = ranks[1]["sweep"][0]["units"][BASELINE]
+    u["timed_correct"] = False
+    vs = _named(engine_verdicts(ranks, saved["host"]))
+    assert (vs[BASELINE].status, vs[BASELINE].gate) == ("blocked", "wrong-result")
+    ranks = copy.deepcopy(saved["run"]["ranks"])
+    for rk in ranks:   # the reference at the floor: no GPU work, no verdict
+        u = rk["sweep"][0]["units"]["nccl-default"]
+        u["samples_us"] = list(rk["sweep"][0]["units"][FLOOR]["samples_us"])
+    assert _named(engine_verdicts(ranks, saved["host"]))["nccl-default"].cause.startswith("no GPU work captured")

@@ -3,16 +3,32 @@
 Where SGLang is importable (a runtime image, a GPU host), every rank of one process group builds the
 communicators SGLang's ``GroupCoordinator`` builds (``srt/distributed/parallel_state.py``), with SGLang's own
 classes and gate functions, and records which come up disabled and why: their own flags (``disabled``,
-``available``, ``full_nvlink``...) and the log lines SGLang wrote while building them. Enabled ones are timed
-with the suite's harness (:class:`stackprobe.runtime.bench.Harness`), eager and in CUDA graphs, against
-SGLang's pynccl in the same run.
+``available``, ``full_nvlink``...) and the log lines SGLang wrote while building them.
+
+**Timing.** After every communicator is built, the ranks vote (SGLang's rule: a communicator disabled on any rank
+is off for the group) and every communicator enabled on all ranks is timed in ONE
+:meth:`stackprobe.runtime.bench.Harness.sweep` with SGLang's pynccl as the baseline (``BASELINE``): paired rounds
+with rotating order, an empty-graph floor, poisoned outputs and a different input per captured call (see
+:mod:`stackprobe.runtime.bench`). The parent merges the ranks and builds each timed row with the runtime
+suite's own functions (:func:`stackprobe.runtime.suite.rows_from_group`: per-round mean over ranks, work = time -
+floor, bootstrap 95% interval of the ratio to the baseline) and decides it with
+:func:`stackprobe.runtime.verdicts.decide` (``baseline`` / ``faster`` / ``parity`` / ``slower`` /
+``inconclusive``; ``blocked (wrong-result)``; ``error`` "no GPU work captured" at the floor). Rows that came up
+disabled keep their own reasons (:func:`classify`).
+
+``--reference`` adds the suite's own ``nccl-default`` (ncclAllReduce through ctypes, NCCL_ALGO/NCCL_PROTO unset)
+to the same sweep, as a row of kind ``reference`` (not an SGLang communicator): on a host where pynccl is the
+only enabled communicator it is the one row whose ratio and interval are measured.
 
 Communicators (SGLang 0.5.23 names; FACTS "SGLang 0.5.23's own gates"):
 
 * ``sglang-pynccl``: ``PyNcclCommunicator`` on the gloo group; SGLang enables it around graph capture
   (``change_state(enable=True)``), so it is timed that way;
 * ``sglang-custom-allreduce``: ``dispatch_custom_allreduce`` picks the class (v2 needs full NVLink), then
-  ``CustomAllreduce(group, device)``;
+  ``CustomAllreduce(group, device)``; timed outside its ``capture()`` context (its unregistered path: the input
+  is copied into the pre-shared IPC buffer, which CUDA graphs capture as well), because SGLang registers graph
+  buffers only when that context exits, after capture, and the harness replays each graph right after capturing
+  it;
 * ``sglang-torch-symm-mem``: ``TorchSymmMemCommunicator`` (size table, then ``multicast_ptr == 0``);
 * ``sglang-mscclpp``: ``PyMscclppCommunicator`` (imports the standalone ``mscclpp``);
 * ``sglang-pcie-ipc``: ``eligible_group`` (opt-in ``SGLANG_ENABLE_PCIE_IPC_ALLREDUCE``) as the server would
@@ -25,9 +41,9 @@ SGLang's server start-up publishes its config (``runtime_context.publish``), whi
 Face config (transformers). Without a model the runner answers the config leaves a communicator reads with
 ``ServerArgs`` defaults and records every leaf it answered (``config_leaves_from_defaults``).
 
-Run: ``python -m stackprobe.runtime.engine --world-size 2 --out DIR`` (JSON + Markdown), or
+Run: ``python -m stackprobe.runtime.engine --world-size 2 --out DIR`` (JSON + Markdown, written atomically), or
 :func:`run_engine` from Python. Each row becomes a runtime verdict of scope ``engine`` whose ``host`` says where
-it was measured (case C20).
+it was measured (case C20). ``--from-json`` re-derives the verdicts of a saved ``engine.json`` without GPUs.
 """
 from __future__ import annotations
 
@@ -41,8 +57,10 @@ import time
 import traceback
 from pathlib import Path
 
+from ..atomic import write_atomic
 from .bench import Harness, Op, short_error
-from .probes import Probe, _bytes_to_numel
+from .probes import KIND_BASELINE, KIND_BACKEND, Probe, _bytes_to_numel
+from .verdicts import DEFAULT_TOLERANCE
 
 COMMUNICATORS = ("sglang-pynccl", "sglang-custom-allreduce", "sglang-torch-symm-mem", "sglang-mscclpp",
                  "sglang-pcie-ipc", "sglang-flashinfer-fusion-workspace")
@@ -51,6 +69,9 @@ STATIC_BACKEND = {"sglang-pynccl": "nccl-ring", "sglang-custom-allreduce": "sgla
                   "sglang-pcie-ipc": "flashinfer-pcie-ipc-allreduce",
                   "sglang-flashinfer-fusion-workspace": "flashinfer-allreduce-fusion"}
 PCIE_OPT_IN = "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"
+BASELINE = "sglang-pynccl"          # the engine's own NCCL path: every enabled communicator's ratio is to it
+REFERENCE = "nccl-default"          # the suite's baseline, timed beside it with --reference
+KIND_REFERENCE = "reference"
 
 
 class _LogCapture(logging.Handler):
@@ -138,8 +159,10 @@ def _state(obj, names=("disabled", "available", "full_nvlink", "world_size", "ma
 
 
 def _row(name: str, label: str) -> dict:
-    return {"backend": name, "label": label, "info": {"constructed": False, "enabled": False, "why": "", "state": {},
-                                                      "log": []}, "sweep": [], "checks": {}, "failure": None}
+    """One communicator's record on one rank (the harness's measurements live in the rank's shared ``sweep``)."""
+    return {"backend": name, "label": label, "kind": KIND_BASELINE if name == BASELINE else KIND_BACKEND,
+            "info": {"constructed": False, "enabled": False, "why": "", "state": {}, "log": []}, "checks": {},
+            "failure": None}
 
 
 def _why_from_log(lines: list[str]) -> str:
@@ -156,39 +179,107 @@ class SglangEngineProbe(Probe):
     backends = COMMUNICATORS
     min_world_size = 2
 
-    def run(self, ctx) -> list[dict]:
+    reference = False   # also time the suite's nccl-default beside pynccl (spec "reference": true)
+
+    def setup(self, ctx) -> None:
+        """Process groups and config stand-ins, as SGLang's GroupCoordinator has them: ``cpu_group`` (gloo,
+        the world group) and ``device_group`` (NCCL)."""
         import torch
         import torch.distributed as dist
 
-        self.ctx = ctx
         self.torch = torch
         self.cpu_group = dist.group.WORLD          # gloo, as SGLang's cpu_group
         self.device = torch.device(ctx.device)
         self.dtype = getattr(torch, ctx.config.dtype)
         self.device_group = dist.new_group(backend="nccl")
         self.defaults_read = _install_config_defaults(ctx.world_size)
+
+    def builders(self) -> list:
+        """``[(row name, builder)]`` in SGLang's order; each builder returns its row and may register a timing
+        maker with :meth:`_enable_timing`."""
+        return list(zip(COMMUNICATORS, (self._pynccl, self._custom_ar, self._symm_mem, self._mscclpp,
+                                        self._pcie_ipc, self._fusion)))
+
+    def run(self, ctx) -> dict:
+        """Build every communicator, then time the enabled ones in one sweep. Returns the rank's result:
+        ``{"baseline": BASELINE, "sweep": Harness.sweep(...), "backends": [row, ...]}``."""
+        self.ctx = ctx
+        self.reference = bool(ctx.spec.get("reference", self.reference))
+        self.defaults_read = []
+        self.timing: dict[str, tuple] = {}     # name -> (maker, context manager factory or None)
+        self.setup(ctx)
         rows = []
-        self.pynccl = None
-        for fn in (self._pynccl, self._custom_ar, self._symm_mem, self._mscclpp, self._pcie_ipc, self._fusion):
+        for name, fn in self.builders():
             try:
                 rows.append(fn())
             except Exception as exc:  # noqa: BLE001 - one communicator's failure is its row, not the run's
-                name = fn.__name__.strip("_")
-                r = _row(f"sglang-{name}", "")
+                r = _row(name, "")
                 r["failure"] = {"kind": "error", "message": short_error(exc)}
                 r["info"]["traceback"] = traceback.format_exc()[-1500:]
+                self.timing.pop(r["backend"], None)
                 rows.append(r)
             ctx.barrier()
         for r in rows:
             r["info"]["config_leaves_from_defaults"] = sorted(set(self.defaults_read))
-        return rows
+        sweep, closers = [], []
+        try:
+            if self.reference:
+                rows.append(self._reference(closers))
+            sweep = self._time_enabled(rows)
+        finally:
+            for close in closers:
+                with contextlib.suppress(Exception):
+                    close()
+        return {"baseline": BASELINE, "sweep": sweep, "backends": rows}
 
     # --- timing ------------------------------------------------------------------------------------
-    def _time(self, row: dict, make_op) -> None:
+    def _enable_timing(self, name: str, make_op, context=None) -> None:
+        """Register ``make_op`` (bytes -> :class:`~stackprobe.runtime.bench.Op`) for the one sweep; ``context``:
+        a factory of the context manager the communicator is timed inside (pynccl's ``change_state``)."""
+        self.timing[name] = (make_op, context)
+
+    def _vote(self, rows: list[dict]) -> list[str]:
+        """Names enabled on every rank (SGLang's rule: one rank's disable turns it off for the group), in row
+        order with the baseline first. Every rank gets the same list, so every rank enters the same collectives."""
+        import torch.distributed as dist
+        mine = sorted(n for n in self.timing
+                      if next((r for r in rows if r["backend"] == n), {}).get("info", {}).get("enabled")
+                      or n == REFERENCE)
+        everyone = [None] * self.ctx.world_size
+        dist.all_gather_object(everyone, mine, group=self.cpu_group)
+        common = set(mine).intersection(*map(set, everyone))
+        order = [r["backend"] for r in rows]
+        return sorted(common, key=lambda n: (n != BASELINE, order.index(n) if n in order else len(order)))
+
+    def _time_enabled(self, rows: list[dict]) -> list[dict]:
+        names = self._vote(rows)
+        by_name = {r["backend"]: r for r in rows}
+        for r in rows:
+            r["info"]["timed"] = r["backend"] in names
+        if not names:
+            return []
+        makers = {n: self.timing[n][0] for n in names}
         try:
-            row["sweep"] = Harness(self.ctx, self.ctx.config).sweep(make_op, row["backend"])
-        except Exception as exc:  # noqa: BLE001
-            row["failure"] = {"kind": "error", "message": f"timing failed: {short_error(exc)}"}
+            with contextlib.ExitStack() as stack:
+                for n in names:
+                    if self.timing[n][1] is not None:
+                        stack.enter_context(self.timing[n][1]())
+                return Harness(self.ctx, self.ctx.config).sweep(makers, self.name)
+        except Exception as exc:  # noqa: BLE001 - the sweep itself could not run: every timed row says so
+            for n in names:
+                by_name[n]["failure"] = {"kind": "error", "message": f"timing failed: {short_error(exc)}"}
+            return []
+
+    def _reference(self, closers: list) -> dict:
+        from .probes import _nccl_maker, nccl_comm
+        row = _row(REFERENCE, "the suite's nccl-default (ctypes ncclAllReduce, NCCL_ALGO/NCCL_PROTO unset): "
+                              "a reference beside SGLang's pynccl, not an SGLang communicator")
+        row["kind"] = KIND_REFERENCE
+        comm, info = nccl_comm(self.ctx, "engine-reference")
+        closers.append(comm.destroy)
+        row["info"].update(info, constructed=True, enabled=True, why="")
+        self._enable_timing(REFERENCE, _nccl_maker(self.ctx, comm))
+        return row
 
     def _buffers(self, nbytes: int):
         n = _bytes_to_numel(nbytes, self.dtype)
@@ -212,8 +303,7 @@ class SglangEngineProbe(Probe):
             def make_op(nbytes):
                 buf = self._buffers(nbytes)
                 return Op(buf, buf, lambda: comm.all_reduce(buf), in_place=True)
-            with comm.change_state(enable=True):
-                self._time(row, make_op)
+            self._enable_timing(row["backend"], make_op, lambda: comm.change_state(enable=True))
         return row
 
     def _custom_ar(self) -> dict:
@@ -241,9 +331,9 @@ class SglangEngineProbe(Probe):
                 def run():
                     out["t"] = comm.custom_all_reduce(buf)
                 return Op(buf, None, run, out_fn=lambda: out["t"])
-            ctxmgr = comm.capture() if hasattr(comm, "capture") else contextlib.nullcontext()
-            with ctxmgr:
-                self._time(row, make_op)
+            info["timed_as"] = ("custom_all_reduce outside capture(): the unregistered path (input copied into the "
+                                "pre-shared IPC buffer); SGLang's capture() registers graph buffers when it exits")
+            self._enable_timing(row["backend"], make_op)
         return row
 
     def _symm_mem(self) -> dict:
@@ -267,7 +357,7 @@ class SglangEngineProbe(Probe):
                 buf = self._buffers(nbytes)
                 out = self.torch.empty_like(buf)
                 return Op(buf, out, lambda: comm.all_reduce(buf, out=out))
-            self._time(row, make_op)
+            self._enable_timing(row["backend"], make_op)
         return row
 
     def _mscclpp(self) -> dict:
@@ -293,7 +383,7 @@ class SglangEngineProbe(Probe):
                 def run():
                     out["t"] = comm.all_reduce(buf)
                 return Op(buf, None, run, out_fn=lambda: out["t"] if out["t"] is not None else buf)
-            self._time(row, make_op)
+            self._enable_timing(row["backend"], make_op)
         return row
 
     def _pcie_ipc(self) -> dict:
@@ -412,14 +502,6 @@ def _granularity(fus, world_size: int):
 
 
 # --- verdicts ------------------------------------------------------------------------------------------
-def _decode_median(row: dict, mode: str = "graph"):
-    for rec in row.get("sweep") or []:
-        m = (rec.get(mode) or {}).get("median_us")
-        if m is not None:
-            return m, rec.get("bytes") or rec.get("size_bytes")
-    return None, None
-
-
 def classify(why: str) -> str:
     """The gate kind of a communicator's own reason for coming up disabled (first match wins: a default-off
     opt-in is a setting even when what follows it mentions PCIe)."""
@@ -436,84 +518,134 @@ def classify(why: str) -> str:
     return GATE_NEEDS_RUNTIME
 
 
-def engine_verdicts(ranks: list[dict], host: dict) -> list:
-    """Runtime verdicts (scope ``engine``) from the ranks' rows: a communicator that came up disabled is
-    ``blocked`` with its own reason (rank 0's; any rank's disable counts, as SGLang votes); an enabled one is
-    compared with SGLang's pynccl at the decode size in the same run (graph time)."""
-    from ..verdict import (BLOCKED, ERROR, GATE_CRASH, GATE_NEEDS_RUNTIME, GATE_PASSES, GATE_WRONG, SCOPE_ENGINE,
-                           SKIPPED, UNBLOCKED, WORKS_SLOWER,
-                           Verdict)
+class EngineRecordError(ValueError):
+    """Rank records this runner cannot read (e.g. an engine.json written by the harness before paired rounds)."""
 
-    rows = {r["backend"]: r for r in ranks[0]["backends"]}
-    base, _ = _decode_median(rows.get("sglang-pynccl", {}))
+
+def _timed_rows(ranks: list[dict]) -> dict[str, dict]:
+    """The runtime suite's rows (:func:`stackprobe.runtime.suite.rows_from_group`: ranks merged round by round,
+    work = time - floor, bootstrap 95% interval of the ratio to ``sglang-pynccl``) by name."""
+    from types import SimpleNamespace
+
+    from .suite import rows_from_group
+    if not ranks or any("sweep" not in rk or "baseline" not in rk for rk in ranks):
+        raise EngineRecordError(
+            "these rank records have no shared paired sweep ('baseline' and 'sweep' per rank): they were written "
+            "by the engine runner before it timed every communicator in one Harness.sweep with paired rounds, "
+            "and hold per-communicator medians that no interval can be computed from. Re-run "
+            "'python -m stackprobe.runtime.engine' on the GPU host to get records this version can read.")
+    run = SimpleNamespace(status="ok", seconds=None, leftover_pids=[], env={}, ranks=ranks,
+                          world_size=len(ranks), tail=[])
+    names = [b["backend"] for b in ranks[0]["backends"]]
+    return {r["backend"]: r for r in rows_from_group(run, names, {}, ranks[0]["baseline"], {})}
+
+
+def engine_verdicts(ranks: list[dict], host: dict, tolerance: float = DEFAULT_TOLERANCE) -> list:
+    """Runtime verdicts (scope ``engine``) from the ranks' records (``{"baseline", "sweep", "backends"}`` each):
+
+    * a communicator that came up disabled (on any rank: SGLang votes) is ``blocked`` with its own reason
+      (rank 0's, else the first rank's that has one) and the gate :func:`classify` reads from it;
+    * one whose build raised is ``error`` (gate ``crash``);
+    * one enabled but without a timing op here (the PCIe IPC communicator, the fusion workspace preflight) is
+      ``skipped``;
+    * one enabled and timed is decided by :func:`stackprobe.runtime.verdicts.decide` with ``sglang-pynccl`` as
+      the baseline and ``tolerance`` (fraction; 0.05 = 5 %): ``baseline``, ``faster`` / ``parity`` / ``slower``
+      / ``inconclusive`` from the 95% interval of the paired ratio, ``blocked`` (``wrong-result``) on a wrong
+      checked result, ``error`` at or below the empty-graph floor ("no GPU work captured").
+
+    Raises :class:`EngineRecordError` for records without the shared paired sweep."""
+    from ..verdict import (BLOCKED, ERROR, GATE_CRASH, GATE_NEEDS_RUNTIME, LIFT_UNKNOWN, SCOPE_ENGINE, SCOPE_LIBRARY,
+                           SKIPPED, Verdict)
+    from .verdicts import decide
+
+    timed = _timed_rows(ranks)
+    baseline = ranks[0]["baseline"]
     out = []
-    for name, row in rows.items():
+    for name, meta in ((b["backend"], b) for b in ranks[0]["backends"]):
         infos = [next((b for b in rk["backends"] if b["backend"] == name), {}).get("info", {}) for rk in ranks]
-        info = row.get("info", {})
-        v = Verdict(name, BLOCKED, tier="runtime", scope=SCOPE_ENGINE, host=dict(host),
-                    measurements={"world_size": host.get("world_size")})
-        v.add("as built (rank 0)", {k: info.get(k) for k in ("constructed", "enabled", "state", "class", "preflight",
-                                                             "resolve_backend_auto", "multicast_supported",
-                                                             "eligible_group_as_served", "eligible_group_with_opt_in",
-                                                             "multicast_granularity_query", "exception") if k in info},
+        info = meta.get("info", {})
+        row = timed.get(name, {})
+        enabled = all(i.get("enabled") for i in infos)
+        failure = row.get("failure") or meta.get("failure")
+        if enabled and not failure and all(i.get("timed") for i in infos):
+            v = decide(dict(row, world_size=len(ranks)), tolerance, None, baseline, dict(host))
+            v.scope, v.host = SCOPE_ENGINE, dict(host)
+            if row.get("kind") == KIND_REFERENCE:   # the suite's own NCCL call: never SGLang's answer
+                v.scope = SCOPE_LIBRARY
+                v.warnings.append("reference row: the suite's own NCCL call, not an SGLang communicator")
+        else:
+            v = Verdict(name, BLOCKED, tier="runtime", scope=SCOPE_ENGINE, host=dict(host),
+                        measurements={"world_size": host.get("world_size")})
+            if failure:
+                v.status, v.gate, v.cause = ERROR, GATE_CRASH, failure["message"]
+            elif not enabled:
+                why = info.get("why") or next((i.get("why") for i in infos if i.get("why")), "") or "disabled"
+                v.gate = classify(why)
+                v.cause = f"SGLang built it disabled here: {why}"
+            else:
+                v.status, v.gate, v.lift = SKIPPED, GATE_NEEDS_RUNTIME, LIFT_UNKNOWN
+                v.cause = "enabled by SGLang here; this runner has no timing op for it"
+        v.add("as built (rank 0)", {k: info.get(k) for k in ("constructed", "enabled", "timed", "state", "class",
+                                                             "preflight", "resolve_backend_auto",
+                                                             "multicast_supported", "eligible_group_as_served",
+                                                             "eligible_group_with_opt_in",
+                                                             "multicast_granularity_query", "exception", "timed_as",
+                                                             "nccl_version") if k in info},
               "SGLang's own classes, this host")
         v.add("SGLang log while building (rank 0)", info.get("log", [])[-6:], "logging 'sglang'")
         if info.get("config_leaves_from_defaults"):
             v.add("config leaves answered from ServerArgs defaults", info["config_leaves_from_defaults"], "no model: not published")
-        enabled = all(i.get("enabled") for i in infos)
-        if row.get("failure"):
-            v.status, v.gate, v.cause = ERROR, GATE_CRASH, row["failure"]["message"]
-        elif not enabled:
-            why = info.get("why") or next((i.get("why") for i in infos if i.get("why")), "") or "disabled"
-            v.gate = classify(why)
-            v.cause = f"SGLang built it disabled here: {why}"
-        else:
-            med, nbytes = _decode_median(row)
-            v.measurements.update({"graph_median_us": med, "bytes": nbytes, "pynccl_graph_median_us": base})
-            wrong = [rec for rec in row.get("sweep") or [] if rec.get("graph_correct") is False or rec.get("eager_correct") is False]
-            if wrong:
-                v.status, v.gate, v.cause = BLOCKED, GATE_WRONG, "enabled, but a checked result was wrong"
-            elif name == "sglang-pynccl":
-                v.status, v.gate = GATE_PASSES, ""
-                v.cause = (f"enabled (SGLang's NCCL path, the baseline): {med:.2f} us per call in a CUDA graph"
-                           if med is not None else "enabled (SGLang's NCCL path, the baseline); no timing")
-            elif med is None or base is None:
-                v.status, v.gate, v.cause = SKIPPED, GATE_NEEDS_RUNTIME, "enabled; no comparable timing"
-            else:
-                v.status = UNBLOCKED if med < base else WORKS_SLOWER
-                v.gate = ""
-                v.cause = f"enabled by SGLang here; {med:.2f} us per call in a CUDA graph vs pynccl {base:.2f} us"
         out.append(v)
     return out
 
 
 def run_engine(world_size: int = 2, *, out_dir: str | Path | None = None, sizes=None, timeout: float = 300.0,
-               progress=print) -> dict:
-    """Run :class:`SglangEngineProbe` at ``world_size`` and return ``{"host", "run", "verdicts"}``; with
-    ``out_dir``, also write ``engine.json`` and ``engine.md`` there."""
+               progress=print, tolerance: float = DEFAULT_TOLERANCE, rounds: int | None = None,
+               reference: bool = False) -> dict:
+    """Run :class:`SglangEngineProbe` at ``world_size`` and return ``{"host", "config", "tolerance", "run",
+    "verdicts"}``; with ``out_dir``, also write ``engine.json`` and ``engine.md`` there (atomically).
+
+    ``sizes``: message sizes in bytes, decode size first (default: the Kimi-K2 workload's); ``rounds``: paired
+    rounds at the decode size (default :class:`~stackprobe.runtime.bench.BenchConfig`'s 30); ``tolerance``:
+    the ratio's tolerance (fraction, default :data:`stackprobe.runtime.verdicts.DEFAULT_TOLERANCE`);
+    ``reference``: also time the suite's ``nccl-default`` beside pynccl. Raises ``SystemExit`` with the reason
+    when the probe cannot run here (no SGLang, too few GPUs)."""
     from dataclasses import asdict
 
     from .bench import BenchConfig
     from .orchestrate import run_probe
     from .workload import default_sizes, preset
 
+    if not 0 < tolerance < 1:
+        raise SystemExit(f"stackprobe engine runner: --tolerance {tolerance} is not a fraction in (0, 1); "
+                         "use e.g. 0.05 for 5 %")
     wl = preset("kimi-k2")
     config = BenchConfig(sizes=list(sizes or default_sizes(wl)))
+    if rounds is not None:
+        if rounds < 2:
+            raise SystemExit(f"stackprobe engine runner: --rounds {rounds}: an interval needs at least 2 rounds")
+        config.rounds = rounds
     probe = SglangEngineProbe()
     skip = probe.skip_reason(world_size, _gpu_count())
     if skip:
         raise SystemExit(f"stackprobe engine runner: {skip}")
     run = run_probe("stackprobe.runtime.engine:SglangEngineProbe", world_size, asdict(config), timeout=timeout,
-                    name=probe.name, progress=progress)
+                    name=probe.name, progress=progress, extra={"reference": reference})
     host = _host(run, world_size)
-    verdicts = engine_verdicts(run.ranks, host) if run.status == "ok" else []
-    result = {"host": host, "run": run.to_json(), "verdicts": [v.to_json() for v in verdicts]}
+    verdicts = engine_verdicts(run.ranks, host, tolerance) if run.status == "ok" else []
+    result = {"host": host, "config": config.to_json(), "tolerance": tolerance, "run": run.to_json(),
+              "verdicts": [v.to_json() for v in verdicts]}
     if out_dir:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "engine.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-        (out / "engine.md").write_text(markdown(result))
+        write_result(result, out_dir)
     return result
+
+
+def write_result(result: dict, out_dir: str | Path) -> None:
+    """``engine.json`` and ``engine.md`` in ``out_dir``, each replaced atomically (:func:`stackprobe.atomic.write_atomic`)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "engine.json", json.dumps(result, indent=2, default=str) + "\n")
+    write_atomic(out / "engine.md", markdown(result))
 
 
 def _gpu_count() -> int:
@@ -552,21 +684,45 @@ def _host(run, world_size: int) -> dict:
             "multicast_env": {k: v for k, v in (env.get("env") or {}).items() if "NVLS" in k or "MULTICAST" in k}}
 
 
+def _interval(m: dict) -> str:
+    if m.get("ratio_low") is None:
+        return "-"
+    return f"{m['ratio_to_baseline']:.3f} [{m['ratio_low']:.3f}, {m['ratio_high']:.3f}]"
+
+
+def _work(m: dict) -> str:
+    if m.get("work_us") is None:
+        return "-"
+    return f"{m['work_us']:.2f} [{m['work_low_us']:.2f}, {m['work_high_us']:.2f}]"
+
+
 def markdown(result: dict) -> str:
+    """The Markdown report of one engine run: host, one table row per communicator (enabled or not, status,
+    gate, ratio to pynccl with its 95% interval, work per call), then each row's evidence."""
     h = result["host"]
+    cfg = result.get("config") or {}
     lines = ["# SGLang's communicators, built on this host", "",
              f"Host: {h.get('gpu')} (compute capability {h.get('compute_capability')}), {h.get('topology')}, world size "
              f"{h.get('world_size')}; driver {h.get('driver')}; torch {h.get('torch')}; NCCL {h.get('nccl')}; "
              f"sglang {h.get('sglang')}; multicast settings {h.get('multicast_env')}", "",
-             f"Run: {result['run']['status']} in {result['run']['seconds']} s", "",
-             "| communicator | status | gate | why / figures |", "| --- | --- | --- | --- |"]
+             f"Run: {result['run']['status']} in {result['run']['seconds']} s. Timing: every enabled communicator in "
+             f"one paired sweep with sglang-pynccl as the baseline ({cfg.get('rounds')} rounds at the decode size, "
+             f"{cfg.get('graph_calls')} calls per CUDA graph, {cfg.get('graph_replays')} replays per trial; work = "
+             f"time - empty-graph floor; tolerance {result.get('tolerance', DEFAULT_TOLERANCE):.0%}).", "",
+             "| communicator | enabled | status | gate | ratio to pynccl [95% interval] | work us/call [95%] | "
+             "why / figures |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for v in result["verdicts"]:
-        lines.append(f"| {v['backend']} | {v['status']} | {v['gate'] or '-'} | {str(v['cause']).replace('|', '/')} |")
+        m = v.get("measurements") or {}
+        built = next((e["value"] for e in v.get("evidence", []) if e["what"] == "as built (rank 0)"), {}) or {}
+        lines.append(f"| {v['backend']} | {'yes' if built.get('enabled') else 'no'} | {v['status']} | "
+                     f"{v['gate'] or '-'} | {_interval(m)} | {_work(m)} | {str(v['cause']).replace('|', '/')} |")
     if result["run"]["status"] != "ok":
         lines += ["", "```", *result["run"].get("tail", []), "```"]
     lines += ["", "Evidence per communicator (rank 0):", ""]
     for v in result["verdicts"]:
         lines.append(f"- **{v['backend']}**")
+        for w in v.get("warnings") or []:
+            lines.append(f"  - warning: {w}")
         for e in v["evidence"]:
             lines.append(f"  - {e['what']}: `{json.dumps(e['value'], default=str)[:700]}`")
     return "\n".join(lines) + "\n"
@@ -578,21 +734,30 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="stackprobe-engine")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--sizes", default="", help="comma-separated message sizes in bytes (default: the workload's)")
+    p.add_argument("--rounds", type=int, default=None, help="paired rounds at the decode size (default 30)")
+    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
+                   help="tolerance on the ratio to pynccl, a fraction (default 0.05: see stackprobe.runtime.verdicts)")
+    p.add_argument("--reference", action="store_true",
+                   help="also time the suite's nccl-default beside pynccl (a reference row, not an SGLang communicator)")
     p.add_argument("--from-json", metavar="ENGINE_JSON",
                    help="no GPUs: re-derive the verdicts from the rank records of a saved engine.json (this suite's rules)")
     a = p.parse_args(argv)
     if a.from_json:
         res = json.loads(Path(a.from_json).read_text())
-        res["verdicts"] = [v.to_json() for v in engine_verdicts(res["run"]["ranks"], res["host"])]
+        try:
+            res["verdicts"] = [v.to_json() for v in engine_verdicts(res["run"]["ranks"], res["host"], a.tolerance)]
+        except EngineRecordError as exc:
+            print(f"stackprobe engine runner: {a.from_json}: {exc}", file=sys.stderr)
+            return 2
+        res["tolerance"] = a.tolerance
         res["verdicts_derived"] = "re-derived from the saved rank records by python -m stackprobe.runtime.engine --from-json"
-        Path(a.out).mkdir(parents=True, exist_ok=True)
-        (Path(a.out) / "engine.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
-        (Path(a.out) / "engine.md").write_text(markdown(res))
+        write_result(res, a.out)
         sys.stdout.write(markdown(res))
         return 0
     sizes = [int(x) for x in a.sizes.split(",") if x] or None
     t0 = time.time()
-    res = run_engine(a.world_size, out_dir=a.out, sizes=sizes, timeout=a.timeout,
+    res = run_engine(a.world_size, out_dir=a.out, sizes=sizes, timeout=a.timeout, tolerance=a.tolerance,
+                     rounds=a.rounds, reference=a.reference,
                      progress=lambda m: print(f"[engine] {m}", file=sys.stderr, flush=True))
     sys.stdout.write(markdown(res))
     print(f"[engine] {time.time() - t0:.1f} s; wrote {a.out}/engine.json", file=sys.stderr)

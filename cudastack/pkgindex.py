@@ -51,6 +51,7 @@ from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonic
 from packaging.version import InvalidVersion, Version
 
 from cudastack.errors import RegistryError, UsageError
+from stackprobe.atomic import atomic_path, write_atomic
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 PEP691 = "application/vnd.pypi.simple.v1+json"
@@ -165,11 +166,8 @@ class _NoRanges(Exception):
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    """The project's one atomic writer (:func:`stackprobe.atomic.write_atomic`)."""
+    write_atomic(path, data)
 
 
 class Index:
@@ -370,12 +368,10 @@ class Index:
         if dest.is_file():
             self.stats["downloads_cached"] += 1
             return dest
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".part.")
         h = hashlib.sha256()
         n = 0
         try:
-            with os.fdopen(fd, "wb") as out:
+            with atomic_path(dest) as tmp, open(tmp, "wb") as out:
                 with self.session.get(f.url, stream=True, timeout=_TIMEOUT) as r:
                     if r.status_code != 200:
                         raise RegistryError(f"Download of {f.filename} from {f.url} failed: HTTP {r.status_code}.")
@@ -383,16 +379,12 @@ class Index:
                         out.write(chunk)
                         h.update(chunk)
                         n += len(chunk)
-            if h.hexdigest() != f.sha256:
-                raise RegistryError(f"{f.filename} from {f.url} hashes to sha256:{h.hexdigest()} but the index "
-                                    f"{self.url} lists sha256:{f.sha256}; nothing was kept. The file or the index "
-                                    "changed under its hash: do not use it.")
-            os.replace(tmp, dest)
+                if h.hexdigest() != f.sha256:   # raised inside the block: the temp file is removed, nothing kept
+                    raise RegistryError(f"{f.filename} from {f.url} hashes to sha256:{h.hexdigest()} but the index "
+                                        f"{self.url} lists sha256:{f.sha256}; nothing was kept. The file or the "
+                                        "index changed under its hash: do not use it.")
         except requests.RequestException as exc:
             raise RegistryError(f"Download of {f.filename} from {f.url} failed: {type(exc).__name__}: {exc}.") from None
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
         self.stats["downloads"] += 1
         self.stats["bytes_downloaded"] += n
         return dest

@@ -46,7 +46,9 @@ def _index(index, refresh):
                                   "out", "no_verdicts", "json_out")}, auto_shortflags=False)
 def outdated(c, cuda=None, index=None, refresh=False, recipes=None, target_arch="12.0", world_size=8, topology="pcie",
              out=".stack/radar", no_verdicts=False, json_out=None):
-    """Per toolchain and component: pinned, newest, newest the engine's pins allow, what holds it back, and
+    """Per component: pinned, newest and newest allowed release, and what holds each back.
+
+    Per toolchain and component: pinned, newest, newest the engine's pins allow, what holds it back, and
     what a move would change in the static verdicts. Writes one Markdown table per toolchain to --out."""
     from cudastack import radar as R
     from cudastack.recipes import load_recipes
@@ -84,8 +86,10 @@ def outdated(c, cuda=None, index=None, refresh=False, recipes=None, target_arch=
                                   "all", "python", "pre", "json_out")}, auto_shortflags=False)
 def scan(c, package=None, versions=None, target_arch="12.0", world_size=8, topology="pcie", index=None, refresh=False,
          all=False, python="3.11", pre=False, json_out=None):  # noqa: A002 - the flag is --all
-    """Download releases (no install), read the suite's static gates and arch coverage from each release's own
-    files, and print the first release that lifts each gate (bisection over releases)."""
+    """Scan a package's releases and print the first release that lifts each static gate.
+
+    Downloads releases (no install), reads the suite's static gates and arch coverage from each release's own
+    files, and bisects over the releases for the first one that lifts each gate."""
     from cudastack import scan as S
     from cudastack.pkgindex import atomic_write
 

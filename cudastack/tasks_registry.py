@@ -160,8 +160,10 @@ def pull(c, cuda="13.1", locked=True, node="runtime", lockfiles=None):
 def cluster_job(c, cuda="13.1", scheduler=None, gpus=None, nodes=1, image=None, output=None, partition=None,
                 account=None, time="01:00:00", namespace="default", host_path=None, pull_secret=None,
                 probe_arg=None, lockfiles=None, refuse_loopback=False):
-    """Write a Slurm batch script or a Kubernetes Job that runs the validation suite from the pinned digest on
-    GPU nodes and keeps its JSON reports."""
+    """Write a Slurm script or Kubernetes Job that validates GPU nodes from the pinned digest.
+
+    The job runs the validation suite in the image pinned by digest on each GPU node and keeps its JSON reports;
+    it stops on enroot older than 4.0.0 and warns on (or, with --refuse-loopback, refuses) a loopback registry."""
     from cudastack import cluster
     from cudastack import lock as L
     from cudastack.registry import parse_reference

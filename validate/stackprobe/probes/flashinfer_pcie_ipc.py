@@ -36,7 +36,8 @@ def _library(ctx) -> Verdict:
     if not exported:
         v.status, v.gate, v.lift = SKIPPED, GATE_NOT_INSTALLED, LIFT_PACKAGE
         v.cause = f"FlashInfer {fv} has no PCIe IPC allreduce (flashinfer.comm.PcieIpcAllReduceWorkspace)"
-        v.lift_detail = "a flashinfer-python release with flashinfer.comm.PcieIpcAllReduceWorkspace (0.7.4 has it)"
+        v.lift_detail = (f"a flashinfer-python release exporting flashinfer.comm.PcieIpcAllReduceWorkspace (the installed "
+                         f"{fv} does not; first in 0.7.0, per a scan of the released files)")
         return v
     try:
         ws_path = next(iter(source.find_files_containing(source.module_file("flashinfer.comm").parent,

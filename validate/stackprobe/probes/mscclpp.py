@@ -79,7 +79,7 @@ def _engine(ctx, eng) -> Verdict:
                 imp = node
                 break
     ans = se.EngineAnswer(BACKENDS[0], eng, ctx)
-    ans.add(se.Gate("server argument", True, "sglang/srt/arg_groups", value="--enable-mscclpp (default off)"))
+    ans.add(se.server_argument_gate(eng, ("--enable-mscclpp",)))
     bundled = "IS_MSCCLPP_AR_AVAILABLE" in path.read_text(encoding="utf-8", errors="replace")
     if imp is not None:          # 0.5.23: the standalone package
         try:

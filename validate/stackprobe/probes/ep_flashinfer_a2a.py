@@ -119,10 +119,10 @@ def _engine(ctx, eng) -> Verdict:
                     "'Flashinfer is not installed or does not support A2A'", LIFT_PACKAGE,
                     "an sglang / flashinfer-python pair whose APIs match", value=names))
     # the workspace size, where the release reads it from the environment (0.5.9)
-    for p in source.find_files_containing(moe if moe.is_dir() else root, "NUM_MAX_DISPATCH_TOKENS_PER_RANK"):
+    for p in source.find_files_containing(moe if moe.is_dir() else root, "FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK"):
         for n in ast.walk(source.parse(p)):
             if (isinstance(n, ast.Call) and n.args and isinstance(n.args[0], ast.Constant)
-                    and str(n.args[0].value).endswith("NUM_MAX_DISPATCH_TOKENS_PER_RANK")):
+                    and str(n.args[0].value).endswith("FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK")):
                 dflt = ast.literal_eval(n.args[1]) if len(n.args) > 1 and isinstance(n.args[1], ast.Constant) else None
                 ans.add(se.Gate("dispatch tokens per rank (workspace)", True, f"{short(p)}:{n.lineno}",
                                 value=f"{n.args[0].value} (default {dflt}) x ep_size tokens"))

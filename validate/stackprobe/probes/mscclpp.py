@@ -86,7 +86,9 @@ def _engine(ctx, eng) -> Verdict:
             found = importlib.util.find_spec("mscclpp") is not None
         except (ImportError, ValueError):
             found = False
-        ans.add(se.Gate("import mscclpp", found, f"{se.short(path)}:{imp.lineno} (disabled on ImportError)",
+        line = _import_line(imp)
+        handler = next(h.lineno for h in imp.handlers if isinstance(h.type, ast.Name) and h.type.id == "ImportError")
+        ans.add(se.Gate("import mscclpp", found, f"{se.short(path)}:{line} (ImportError caught at :{handler}: disabled)",
                         GATE_NOT_INSTALLED, "its communicator imports the standalone mscclpp package and disables itself "
                         "on ImportError: not installed: mscclpp (sgl-kernel's bundled MSCCL++ binaries do not count)",
                         LIFT_PACKAGE, "install the mscclpp Python package (microsoft/mscclpp) built for the target",
@@ -119,6 +121,20 @@ def _engine(ctx, eng) -> Verdict:
     return ans.verdict(f"{how} and SGLang {eng.version} admits world size {ctx.world_size}; enable it with "
                        "--enable-mscclpp; its one-shot LL kernel writes to all peers and NVLS needs multicast: "
                        "the runtime tier decides")
+
+
+def _import_line(node) -> int:
+    """The line of the ``import mscclpp`` (an Import / ImportFrom node, or ``import_module("mscclpp")``) in a try body."""
+    import ast
+
+    for n in ast.walk(ast.Module(body=node.body, type_ignores=[])):
+        if isinstance(n, ast.Import) and any(a.name.split(".")[0] == "mscclpp" for a in n.names):
+            return n.lineno
+        if isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "mscclpp":
+            return n.lineno
+        if isinstance(n, ast.Call) and n.args and isinstance(n.args[0], ast.Constant) and n.args[0].value == "mscclpp":
+            return n.lineno
+    return node.lineno
 
 
 def probe(ctx) -> list[Verdict]:

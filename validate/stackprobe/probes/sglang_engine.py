@@ -369,5 +369,5 @@ def server_argument_gate(engine: Engine, flags: tuple[str, ...], *, on_when: obj
     and whether the backend is on by default (``default == on_when``)."""
     a = server_argument(engine, flags)
     state = "on by default" if a["default"] == on_when else "off by default"
-    return Gate("server argument", True, a["where"],
+    return Gate("server argument", True, a["where"], flag=a["flag"],
                 value=f"{a['flag']} (default {a['default']!r} at {a['default_where']}: {state})")

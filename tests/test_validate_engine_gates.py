@@ -378,3 +378,39 @@ def test_ep_a2a_setting_gate_fails_closed(venv, sglang, sglang059, fi, fi063, tm
                                                        "    if attn_dp_enabled and attn_dp_size == tp_size:\n        return False")})
     v = verdict(run_suite(venv, [c23, fi], ["--backend", EP])[0], EP, "engine")
     assert v["status"] == "blocked" and v["gate"] == "python-table" and v["lift"] == "package-upgrade"
+
+
+# --- PCIe IPC conditions past the opt-in (0.5.23) and NCCL Tree under deterministic inference ----------------------
+def test_pcie_ipc_conditions_read_from_sglang_0_5_23(real, venv, sglang, fi, nvcc131):
+    eng = verdict(real, PCIE, "engine")
+    ws = evidence(eng, "engine gate: supported world sizes")
+    assert ws["value"] == {"admits": True, "value": [2, 4, 8]} and ws["source"].startswith(f"{COMM}/pcie_ipc_ar.py:77")
+    assert evidence(eng, "eligible process groups")["value"].startswith("only ['tp']")
+    assert evidence(eng, "deterministic inference")["source"] == f"{COMM}/pcie_ipc_ar.py:111"
+    assert evidence(eng, "dtype")["value"].startswith("bf16 only")
+    fb = evidence(eng, "workspace build failure")
+    assert "silently stay on NCCL" in fb["value"] and "_ensure_workspace" in fb["source"]
+    # world size 6 is not among them: blocked even with the opt-in set
+    r = run_suite(venv, [sglang, fi], ["--backend", PCIE, "--world-size", "6"], path_first=[nvcc131],
+                  extra_env={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"})[0]
+    v = verdict(r, PCIE, "engine")
+    assert v["status"] == "blocked" and v["gate"] == "python-table" and "not 6" in v["cause"]
+
+
+def test_pcie_ipc_world_sizes_gone_is_an_error(venv, sglang, tmp_path):
+    rel = f"{COMM}/pcie_ipc_ar.py"
+    copy = engine_copy(sglang, tmp_path / "sg", {rel: ("_SUPPORTED_WORLD_SIZES = (2, 4, 8)", "_WORLD_SIZES = (2, 4, 8)")})
+    v = verdict(run_suite(venv, [copy], ["--backend", PCIE])[0], PCIE, "engine")
+    assert v["status"] == "error" and v["cause"] == (f"gate not found in sglang 0.5.23 at {rel}: "
+                                                     "no module-level _SUPPORTED_WORLD_SIZES")
+
+
+def test_nccl_tree_notes_that_sglang_sets_it_under_deterministic_inference(venv, sglang, sglang059, tmp_path):
+    for sg, where in ((sglang059, "sglang/srt/server_args.py:2791"), (sglang, "sglang/srt/arg_groups/attention_hook.py:676")):
+        v = verdict(run_suite(venv, [sg], ["--backend", "nccl-tree"])[0], "nccl-tree")
+        assert evidence(v, "SGLang sets NCCL_ALGO itself")["source"] == where
+    rel = "sglang/srt/arg_groups/attention_hook.py"
+    copy = engine_copy(sglang, tmp_path / "sg", {rel: ('os.environ["NCCL_ALGO"] = "allreduce:tree"', 'os.environ["NCCL_ALGO"] = "ring"')})
+    v = verdict(run_suite(venv, [copy], ["--backend", "nccl-tree"])[0], "nccl-tree")
+    with pytest.raises(KeyError):
+        evidence(v, "SGLang sets NCCL_ALGO itself")

@@ -57,6 +57,13 @@ def _fake_sglang(root: Path, table_src: str, lookup_src: str) -> Path:
         (d / "__init__.py").write_text("")
     (comm / "all_reduce_utils.py").write_text(textwrap.dedent(table_src))
     (comm / "torch_symm_mem.py").write_text(textwrap.dedent(lookup_src))
+    # the server argument, as 0.5.9 declares it (the engine answer reads it and fails closed without it)
+    (pkg / "srt" / "server_args.py").write_text(textwrap.dedent("""
+        class ServerArgs:
+            enable_torch_symm_mem: bool = False
+        def add_cli_args(parser):
+            parser.add_argument("--enable-torch-symm-mem", action="store_true")
+    """))
     info = root / "sglang-0.0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.0.1\n")

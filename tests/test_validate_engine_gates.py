@@ -17,6 +17,7 @@ CAR = "sglang-custom-allreduce"
 PCIE = "flashinfer-pcie-ipc-allreduce"
 MSCCLPP = "mscclpp"
 COMM = "sglang/srt/distributed/device_communicators"
+MSCCLPP_REL = "srt/distributed/device_communicators/pymscclpp.py"
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,14 @@ def test_c13_fusion_engine_answer_cites_sglangs_own_gates(real):
     pre = evidence(eng, "engine gate: workspace preflight (multicast)")
     assert pre["value"]["admits"] is False and "_flashinfer_trtllm_workspace_allocation_sizes" in pre["source"]
     _engine_cites(eng, "cuMulticastGetGranularity", "CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 0", "_resolve_backend")
-    assert eng["lift"] == "nothing-on-this-topology"
+    # the preflight is SGLang's code (FlashInfer 0.7.2's trtllm workspace is built without multicast): an sglang upgrade
+    assert eng["lift"] == "package-upgrade"
+    assert "an sglang release whose fusion workspace preflight does not require multicast" in eng["lift_detail"]
+    assert "enable_multicast=False at flashinfer/comm/trtllm_ar.py:514" in eng["lift_detail"]
+    arg = evidence(eng, "engine gate: server argument")
+    assert arg["source"].startswith("sglang/srt/arg_groups/fields/exec_.py:770 ExecComm.flashinfer_allreduce_fusion_backend")
+    assert "sglang/srt/arg_groups/arg_utils.py:290" in arg["source"]
+    assert arg["value"]["value"].startswith("--flashinfer-allreduce-fusion-backend (default None")
     assert eng["scope"] == "engine" and eng["host"]["topology"] == "pcie" and eng["host"]["world_size"] == 8
 
 
@@ -72,7 +80,7 @@ def test_c13_on_an_admitted_arch_the_preflight_alone_blocks_on_pcie_and_passes_o
     r = run_suite(venv, [sglang, fi], ["--backend", FUSION, "--target-arch", "9.0", "--topology", "pcie"],
                   path_first=[nvcc131])[0]
     v = verdict(r, FUSION, "engine")
-    assert v["status"] == "blocked" and v["gate"] == "topology" and v["lift"] == "nothing-on-this-topology"
+    assert v["status"] == "blocked" and v["gate"] == "topology" and v["lift"] == "package-upgrade"
     _engine_cites(v, "flashinfer_comm_fusion.py:300 _flashinfer_trtllm_workspace_allocation_sizes")
     r = run_suite(venv, [sglang, fi], ["--backend", FUSION, "--target-arch", "9.0", "--topology", "nvlink"],
                   path_first=[nvcc131])[0]
@@ -184,7 +192,7 @@ def test_c15_mscclpp_without_the_standalone_package_is_not_installed_whatever_sg
     assert eng["status"] == "blocked" and eng["gate"] == "not-installed" and "not installed: mscclpp" in eng["cause"]
     imp = evidence(eng, "engine gate: import mscclpp")
     assert imp["value"] == {"admits": False, "value": "not importable"}
-    assert imp["source"].startswith(f"{COMM}/pymscclpp.py:1047")
+    assert imp["source"].startswith(f"{COMM}/pymscclpp.py:1048 (ImportError caught at :1051")
     assert lib["status"] == "skipped" and lib["gate"] == "not-installed"
 
 
@@ -206,7 +214,7 @@ def test_c15_fails_closed_when_the_guarded_import_is_gone(venv, sglang, tmp_path
     assert v["status"] == "error" and f"at {rel}" in v["cause"] and "0.5.23" in v["cause"]
 
 
-def test_mscclpp_in_sglang_0_5_9_runs_sgl_kernels_bundled_ops(venv):
+def test_mscclpp_in_sglang_0_5_9_runs_sgl_kernels_bundled_ops(venv, tmp_path):
     """0.5.9 (the CUDA 12.8 image's pin) had no standalone import: its gate is sgl-kernel's bundled ops."""
     sg = pip_target("sglang==0.5.9")
     v = verdict(run_suite(venv, [sg], ["--backend", MSCCLPP])[0], MSCCLPP, "engine")
@@ -215,6 +223,17 @@ def test_mscclpp_in_sglang_0_5_9_runs_sgl_kernels_bundled_ops(venv):
     v = verdict(run_suite(venv, [sg, kern], ["--backend", MSCCLPP])[0], MSCCLPP, "engine")
     assert v["status"] == "gate-passes" and "bundled MSCCL++ ops" in v["cause"]
     assert evidence(v, "engine gate: PyMscclppCommunicator supported world sizes")["value"]["value"] == [8, 16]
+    cap = evidence(v, "runs only inside CUDA-graph capture")
+    assert cap["source"] == (f"{COMM}/pymscclpp.py:228 `self.disabled = True`; sglang/srt/distributed/parallel_state.py:525 "
+                             "`pymscclpp_comm.change_state(enable=True)`")
+    size = evidence(v, "message-size cap")
+    assert size["value"].startswith("allreduce messages up to 1MB only") and size["source"] == f"{COMM}/pymscclpp.py:93 _MAX_BYTES"
+    # the notes are read, not assumed: a release whose communicator starts enabled gets no capture note
+    copy = engine_copy(sg, tmp_path / "sg", {f"sglang/{MSCCLPP_REL}": ("        # PyMscclpp is enabled only in cuda graph\n        self.disabled = True",
+                                                                        "        self.disabled = False")})
+    v2 = verdict(run_suite(venv, [copy, kern], ["--backend", MSCCLPP])[0], MSCCLPP, "engine")
+    with pytest.raises(KeyError):
+        evidence(v2, "runs only inside CUDA-graph capture")
 
 
 # --- C16 -------------------------------------------------------------------------------------------
@@ -266,3 +285,132 @@ def test_c18_without_sglang_every_engine_answer_is_skipped_and_no_headline_passe
     for b in (FUSION, SYMM, PCIE):
         assert r.verdict(b).status != "gate-passes" and r.verdict(b).scope == "engine"
     assert "| torch-symm-mem | skipped (not-installed) | gate-passes | skipped (not-installed) |" in r.to_markdown()
+
+
+# --- server arguments, read from the installed release -----------------------------------------------
+@pytest.fixture(scope="module")
+def sglang059():
+    return pip_target("sglang==0.5.9")
+
+
+@pytest.fixture(scope="module")
+def fi063():
+    return pip_target("flashinfer-python==0.6.3")
+
+
+def test_server_arguments_read_from_sglang_0_5_9_and_0_5_23(venv, sglang, sglang059, fi, fi063):
+    want = {FUSION: ("--enable-flashinfer-allreduce-fusion", "sglang/srt/server_args.py:4107", "server_args.py:500"),
+            MSCCLPP: ("--enable-mscclpp", "sglang/srt/server_args.py:4550", "server_args.py:594"),
+            CAR: ("--disable-custom-all-reduce", "sglang/srt/server_args.py:4545", "server_args.py:593"),
+            SYMM: ("--enable-torch-symm-mem", "sglang/srt/server_args.py:4555", "server_args.py:595")}
+    r = run_suite(venv, [sglang059, fi063], [a for b in want for a in ("--backend", b)])[0]
+    for b, (flag, where, default) in want.items():
+        arg = evidence(verdict(r, b, "engine"), "engine gate: server argument")
+        assert arg["source"] == f"{where} add_argument({flag!r})", arg
+        assert arg["value"]["value"].startswith(f"{flag} (default False at sglang/srt/{default}")
+    assert "on by default" in evidence(verdict(r, CAR, "engine"), "engine gate: server argument")["value"]["value"]
+    r23 = run_suite(venv, [sglang, fi], ["--backend", MSCCLPP])[0]
+    arg = evidence(verdict(r23, MSCCLPP, "engine"), "engine gate: server argument")
+    assert arg["source"].startswith("sglang/srt/arg_groups/fields/exec_.py:732 ExecComm.enable_mscclpp")
+
+
+def test_server_argument_gone_is_an_error_naming_version_and_files(venv, sglang, sglang059, tmp_path):
+    rel9 = "sglang/srt/server_args.py"
+    copy = engine_copy(sglang059, tmp_path / "sg9", {rel9: ('"--enable-torch-symm-mem",', '"--torch-symm-mem",')})
+    v = verdict(run_suite(venv, [copy], ["--backend", SYMM])[0], SYMM, "engine")
+    assert v["status"] == "error"
+    assert v["cause"] == ("gate not found in sglang 0.5.9: no server argument --enable-torch-symm-mem (searched "
+                          "add_argument calls and arg-group fields in sglang/srt/server_args.py)")
+    # 0.5.23: the field turned into a no-CLI field
+    rel = "sglang/srt/arg_groups/fields/exec_.py"
+    copy = engine_copy(sglang, tmp_path / "sg23", {rel: (
+        '    enable_mscclpp: A[\n        bool,\n        "Enable MSCCL++',
+        '    enable_mscclpp: A[\n        bool, Arg(no_cli=True),\n        "Enable MSCCL++')})
+    v = verdict(run_suite(venv, [copy], ["--backend", MSCCLPP])[0], MSCCLPP, "engine")
+    assert v["status"] == "error" and v["cause"].startswith("gate not found in sglang 0.5.23: no server argument --enable-mscclpp")
+    assert "sglang/srt/arg_groups/*.py, sglang/srt/server_args.py" in v["cause"]
+
+
+def test_fusion_on_0_5_9_lift_names_sglang_flashinfer_and_a_compiler(venv, sglang059, fi063, nvcc131):
+    r = run_suite(venv, [sglang059, fi063], ["--backend", FUSION], extra_env={"CUDA_HOME": "/nonexistent-cuda"})[0]
+    v = verdict(r, FUSION, "engine")
+    assert v["status"] == "blocked" and v["gate"] == "python-table" and v["lift"] == "package-upgrade"
+    d = v["lift_detail"]
+    assert "an sglang release whose apply_flashinfer_allreduce_fusion admits major 12" in d
+    assert "flashinfer-python 0.6.3 admits [9, 10] at flashinfer/jit/comm.py:59" in d
+    assert "nvcc (a CUDA toolkit) or a flashinfer-jit-cache" in d
+    # with a compiler present the toolchain clause is gone
+    r2 = run_suite(venv, [sglang059, fi063], ["--backend", FUSION], path_first=[nvcc131],
+                   extra_env={"CUDA_HOME": "/nonexistent-cuda"})[0]
+    assert "nvcc" not in verdict(r2, FUSION, "engine")["lift_detail"]
+
+
+# --- EP over FlashInfer all-to-all --------------------------------------------------------------------
+EP = "ep-flashinfer-a2a"
+
+
+def test_ep_a2a_on_0_5_9_is_a_setting_with_the_flashinfer_cutlass_runner(venv, sglang059, fi063, nvcc131):
+    r = run_suite(venv, [sglang059, fi063], ["--backend", EP], extra_env={"CUDA_HOME": "/nonexistent-cuda"})[0]
+    eng, lib = verdict(r, EP, "engine"), verdict(r, EP, "library")
+    assert eng["status"] == "blocked" and eng["gate"] == "setting" and eng["lift"] == "setting"
+    assert eng["lift_detail"] == "--moe-a2a-backend flashinfer --moe-runner-backend flashinfer_cutlass"
+    s = evidence(eng, "engine gate: required setting: MoE runner")
+    assert s["source"].startswith("sglang/srt/server_args.py:2214 `assert self.moe_runner_backend in ['flashinfer_cutlass']`")
+    tok = evidence(eng, "engine gate: dispatch tokens per rank")
+    assert tok["value"]["value"] == "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK (default 1024) x ep_size tokens"
+    assert tok["source"] == "sglang/srt/layers/moe/token_dispatcher/flashinfer.py:102"
+    assert "topology" not in (eng["gate"], lib["gate"])
+    # library: no nvcc -> toolchain; with one -> needs-runtime (PCIe viability is measured, not guessed)
+    assert lib["status"] == "blocked" and lib["gate"] == "toolchain"
+    r2 = run_suite(venv, [sglang059, fi063], ["--backend", EP], path_first=[nvcc131])[0]
+    lib2 = verdict(r2, EP, "library")
+    assert lib2["status"] == "skipped" and lib2["gate"] == "needs-runtime" and "SYS_PTRACE" in lib2["cause"]
+    assert evidence(lib2, "MnnvlMemory handle types")["source"].startswith("flashinfer/comm/mnnvl.py:")
+
+
+def test_ep_a2a_setting_gate_fails_closed(venv, sglang, sglang059, fi, fi063, tmp_path):
+    rel9 = "sglang/srt/server_args.py"
+    c9b = engine_copy(sglang059, tmp_path / "sg9b", {rel9: ('if self.moe_a2a_backend == "flashinfer":', 'if self.moe_a2a_backend == "flashinfer-x":')})
+    v = verdict(run_suite(venv, [c9b, fi063], ["--backend", EP])[0], EP, "engine")
+    assert v["status"] == "error" and v["cause"].startswith("gate not found in sglang 0.5.9: neither _flashinfer_a2a_topology_is_supported")
+    rel = "sglang/srt/arg_groups/moe_hook.py"
+    c23 = engine_copy(sglang, tmp_path / "sg23", {rel: ("    if attn_dp_enabled and attn_dp_size == tp_size:\n        return True",
+                                                       "    if attn_dp_enabled and attn_dp_size == tp_size:\n        return False")})
+    v = verdict(run_suite(venv, [c23, fi], ["--backend", EP])[0], EP, "engine")
+    assert v["status"] == "blocked" and v["gate"] == "python-table" and v["lift"] == "package-upgrade"
+
+
+# --- PCIe IPC conditions past the opt-in (0.5.23) and NCCL Tree under deterministic inference ----------------------
+def test_pcie_ipc_conditions_read_from_sglang_0_5_23(real, venv, sglang, fi, nvcc131):
+    eng = verdict(real, PCIE, "engine")
+    ws = evidence(eng, "engine gate: supported world sizes")
+    assert ws["value"] == {"admits": True, "value": [2, 4, 8]} and ws["source"].startswith(f"{COMM}/pcie_ipc_ar.py:77")
+    assert evidence(eng, "eligible process groups")["value"].startswith("only ['tp']")
+    assert evidence(eng, "deterministic inference")["source"] == f"{COMM}/pcie_ipc_ar.py:111"
+    assert evidence(eng, "dtype")["value"].startswith("bf16 only")
+    fb = evidence(eng, "workspace build failure")
+    assert "silently stay on NCCL" in fb["value"] and "_ensure_workspace" in fb["source"]
+    # world size 6 is not among them: blocked even with the opt-in set
+    r = run_suite(venv, [sglang, fi], ["--backend", PCIE, "--world-size", "6"], path_first=[nvcc131],
+                  extra_env={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"})[0]
+    v = verdict(r, PCIE, "engine")
+    assert v["status"] == "blocked" and v["gate"] == "python-table" and "not 6" in v["cause"]
+
+
+def test_pcie_ipc_world_sizes_gone_is_an_error(venv, sglang, tmp_path):
+    rel = f"{COMM}/pcie_ipc_ar.py"
+    copy = engine_copy(sglang, tmp_path / "sg", {rel: ("_SUPPORTED_WORLD_SIZES = (2, 4, 8)", "_WORLD_SIZES = (2, 4, 8)")})
+    v = verdict(run_suite(venv, [copy], ["--backend", PCIE])[0], PCIE, "engine")
+    assert v["status"] == "error" and v["cause"] == (f"gate not found in sglang 0.5.23 at {rel}: "
+                                                     "no module-level _SUPPORTED_WORLD_SIZES")
+
+
+def test_nccl_tree_notes_that_sglang_sets_it_under_deterministic_inference(venv, sglang, sglang059, tmp_path):
+    for sg, where in ((sglang059, "sglang/srt/server_args.py:2791"), (sglang, "sglang/srt/arg_groups/attention_hook.py:676")):
+        v = verdict(run_suite(venv, [sg], ["--backend", "nccl-tree"])[0], "nccl-tree")
+        assert evidence(v, "SGLang sets NCCL_ALGO itself")["source"] == where
+    rel = "sglang/srt/arg_groups/attention_hook.py"
+    copy = engine_copy(sglang, tmp_path / "sg", {rel: ('os.environ["NCCL_ALGO"] = "allreduce:tree"', 'os.environ["NCCL_ALGO"] = "ring"')})
+    v = verdict(run_suite(venv, [copy], ["--backend", "nccl-tree"])[0], "nccl-tree")
+    with pytest.raises(KeyError):
+        evidence(v, "SGLang sets NCCL_ALGO itself")

@@ -57,6 +57,13 @@ def _fake_sglang(root: Path, table_src: str, lookup_src: str) -> Path:
         (d / "__init__.py").write_text("")
     (comm / "all_reduce_utils.py").write_text(textwrap.dedent(table_src))
     (comm / "torch_symm_mem.py").write_text(textwrap.dedent(lookup_src))
+    # the server argument, as 0.5.9 declares it (the engine answer reads it and fails closed without it)
+    (pkg / "srt" / "server_args.py").write_text(textwrap.dedent("""
+        class ServerArgs:
+            enable_torch_symm_mem: bool = False
+        def add_cli_args(parser):
+            parser.add_argument("--enable-torch-symm-mem", action="store_true")
+    """))
     info = root / "sglang-0.0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.0.1\n")
@@ -124,16 +131,17 @@ def test_ep_flashinfer_a2a_preconditions_and_api_match(venv, sglang):
     r74 = run_suite(venv, [sglang, fi74], ["--backend", EP])[0]
     v16, v74 = verdict(r16, EP, "engine"), verdict(r74, EP, "engine")
     for v in (v16, v74):
-        assert v["status"] == "blocked" and v["gate"] == "topology" and v["lift"] == "nothing-on-this-topology"
-        pre = evidence(v, "_flashinfer_a2a_topology_is_supported")
-        assert pre["value"] == [False, True]            # needs DP attention with dp_size == tp_size
-        assert "moe_hook.py" in pre["source"]
-    assert "flashinfer.comm.MoeAlltoAll" in evidence(v16, "FlashInfer names SGLang's a2a dispatcher imports")["value"]
-    with pytest.raises(KeyError):
-        evidence(v16, "missing in the installed flashinfer")
-    assert "flashinfer.comm.MoeAlltoAll" in evidence(v74, "missing in the installed flashinfer")["value"]
-    assert any("does not export" in w for w in v74["warnings"])
-    assert evidence(v16, "MNNVL JIT modules' supported majors")["value"]["gen_trtllm_mnnvl_comm_module"] == [9, 10]
+        # no topology gate on this path: the first closed gate is the setting (DP attention, dp == tp)
+        assert v["status"] == "blocked" and v["gate"] == "setting"
+        pre = evidence(v, "engine gate: required setting: DP attention")
+        assert pre["value"] == {"admits": False, "value": [False, True]}
+        assert pre["source"].startswith("sglang/srt/arg_groups/moe_hook.py:43 _flashinfer_a2a_topology_is_supported")
+    assert v16["lift"] == "setting" and "--enable-dp-attention --dp-size 8" in v16["lift_detail"]
+    names = evidence(v16, "engine gate: FlashInfer names the a2a dispatcher imports")
+    assert names["value"]["admits"] is True and "flashinfer.comm.MoeAlltoAll" in names["value"]["value"]
+    miss = evidence(v74, "engine gate: FlashInfer names the a2a dispatcher imports")
+    assert miss["value"]["admits"] is False and "flashinfer.comm.MoeAlltoAll" in miss["value"]["value"]
+    assert v74["lift"] == "package-upgrade" and "does not export" in v74["cause"]
 
 
 def test_c11_older_real_sglang_raises_keyerror_12(venv):

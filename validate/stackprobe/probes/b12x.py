@@ -1,7 +1,7 @@
 """b12x: a PCIe-native allreduce / MoE kernel set for SM120/SM121.
 
-Library gate: a top-level ``b12x`` package (FlashInfer 0.7.4 ships one that aliases
-``flashinfer.experimental.b12x``), its own capability gate ``is_b12x`` (run from its source with the
+Library gate: a top-level ``b12x`` package (the flashinfer-python 0.7.2 and 0.7.4 wheels ship one, with the
+``[b12x]`` extra for its dependencies, that aliases ``flashinfer.experimental.b12x``), its own capability gate ``is_b12x`` (run from its source with the
 capability answered), its CuTe DSL compiler, and an import in a child interpreter.
 
 Engine gate: SGLang 0.5.23 does not reference b12x at all (FACTS): not integrated in that engine
@@ -48,7 +48,10 @@ def _library(ctx) -> Verdict:
     dv = dist_version("b12x")
     if root is None:
         v.status, v.gate, v.cause, v.lift = SKIPPED, GATE_NOT_INSTALLED, "b12x is not installed", LIFT_PACKAGE
-        v.lift_detail = "flashinfer-python[b12x] (0.7.4 ships the b12x package) or the b12x distribution"
+        fv = fi.version()
+        v.lift_detail = ("a flashinfer-python release that ships the top-level b12x package, installed with its [b12x] "
+                         "extra (the installed flashinfer-python " + (f"{fv} has none" if fv else "is absent")
+                         + "), or the b12x distribution")
         return v
     provider = f"b12x {dv}" if dv else f"a b12x package shipped by flashinfer-python {fi.version()}" if fi.version() else "unknown distribution"
     v.add("b12x package", str(root.name), provider)

@@ -14,12 +14,19 @@ Gates, in order (FACTS, "The dead-end backends"):
 Those are the library's answer (:func:`library_gate`). The engine's answer (:func:`engine_gate`, read from
 the installed SGLang, FACTS "SGLang 0.5.23's own gates"; case C13):
 
-1. the server argument ``--flashinfer-allreduce-fusion-backend`` (auto-enabled only for listed models);
+1. the server argument, read from the installed release (:func:`sglang_engine.server_argument`):
+   ``--flashinfer-allreduce-fusion-backend`` (0.5.23, an arg-group field; auto-enabled only for listed models)
+   or ``--enable-flashinfer-allreduce-fusion`` (0.5.9, ``srt/server_args.py:4107``);
 2. ``_resolve_backend`` in ``srt/layers/flashinfer_comm_fusion.py`` raises unless the GPU passes its
    platform predicates (0.5.23: ``is_sm90 or is_sm100``, majors 9 and 10, from ``srt/utils/common.py``);
    ``flashinfer_ar_fusion_applies`` repeats that per call;
-3. the workspace preflight asks the driver for multicast granularity (``cuMulticastGetGranularity``)
-   and SGLang skips fusion when it fails; PCIe-only GPUs have no multicast (it needs NVSwitch).
+3. SGLang's own workspace preflight (0.5.23 ``_flashinfer_trtllm_workspace_allocation_sizes``) asks the
+   driver for multicast granularity (``cuMulticastGetGranularity``) and SGLang skips fusion when it fails;
+   PCIe-only GPUs have no multicast. This is SGLang code, not FlashInfer's need: FlashInfer 0.7.2 builds its
+   trtllm workspace with ``enable_multicast=False`` (``flashinfer/comm/trtllm_ar.py:514``), so the lift is
+   an sglang release whose preflight does not require multicast (and whose ``_resolve_backend`` admits 12),
+   not "nothing on this topology". When blocked, the lift also names what the library side needs here: a
+   FlashInfer whose module admits the target and, without nvcc, a compiler or flashinfer-jit-cache.
 """
 from __future__ import annotations
 
@@ -65,8 +72,8 @@ def library_gate(ctx) -> list[Verdict]:
         v.cause = (f"FlashInfer's own JIT arch list for the allreduce-fusion module admits compute-capability majors "
                    f"{majors}; the target {target.cc} (major {target.major}) is not among them, so the module never "
                    f"compiles for it whatever the CUDA version")
-        v.lift_detail = (f"a flashinfer-python release whose {MODULE_FN} lists major {target.major} "
-                         f"(upstream PR 3903 added 12, released in 0.6.17)")
+        v.lift_detail = (f"a flashinfer-python release whose {MODULE_FN} lists major {target.major} (the installed "
+                         f"{ver} lists {majors} at {where})")
     # 2. normalisation and the effective list (C4), with FlashInfer's own code
     g = fi.gate(ctx, MODULE_FN)
     if "worker_error" in g:
@@ -148,6 +155,8 @@ def library_gate(ctx) -> list[Verdict]:
 
 
 FUSION_FILE = "srt/layers/flashinfer_comm_fusion.py"
+# the server argument, newest name first (0.5.23 arg-group field; 0.5.9 server_args.py:4107)
+FUSION_FLAGS = ("--flashinfer-allreduce-fusion-backend", "--enable-flashinfer-allreduce-fusion")
 PER_CALL_CHECKS = ("flashinfer_ar_fusion_applies", "apply_flashinfer_allreduce_fusion")
 
 
@@ -163,9 +172,9 @@ def _engine(ctx, eng) -> Verdict:
     if not refs:
         return se.not_integrated(BACKENDS[0], eng, ("allreduce_fusion",), ctx)
     ans = se.EngineAnswer(BACKENDS[0], eng, ctx)
-    # 1. the server argument
-    ans.add(se.Gate("server argument", True, f"sglang/{FUSION_FILE}", value="--flashinfer-allreduce-fusion-backend "
-                    "(auto-enabled only for the models SGLang lists, on SM90/SM10X)"))
+    # 1. the server argument, read from the installed release (0.5.23: the arg-group field
+    #    flashinfer_allreduce_fusion_backend; 0.5.9: add_argument("--enable-flashinfer-allreduce-fusion"))
+    ans.add(se.server_argument_gate(eng, FUSION_FLAGS))
     # 2. the platform checks: the one that raises at start-up (0.5.23: _resolve_backend) and the per-call one
     #    (0.5.23: flashinfer_ar_fusion_applies; 0.5.9: apply_flashinfer_allreduce_fusion); at least one must be found
     table = se.platform_majors(eng)
@@ -225,13 +234,55 @@ def _engine(ctx, eng) -> Verdict:
     else:
         mc = ctx.topology == "nvlink"
         ans.add(se.Gate("workspace preflight (multicast)", mc, f"{pre[0]}:{pre[2]} {pre[1]}", GATE_TOPOLOGY,
-                        f"the fusion workspace preflight asks the driver for multicast granularity (cuMulticastGetGranularity) "
-                        f"and skips fusion when it fails; {ctx.topology} GPUs report CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 0 "
-                        "(multicast needs NVSwitch)", LIFT_NOTHING, "nothing on PCIe: multicast needs an NVSwitch (NVLink) system",
-                        value=f"topology {ctx.topology} ({ctx.topology_source})"))
-    return ans.verdict(f"SGLang {eng.version} admits compute capability {ctx.target.cc} and the {ctx.topology} host "
-                       "passes the multicast preflight; enable it with --flashinfer-allreduce-fusion-backend")
+                        f"SGLang's own fusion workspace preflight asks the driver for multicast granularity "
+                        f"(cuMulticastGetGranularity) and skips fusion when it fails; {ctx.topology} GPUs report "
+                        "CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 0 (multicast needs NVSwitch)", LIFT_PACKAGE,
+                        "an sglang release whose fusion workspace preflight does not require multicast"
+                        + _trtllm_without_multicast(), value=f"topology {ctx.topology} ({ctx.topology_source})"))
+    v = ans.verdict(f"SGLang {eng.version} admits compute capability {ctx.target.cc} and the {ctx.topology} host "
+                    f"passes its workspace preflight; enable it with {ans.gates[0].flag}")
+    if v.status == BLOCKED:
+        extra = _library_lifts(ctx)
+        if extra:
+            v.lift_detail = "; ".join([v.lift_detail] + extra) if v.lift_detail else "; ".join(extra)
+    return v
 
+
+def _trtllm_without_multicast() -> str:
+    """`` (FlashInfer X's trtllm workspace ... file:line)`` when the installed FlashInfer builds its trtllm
+    fusion workspace with ``enable_multicast=False`` (0.7.2: flashinfer/comm/trtllm_ar.py:514), else ''."""
+    import ast
+
+    try:
+        path = source.module_file("flashinfer.comm.trtllm_ar")
+        tree = source.parse(path)
+    except (source.SourceNotFound, SyntaxError, ValueError, OSError):
+        return ""
+    for n in ast.walk(tree):
+        if isinstance(n, ast.keyword) and n.arg == "enable_multicast" and isinstance(n.value, ast.Constant) \
+                and n.value.value is False:
+            return (f" (FlashInfer {fi.version()}'s trtllm workspace itself does not need multicast: "
+                    f"enable_multicast=False at {fi._short(path)}:{n.value.lineno})")
+    return ""
+
+
+def _library_lifts(ctx) -> list[str]:
+    """What the engine lift also needs from the library side: a FlashInfer whose fusion module admits the
+    target's major (read from the installed flashinfer/jit/comm.py) and, with no nvcc, a compiler or a
+    flashinfer-jit-cache for the JIT build."""
+    out = []
+    try:
+        majors, where = fi.module_majors(MODULE_FN)
+    except (source.SourceNotFound, SyntaxError, ValueError):
+        majors, where = None, ""
+    if majors is not None and ctx.target.major not in majors:
+        out.append(f"and a flashinfer-python release whose {MODULE_FN} admits major {ctx.target.major} "
+                   f"(flashinfer-python {fi.version()} admits {majors} at {where})")
+    jit_cache = ctx.coverage.get("flashinfer-jit-cache")
+    if not effective_nvcc(ctx.env) and (jit_cache is None or jit_cache.level in ("none", "no-cuda-code")):
+        out.append("and nvcc (a CUDA toolkit) or a flashinfer-jit-cache built for the target: FlashInfer JIT-compiles "
+                   "the fusion module at first use and this environment has neither")
+    return out
 
 def probe(ctx) -> list[Verdict]:
     return library_gate(ctx) + engine_gate(ctx)

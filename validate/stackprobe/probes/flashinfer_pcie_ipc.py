@@ -36,7 +36,8 @@ def _library(ctx) -> Verdict:
     if not exported:
         v.status, v.gate, v.lift = SKIPPED, GATE_NOT_INSTALLED, LIFT_PACKAGE
         v.cause = f"FlashInfer {fv} has no PCIe IPC allreduce (flashinfer.comm.PcieIpcAllReduceWorkspace)"
-        v.lift_detail = "a flashinfer-python release with flashinfer.comm.PcieIpcAllReduceWorkspace (0.7.4 has it)"
+        v.lift_detail = (f"a flashinfer-python release exporting flashinfer.comm.PcieIpcAllReduceWorkspace (the installed "
+                         f"{fv} does not; first in 0.7.0, per a scan of the released files)")
         return v
     try:
         ws_path = next(iter(source.find_files_containing(source.module_file("flashinfer.comm").parent,
@@ -102,7 +103,63 @@ def _engine(ctx, eng) -> Verdict:
                     value={"default": default, "here": value}))
     ans.add(se.Gate("world size > 1", ctx.world_size > 1, f"sglang/{PCIE_FILE}:{fn.lineno} eligible_group", GATE_PYTHON,
                     "a single GPU has no peers", LIFT_NONE_NEEDED, value=ctx.world_size))
-    return ans.verdict(f"{OPT_IN} is set: SGLang {eng.version} builds FlashInfer's PCIe IPC allreduce for the tp group")
+    tree = eng.tree(PCIE_FILE)
+    short = f"sglang/{PCIE_FILE}"
+    sizes = _module_literal_strings_or_ints(tree, "_SUPPORTED_WORLD_SIZES")
+    if sizes is None:
+        raise se.GateNotFound(f"gate not found in sglang {eng.version} at {short}: no module-level _SUPPORTED_WORLD_SIZES")
+    ans.add(se.Gate("supported world sizes", ctx.world_size in sizes[0], f"{short}:{sizes[1]} _SUPPORTED_WORLD_SIZES",
+                    GATE_PYTHON, f"the PCIe IPC communicator supports world sizes {sorted(sizes[0])}, not {ctx.world_size}",
+                    LIFT_PACKAGE, value=sorted(sizes[0])))
+    v = ans.verdict(f"{OPT_IN} is set: SGLang {eng.version} builds FlashInfer's PCIe IPC allreduce for the tp group")
+    for what, value, where in _conditions(ctx, tree, fn, short):
+        v.add(what, value, where)
+        v.warnings.append(f"{what}: {value} ({where})")
+    return v
+
+
+def _module_literal_strings_or_ints(tree, name: str):
+    """``(values, line)`` of a module-level ``name = <tuple/list/set/frozenset({...}) of constants>``, else None."""
+    import ast
+
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(tg, ast.Name) and tg.id == name for tg in node.targets):
+            vals = [c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant)]
+            return vals, node.lineno
+    return None
+
+
+def _conditions(ctx, tree, eligible, short: str) -> list[tuple[str, str, str]]:
+    """The conditions past the opt-in that SGLang 0.5.23 applies, read from ``pcie_ipc_ar.py`` where found:
+    the eligible group names, deterministic inference turning it off, bf16 only per call, and the silent NCCL
+    fallback when FlashInfer's workspace (whose kernels JIT-build at first use) fails."""
+    import ast
+
+    out = []
+    groups = _module_literal_strings_or_ints(tree, "_ELIGIBLE_GROUP_NAMES")
+    if groups is not None:
+        out.append(("eligible process groups", f"only {sorted(groups[0])} (other groups stay on NCCL)",
+                    f"{short}:{groups[1]} _ELIGIBLE_GROUP_NAMES"))
+    det = next((n for n in ast.walk(eligible) if isinstance(n, ast.If) and ast.unparse(n.test) == "deterministic"
+                and any(isinstance(r, ast.Return) for r in n.body)), None)
+    if det is not None:
+        out.append(("deterministic inference", "--enable-deterministic-inference turns it off", f"{short}:{det.lineno}"))
+    fns = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    should = fns.get("should_pcie_ipc_ar")
+    if should is not None:
+        bf16 = next((n for n in ast.walk(should) if isinstance(n, ast.Compare) and "torch.bfloat16" in ast.unparse(n)), None)
+        if bf16 is not None:
+            out.append(("dtype", "bf16 only: other dtypes stay on NCCL", f"{short}:{bf16.lineno} should_pcie_ipc_ar"))
+    ensure = fns.get("_ensure_workspace")
+    if ensure is not None:
+        h = next((h for n in ast.walk(ensure) if isinstance(n, ast.Try) for h in n.handlers
+                  if "self.disabled = True" in ast.unparse(h)), None)
+        if h is not None:
+            nvcc = effective_nvcc(ctx.env)
+            out.append(("workspace build failure", "a failed FlashInfer workspace (its kernels JIT-build at first use: "
+                        "nvcc or a flashinfer-jit-cache needed) disables it and reductions silently stay on NCCL"
+                        + ("" if nvcc else "; this environment has no nvcc"), f"{short}:{h.lineno} _ensure_workspace"))
+    return out
 
 
 def probe(ctx) -> list[Verdict]:

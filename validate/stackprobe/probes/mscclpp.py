@@ -35,7 +35,9 @@ def _library(ctx) -> Verdict:
         weak = [f.path for f in bundled if f.level in ("ptx-only", "none")]
         if weak:
             v.warnings.append(f"bundled MSCCL++ libraries without SASS for {ctx.target.cc} (PTX JIT at load or no "
-                              f"kernel image): {weak}")
+                              f"kernel image): {weak}; a note about these files only: an SGLang whose communicator "
+                              "calls sgl-kernel's common_ops MSCCL++ ops (0.5.9) does not load them, and the engine "
+                              "answer judges common_ops")
     dist, _, ops = kernel_coverage(ctx)
     if ops:
         v.add(f"{dist} common_ops coverage", [(f.path, f.level) for f in ops], "static coverage (fatbin)")
@@ -79,14 +81,16 @@ def _engine(ctx, eng) -> Verdict:
                 imp = node
                 break
     ans = se.EngineAnswer(BACKENDS[0], eng, ctx)
-    ans.add(se.Gate("server argument", True, "sglang/srt/arg_groups", value="--enable-mscclpp (default off)"))
+    ans.add(se.server_argument_gate(eng, ("--enable-mscclpp",)))
     bundled = "IS_MSCCLPP_AR_AVAILABLE" in path.read_text(encoding="utf-8", errors="replace")
     if imp is not None:          # 0.5.23: the standalone package
         try:
             found = importlib.util.find_spec("mscclpp") is not None
         except (ImportError, ValueError):
             found = False
-        ans.add(se.Gate("import mscclpp", found, f"{se.short(path)}:{imp.lineno} (disabled on ImportError)",
+        line = _import_line(imp)
+        handler = next(h.lineno for h in imp.handlers if isinstance(h.type, ast.Name) and h.type.id == "ImportError")
+        ans.add(se.Gate("import mscclpp", found, f"{se.short(path)}:{line} (ImportError caught at :{handler}: disabled)",
                         GATE_NOT_INSTALLED, "its communicator imports the standalone mscclpp package and disables itself "
                         "on ImportError: not installed: mscclpp (sgl-kernel's bundled MSCCL++ binaries do not count)",
                         LIFT_PACKAGE, "install the mscclpp Python package (microsoft/mscclpp) built for the target",
@@ -116,9 +120,65 @@ def _engine(ctx, eng) -> Verdict:
                     f"PyMscclppCommunicator supports world sizes {sorted(sizes)}, not {ctx.world_size}", LIFT_PACKAGE,
                     value=sorted(sizes)))
     how = "mscclpp imports" if imp is not None else "sgl-kernel's bundled MSCCL++ ops carry the target"
-    return ans.verdict(f"{how} and SGLang {eng.version} admits world size {ctx.world_size}; enable it with "
+    notes = _scope_notes(eng, path)
+    v = ans.verdict(f"{how} and SGLang {eng.version} admits world size {ctx.world_size}; enable it with "
                        "--enable-mscclpp; its one-shot LL kernel writes to all peers and NVLS needs multicast: "
                        "the runtime tier decides")
+    for what, value, where in notes:
+        v.add(what, value, where)
+        v.warnings.append(f"{what}: {value} ({where})")
+    return v
+
+
+def _scope_notes(eng, path) -> list[tuple[str, str, str]]:
+    """Where SGLang uses its MSCCL++ communicator, read from source: enabled only inside CUDA-graph capture
+    (``__init__`` ends ``self.disabled = True``; ``GroupCoordinator.graph_capture`` calls
+    ``pymscclpp_comm.change_state(enable=True)``) and the message-size cap (``_MAX_BYTES`` from
+    ``os.getenv(NAME, DEFAULT)``). Each is returned only when found (0.5.9 has both)."""
+    import ast
+
+    out = []
+    tree = eng.tree(MSCCLPP_FILE)
+    cls = next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "PyMscclppCommunicator"), None)
+    init = next((n for n in (cls.body if cls else []) if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+    last = init.body[-1] if init is not None and init.body else None
+    disabled = (isinstance(last, ast.Assign) and ast.unparse(last).replace(" ", "") == "self.disabled=True")
+    ps_rel = "srt/distributed/parallel_state.py"
+    enable = None
+    if disabled and (eng.root / ps_rel).is_file():
+        for fn in ast.walk(eng.tree(ps_rel)):
+            if isinstance(fn, ast.FunctionDef) and fn.name == "graph_capture":
+                enable = next((n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                               and n.func.attr == "change_state" and "pymscclpp" in ast.unparse(n.func.value)), None)
+                if enable is not None:
+                    break
+    if disabled and enable is not None:
+        out.append(("runs only inside CUDA-graph capture", "PyMscclppCommunicator starts disabled and graph_capture "
+                    "enables it", f"{se.short(path)}:{last.lineno} `self.disabled = True`; sglang/{ps_rel}:{enable.lineno} "
+                    f"`{ast.unparse(enable)}`"))
+    for node in (cls.body if cls else []):
+        if isinstance(node, ast.Assign) and any(isinstance(tg, ast.Name) and tg.id == "_MAX_BYTES" for tg in node.targets):
+            env = next((c for c in ast.walk(node.value) if isinstance(c, ast.Call) and ast.unparse(c.func) in
+                        ("os.getenv", "os.environ.get") and len(c.args) == 2
+                        and all(isinstance(a, ast.Constant) for a in c.args)), None)
+            if env is not None:
+                out.append(("message-size cap", f"allreduce messages up to {env.args[1].value} only (larger ones go "
+                            f"to NCCL; {env.args[0].value} overrides)", f"{se.short(path)}:{node.lineno} _MAX_BYTES"))
+    return out
+
+
+def _import_line(node) -> int:
+    """The line of the ``import mscclpp`` (an Import / ImportFrom node, or ``import_module("mscclpp")``) in a try body."""
+    import ast
+
+    for n in ast.walk(ast.Module(body=node.body, type_ignores=[])):
+        if isinstance(n, ast.Import) and any(a.name.split(".")[0] == "mscclpp" for a in n.names):
+            return n.lineno
+        if isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "mscclpp":
+            return n.lineno
+        if isinstance(n, ast.Call) and n.args and isinstance(n.args[0], ast.Constant) and n.args[0].value == "mscclpp":
+            return n.lineno
+    return node.lineno
 
 
 def probe(ctx) -> list[Verdict]:

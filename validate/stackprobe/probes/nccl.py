@@ -49,6 +49,10 @@ def library_gate(ctx) -> list[Verdict]:
                    cause="Tree's speed on one node (a chain, not a tree) is a measurement; "
                          "the static tier only checks the setting's form.",
                    lift_detail="NCCL_ALGO=allreduce:tree (per-collective form) leaves AllGather/ReduceScatter on their own algorithms")
+    sg = _sglang_sets_tree()
+    if sg is not None:
+        tree.add("SGLang sets NCCL_ALGO itself", "--enable-deterministic-inference with TP > 1 sets "
+                 "NCCL_ALGO=allreduce:tree in the server process", sg)
     if version is None:
         err = ctx.env.get("torch", {}).get("nccl_error") or ctx.env.get("torch", {}).get("import_error", "")
         for v in (ring, tree):
@@ -72,6 +76,32 @@ def library_gate(ctx) -> list[Verdict]:
     for v in out:
         v.scope = SCOPE_LIBRARY
     return out
+
+
+def _sglang_sets_tree() -> str | None:
+    """``sglang/FILE:LINE`` where the installed SGLang assigns ``os.environ["NCCL_ALGO"] = "allreduce:tree"``
+    (0.5.9 ``srt/server_args.py:2791``, 0.5.23 ``srt/arg_groups/attention_hook.py:676``, under deterministic
+    inference), or None (no SGLang, or no such assignment)."""
+    import ast
+
+    from . import sglang_engine as se
+
+    eng = se.installed()
+    if eng is None:
+        return None
+    for path in sorted((eng.root / "srt").rglob("*.py")):
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+            if "allreduce:tree" not in text:
+                continue
+            tree = ast.parse(text)
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for n in ast.walk(tree):
+            if (isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant) and n.value.value == "allreduce:tree"
+                    and any(isinstance(tg, ast.Subscript) and "NCCL_ALGO" in ast.unparse(tg) for tg in n.targets)):
+                return f"{se.short(path)}:{n.lineno}"
+    return None
 
 
 def engine_gate(ctx) -> list[Verdict]:

@@ -99,7 +99,7 @@ def engine_gate(ctx) -> list[Verdict]:
 def _engine(ctx, eng) -> Verdict:
     ans = se.EngineAnswer(BACKENDS[0], eng, ctx)
     path = eng.file(CA_FILE)
-    ans.add(se.Gate("server argument", True, "sglang/srt/arg_groups", value="on by default (--disable-custom-all-reduce)"))
+    ans.add(se.server_argument_gate(eng, ("--disable-custom-all-reduce",), on_when=False))
     try:
         sizes, line = source.class_attribute(path, "CustomAllreduce", "_SUPPORTED_WORLD_SIZES")
     except (source.SourceNotFound, ValueError, SyntaxError) as e:

@@ -118,6 +118,7 @@ class Gate:
     lift: str = ""
     lift_detail: str = ""
     value: object = None
+    flag: str = ""
 
 
 @dataclass
@@ -254,3 +255,119 @@ def env_flag(engine: Engine, name: str) -> tuple[object, str]:
 
 def env_truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+# --- server arguments -----------------------------------------------------------------------------
+ARG_FILES = ("srt/server_args.py", "srt/arg_groups")
+
+
+def _arg_sources(engine: Engine) -> list[Path]:
+    out = []
+    for rel in ARG_FILES:
+        p = engine.root / rel
+        if p.is_file():
+            out.append(p)
+        elif p.is_dir():
+            out.extend(sorted(p.rglob("*.py")))
+    return out
+
+
+def _field_default(trees: dict[Path, ast.Module], dest: str) -> tuple[object, str] | None:
+    """The class-level ``dest: T = default`` (ServerArgs' dataclass field, or an arg group's field) and file:line."""
+    for path, tree in trees.items():
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            for node in cls.body:
+                if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == dest
+                        and node.value is not None):
+                    try:
+                        default = ast.literal_eval(node.value)
+                    except ValueError:
+                        default = ast.unparse(node.value)
+                    return default, f"{short(path)}:{node.lineno} {cls.name}.{dest}"
+    return None
+
+
+def _cli_name_rule(trees: dict[Path, ast.Module]) -> str | None:
+    """file:line of the arg groups' rule that turns a field name into its flag: ``"--" + name.replace("_", "-")``."""
+    for path, tree in trees.items():
+        for n in ast.walk(tree):
+            if (isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add) and isinstance(n.left, ast.Constant)
+                    and n.left.value == "--" and isinstance(n.right, ast.Call) and isinstance(n.right.func, ast.Attribute)
+                    and n.right.func.attr == "replace"
+                    and [getattr(a, "value", None) for a in n.right.args] == ["_", "-"]):
+                return f"{short(path)}:{n.lineno}"
+    return None
+
+
+def server_argument(engine: Engine, flags: tuple[str, ...]) -> dict:
+    """The first of ``flags`` (``--enable-mscclpp``; candidates, newest name first) that the installed SGLang
+    declares, read from its source: an ``add_argument("--flag", ...)`` call in ``srt/server_args.py`` (0.5.9) or
+    ``srt/arg_groups/*.py``, or (0.5.23) an arg-group dataclass field whose name the arg groups turn into the
+    flag (``"--" + name.replace("_", "-")``) and that is not ``Arg(no_cli=True)``. Returns ``{"flag", "where",
+    "dest", "default", "default_where"}``; the default is the ServerArgs / field default (a store_true flag
+    without one defaults to False). Raises :class:`GateNotFound` naming the sglang version and the files searched."""
+    paths = _arg_sources(engine)
+    trees = {}
+    for p in paths:
+        try:
+            trees[p] = source.parse(p)
+        except (SyntaxError, ValueError, OSError):
+            continue
+    rule = _cli_name_rule(trees)
+    for flag in flags:
+        dest = flag[2:].replace("-", "_")
+        for path, tree in trees.items():
+            for call in ast.walk(tree):
+                if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                        and call.func.attr == "add_argument"):
+                    continue
+                const = next((a for a in call.args if isinstance(a, ast.Constant) and a.value == flag), None)
+                if const is None:
+                    continue
+                kw = {k.arg: k.value for k in call.keywords}
+                if isinstance(kw.get("dest"), ast.Constant):
+                    dest = kw["dest"].value
+                fd = _field_default(trees, dest)
+                if fd is None and "default" in kw:
+                    try:
+                        fd = (ast.literal_eval(kw["default"]), f"{short(path)}:{kw['default'].lineno} default=")
+                    except ValueError:
+                        fd = None
+                action = kw.get("action")
+                if fd is None and isinstance(action, ast.Constant) and action.value == "store_true":
+                    fd = (False, f"{short(path)}:{const.lineno} action='store_true'")
+                return {"flag": flag, "where": f"{short(path)}:{const.lineno} add_argument({flag!r})", "dest": dest,
+                        "default": fd[0] if fd else None, "default_where": fd[1] if fd else ""}
+        # an arg-group field whose name the arg groups turn into this flag
+        if rule is None:
+            continue
+        for path, tree in trees.items():
+            for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+                for node in cls.body:
+                    if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                            and node.target.id == dest):
+                        continue
+                    ann = ast.unparse(node.annotation)
+                    if "no_cli=True" in ann.replace(" ", "") or "cli_name=" in ann:
+                        continue
+                    try:
+                        default = ast.literal_eval(node.value) if node.value is not None else None
+                    except ValueError:
+                        default = ast.unparse(node.value)
+                    where = f"{short(path)}:{node.lineno} {cls.name}.{dest}"
+                    return {"flag": flag, "where": f"{where} (flag from the field name, {rule})", "dest": dest,
+                            "default": default, "default_where": where}
+    searched = sorted({f"sglang/{rel}" + ("/*.py" if (engine.root / rel).is_dir() else "") for rel in ARG_FILES
+                       if (engine.root / rel).exists()}) or [f"sglang/{rel}" for rel in ARG_FILES]
+    raise GateNotFound(f"gate not found in sglang {engine.version}: no server argument {' / '.join(flags)} "
+                       f"(searched add_argument calls and arg-group fields in {', '.join(searched)})")
+
+
+def server_argument_gate(engine: Engine, flags: tuple[str, ...], *, on_when: object = True) -> Gate:
+    """The server-argument gate: ``flags`` read by :func:`server_argument` (GateNotFound when none is declared).
+    The gate admits (the user can turn the backend on with that flag); its value names the flag and its default,
+    and whether the backend is on by default (``default == on_when``)."""
+    a = server_argument(engine, flags)
+    state = "on by default" if a["default"] == on_when else "off by default"
+    return Gate("server argument", True, a["where"], flag=a["flag"],
+                value=f"{a['flag']} (default {a['default']!r} at {a['default_where']}: {state})")

@@ -74,7 +74,7 @@ def _engine(ctx, eng) -> Verdict:
     if not eng.references("TorchSymmMemCommunicator", "symm_mem"):
         return se.not_integrated(BACKENDS[0], eng, ("TorchSymmMemCommunicator",), ctx)
     ans = se.EngineAnswer(BACKENDS[0], eng, ctx)
-    ans.add(se.Gate("server argument", True, "sglang/srt/arg_groups", value="--enable-torch-symm-mem (default off)"))
+    ans.add(se.server_argument_gate(eng, ("--enable-torch-symm-mem",)))
     base = eng.root / "srt" if (eng.root / "srt").is_dir() else eng.root
     try:
         path, table, line = source.find_assignment(base, TABLE)

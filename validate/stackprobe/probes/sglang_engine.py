@@ -119,6 +119,7 @@ class Gate:
     lift_detail: str = ""
     value: object = None
     flag: str = ""
+    opt_in: bool = False   # a server argument that is off by default: SGLang as shipped does not turn it on
 
 
 @dataclass
@@ -142,6 +143,9 @@ class EngineAnswer:
         closed = [g for g in self.gates if not g.admits]
         if not closed:
             v.cause = passes_cause
+            opt_in = [g.flag for g in self.gates if g.opt_in and g.flag]
+            if opt_in:   # every gate admits, but only once the user turns it on: the lift names that setting (C16)
+                v.lift, v.lift_detail = LIFT_SETTING, f"set {' and '.join(opt_in)} (off by default in sglang {self.engine.version})"
             return v
         first = closed[0]
         hardest = min(closed, key=lambda g: _LIFT_ORDER.index(g.lift) if g.lift in _LIFT_ORDER else len(_LIFT_ORDER))
@@ -369,5 +373,5 @@ def server_argument_gate(engine: Engine, flags: tuple[str, ...], *, on_when: obj
     and whether the backend is on by default (``default == on_when``)."""
     a = server_argument(engine, flags)
     state = "on by default" if a["default"] == on_when else "off by default"
-    return Gate("server argument", True, a["where"], flag=a["flag"],
+    return Gate("server argument", True, a["where"], flag=a["flag"], opt_in=a["default"] != on_when,
                 value=f"{a['flag']} (default {a['default']!r} at {a['default_where']}: {state})")

@@ -306,23 +306,32 @@ class SglangEngineProbe(Probe):
             self._enable_timing(row["backend"], make_op, lambda: comm.change_state(enable=True))
         return row
 
-    def _custom_ar(self) -> dict:
-        from sglang.srt.distributed.device_communicators import custom_all_reduce as ca_mod
-
-        row = _row("sglang-custom-allreduce", "CustomAllreduce as dispatch_custom_allreduce picks it")
-        info = row["info"]
+    def _build(self, info: dict, make) -> object | None:
+        """Build one SGLang communicator with ``make()`` while capturing SGLang's log; record in ``info`` whether
+        it was constructed, its state, the exception (SGLang's GroupCoordinator logs it and falls back to NCCL),
+        the log lines, whether it came up enabled (``not comm.disabled``) and why not. Returns it when enabled."""
         with captured_logs() as log:
             try:
-                cls = ca_mod.dispatch_custom_allreduce(group=self.cpu_group, device=self.device)
-                info["class"] = cls.__name__
-                comm = cls(group=self.cpu_group, device=self.device)
+                comm = make()
                 info.update(constructed=True, state=_state(comm))
-            except Exception as exc:  # noqa: BLE001 - SGLang's GroupCoordinator logs and falls back to NCCL
+            except Exception as exc:  # noqa: BLE001 - one communicator's failure is its row
                 info["exception"] = short_error(exc)
                 comm = None
         info["log"] = log[-20:]
         info["enabled"] = comm is not None and not getattr(comm, "disabled", True)
         info["why"] = "" if info["enabled"] else (info.get("exception") or _why_from_log(log))
+        return comm if info["enabled"] else None
+
+    def _custom_ar(self) -> dict:
+        from sglang.srt.distributed.device_communicators import custom_all_reduce as ca_mod
+
+        row = _row("sglang-custom-allreduce", "CustomAllreduce as dispatch_custom_allreduce picks it")
+        info = row["info"]
+        def make():
+            cls = ca_mod.dispatch_custom_allreduce(group=self.cpu_group, device=self.device)
+            info["class"] = cls.__name__
+            return cls(group=self.cpu_group, device=self.device)
+        comm = self._build(info, make)
         if info["enabled"]:
             def make_op(nbytes):
                 buf = self._buffers(nbytes)
@@ -342,16 +351,7 @@ class SglangEngineProbe(Probe):
         row = _row("sglang-torch-symm-mem", "TorchSymmMemCommunicator")
         info = row["info"]
         info["multicast_env"] = {k: os.environ.get(k) for k in ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "NCCL_NVLS_ENABLE")}
-        with captured_logs() as log:
-            try:
-                comm = TorchSymmMemCommunicator(group=self.cpu_group, device=self.device)
-                info.update(constructed=True, state=_state(comm))
-            except Exception as exc:  # noqa: BLE001
-                info["exception"] = short_error(exc)
-                comm = None
-        info["log"] = log[-20:]
-        info["enabled"] = comm is not None and not comm.disabled
-        info["why"] = "" if info["enabled"] else (info.get("exception") or _why_from_log(log))
+        comm = self._build(info, lambda: TorchSymmMemCommunicator(group=self.cpu_group, device=self.device))
         if info["enabled"]:
             def make_op(nbytes):
                 buf = self._buffers(nbytes)
@@ -365,16 +365,7 @@ class SglangEngineProbe(Probe):
 
         row = _row("sglang-mscclpp", "PyMscclppCommunicator")
         info = row["info"]
-        with captured_logs() as log:
-            try:
-                comm = PyMscclppCommunicator(group=self.cpu_group, device=self.device)
-                info.update(constructed=True, state=_state(comm))
-            except Exception as exc:  # noqa: BLE001
-                info["exception"] = short_error(exc)
-                comm = None
-        info["log"] = log[-20:]
-        info["enabled"] = comm is not None and not comm.disabled
-        info["why"] = "" if info["enabled"] else (info.get("exception") or _why_from_log(log))
+        comm = self._build(info, lambda: PyMscclppCommunicator(group=self.cpu_group, device=self.device))
         if info["enabled"]:
             def make_op(nbytes):
                 buf = self._buffers(nbytes)

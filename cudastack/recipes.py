@@ -4,42 +4,21 @@ A recipes folder holds ``toolchains.yaml`` (the CUDA toolchains, the arch table 
 and one file per component (``<name>.yaml``). Each component names its node ``kind`` and what it
 ``needs``, so the build DAG comes from the data: a test folder can describe a chain of three nodes.
 
-Component file schema (every key not listed is an error that names the file and the key)::
+The schema of both files is the pydantic models of :mod:`cudastack.recipe_models` (one model per section;
+every key not listed is an error naming the file, the key and the allowed keys), published as JSON Schema
+in ``recipes/schema/`` for editors. A component file in short::
 
-    kind: base | image | wheels | runtime       # required
-    node: runtime                               # optional node name (default: the file's stem)
-    needs: [torch]                              # required (may be empty): the nodes this one needs;
-                                                #   the first base/image node among them is the image parent
-    description: "..."                          # optional
-    est_disk_gib: 4                             # optional, used by the free-disk preflight
-    arch_knob:                                  # how the target arch list maps onto this component's knob
-      style: torch-list | numbers | suffixed | cmake-fixed
-      knob: TORCH_CUDA_ARCH_LIST                # not for cmake-fixed
-      separator: ";"                            # default ";" (" " for suffixed)
-      scope: build | env                        # env: also set in the runtime image's environment
-      ignores: [TORCH_CUDA_ARCH_LIST]           # cmake-fixed: variables the build ignores (case C10)
-      covers: [{arch: "12.0a", min_cuda: "12.8"}]  # cmake-fixed: archs hard-coded in its build files
-    knobs: {NAME: "value"}                      # fixed build knobs (source: recipe)
-    parallelism:                                # required for `source` entries (case C8)
-      memory_gib_per_job: 9                     # GiB one compile job needs at nvcc_threads threads
-      nvcc_threads: 4
-      jobs_knobs: [MAX_JOBS]                    # knobs that receive the job count
-      threads_knobs: [NVCC_THREADS]             # knobs that receive the per-job thread count
-    toolchains:                                 # required: one entry per toolchain in toolchains.yaml
-      "13.1":
-        method: wheel | source                  # base components leave it out
-        packages: ["torch==2.14.1"]             # wheel (and runtime): exact `==` pins
-        index: "https://..."                    # optional index URL ("" = PyPI)
-        sdist: {package: flash-attn, version: "2.8.3"}      # source: one of sdist / git / path
-        git: {url: "https://...", commit: "<40 hex>", ref: "v1.2"}
-        path: "../cuda_ext"                     # a local folder, relative to the recipe file
-        patches:                                # sdist only: literal edits applied to the unpacked sdist
-          - {file: setup.py, replace: "-std=c++17", with: "-std=c++20", why: "..."}   # before building;
-                                                # a replace that matches nothing is a build error
-        build_deps: ["scikit-build-core==0.11.6"]   # source: pinned build backend, installed first
-                                                #   (builds run without isolation: BUILD_DEPS build arg)
-        requires: {torch: "2.14.1"}             # pins the package's METADATA demands (checked)
-        knobs: {NAME: "value"}                  # per-toolchain knobs (override the file's knobs)
+    kind: wheels                      # base | image | wheels | runtime
+    needs: [torch]                    # the first base/image node among them is the image parent
+    arch_knob: {style: numbers, knob: FLASH_ATTN_CUDA_ARCHS}
+    parallelism: {memory_gib_per_job: 9, nvcc_threads: 4, jobs_knobs: [MAX_JOBS]}   # source entries (C8)
+    toolchains:                       # one entry per toolchain in toolchains.yaml
+      "13.1": {method: source, sdist: {package: flash-attn, version: "2.8.3"}}
+
+On top of the models this module checks what spans sections or files: a source entry names exactly one
+of sdist / git / path (patches need an sdist, a local path must exist), base entries take no method and
+image/runtime entries install wheels, every toolchain has an entry, ``needs`` is a DAG with one base,
+torch pins follow the toolchain's torch line, and ``requires`` agrees with the other recipes' pins.
 
 Errors: :class:`cudastack.errors.RecipeError` (exit code 3), one paragraph naming file and key.
 """
@@ -48,14 +27,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import yaml
-from packaging.requirements import InvalidRequirement, Requirement
+from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from pydantic import BaseModel, ValidationError
 
 from cudastack.errors import RecipeError, UsageError
-from stackprobe.archs import ArchSpecError, parse_arch, version_tuple
+from cudastack.recipe_models import ArchKnobSpec, ComponentFile, EntrySpec, ToolchainsFile
+from cudastack.schemas import explain, key_path
+from stackprobe.archs import parse_arch, version_tuple
 
 DEFAULT_RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 
@@ -63,17 +44,6 @@ NODE_KINDS = ("base", "image", "wheels", "runtime")
 METHODS = ("wheel", "source")
 ARCH_STYLES = ("torch-list", "numbers", "suffixed", "cmake-fixed")
 BASE_KINDS = ("pip", "nvidia")
-
-_COMPONENT_KEYS = {"kind", "node", "needs", "description", "est_disk_gib", "arch_knob", "knobs",
-                   "parallelism", "toolchains"}
-_ENTRY_KEYS = {"method", "packages", "index", "sdist", "git", "path", "requires", "knobs", "patches", "build_deps"}
-_PATCH_KEYS = {"file", "replace", "with", "why"}
-_ARCH_KNOB_KEYS = {"style", "knob", "separator", "scope", "ignores", "covers"}
-_PAR_KEYS = {"memory_gib_per_job", "nvcc_threads", "jobs_knobs", "threads_knobs"}
-_TC_FILE_KEYS = {"archs", "suffixes", "toolchains"}
-_TC_KEYS = {"cuda_version", "default_base", "bases", "torch"}
-_BASE_KEYS = {"pip": {"os_image", "os_suite", "python", "pip_specs", "wheel_root", "has_nvcc"},
-              "nvidia": {"image", "python", "has_nvcc"}}
 _KNOB_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
 
@@ -192,74 +162,8 @@ class RecipeSet:
 
 
 # ---------------------------------------------------------------------------------------- helpers
-def _where(file: Path, key: str) -> str:
-    return f"{file.name}: {key}" if key else file.name
-
-
 def _fail(file: Path, key: str, msg: str) -> RecipeError:
     return RecipeError(f"Recipe {file} key '{key}': {msg}" if key else f"Recipe {file}: {msg}")
-
-
-def _mapping(value: Any, file: Path, key: str) -> dict:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise _fail(file, key, f"expected a mapping, got {type(value).__name__}.")
-    return value
-
-
-def _check_keys(d: dict, allowed: set[str], required: set[str], file: Path, key: str) -> None:
-    prefix = f"{key}." if key else ""
-    for k in d:
-        if k not in allowed:
-            raise _fail(file, f"{prefix}{k}", f"unknown key (allowed here: {', '.join(sorted(allowed))}). "
-                                             "Check the spelling.")
-    for k in sorted(required):
-        if k not in d:
-            raise _fail(file, f"{prefix}{k}", "required key is missing.")
-
-
-def _str(value: Any, file: Path, key: str) -> str:
-    if isinstance(value, bool):
-        raise _fail(file, key, f"YAML read {value!r} as a boolean: quote the value (\"{str(value).upper()}\").")
-    if isinstance(value, (int, float, str)):
-        return str(value)
-    raise _fail(file, key, f"expected a string, got {type(value).__name__}.")
-
-
-def _str_list(value: Any, file: Path, key: str) -> list[str]:
-    if not isinstance(value, list):
-        raise _fail(file, key, f"expected a list, got {type(value).__name__}.")
-    return [_str(v, file, f"{key}[{i}]") for i, v in enumerate(value)]
-
-
-def _version(value: Any, file: Path, key: str) -> str:
-    text = _str(value, file, key)
-    if not re.match(r"^\d+(\.\d+)+", text):
-        raise _fail(file, key, f"'{text}' is not a version number like 13.1 or 13.1.1.")
-    return text
-
-
-def _pinned(spec: str, file: Path, key: str) -> Requirement:
-    """An exact pin ``name==1.2.3`` (extras allowed). Anything looser is an error: builds must be
-    reproducible and the lockfile must record one version."""
-    try:
-        req = Requirement(spec)
-    except InvalidRequirement as exc:
-        raise _fail(file, key, f"'{spec}' is not a requirement: {exc}.") from None
-    specs = list(req.specifier)
-    if len(specs) != 1 or specs[0].operator != "==" or "*" in specs[0].version:
-        raise _fail(file, key, f"'{spec}' is not pinned: write an exact version, e.g. {req.name}==1.2.3.")
-    return req
-
-
-def _knobs(value: Any, file: Path, key: str) -> dict[str, str]:
-    out = {}
-    for k, v in _mapping(value, file, key).items():
-        if not _KNOB_NAME.match(str(k)):
-            raise _fail(file, f"{key}.{k}", "a knob is an environment variable name (UPPER_CASE).")
-        out[str(k)] = _str(v, file, f"{key}.{k}")
-    return out
 
 
 def _read_yaml(path: Path) -> dict:
@@ -274,143 +178,67 @@ def _read_yaml(path: Path) -> dict:
     return data
 
 
+def _parse(model: type[BaseModel], data: dict, path: Path):
+    """``model`` validated from ``data``; a RecipeError naming ``path`` and the first bad key otherwise."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise RecipeError(f"Recipe {path} {explain(exc, model)}") from None
+
+
 # -------------------------------------------------------------------------------------- toolchains
 def _load_toolchains(path: Path) -> tuple[dict, dict, dict]:
     if not path.is_file():
         raise RecipeError(f"No toolchains file: {path} is missing. A recipes folder needs toolchains.yaml "
                           "(the CUDA toolchains) next to the component files.")
     data = _read_yaml(path)
-    _check_keys(data, _TC_FILE_KEYS, {"archs", "toolchains"}, path, "")
-    archs: dict[str, ArchInfo] = {}
-    for cc, info in _mapping(data["archs"], path, "archs").items():
-        key = f"archs.{cc}"
-        try:
-            a = parse_arch(str(cc))
-        except ArchSpecError as exc:
-            raise _fail(path, key, str(exc)) from None
-        info = _mapping(info, path, key)
-        _check_keys(info, {"min_cuda", "dropped_in"}, {"min_cuda"}, path, key)
-        archs[a.cc] = ArchInfo(a.cc, _version(info["min_cuda"], path, f"{key}.min_cuda"),
-                               _version(info["dropped_in"], path, f"{key}.dropped_in") if "dropped_in" in info else "")
-    suffixes: dict[str, dict[str, str]] = {}
-    for sfx, rule in _mapping(data.get("suffixes"), path, "suffixes").items():
-        key = f"suffixes.{sfx}"
-        if sfx not in ("a", "f"):
-            raise _fail(path, key, "only the suffixes 'a' and 'f' exist.")
-        rule = _mapping(rule, path, key)
-        _check_keys(rule, {"min_cuda", "min_arch"}, {"min_cuda"}, path, key)
-        suffixes[sfx] = {k: _version(v, path, f"{key}.{k}") for k, v in rule.items()}
+    f: ToolchainsFile = _parse(ToolchainsFile, data, path)
+    archs = {}
+    for spec, row in f.archs.items():
+        cc = parse_arch(spec).cc
+        archs[cc] = ArchInfo(cc, row.min_cuda, row.dropped_in)
+    suffixes = {sfx: rule.model_dump(include=rule.model_fields_set) for sfx, rule in f.suffixes.items()}
+    raw = {str(k): v for k, v in data["toolchains"].items()}
     toolchains: dict[str, Toolchain] = {}
-    for name, tc in _mapping(data["toolchains"], path, "toolchains").items():
-        name = str(name)
-        key = f"toolchains.{name}"
-        tc = _mapping(tc, path, key)
-        _check_keys(tc, _TC_KEYS, _TC_KEYS, path, key)
-        cuda = _version(tc["cuda_version"], path, f"{key}.cuda_version")
-        if version_tuple(cuda)[:2] != version_tuple(name)[:2]:
-            raise _fail(path, f"{key}.cuda_version", f"{cuda} is not a {name} release.")
-        bases: dict[str, BaseChoice] = {}
-        for bk, b in _mapping(tc["bases"], path, f"{key}.bases").items():
-            bkey = f"{key}.bases.{bk}"
-            if bk not in BASE_KINDS:
-                raise _fail(path, bkey, f"unknown base kind (known: {', '.join(BASE_KINDS)}).")
-            b = _mapping(b, path, bkey)
-            _check_keys(b, _BASE_KEYS[bk], _BASE_KEYS[bk], path, bkey)
-            if not isinstance(b["has_nvcc"], bool):
-                raise _fail(path, f"{bkey}.has_nvcc", "expected true or false.")
-            if bk == "pip":
-                specs = _str_list(b["pip_specs"], path, f"{bkey}.pip_specs")
-                for i, s in enumerate(specs):
-                    _pinned(s, path, f"{bkey}.pip_specs[{i}]")
-                bases[bk] = BaseChoice("pip", _version(b["python"], path, f"{bkey}.python"), b["has_nvcc"],
-                                       os_image=_str(b["os_image"], path, f"{bkey}.os_image"),
-                                       os_suite=_str(b["os_suite"], path, f"{bkey}.os_suite"),
-                                       pip_specs=tuple(specs),
-                                       wheel_root=_str(b["wheel_root"], path, f"{bkey}.wheel_root"))
-            else:
-                bases[bk] = BaseChoice("nvidia", _version(b["python"], path, f"{bkey}.python"), b["has_nvcc"],
-                                       image=_str(b["image"], path, f"{bkey}.image"))
-        default_base = _str(tc["default_base"], path, f"{key}.default_base")
-        if default_base not in bases:
-            raise _fail(path, f"{key}.default_base", f"'{default_base}' is not one of this toolchain's bases "
+    for name, tc in f.toolchains.items():
+        key = key_path(("toolchains", name))
+        if version_tuple(tc.cuda_version)[:2] != version_tuple(name)[:2]:
+            raise _fail(path, f"{key}.cuda_version", f"{tc.cuda_version} is not a {name} release.")
+        bases = {kind: BaseChoice(kind, **dict(b.model_dump(), pip_specs=tuple(getattr(b, "pip_specs", ()))))
+                 for kind in raw[name]["bases"] if (b := getattr(tc.bases, kind)) is not None}   # file order
+        if tc.default_base not in bases:
+            raise _fail(path, f"{key}.default_base", f"'{tc.default_base}' is not one of this toolchain's bases "
                                                       f"({', '.join(bases)}).")
-        t = _mapping(tc["torch"], path, f"{key}.torch")
-        _check_keys(t, {"version", "cuda", "index"}, {"version", "cuda"}, path, f"{key}.torch")
-        toolchains[name] = Toolchain(name, cuda, default_base, bases,
-                                     _version(t["version"], path, f"{key}.torch.version"),
-                                     _version(t["cuda"], path, f"{key}.torch.cuda"),
-                                     _str(t.get("index", ""), path, f"{key}.torch.index"), tc)
+        toolchains[name] = Toolchain(name, tc.cuda_version, tc.default_base, bases, tc.torch.version,
+                                     tc.torch.cuda, tc.torch.index, raw[name])
     if not toolchains:
         raise _fail(path, "toolchains", "no toolchain is defined.")
     return archs, suffixes, toolchains
 
 
 # -------------------------------------------------------------------------------------- components
-def _load_arch_knob(value: Any, file: Path) -> ArchKnob | None:
-    if value is None:
+def _arch_knob(s: ArchKnobSpec | None, file: Path) -> ArchKnob | None:
+    if s is None:
         return None
-    d = _mapping(value, file, "arch_knob")
-    _check_keys(d, _ARCH_KNOB_KEYS, {"style"}, file, "arch_knob")
-    style = _str(d["style"], file, "arch_knob.style")
-    if style not in ARCH_STYLES:
-        raise _fail(file, "arch_knob.style", f"'{style}' is not a known style ({', '.join(ARCH_STYLES)}).")
-    knob = _str(d.get("knob", ""), file, "arch_knob.knob")
-    if style != "cmake-fixed" and not _KNOB_NAME.match(knob):
-        raise _fail(file, "arch_knob.knob", f"style {style} needs the knob's name (an UPPER_CASE variable).")
-    scope = _str(d.get("scope", "build"), file, "arch_knob.scope")
-    if scope not in ("build", "env"):
-        raise _fail(file, "arch_knob.scope", "must be 'build' or 'env'.")
-    covers = []
-    for i, c in enumerate(d.get("covers") or []):
-        ck = f"arch_knob.covers[{i}]"
-        c = _mapping(c, file, ck)
-        _check_keys(c, {"arch", "min_cuda"}, {"arch", "min_cuda"}, file, ck)
-        try:
-            parse_arch(str(c["arch"]))
-        except ArchSpecError as exc:
-            raise _fail(file, f"{ck}.arch", str(exc)) from None
-        covers.append((str(c["arch"]), _version(c["min_cuda"], file, f"{ck}.min_cuda")))
-    if style == "cmake-fixed" and not covers:
+    if s.style != "cmake-fixed" and not _KNOB_NAME.match(s.knob):
+        raise _fail(file, "arch_knob.knob", f"style {s.style} needs the knob's name (an UPPER_CASE variable).")
+    if s.style == "cmake-fixed" and not s.covers:
         raise _fail(file, "arch_knob.covers", "style cmake-fixed must list the archs its build files hard-code.")
-    sep_default = " " if style == "suffixed" else ";"
-    return ArchKnob(style, knob, _str(d.get("separator", sep_default), file, "arch_knob.separator"), scope,
-                    tuple(_str_list(d.get("ignores", []), file, "arch_knob.ignores")), tuple(covers))
+    sep = s.separator if s.separator is not None else (" " if s.style == "suffixed" else ";")
+    return ArchKnob(s.style, s.knob, sep, s.scope, tuple(s.ignores), tuple((c.arch, c.min_cuda) for c in s.covers))
 
 
-def _load_parallelism(value: Any, file: Path) -> Parallelism | None:
-    if value is None:
-        return None
-    d = _mapping(value, file, "parallelism")
-    _check_keys(d, _PAR_KEYS, {"memory_gib_per_job", "jobs_knobs"}, file, "parallelism")
-    mem = d["memory_gib_per_job"]
-    if isinstance(mem, bool) or not isinstance(mem, (int, float)) or mem <= 0:
-        raise _fail(file, "parallelism.memory_gib_per_job", "expected a positive number of GiB.")
-    threads = d.get("nvcc_threads", 1)
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise _fail(file, "parallelism.nvcc_threads", "expected a positive integer.")
-    return Parallelism(float(mem), threads, tuple(_str_list(d["jobs_knobs"], file, "parallelism.jobs_knobs")),
-                       tuple(_str_list(d.get("threads_knobs", []), file, "parallelism.threads_knobs")))
-
-
-def _load_entry(value: Any, file: Path, key: str, kind: str) -> Entry:
-    d = _mapping(value, file, key)
-    _check_keys(d, _ENTRY_KEYS, set() if kind == "base" else {"method"}, file, key)
-    method = _str(d.get("method", ""), file, f"{key}.method")
-    if kind == "base":
-        if method:
-            raise _fail(file, f"{key}.method", "a base node takes its method from toolchains.yaml and --base.")
-    elif method not in METHODS:
-        raise _fail(file, f"{key}.method", f"'{method}' is not a method ({', '.join(METHODS)}).")
+def _entry(s: EntrySpec, raw: dict, file: Path, key: str, kind: str) -> Entry:
+    method = s.method or ""
+    if kind == "base" and method:
+        raise _fail(file, f"{key}.method", "a base node takes its method from toolchains.yaml and --base.")
+    if kind != "base" and not method:
+        raise _fail(file, f"{key}.method", f"required key is missing ({' or '.join(METHODS)}).")
     if kind in ("image", "runtime") and method != "wheel":
         raise _fail(file, f"{key}.method", f"a {kind} node installs pinned wheels: method must be 'wheel'.")
-    e = Entry(method, raw=d, knobs=_knobs(d.get("knobs"), file, f"{key}.knobs"),
-              index=_str(d.get("index", ""), file, f"{key}.index"))
-    if "packages" in d:
-        pk = _str_list(d["packages"], file, f"{key}.packages")
-        for i, s in enumerate(pk):
-            _pinned(s, file, f"{key}.packages[{i}]")
-        e.packages = tuple(pk)
-    sources = [k for k in ("sdist", "git", "path") if k in d]
+    e = Entry(method, packages=tuple(s.packages), index=s.index, requires=dict(s.requires), knobs=dict(s.knobs),
+              build_deps=tuple(s.build_deps), raw=raw)
+    sources = [k for k in ("sdist", "git", "path") if getattr(s, k) is not None]
     if method == "wheel":
         if not e.packages and kind != "runtime":
             raise _fail(file, f"{key}.packages", "a wheel recipe needs its pinned packages (name==version).")
@@ -419,84 +247,46 @@ def _load_entry(value: Any, file: Path, key: str, kind: str) -> Entry:
     if method == "source":
         if len(sources) != 1:
             raise _fail(file, f"{key}.sdist", "a source recipe names exactly one of: sdist, git, path.")
-        src = sources[0]
-        if src == "sdist":
-            s = _mapping(d["sdist"], file, f"{key}.sdist")
-            _check_keys(s, {"package", "version"}, {"package", "version"}, file, f"{key}.sdist")
-            e.sdist = {"package": _str(s["package"], file, f"{key}.sdist.package"),
-                       "version": _version(s["version"], file, f"{key}.sdist.version")}
-        elif src == "git":
-            g = _mapping(d["git"], file, f"{key}.git")
-            _check_keys(g, {"url", "commit", "ref"}, {"url", "commit"}, file, f"{key}.git")
-            commit = _str(g["commit"], file, f"{key}.git.commit")
-            if not re.fullmatch(r"[0-9a-f]{40}", commit):
-                raise _fail(file, f"{key}.git.commit", "pin the full 40-hex commit (a branch or tag moves).")
-            e.git = {"url": _str(g["url"], file, f"{key}.git.url"), "commit": commit,
-                     "ref": _str(g.get("ref", ""), file, f"{key}.git.ref")}
-        else:
-            p = (file.parent / _str(d["path"], file, f"{key}.path")).resolve()
-            if not p.is_dir():
-                raise _fail(file, f"{key}.path", f"{p} is not a folder.")
-            e.path = p
-    if "patches" in d:
+        e.sdist = s.sdist.model_dump() if s.sdist else None
+        e.git = s.git.model_dump() if s.git else None
+        if s.path is not None:
+            e.path = (file.parent / s.path).resolve()
+            if not e.path.is_dir():
+                raise _fail(file, f"{key}.path", f"{e.path} is not a folder.")
+    if "patches" in s.model_fields_set:
         if not e.sdist:
             raise _fail(file, f"{key}.patches", "patches apply to an sdist source only.")
-        if not isinstance(d["patches"], list) or not d["patches"]:
-            raise _fail(file, f"{key}.patches", "expected a non-empty list of {file, replace, with}.")
-        pl = []
-        for i, pt in enumerate(d["patches"]):
-            pk = f"{key}.patches[{i}]"
-            pt = _mapping(pt, file, pk)
-            _check_keys(pt, _PATCH_KEYS, {"file", "replace", "with"}, file, pk)
-            rel = _str(pt["file"], file, f"{pk}.file")
-            if rel.startswith("/") or ".." in Path(rel).parts:
-                raise _fail(file, f"{pk}.file", "a path inside the unpacked sdist, e.g. setup.py.")
-            pl.append({"file": rel, "replace": _str(pt["replace"], file, f"{pk}.replace"),
-                       "with": _str(pt["with"], file, f"{pk}.with"), "why": _str(pt.get("why", ""), file, f"{pk}.why")})
-        e.patches = tuple(pl)
-    if "build_deps" in d:
-        if method != "source":
-            raise _fail(file, f"{key}.build_deps", "build dependencies belong to a source recipe.")
-        deps = _str_list(d["build_deps"], file, f"{key}.build_deps")
-        for i, spec in enumerate(deps):
-            _pinned(spec, file, f"{key}.build_deps[{i}]")
-        e.build_deps = tuple(deps)
-    req = _mapping(d.get("requires"), file, f"{key}.requires")
-    e.requires = {str(k): _version(v, file, f"{key}.requires.{k}") for k, v in req.items()}
+        e.patches = tuple(p.model_dump(by_alias=True) for p in s.patches)
+    if "build_deps" in s.model_fields_set and method != "source":
+        raise _fail(file, f"{key}.build_deps", "build dependencies belong to a source recipe.")
     return e
 
 
 def _load_component(path: Path, toolchains: dict[str, Toolchain]) -> Component:
     d = _read_yaml(path)
-    _check_keys(d, _COMPONENT_KEYS, {"kind", "needs", "toolchains"}, path, "")
-    kind = _str(d["kind"], path, "kind")
-    if kind not in NODE_KINDS:
-        raise _fail(path, "kind", f"'{kind}' is not a node kind ({', '.join(NODE_KINDS)}).")
-    needs = _str_list(d["needs"] if d["needs"] is not None else [], path, "needs")
-    est = d.get("est_disk_gib", 1)
-    if isinstance(est, bool) or not isinstance(est, (int, float)) or est < 0:
-        raise _fail(path, "est_disk_gib", "expected a number of GiB.")
-    tcs = _mapping(d["toolchains"], path, "toolchains")
+    f: ComponentFile = _parse(ComponentFile, d, path)
+    raw = {str(k): v or {} for k, v in (d.get("toolchains") or {}).items()}
     entries = {}
-    for name in tcs:
-        if str(name) not in toolchains:
-            raise _fail(path, f"toolchains.{name}", f"unknown toolchain (toolchains.yaml defines "
-                                                     f"{', '.join(toolchains)}).")
-        entries[str(name)] = _load_entry(tcs[name], path, f"toolchains.{name}", kind)
+    for name, spec in f.toolchains.items():
+        key = key_path(("toolchains", name))
+        if name not in toolchains:
+            raise _fail(path, key, f"unknown toolchain (toolchains.yaml defines {', '.join(toolchains)}).")
+        entries[name] = _entry(spec, raw[name], path, key, f.kind)
     for name in toolchains:
         if name not in entries:
-            raise _fail(path, f"toolchains.{name}", "missing: every component says how it is obtained for "
-                                                     "every toolchain in toolchains.yaml.")
-    par = _load_parallelism(d.get("parallelism"), path)
+            raise _fail(path, key_path(("toolchains", name)), "missing: every component says how it is obtained "
+                                                               "for every toolchain in toolchains.yaml.")
+    p = f.parallelism
+    par = p and Parallelism(float(p.memory_gib_per_job), p.nvcc_threads, tuple(p.jobs_knobs), tuple(p.threads_knobs))
     for name, e in entries.items():
         if e.method == "source" and par is None:
-            raise _fail(path, "parallelism", f"toolchains.{name} builds from source, so the recipe must declare "
-                                             "parallelism.memory_gib_per_job (the memory one compile job needs).")
+            raise _fail(path, "parallelism", f"{key_path(('toolchains', name))} builds from source, so the recipe "
+                                             "must declare parallelism.memory_gib_per_job (the memory one compile "
+                                             "job needs).")
     return Component(
-        name=_str(d.get("node", path.stem), path, "node"), stem=path.stem, file=path, kind=kind, needs=needs,
-        description=_str(d.get("description", ""), path, "description"), est_disk_gib=float(est),
-        arch_knob=_load_arch_knob(d.get("arch_knob"), path), knobs=_knobs(d.get("knobs"), path, "knobs"),
-        parallelism=par, toolchains=entries, raw=d)
+        name=f.node if f.node is not None else path.stem, stem=path.stem, file=path, kind=f.kind,
+        needs=list(f.needs), description=f.description, est_disk_gib=float(f.est_disk_gib),
+        arch_knob=_arch_knob(f.arch_knob, path), knobs=dict(f.knobs), parallelism=par, toolchains=entries, raw=d)
 
 
 # ------------------------------------------------------------------------------------- cross-file
@@ -551,12 +341,12 @@ def _check_pins(components: dict[str, Component], toolchains: dict[str, Toolchai
                 pinned[canonicalize_name(s["package"])] = (s["version"], c)
         torch = pinned.get("torch")
         if torch and torch[0] != toolchains[tc].torch_version:
-            raise _fail(torch[1].file, f"toolchains.{tc}.packages",
+            raise _fail(torch[1].file, key_path(("toolchains", tc, "packages")),
                         f"torch=={torch[0]} but toolchains.yaml says toolchain {tc} uses the torch "
                         f"{toolchains[tc].torch_version} line; make them agree.")
         for c in components.values():
             for pkg, ver in c.toolchains[tc].requires.items():
-                key = f"toolchains.{tc}.requires.{pkg}"
+                key = key_path(("toolchains", tc, "requires", pkg))
                 have = pinned.get(canonicalize_name(pkg))
                 if have is None:
                     raise _fail(c.file, key, f"no recipe pins {pkg} for toolchain {tc}.")

@@ -1,0 +1,206 @@
+"""The recipe files as typed models: ``toolchains.yaml`` (:class:`ToolchainsFile`) and each component file
+(:class:`ComponentFile`), one model per section. Unknown keys are errors (:class:`cudastack.schemas.Section`).
+
+These models check the shape of one file: keys, types, patterns, exact pins. What needs more than one
+section or file (a source entry names exactly one of sdist/git/path, the toolchain names agree with
+toolchains.yaml, ``needs`` forms a DAG, ``requires`` agrees with the pins) is checked by
+:mod:`cudastack.recipes`, which also turns these models into the dataclasses the rest of the tool uses.
+The committed JSON Schemas (``recipes/schema/*.schema.json``) are generated from here
+(``python -m cudastack.schemas --write``).
+
+To add a key: add a field to the section's model below (a new section is a new :class:`Section` subclass
+and a field holding it), regenerate the schemas, and, if the build reads it, carry it into the dataclass
+in :mod:`cudastack.recipes` (``_entry`` / ``_component`` / ``_toolchain``).
+"""
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+from typing import Annotated, Literal, Optional
+
+from packaging.requirements import InvalidRequirement, Requirement
+from pydantic import AfterValidator, Field, StrictBool
+
+from cudastack.schemas import Section, checked_pattern
+from stackprobe.archs import parse_arch
+
+# ----------------------------------------------------------------------------------- value types
+Version = Annotated[str, checked_pattern(r"^\d+(\.\d+)+", "is not a version number like 13.1 or 13.1.1")]
+KnobName = Annotated[str, checked_pattern(r"^[A-Z][A-Z0-9_]*$",
+                                          "is not a knob name: a knob is an environment variable (UPPER_CASE)")]
+Commit = Annotated[str, checked_pattern(r"^[0-9a-f]{40}$",
+                                        "is not a commit: pin the full 40-hex commit (a branch or tag moves)")]
+Knobs = dict[KnobName, str]
+
+
+def _pinned(spec: str) -> str:
+    """An exact pin ``name==1.2.3`` (extras allowed): builds must be reproducible and the lockfile must
+    record one version."""
+    try:
+        req = Requirement(spec)
+    except InvalidRequirement as exc:
+        raise ValueError(f"'{spec}' is not a requirement: {exc}") from None
+    specs = list(req.specifier)
+    if len(specs) != 1 or specs[0].operator != "==" or "*" in specs[0].version:
+        raise ValueError(f"'{spec}' is not pinned: write an exact version, e.g. {req.name}==1.2.3")
+    return spec
+
+
+def _arch(spec: str) -> str:
+    parse_arch(spec)   # ArchSpecError is a ValueError: its text names the accepted spellings
+    return spec
+
+
+def _inside(rel: str) -> str:
+    if rel.startswith("/") or ".." in PurePosixPath(rel).parts:
+        raise ValueError(f"'{rel}' leaves the unpacked sdist: write a path inside it, e.g. setup.py")
+    return rel
+
+
+Pin = Annotated[str, AfterValidator(_pinned), Field(description="an exact pin: name==1.2.3 (extras allowed)")]
+ArchSpec = Annotated[str, AfterValidator(_arch), Field(description="a compute capability: 12.0, 12.0a, sm_120")]
+
+
+# ------------------------------------------------------------------------------- toolchains.yaml
+class ArchRow(Section):
+    """``archs."12.0"``: the first CUDA release that compiles for this compute capability, and the first
+    that no longer does (absent: still supported)."""
+
+    min_cuda: Version
+    dropped_in: Version = ""
+
+
+class SuffixRule(Section):
+    """``suffixes.a`` / ``suffixes.f``: the first CUDA release that accepts the suffix, the first arch with it."""
+
+    min_cuda: Version
+    min_arch: Version = ""
+
+
+class PipBase(Section):
+    """``bases.pip``: an OS image plus PyPI's CUDA toolkit wheels (``wheel_root`` "nvidia/cu13", or "" for
+    CUDA 12's per-component layout)."""
+
+    os_image: str
+    os_suite: str
+    python: Version
+    pip_specs: list[Pin]
+    wheel_root: str
+    has_nvcc: StrictBool
+
+
+class NvidiaBase(Section):
+    """``bases.nvidia``: NVIDIA's devel image."""
+
+    image: str
+    python: Version
+    has_nvcc: StrictBool
+
+
+class Bases(Section):
+    """``toolchains."13.1".bases``: the ways this toolchain's base image can be made."""
+
+    pip: Optional[PipBase] = None
+    nvidia: Optional[NvidiaBase] = None
+
+
+class TorchLine(Section):
+    """``toolchains."13.1".torch``: the torch line of this toolchain and the CUDA it was built with."""
+
+    version: Version
+    cuda: Version
+    index: str = ""
+
+
+class ToolchainSpec(Section):
+    """``toolchains."13.1"``: one CUDA toolchain."""
+
+    cuda_version: Version
+    default_base: str = Field(description="one of the keys of bases")
+    bases: Bases
+    torch: TorchLine
+
+
+class ToolchainsFile(Section):
+    """``toolchains.yaml``: the arch table, the suffix rules and the CUDA toolchains."""
+
+    archs: dict[ArchSpec, ArchRow]
+    suffixes: dict[Literal["a", "f"], SuffixRule] = {}
+    toolchains: dict[str, ToolchainSpec]
+
+
+# ------------------------------------------------------------------------------ component files
+class Cover(Section):
+    """``arch_knob.covers[i]``: an arch a cmake-fixed build hard-codes, from this CUDA release on."""
+
+    arch: ArchSpec
+    min_cuda: Version
+
+
+class ArchKnobSpec(Section):
+    """``arch_knob``: how the target arch list maps onto this component's knob."""
+
+    style: Literal["torch-list", "numbers", "suffixed", "cmake-fixed"]
+    knob: str = Field("", description="the knob's name (UPPER_CASE); not for cmake-fixed")
+    separator: Optional[str] = Field(None, description='default ";" (" " for suffixed)')
+    scope: Literal["build", "env"] = "build"
+    ignores: list[str] = Field([], description="cmake-fixed: variables the build ignores")
+    covers: list[Cover] = Field([], description="cmake-fixed: archs hard-coded in its build files")
+
+
+class ParallelismSpec(Section):
+    """``parallelism``: the memory one compile job needs and the knobs that receive the counts (case C8)."""
+
+    memory_gib_per_job: Annotated[float, Field(strict=True, gt=0)]
+    nvcc_threads: Annotated[int, Field(strict=True, ge=1)] = 1
+    jobs_knobs: list[str]
+    threads_knobs: list[str] = []
+
+
+class Sdist(Section):
+    package: str
+    version: Version
+
+
+class GitSource(Section):
+    url: str
+    commit: Commit
+    ref: str = ""
+
+
+class Patch(Section):
+    """A literal edit applied to the unpacked sdist before building; one that matches nothing is a build
+    error."""
+
+    file: Annotated[str, AfterValidator(_inside)]
+    replace: str
+    with_: str = Field(alias="with")
+    why: str = ""
+
+
+class EntrySpec(Section):
+    """``toolchains."13.1"`` of a component file: how the component is obtained for that toolchain."""
+
+    method: Optional[Literal["wheel", "source"]] = Field(None, description="base components leave it out")
+    packages: list[Pin] = []
+    index: str = Field("", description='index URL ("" = PyPI)')
+    sdist: Optional[Sdist] = None
+    git: Optional[GitSource] = None
+    path: Optional[str] = Field(None, description="a local folder, relative to the recipe file")
+    patches: Optional[Annotated[list[Patch], Field(min_length=1)]] = None
+    build_deps: list[Pin] = Field([], description="source: pinned build backend, installed first")
+    requires: dict[str, Version] = Field({}, description="the package's METADATA pins (checked)")
+    knobs: Knobs = Field({}, description="per-toolchain knobs (override the file's knobs)")
+
+
+class ComponentFile(Section):
+    """``<component>.yaml``: one node of the build graph."""
+
+    kind: Literal["base", "image", "wheels", "runtime"]
+    node: Optional[str] = Field(None, description="node name (default: the file's stem)")
+    needs: list[str] = Field(description="the nodes this one needs; the first base/image one is the parent")
+    description: str = ""
+    est_disk_gib: Annotated[float, Field(strict=True, ge=0)] = 1
+    arch_knob: Optional[ArchKnobSpec] = None
+    knobs: Knobs = {}
+    parallelism: Optional[ParallelismSpec] = None
+    toolchains: dict[str, EntrySpec]

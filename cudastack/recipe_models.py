@@ -29,7 +29,7 @@ KnobName = Annotated[str, checked_pattern(r"^[A-Z][A-Z0-9_]*$",
                                           "is not a knob name: a knob is an environment variable (UPPER_CASE)")]
 Commit = Annotated[str, checked_pattern(r"^[0-9a-f]{40}$",
                                         "is not a commit: pin the full 40-hex commit (a branch or tag moves)")]
-Knobs = dict[KnobName, str]
+Knobs = Annotated[dict[KnobName, str], Field(json_schema_extra={"additionalProperties": False})]
 
 
 def _pinned(spec: str) -> str:

@@ -178,14 +178,18 @@ def render(ref: str) -> str:
     return json.dumps(schema, indent=2) + "\n"
 
 
-def stale(root: Path = ROOT) -> list[str]:
-    """The committed schema files under ``root`` that differ from (or lack) what the models generate."""
+def stale(root: Path | None = None) -> list[str]:
+    """The committed schema files under ``root`` (default: this checkout) that differ from (or lack) what
+    the models generate."""
+    root = root or ROOT
     return [rel for rel, ref in SCHEMAS.items()
             if not (root / rel).is_file() or (root / rel).read_text() != render(ref)]
 
 
-def write(root: Path = ROOT) -> list[str]:
-    """Regenerate every file of :data:`SCHEMAS` under ``root``; returns the ones that changed."""
+def write(root: Path | None = None) -> list[str]:
+    """Regenerate every file of :data:`SCHEMAS` under ``root`` (default: this checkout); returns the ones
+    that changed."""
+    root = root or ROOT
     changed = stale(root)
     for rel in changed:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,7 @@ from typing import Callable, Optional
 
 import requests
 
-from cudastack.errors import EnvironmentError_, LockError, RegistryError, UsageError
+from cudastack.errors import EnvironmentError_, RegistryError, UsageError
 
 #: Manifest media types we accept, most specific first (OCI image-spec v1.1 and Docker Image Manifest V2,
 #: Schema 2). A registry serves the stored manifest when its type is in this list, so the digest it reports
@@ -556,62 +556,3 @@ def push_target(local_tag: str, registry_prefix: str) -> str:
     local = parse_reference(local_tag)
     repo = local.repository.rsplit("/", 1)[-1]
     return f"{host}/{namespace + '/' if namespace else ''}{repo}:{local.tag or 'latest'}"
-
-
-def push_locked(plan, lock_path, registry_prefix: str, *, nodes: Optional[list[str]] = None, client=None,
-                progress: Callable[[str], None] = lambda s: None) -> dict[str, PushedImage]:
-    """Push the images of ``nodes`` (default ["runtime"]) of a locked build and record each push in the lock
-    at ``lock_path``. Checks first, before any push: the plan matches the lock (LockError naming stale
-    entries), each image exists locally under the tag the locked build recorded (``outputs.<node>.tag``, else the
-    plan's tag) and is the image it recorded (``outputs.<node>.image_id``).
-    The lock is written only after a push was verified; on any error it stays byte for byte.
-    Returns {node: PushedImage}."""
-    from cudastack import lock as L
-    import docker.errors
-
-    parse_registry_prefix(registry_prefix)
-    lock = L.load_lock(lock_path)
-    L.verify_plan_against_lock(plan, lock, where=str(lock_path))
-    names = nodes or ["runtime"]
-    client = client or docker_client()
-    todo = []
-    for name in names:
-        try:
-            node = plan.node(name)
-        except KeyError:
-            raise UsageError(f"Node {name!r} is not in the plan; nodes: {', '.join(n.name for n in plan.nodes)}.") from None
-        if node.kind == "wheels":
-            raise UsageError(f"Node {name} exports wheels, not an image; push its consumer (runtime).")
-        out_rec = (lock.get("outputs") or {}).get(name) or {}
-        tag = out_rec.get("tag") or node.tag      # the locked build's tag (cudastack.lock.apply_lock)
-        try:
-            image_id = client.images.get(tag).id
-        except docker.errors.ImageNotFound:
-            raise UsageError(f"No local image {tag} for node {name}; build it first "
-                             f"(invoke build --cuda {plan.toolchain} --locked).") from None
-        expected = out_rec.get("image_id")
-        if expected and expected != image_id:
-            raise UsageError(f"The local image {tag} is {image_id[:19]}, but the locked build recorded "
-                             f"{expected[:19]}; rebuild with `invoke build --cuda {plan.toolchain} --locked`.")
-        todo.append((name, tag, push_target(tag, registry_prefix)))
-    RegistryClient(parse_registry_prefix(registry_prefix)[0]).ping()   # down: fail before any push
-    out = {}
-    for name, tag, target in todo:
-        pushed = push_image(tag, target, client=client, progress=progress)
-        L.record_push(lock_path, name, pushed)
-        out[name] = pushed
-    return out
-
-
-def pull_locked(lock_path, *, node: str = "runtime", client=None,
-                progress: Callable[[str], None] = lambda s: None):
-    """Pull the image the lock at ``lock_path`` records as pushed for ``node`` by digest and verify it
-    (:func:`pull_by_digest` against ``pushed.<node>.image_id``). Returns the docker SDK Image."""
-    from cudastack import lock as L
-
-    lock = L.load_lock(lock_path)
-    rec = (lock.get("pushed") or {}).get(node)
-    if not rec:
-        raise LockError(f"{lock_path} records no push of node {node}; run `invoke push --cuda "
-                         f"{lock.get('toolchain')} --registry ...` where the image was built.")
-    return pull_by_digest(rec["reference"], expected_image_id=rec.get("image_id"), client=client, progress=progress)

@@ -115,7 +115,7 @@ def push(c, cuda="13.1", registry=None, node="runtime", all_nodes=False, arch=No
         plan = _plan(cuda, arch, base, skip, recipes)
         path = L.lock_path(plan.toolchain, lockfiles)
         names = [n.name for n in plan.nodes if n.kind != "wheels"] if all_nodes else [node]
-        for name, pushed in R.push_locked(plan, path, registry, nodes=names, progress=_say).items():
+        for name, pushed in L.push_locked(plan, path, registry, nodes=names, progress=_say).items():
             print(f"{name}: {pushed.reference}")
             print(f"{name}: {pushed.enroot}")
     except StackError as exc:
@@ -128,13 +128,12 @@ def push(c, cuda="13.1", registry=None, node="runtime", all_nodes=False, arch=No
 def pull(c, cuda="13.1", locked=True, node="runtime", lockfiles=None):
     """Pull the image the lockfile records by digest and verify it (registry digest, RepoDigests, image id)."""
     from cudastack import lock as L
-    from cudastack import registry as R
 
     try:
         if not locked:
             raise UsageError("pull only works from the lockfile (--locked): a cluster must run what was validated.")
         path = L.lock_path(str(cuda), lockfiles)
-        image = R.pull_locked(path, node=node, progress=_say)
+        image = L.pull_locked(path, node=node, progress=_say)
         print(f"{image.attrs.get('RepoDigests')[0] if image.attrs.get('RepoDigests') else image.id} -> {image.id}")
     except StackError as exc:
         _fail(exc)

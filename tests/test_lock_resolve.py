@@ -252,7 +252,9 @@ def test_push_recorded_while_relocking_is_not_lost(index, tmp_path, monkeypatch)
         calls.append(1)
         return real(*a, **kw)
 
-    monkeypatch.setattr(L, "pip_resolve", resolve_and_meanwhile_push)
+    from cudastack.lock import resolve as lock_resolve   # where resolve_lock looks pip_resolve up
+
+    monkeypatch.setattr(lock_resolve, "pip_resolve", resolve_and_meanwhile_push)
     lock = L.lock_plan(tiny_plan(index), p, target=TARGET)
     assert lock["pushed"]["app"]["digest"] == d
     assert L.load_lock(p)["pushed"]["app"]["enroot"] == f"r.example#ci/app@{d}"

@@ -76,14 +76,14 @@ def test_fixture_chain_lock_build_push_pull(tmp_path, engine, registry_server, d
     assert L.check_image_against_lock(runtime.tag, L.load_lock(path), client=client) == []
     assert L.load_lock(path)["outputs"]["runtime"]["image_id"] == image_id
 
-    pushed = R.push_locked(plan, path, f"{registry_server.host}/ci", client=client)["runtime"]
+    pushed = L.push_locked(plan, path, f"{registry_server.host}/ci", client=client)["runtime"]
     assert L.load_lock(path)["pushed"]["runtime"]["reference"] == pushed.reference
 
     # delete the image under every name, pull it back by digest, verify, and give it its tag back
     client.images.remove(image_id, force=True)
     assert not [i for i in client.images.list() if i.id == image_id]
     try:
-        image = R.pull_locked(path, client=client)
+        image = L.pull_locked(path, client=client)
         assert image.id == image_id
         assert pushed.reference in image.attrs["RepoDigests"]
         assert R.RegistryClient(registry_server.host).manifest_digest(

@@ -68,7 +68,7 @@ def locked_chain(tmp_path, engine):
 
 def test_lock_build_push_delete_pull_verify(locked_chain, registry_server, docker_config):
     client, made, plan, path, image_id, _ = locked_chain
-    pushed = R.push_locked(plan, path, f"{registry_server.host}/ci", client=client)["runtime"]
+    pushed = L.push_locked(plan, path, f"{registry_server.host}/ci", client=client)["runtime"]
     lock = L.load_lock(path)
     rec = lock["pushed"]["runtime"]
     assert rec["reference"] == pushed.reference == f"{registry_server.host}/ci/tiny-app@{pushed.digest}"
@@ -81,7 +81,7 @@ def test_lock_build_push_delete_pull_verify(locked_chain, registry_server, docke
     client.images.remove(image_id, force=True)
     assert not [i for i in client.images.list() if i.id == image_id]
 
-    image = R.pull_locked(path, client=client)
+    image = L.pull_locked(path, client=client)
     assert image.id == image_id
     assert rec["reference"] in image.attrs["RepoDigests"]
     assert R.RegistryClient(registry_server.host).manifest_digest("ci/tiny-app", rec["digest"]) == rec["digest"]
@@ -112,7 +112,7 @@ def test_registry_down_leaves_lock(locked_chain, registry_server, docker_config)
     host = registry_server.host
     registry_server.stop()
     with pytest.raises(RegistryError, match="does not answer"):
-        R.push_locked(plan, path, f"{host}/ci", client=client)
+        L.push_locked(plan, path, f"{host}/ci", client=client)
     assert path.read_bytes() == before
 
 
@@ -124,12 +124,12 @@ def test_push_refused_wrong_credentials_leaves_lock(locked_chain, auth_registry_
     made.append(R.push_target(plan.nodes[0].tag, f"{host}/ci"))
     docker_config(host, auth_registry_server.username, "not-the-password")
     with pytest.raises(RegistryError, match="refused the push"):
-        R.push_locked(plan, path, f"{host}/ci", client=docker.from_env())
+        L.push_locked(plan, path, f"{host}/ci", client=docker.from_env())
     assert path.read_bytes() == before
 
     # with the right credentials from the credential store it works, and no credential lands in the lock
     docker_config(host, auth_registry_server.username, auth_registry_server.password)
-    pushed = R.push_locked(plan, path, f"{host}/ci", client=docker.from_env())["runtime"]
+    pushed = L.push_locked(plan, path, f"{host}/ci", client=docker.from_env())["runtime"]
     text = path.read_text()
     assert pushed.reference in text
     assert auth_registry_server.password not in text and auth_registry_server.username not in text
@@ -141,7 +141,7 @@ def test_stale_lock_refuses_push_and_names_entry(locked_chain, registry_server, 
     newer = chain(index, spec="tinyapp==1.0 tinyext==0.1")
     newer.nodes[0].tag = plan.nodes[0].tag
     with pytest.raises(LockError) as exc:
-        R.push_locked(newer, path, f"{registry_server.host}/ci", client=client)
+        L.push_locked(newer, path, f"{registry_server.host}/ci", client=client)
     assert "nodes.runtime.installs.PIP_SPECS.requested" in str(exc.value)
     assert "invoke lock --cuda 9.9" in str(exc.value)
     assert path.read_bytes() == before
@@ -161,7 +161,7 @@ def test_image_not_the_locked_build_is_refused(locked_chain, registry_server, do
                                       tag=plan.nodes[0].tag.split(":")[1])
     made.append(image_id)
     with pytest.raises(UsageError, match="locked build recorded"):
-        R.push_locked(plan, path, f"{registry_server.host}/ci", client=client)
+        L.push_locked(plan, path, f"{registry_server.host}/ci", client=client)
     assert path.read_bytes() == before
 
 
@@ -169,5 +169,5 @@ def test_pull_without_push_record(locked_chain):
     client, made, plan, path, _, _ = locked_chain
     before = path.read_bytes()
     with pytest.raises(LockError, match="records no push"):
-        R.pull_locked(path, client=client)
+        L.pull_locked(path, client=client)
     assert path.read_bytes() == before

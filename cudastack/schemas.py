@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCHEMAS = {
     "recipes/schema/toolchains.schema.json": "cudastack.recipe_models:ToolchainsFile",
     "recipes/schema/component.schema.json": "cudastack.recipe_models:ComponentFile",
+    "lockfiles/schema/lock.schema.json": "cudastack.lock.model:LockFile",
 }
 
 _PATTERN_HELP: dict[str, str] = {}
@@ -147,7 +148,7 @@ def _message(err: dict, root: type[BaseModel]) -> str:
         bound = next(iter(ctx.values()), "")
         return f"{value!r} is out of range: expected a number {op}{bound}."
     if kind == "too_short":
-        return "expected a non-empty list."
+        return f"expected a non-empty {'mapping' if isinstance(value, dict) else 'list'}."
     if kind == "value_error" and "error" in ctx:
         return str(ctx["error"]).rstrip(".") + "."
     return err["msg"].rstrip(".") + "."

@@ -45,8 +45,8 @@ def test_missing_lock_says_how_to_make_it(tmp_path):
 @pytest.mark.parametrize("mutate, match", [
     (lambda d: d.update(lock_version=2), "lock_version"),
     (lambda d: d.pop("toolchain"), "toolchain"),
-    (lambda d: d.update(surprise=1), "unknown top-level"),
-    (lambda d: d["nodes"]["app"].update(extra=1), "nodes.app has unknown keys"),
+    (lambda d: d.update(surprise=1), r"key 'surprise': unknown key \(allowed here: base_kind, cuda_version, "),
+    (lambda d: d["nodes"]["app"].update(extra=1), r"key 'nodes.app.extra': unknown key \(allowed here: base_image, "),
     (lambda d: d["nodes"]["app"]["installs"]["PIP_SPECS"]["packages"][0].pop("sha256"), r"packages\[0\]"),
     (lambda d: d["nodes"]["app"]["installs"]["PIP_SPECS"]["packages"][1].update(sha256="xyz"), "64 hex"),
 ])

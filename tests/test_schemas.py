@@ -105,3 +105,19 @@ def test_explain_counts_what_it_leaves_out():
     text = schemas.explain(e.value, ComponentFile)
     assert text.startswith("key 'a': unknown key (allowed here: arch_knob, ")
     assert text.endswith("(4 more.)")   # b, c, d unknown; kind, needs, toolchains missing: 7 in all
+
+
+@pytest.mark.parametrize("lockfile", sorted((ROOT / "lockfiles").glob("*.lock.yaml")), ids=lambda p: p.name)
+def test_committed_lockfiles_follow_the_json_schema(lockfile):
+    v = _validator("lockfiles/schema/lock.schema.json")
+    errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in v.iter_errors(yaml.safe_load(lockfile.read_text()))]
+    assert errors == [], f"{lockfile}: {errors}"
+
+
+def test_the_lock_json_schema_rejects_a_bad_digest_and_an_unknown_key():
+    v = _validator("lockfiles/schema/lock.schema.json")
+    data = yaml.safe_load((ROOT / "lockfiles" / "13.1.lock.yaml").read_text())
+    data["nodes"]["torch"]["installs"]["PIP_SPECS"]["packages"][0]["sha256"] = "xyz"
+    data["nodes"]["torch"]["surprise"] = 1
+    bad = {"/".join(map(str, e.absolute_path)) for e in v.iter_errors(data)}
+    assert bad == {"nodes/torch", "nodes/torch/installs/PIP_SPECS/packages/0/sha256"}

@@ -1,7 +1,8 @@
 """The lockfile itself: its path, schema, YAML rendering and atomic, exclusive reads and writes.
 
 A lock is a dict (``lock_version``, ``toolchain``, ``cuda_version``, ``base_kind``, ``target_archs``, ``skipped``,
-``resolver``, ``nodes``, ``outputs``, ``pushed``, ``warnings``; see :func:`check_schema`). Writes go through
+``resolver``, ``nodes``, ``outputs``, ``pushed``, ``warnings``; the models :class:`LockFile` and its sections,
+checked by :func:`check_schema` and published as ``lockfiles/schema/lock.schema.json``). Writes go through
 :func:`write_lock` (schema check, then :func:`stackprobe.atomic.write_atomic`); read-modify-write goes through
 :func:`update_lock`, under :func:`exclusive`. Errors: LockError (exit 7).
 """
@@ -12,12 +13,14 @@ import fcntl
 import os
 import re
 from pathlib import Path
-from typing import Callable
+from typing import Annotated, Callable, Literal, Optional
 
 import yaml
+from pydantic import Field, StrictBool, ValidationError
 
 from cudastack.credentials import scrub
 from cudastack.errors import LockError
+from cudastack.schemas import Section, checked_pattern, explain
 from stackprobe.atomic import write_atomic  # the project's one atomic writer (re-exported here)
 
 
@@ -135,45 +138,150 @@ def _refresh(lock: dict) -> str:
     return f"Refresh it with `{lock_command(lock)}` and commit the new lockfile."
 
 
-_NODE_KEYS = {"kind", "method", "plan_hash", "index", "os_image", "base_image", "installs", "sdists", "git",
-              "paths"}
-_PKG_KEYS = {"name", "version", "filename", "url", "sha256", "requested"}
+# ------------------------------------------------------------------------------------------ schema
+# The lockfile schema (version 1), one model per section; unknown keys are errors. The lock itself stays a
+# dict (what the rest of the package reads and writes); check_schema validates it against LockFile. The
+# JSON Schema lockfiles/schema/lock.schema.json is generated from these models (python -m cudastack.schemas).
+Sha256 = Annotated[str, checked_pattern(r"^[0-9a-f]{64}$", "is not a sha256 digest (64 hex digits, lower case)")]
+Text = Annotated[str, Field(strict=True)]
+
+
+class LockedPackage(Section):
+    """One file of a pip closure, as pip's installation report names it."""
+
+    name: str
+    version: str
+    sha256: Sha256
+    filename: str = ""
+    url: str = ""
+    requested: StrictBool = Field(False, description="named in the requested specs (not only a dependency)")
+
+
+class LockedInstall(Section):
+    """``nodes.<node>.installs.<BUILD_ARG>``: one pip install of the node and its whole closure."""
+
+    requested: list[str] = []
+    no_deps: StrictBool = False
+    packages: list[LockedPackage]
+
+
+class OsImage(Section):
+    """``nodes.<base>.os_image``: the bootstrapped OS image (cudastack.bootstrap.os_image_record)."""
+
+    tag: str
+    image_id: str
+    mirror: str = ""
+    suite: str = ""
+    codename: str = ""
+    variant: str = ""
+    release_date: str = Field("", alias="release-date")
+    release_sha256: str = Field("", alias="release-sha256")
+    debootstrap: str = ""
+
+
+class BaseImage(Section):
+    """``nodes.<base>.base_image``: a registry base image pinned by digest."""
+
+    ref: str
+    digest: str
+    reference: str = Field(description="ref@digest")
+
+
+class SdistPin(Section):
+    name: str
+    version: str
+    filename: str
+    sha256: Sha256
+    url: str = ""
+
+
+class GitPin(Section):
+    url: str
+    ref: str = ""
+    commit: Annotated[str, checked_pattern(r"^[0-9a-f]{40}$", "is not a 40-hex commit")]
+
+
+class PathPin(Section):
+    path: str
+    sha256: Sha256
+
+
+class LockedNode(Section):
+    """``nodes.<node>``: every input of one plan node, pinned."""
+
+    kind: Literal["base-pip", "base-nvidia", "image", "wheels", "runtime"]
+    method: str = ""
+    plan_hash: Sha256
+    index: str = ""
+    os_image: Optional[OsImage] = None
+    base_image: Optional[BaseImage] = None
+    installs: dict[str, LockedInstall] = {}
+    sdists: list[SdistPin] = []
+    git: list[GitPin] = []
+    paths: list[PathPin] = []
+
+
+class Resolver(Section):
+    """``resolver``: the tool and the target platform the closures were resolved for."""
+
+    tool: str
+    python_version: str
+    glibc: str
+    machine: str
+    implementation: str
+    resolved_at: str = ""
+
+
+class WheelRecord(Section):
+    filename: str
+    sha256: Sha256
+
+
+class Output(Section):
+    """``outputs.<node>``: what a locked build of the node produced."""
+
+    image_id: str = ""
+    tag: str = ""
+    wheels: list[WheelRecord] = []
+
+
+class Pushed(Section):
+    """``pushed.<node>``: a push of the node's image (cudastack.registry.PushedImage)."""
+
+    digest: str
+    reference: str
+    enroot: str
+    image_id: str
+    tag: str
+
+
+class LockFile(Section):
+    """A lockfile (``lockfiles/<toolchain>.lock.yaml``): every input of a toolchain's plan pinned."""
+
+    lock_version: Literal[1]
+    toolchain: Text
+    cuda_version: Text
+    base_kind: str = ""
+    target_archs: list[str] = []
+    skipped: list[str] = []
+    resolver: Optional[Resolver] = None
+    nodes: Annotated[dict[str, LockedNode], Field(min_length=1)]
+    outputs: dict[str, Output] = {}
+    pushed: dict[str, Pushed] = {}
+    warnings: list[str] = []
 
 
 def check_schema(lock, where: str = "lock") -> None:
-    """Raise LockError naming the key when ``lock`` does not follow the lockfile schema (version 1)."""
-    def bad(msg):
-        raise LockError(f"{where}: {msg}. Re-create the lockfile with `invoke lock --cuda X`.")
-
+    """Raise LockError naming the key when ``lock`` does not follow the lockfile schema (:class:`LockFile`,
+    version :data:`LOCK_VERSION`): one paragraph with the file, the key path and what is wrong."""
+    toolchain = lock.get("toolchain") if isinstance(lock, dict) else None
+    redo = f"Re-create the lockfile with `invoke lock --cuda {toolchain if isinstance(toolchain, str) else 'X'}`."
     if not isinstance(lock, dict):
-        bad("the top level is not a mapping")
-    if lock.get("lock_version") != LOCK_VERSION:
-        bad(f"lock_version is {lock.get('lock_version')!r}, this tool reads version {LOCK_VERSION}")
-    for k in ("toolchain", "cuda_version"):
-        if not isinstance(lock.get(k), str):
-            bad(f"'{k}' is missing or not a string")
-    unknown = set(lock) - {"lock_version", "toolchain", "cuda_version", "base_kind", "target_archs", "skipped",
-                           "resolver", "nodes", "outputs", "pushed", "warnings"}
-    if unknown:
-        bad(f"unknown top-level keys {sorted(unknown)}")
-    nodes = lock.get("nodes")
-    if not isinstance(nodes, dict) or not nodes:
-        bad("'nodes' is missing or empty")
-    for name, node in nodes.items():
-        if not isinstance(node, dict):
-            bad(f"nodes.{name} is not a mapping")
-        extra = set(node) - _NODE_KEYS
-        if extra:
-            bad(f"nodes.{name} has unknown keys {sorted(extra)}")
-        for arg, inst in (node.get("installs") or {}).items():
-            if not isinstance(inst, dict) or not isinstance(inst.get("packages"), list):
-                bad(f"nodes.{name}.installs.{arg} has no 'packages' list")
-            for i, pkg in enumerate(inst["packages"]):
-                if not isinstance(pkg, dict) or not {"name", "version", "sha256"} <= set(pkg) or set(pkg) - _PKG_KEYS:
-                    bad(f"nodes.{name}.installs.{arg}.packages[{i}] must have name, version, sha256 "
-                        f"(and optionally {sorted(_PKG_KEYS - {'name', 'version', 'sha256'})})")
-                if not re.fullmatch(r"[0-9a-f]{64}", str(pkg["sha256"])):
-                    bad(f"nodes.{name}.installs.{arg}.packages[{i}].sha256 is not 64 hex digits")
-    for section in ("outputs", "pushed"):
-        if section in lock and not isinstance(lock[section], dict):
-            bad(f"'{section}' is not a mapping")
+        raise LockError(f"{where}: the top level is not a mapping. {redo}")
+    if lock.get("lock_version") != LOCK_VERSION:     # first: another version has other keys
+        raise LockError(f"{where}: lock_version is {lock.get('lock_version')!r}, this tool reads version "
+                        f"{LOCK_VERSION}. {redo}")
+    try:
+        LockFile.model_validate(lock)
+    except ValidationError as exc:
+        raise LockError(f"{where}: {explain(exc, LockFile)} {redo}") from None

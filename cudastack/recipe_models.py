@@ -9,8 +9,11 @@ The committed JSON Schemas (``recipes/schema/*.schema.json``) are generated from
 (``python -m cudastack.schemas --write``).
 
 To add a key: add a field to the section's model below (a new section is a new :class:`Section` subclass
-and a field holding it), regenerate the schemas, and, if the build reads it, carry it into the dataclass
-in :mod:`cudastack.recipes` (``_entry`` / ``_component`` / ``_toolchain``).
+and a field holding it), then ``python -m cudastack.schemas --write`` and commit the schema (a test fails
+until then). The loaded :class:`cudastack.recipes.Entry` / ``Component`` carry their validated model as
+``.spec``, so the build can read ``entry.spec.<key>`` at once; a rule that spans sections or files goes in
+``cudastack.recipes._entry`` / ``_load_component``. Every key is part of the node's plan hash through the
+raw YAML (``Component.raw``, ``Entry.raw``), as before.
 """
 from __future__ import annotations
 

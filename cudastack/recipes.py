@@ -117,6 +117,7 @@ class Entry:
     patches: tuple[dict, ...] = ()   # [{"file", "replace", "with", "why"}] applied to an unpacked sdist
     build_deps: tuple[str, ...] = ()  # pinned requirements installed before a source build
     raw: dict = field(default_factory=dict)
+    spec: EntrySpec | None = None     # the validated model: every key of the entry, typed (new keys land here)
 
 
 @dataclass
@@ -133,6 +134,7 @@ class Component:
     parallelism: Parallelism | None
     toolchains: dict[str, Entry]
     raw: dict
+    spec: ComponentFile | None = None  # the validated model: every key of the file, typed (new keys land here)
 
 
 @dataclass
@@ -237,7 +239,7 @@ def _entry(s: EntrySpec, raw: dict, file: Path, key: str, kind: str) -> Entry:
     if kind in ("image", "runtime") and method != "wheel":
         raise _fail(file, f"{key}.method", f"a {kind} node installs pinned wheels: method must be 'wheel'.")
     e = Entry(method, packages=tuple(s.packages), index=s.index, requires=dict(s.requires), knobs=dict(s.knobs),
-              build_deps=tuple(s.build_deps), raw=raw)
+              build_deps=tuple(s.build_deps), raw=raw, spec=s)
     sources = [k for k in ("sdist", "git", "path") if getattr(s, k) is not None]
     if method == "wheel":
         if not e.packages and kind != "runtime":
@@ -286,7 +288,8 @@ def _load_component(path: Path, toolchains: dict[str, Toolchain]) -> Component:
     return Component(
         name=f.node if f.node is not None else path.stem, stem=path.stem, file=path, kind=f.kind,
         needs=list(f.needs), description=f.description, est_disk_gib=float(f.est_disk_gib),
-        arch_knob=_arch_knob(f.arch_knob, path), knobs=dict(f.knobs), parallelism=par, toolchains=entries, raw=d)
+        arch_knob=_arch_knob(f.arch_knob, path), knobs=dict(f.knobs), parallelism=par, toolchains=entries, raw=d,
+        spec=f)
 
 
 # ------------------------------------------------------------------------------------- cross-file

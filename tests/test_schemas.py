@@ -57,6 +57,10 @@ def _validator(rel: str) -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(schema)
 
 
+def _errors(v: jsonschema.Draft202012Validator, data) -> list[str]:
+    return [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in v.iter_errors(data)]
+
+
 @pytest.mark.parametrize("folder", RECIPE_DIRS, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_committed_recipes_follow_the_json_schema(folder):
     tc = _validator("recipes/schema/toolchains.schema.json")
@@ -65,8 +69,7 @@ def test_committed_recipes_follow_the_json_schema(folder):
     assert len(files) >= 3
     for f in files:
         v = tc if f.name == "toolchains.yaml" else comp
-        errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in v.iter_errors(yaml.safe_load(f.read_text()))]
-        assert errors == [], f"{f}: {errors}"
+        assert _errors(v, yaml.safe_load(f.read_text())) == [], f
 
 
 def test_the_json_schema_rejects_what_the_loader_rejects():
@@ -110,8 +113,7 @@ def test_explain_counts_what_it_leaves_out():
 @pytest.mark.parametrize("lockfile", sorted((ROOT / "lockfiles").glob("*.lock.yaml")), ids=lambda p: p.name)
 def test_committed_lockfiles_follow_the_json_schema(lockfile):
     v = _validator("lockfiles/schema/lock.schema.json")
-    errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in v.iter_errors(yaml.safe_load(lockfile.read_text()))]
-    assert errors == [], f"{lockfile}: {errors}"
+    assert _errors(v, yaml.safe_load(lockfile.read_text())) == [], lockfile
 
 
 def test_the_lock_json_schema_rejects_a_bad_digest_and_an_unknown_key():

@@ -12,8 +12,9 @@ To add a key: add a field to the section's model below (a new section is a new :
 and a field holding it), then ``python -m cudastack.schemas --write`` and commit the schema (a test fails
 until then). The loaded :class:`cudastack.recipes.Entry` / ``Component`` carry their validated model as
 ``.spec``, so the build can read ``entry.spec.<key>`` at once; a rule that spans sections or files goes in
-``cudastack.recipes._entry`` / ``_load_component``. Every key is part of the node's plan hash through the
-raw YAML (``Component.raw``, ``Entry.raw``), as before.
+``cudastack.recipes._entry`` / ``_load_component``. A new key reaches the node's plan hash through the raw
+YAML, as before (``cudastack.plan`` hashes ``Component.raw`` less description, est_disk_gib and parallelism,
+and ``Entry.raw``).
 """
 from __future__ import annotations
 

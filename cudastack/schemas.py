@@ -142,7 +142,8 @@ def _message(err: dict, root: type[BaseModel]) -> str:
         help = _PATTERN_HELP.get(ctx.get("pattern", ""), f"does not match the pattern {ctx.get('pattern')}")
         return f"'{value}' {help}."
     if kind == "literal_error":
-        return f"'{value}' is not allowed here (expected {ctx.get('expected')})."
+        shown = f"'{value}'" if isinstance(value, str) else _type_name(value)
+        return f"{shown} is not allowed here (expected {ctx.get('expected')})."
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         op = {"greater_than": "> ", "greater_than_equal": ">= ", "less_than": "< ", "less_than_equal": "<= "}[kind]
         bound = next(iter(ctx.values()), "")

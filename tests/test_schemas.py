@@ -123,3 +123,11 @@ def test_the_lock_json_schema_rejects_a_bad_digest_and_an_unknown_key():
     data["nodes"]["torch"]["surprise"] = 1
     bad = {"/".join(map(str, e.absolute_path)) for e in v.iter_errors(data)}
     assert bad == {"nodes/torch", "nodes/torch/installs/PIP_SPECS/packages/0/sha256"}
+
+
+def test_an_empty_yaml_value_is_an_empty_mapping_or_list_not_a_missing_key():
+    f = ComponentFile.model_validate(yaml.safe_load("kind: base\nneeds:\nknobs:\ntoolchains:\n  '13.1':\n"))
+    assert f.needs == [] and f.knobs == {} and f.toolchains["13.1"].packages == []
+    with pytest.raises(ValidationError) as e:       # where a string is due, empty is still an error
+        ComponentFile.model_validate(yaml.safe_load("kind:\nneeds: []\ntoolchains: {}\n"))
+    assert schemas.explain(e.value, ComponentFile).startswith("key 'kind': nothing (an empty value) is not allowed here")

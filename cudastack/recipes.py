@@ -200,14 +200,14 @@ def _load_toolchains(path: Path) -> tuple[dict, dict, dict]:
         cc = parse_arch(spec).cc
         archs[cc] = ArchInfo(cc, row.min_cuda, row.dropped_in)
     suffixes = {sfx: rule.model_dump(include=rule.model_fields_set) for sfx, rule in f.suffixes.items()}
-    raw = {str(k): v for k, v in data["toolchains"].items()}
+    raw = {str(k): v for k, v in (data["toolchains"] or {}).items()}
     toolchains: dict[str, Toolchain] = {}
     for name, tc in f.toolchains.items():
         key = key_path(("toolchains", name))
         if version_tuple(tc.cuda_version)[:2] != version_tuple(name)[:2]:
             raise _fail(path, f"{key}.cuda_version", f"{tc.cuda_version} is not a {name} release.")
         bases = {kind: BaseChoice(kind, **dict(b.model_dump(), pip_specs=tuple(getattr(b, "pip_specs", ()))))
-                 for kind in raw[name]["bases"] if (b := getattr(tc.bases, kind)) is not None}   # file order
+                 for kind in raw[name]["bases"] or () if (b := getattr(tc.bases, kind)) is not None}  # file order
         if tc.default_base not in bases:
             raise _fail(path, f"{key}.default_base", f"'{tc.default_base}' is not one of this toolchain's bases "
                                                       f"({', '.join(bases)}).")

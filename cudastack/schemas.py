@@ -180,12 +180,18 @@ def render(ref: str) -> str:
     return json.dumps(schema, indent=2) + "\n"
 
 
+def _same(path: Path, text: str) -> bool:
+    try:
+        return json.loads(path.read_text()) == json.loads(text)    # key order and layout do not count
+    except (OSError, ValueError):
+        return False
+
+
 def stale(root: Path | None = None) -> list[str]:
-    """The committed schema files under ``root`` (default: this checkout) that differ from (or lack) what
-    the models generate."""
+    """The committed schema files under ``root`` (default: this checkout) that are missing or say something
+    else than what the models generate (compared as JSON data)."""
     root = root or ROOT
-    return [rel for rel, ref in SCHEMAS.items()
-            if not (root / rel).is_file() or (root / rel).read_text() != render(ref)]
+    return [rel for rel, ref in SCHEMAS.items() if not _same(root / rel, render(ref))]
 
 
 def write(root: Path | None = None) -> list[str]:

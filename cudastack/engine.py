@@ -22,8 +22,9 @@ finishing the step as an orphan. Ctrl-C and SIGTERM (turned into KeyboardInterru
 explicitly.
 
 Each build streams BuildKit's plain progress into a log file (the whole log) and onto the terminal as one
-status line per step with the elapsed time (on a terminal, a line redrawn in place). A failing build
-raises :class:`BuildError` with the last lines of the failing step and the log's path.
+status line per step with the elapsed time (on a terminal, a line redrawn in place; the display and the
+progress parser are :mod:`cudastack.engine_progress`). A failing build raises :class:`BuildError` with the
+last lines of the failing step and the log's path.
 """
 from __future__ import annotations
 
@@ -33,35 +34,19 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from cudastack.credentials import scrub
+from cudastack.engine_progress import BuildDisplay, Say, _fmt_s, _Progress
 from cudastack.errors import BuildError, EnvironmentError_, UsageError
 
 SYSTEM_CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt",
                      "/etc/ssl/cert.pem", "/etc/ssl/ca-bundle.pem")
 DAEMON_HINT = ("Start one: `sudo dockerd &` (or `sudo systemctl start docker`), or point DOCKER_HOST at a "
                "running engine. On Debian/Ubuntu `sudo apt-get install docker.io` installs one.")
-_STEP = re.compile(r"^#(\d+) (\[[^\]]+\] .*|\S.*)$")
-_COUNTER = re.compile(r"^\d+\.\d+\s+\[(\d+)/(\d+)\] ")   # ninja / CMake progress inside a RUN step
-Say = Callable[[str], None]
-
-
-def _fmt_s(seconds: float) -> str:
-    seconds = int(seconds)
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
-
-
-def _clip(text: str, n: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
@@ -182,55 +167,6 @@ class BuildResult:
     counter: str = ""
 
 
-@dataclass
-class _Progress:
-    """Parses BuildKit plain progress: current step title, per-step line buffers, CACHED count."""
-
-    steps: "OrderedDict[str, str]" = field(default_factory=OrderedDict)
-    tails: dict = field(default_factory=dict)
-    cached: set = field(default_factory=set)
-    errors: list = field(default_factory=list)
-    current: str = ""
-    last_line: str = ""
-    counter: str = ""               # "12/73": the last ninja-style progress counter seen
-    final: deque = field(default_factory=lambda: deque(maxlen=40))
-
-    def feed(self, line: str) -> bool:
-        """Returns True when a new step started."""
-        self.final.append(line)
-        m = _STEP.match(line)
-        if not m:
-            return False
-        sid, rest = m.group(1), m.group(2)
-        self.tails.setdefault(sid, deque(maxlen=60)).append(rest)
-        if rest.startswith("ERROR") or " ERROR:" in rest[:12]:
-            self.errors.append(sid)
-        if rest == "CACHED":
-            self.cached.add(sid)
-        new = False
-        if sid not in self.steps and rest.startswith("["):
-            self.steps[sid] = rest
-            self.current = sid
-            new = True
-        elif sid in self.steps:
-            self.current = sid
-            if not re.match(r"^(DONE|CACHED|extracting|sha256|transferring|writing|naming|exporting)", rest):
-                self.last_line = re.sub(r"^\d+\.\d+ ", "", rest)
-                c = _COUNTER.match(rest)
-                if c:
-                    self.counter = f"{c.group(1)}/{c.group(2)}"
-        return new
-
-    def failure_excerpt(self, n: int = 25) -> str:
-        sid = self.errors[-1] if self.errors else self.current
-        title = _clip(self.steps.get(sid, f"#{sid}"), 160)
-        lines = list(self.tails.get(sid, []))[-n:]
-        summary = [l for l in self.final if l.startswith(("error:", "ERROR:", "failed to solve"))]
-        body = "\n".join(f"    {_clip(l, 240)}" for l in lines)
-        tail = "\n".join(f"    {_clip(l, 240)}" for l in summary[-2:])
-        return f"failing step: {title}\n{body}" + (f"\n{tail}" if tail else "")
-
-
 class Engine:
     """One Docker engine: the SDK client for inspect/tag/exists, the CLI for BuildKit builds.
     ``builds_issued`` counts every ``docker build`` this object started (a no-op rebuild leaves it 0)."""
@@ -334,23 +270,7 @@ class Engine:
         self.child_pid = None
         prog = _Progress()
         t0 = time.monotonic()
-        tty = sys.stderr.isatty()
-        stop = threading.Event()
-
-        def status() -> str:
-            step = prog.steps.get(prog.current, "starting")
-            last = f" | {prog.last_line[:70]}" if prog.last_line else ""
-            count = f" (compiled {prog.counter})" if prog.counter else ""
-            return f"  [{name}] {_fmt_s(time.monotonic() - t0)}{count} {step[:80]}{last}"
-
-        def heartbeat() -> None:
-            interval = 1.0 if tty else 60.0
-            while not stop.wait(interval):
-                if tty:
-                    sys.stderr.write("\r\033[K" + status()[:200])
-                    sys.stderr.flush()
-                else:
-                    say(status())
+        display = BuildDisplay(name, prog, say, t0)
 
         with open(log_path, "a", encoding="utf-8", errors="replace") as log:
             log.write(scrub(f"$ {' '.join(cmd)}\n"))
@@ -363,17 +283,14 @@ class Engine:
             self.child_pid = proc.pid
             if self.on_child is not None:
                 self.on_child(proc.pid)
-            hb = threading.Thread(target=heartbeat, daemon=True)
-            hb.start()
+            display.start()
             try:
                 assert proc.stdout is not None
                 for line in proc.stdout:
                     line = scrub(line)       # pip prints index URLs; a login never reaches the log
                     log.write(line)
                     log.flush()          # `tail -f` on the log follows the build
-                    line = line.rstrip("\n")
-                    if prog.feed(line) and not tty and not prog.steps[prog.current].startswith("[internal]"):
-                        say(status())
+                    display.line(line.rstrip("\n"))
                 rc = proc.wait()
             except KeyboardInterrupt as exc:
                 proc.terminate()       # the CLI closes its BuildKit session: the solve is cancelled, nothing tagged
@@ -381,11 +298,7 @@ class Engine:
                 exc.counter = prog.counter  # type: ignore[attr-defined]
                 raise
             finally:
-                stop.set()
-                hb.join(timeout=2)
-                if tty:
-                    sys.stderr.write("\r\033[K")
-                    sys.stderr.flush()
+                display.stop()
             log.write(f"# exit {rc} after {time.monotonic() - t0:.1f}s\n")
         dur = time.monotonic() - t0
         if rc != 0:

@@ -66,6 +66,7 @@ its own stage pair in runtime.Dockerfile. Labels set by the Dockerfiles: ``org.c
 """
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 
 KNOB_SOURCES = ("recipe", "toolchain", "cli", "memory-rule", "default", "lock")
@@ -119,3 +120,9 @@ class Plan:
             if n.name == name:
                 return n
         raise KeyError(name)
+
+
+def build_env(knobs: list[Knob]) -> str:
+    """``BUILD_ENV``: space separated ``K=V``, each value shell-quoted (the Dockerfiles run
+    ``eval "export $BUILD_ENV"``), so values with spaces survive."""
+    return " ".join(f"{k.name}={shlex.quote(k.value)}" for k in knobs)

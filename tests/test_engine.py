@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import time
 import uuid
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from cudastack.build import Wheelhouse, _preflight_disk, sha256_file, unpack_patched
 from cudastack.engine import BuildKitPath, Engine, _Progress, connect_sdk, find_buildkit, resolve_ca_bundle
+from cudastack.engine_progress import BuildDisplay
 from cudastack.errors import BuildError, EnvironmentError_, UsageError
 from cudastack.plan import make_plan
 from cudastack.rules import Resources
@@ -110,6 +112,29 @@ def test_progress_parser_finds_the_failing_step():
     assert "failing step: [builder 3/3] RUN nvcc -c kernel.cu" in ex
     assert 'identifier "foo" is undefined' in ex and "failed to solve" in ex
 
+
+
+def test_build_display_says_one_status_line_per_step_off_a_terminal():
+    said = []
+    d = BuildDisplay("node", _Progress(), said.append, time.monotonic(), tty=False)
+    for line in SAMPLE_LOG.splitlines():
+        d.line(line)
+    # three steps start in the sample; BuildKit's [internal] ones are not announced
+    assert len(said) == 2 and all(s.startswith("  [node] ") for s in said), said
+    assert "[builder 2/2] RUN pip wheel" in said[0] and "[builder 3/3] RUN nvcc -c kernel.cu" in said[1]
+    assert "(compiled 1/73) [builder 3/3] RUN nvcc" in d.status()     # the heartbeat's line carries the counter
+
+
+def test_build_display_on_a_terminal_redraws_one_line_and_clears_it(capsys):
+    said = []
+    d = BuildDisplay("node", _Progress(), said.append, time.monotonic(), tty=True)
+    d.start()
+    for line in SAMPLE_LOG.splitlines():
+        d.line(line)
+    time.sleep(1.3)                      # one heartbeat: the status line redrawn in place
+    d.stop()
+    err = capsys.readouterr().err
+    assert said == [] and "\r\033[K  [node] " in err and err.endswith("\r\033[K")
 
 class _StubEngine:
     """Engine edge for the disk preflight: a data root with a given free space."""

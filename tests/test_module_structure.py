@@ -30,7 +30,6 @@ OVERSIZE = {
     "cudastack/radar.py": 515,
     "cudastack/pkgindex.py": 465,
     "cudastack/scan.py": 465,
-    "cudastack/plan.py": 471,        # split next (make_plan: graph, hashing, rendering)
 }
 
 

@@ -67,7 +67,7 @@ def stale_entries(plan, lock: dict, *, client=None) -> list[str]:
                 out.append(f"nodes.{node.name}.git: the lock pins {pins or 'nothing'}, the recipe asks for "
                            f"{g['url']}@{g['commit']}")
         if src.get("path") and e.get("paths"):
-            from cudastack.plan import dir_digest
+            from cudastack.plan_hash import dir_digest
             folder = (getattr(node, "context", {}) or {}).get("src") or src["path"]
             try:
                 now = dir_digest(folder)
@@ -155,7 +155,7 @@ def apply_lock(plan, lock: dict) -> None:
     so a locked build never reuses an image an unlocked build made under the plan's tag (same repository,
     tag = the locked hash's first 16 hex digits). ``PARENT_IMAGE`` follows the parents' new tags; the plan
     hash stays in ``node.inputs["plan_hash"]``. Applying twice is a no-op."""
-    from cudastack.plan import content_hash
+    from cudastack.plan_hash import content_hash
 
     if getattr(plan, "locked", False):
         return

@@ -143,7 +143,7 @@ def resolve_lock(plan, *, target: Optional[dict] = None, python: str = sys.execu
                 g = src["git"]
                 entry["git"] = [git_pin(g["url"], g.get("ref", ""), g.get("commit", ""))]
             elif node.build_args.get("PIP_SPECS", "").strip() == "./src" or src.get("path"):
-                from cudastack.plan import dir_digest
+                from cudastack.plan_hash import dir_digest
                 folder = (getattr(node, "context", {}) or {}).get("src") or src.get("path")
                 entry["paths"] = [{"path": Path(folder).name, "sha256": dir_digest(folder)}]
         nodes[node.name] = entry

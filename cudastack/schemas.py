@@ -9,7 +9,7 @@ multi-line text. Callers wrap it in their own error (RecipeError, LockError) wit
 The JSON Schemas of the models are committed next to the data (:data:`SCHEMAS`); CI compares them with
 the models. Regenerate after changing a model::
 
-    python -m cudastack.schemas --write      # or: invoke schemas
+    python -m cudastack.schemas --write      # regenerate every committed schema
     python -m cudastack.schemas --check      # exit 1 and name each stale file
 """
 from __future__ import annotations

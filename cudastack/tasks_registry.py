@@ -102,7 +102,7 @@ def push(c, cuda="13.1", registry=None, node="runtime", all_nodes=False, arch=No
          recipes=None, lockfiles=None):
     """Push the locked build's images and record their digests in the lockfile.
 
-    Reads the digest the registry reports (HTTP API), checks it against the local image and records
+    Reads the digest the registry reports (through the engine), checks it against the local image and records
     registry/name@sha256:... and registry#name@sha256:... in the lockfile."""
     from cudastack import lock as L
     from cudastack import registry as R

@@ -220,6 +220,10 @@ def test_auth_registry(engine, auth_registry_server, docker_config):
     assert reg.resolve_digest(f"{host}/ci/tiny@{pushed.digest}") == pushed.digest
     assert reg.resolve_digest(f"{host}/ci/tiny:v1", client=right) == pushed.digest
     assert password not in repr(pushed.as_dict())
+    image_id = right.images.get(f"{host}/ci/tiny:v1").id            # pulled back with the same login
+    right.images.remove(image_id, force=True)
+    made.append(pushed.reference)
+    assert reg.pull_by_digest(pushed.enroot, expected_image_id=image_id, client=docker.from_env()).id == image_id
 
     docker_config(host, user, "nope-" + password[::-1])
     for kw in ({}, {"client": docker.from_env()}):
@@ -324,3 +328,16 @@ def test_bearer_token_flows_through_skopeo(docker_config, flow):
         assert "application/vnd.oci.image.manifest.v1+json" in seen["accept"]
     finally:
         srv.shutdown()
+
+
+def test_tool_output_never_carries_the_login():
+    """A tool that quotes the password or refresh token it was given (in an error) has it cut out of every
+    message; the URL's userinfo too (StackError's scrub)."""
+    ref = reg.parse_reference("127.0.0.1:9/ci/x:v1")
+    creds = {"Username": "u", "Password": "s3cret-pw"}
+    err = "unauthorized: bad password s3cret-pw for http://u:s3cret-pw@127.0.0.1:9/v2/"
+    for exc in (reg.push_failure(ref, err, creds), reg._read_failure(ref, "v1", err, creds, "skopeo"),
+                reg._read_failure(ref, "v1", "odd failure s3cret-pw", creds, "skopeo")):
+        assert "s3cret-pw" not in str(exc) and "***" in str(exc), str(exc)
+    token = {"IdentityToken": "refresh-abc"}
+    assert "refresh-abc" not in str(reg._read_failure(ref, "v1", "denied refresh-abc", token, "the Docker engine"))

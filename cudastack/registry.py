@@ -149,8 +149,9 @@ def check_login_destination(registry: str, challenge: Optional[str], credentials
         )
 
 
-def _guard(registry: str, *, timeout: float = 30.0) -> Optional[dict]:
-    """:func:`ping` then :func:`check_login_destination`; returns the store's credentials (or None)."""
+def checked_login(registry: str, *, timeout: float = 30.0) -> Optional[dict]:
+    """The credential store's login for ``registry`` (or None), once :func:`ping` answered and
+    :func:`check_login_destination` allows handing it to a tool. Raises RegistryError otherwise."""
     challenge = ping(registry, timeout=timeout)
     creds = registry_credentials(registry)
     check_login_destination(registry, challenge, creds)
@@ -161,6 +162,12 @@ def _guard(registry: str, *, timeout: float = 30.0) -> Optional[dict]:
 _LOGIN_WORDS = ("unauthorized", "authentication required", "denied", "no basic auth credentials", "401", "403")
 _GONE_WORDS = ("connection refused", "connection reset", "broken pipe", "eof", "no such host", "i/o timeout",
                "server closed", "connection closed", "dial tcp", "use of closed network connection")
+
+
+def _says(low: str, words) -> bool:
+    """Whether the lowercased message ``low`` holds one of ``words`` as a whole word (so a digest's hex, as
+    in ``sha256:..404..``, is no HTTP status)."""
+    return any(re.search(rf"(?<![0-9a-z]){re.escape(w)}(?![0-9a-z])", low) for w in words)
 
 
 def _hide(text: str, creds: Optional[dict]) -> str:
@@ -176,11 +183,11 @@ def _read_failure(ref: ImageReference, reference: str, error: str, creds: Option
     or the tool's own words."""
     low = error.lower()
     what = f"{ref.name}{'@' if reference.startswith('sha256:') else ':'}{reference}"
-    if "manifest unknown" in low or "not found" in low or "404" in low:
+    if _says(low, ("manifest unknown", "not found", "404")):
         return RegistryError(f"The registry {ref.registry} has no manifest {what} (HTTP 404, manifest unknown). "
                              "Check the tag or digest (for a pull: the lockfile's reference; push it again if the "
                              "registry lost it).")
-    if any(w in low for w in _LOGIN_WORDS):
+    if _says(low, _LOGIN_WORDS):
         if not creds:
             return RegistryError(f"The registry {ref.registry} asks for a login to read {what} and the Docker "
                                  f"credential store has none for it. Run `docker login {ref.registry}` (the "
@@ -188,7 +195,7 @@ def _read_failure(ref: ImageReference, reference: str, error: str, creds: Option
         return RegistryError(f"The registry {ref.registry} refused the credentials from the Docker credential "
                              f"store for {what} ({via}: {_hide(error, creds)}). Run `docker login {ref.registry}` "
                              "with an account that may read this repository.")
-    if any(w in low for w in _GONE_WORDS):
+    if _says(low, _GONE_WORDS):
         return RegistryError(f"The registry {ref.registry} does not answer ({via}: {error}). Start it or check "
                              "its host and port; nothing was recorded.")
     return RegistryError(f"Reading the digest of {what} from {ref.registry} failed ({via}): {_hide(error, creds)}.")
@@ -205,8 +212,8 @@ def _checked(ref: ImageReference, reference: str, digest: str, via: str) -> str:
 
 def engine_digest(ref: ImageReference, client, *, creds: Optional[dict] = None) -> str:
     """The manifest digest of ``ref`` (tag or digest) as the Docker engine reads it from the registry
-    (``get_registry_data``, with the credential store's login). Call :func:`_guard` first. Raises
-    RegistryError (unknown manifest, login missing or refused, registry gone)."""
+    (``get_registry_data``, with the credential store's login). Pass ``creds`` from :func:`checked_login`.
+    Raises RegistryError (unknown manifest, login missing or refused, registry gone)."""
     import docker.errors
 
     reference = ref.digest or ref.tag or "latest"
@@ -222,7 +229,7 @@ def skopeo_digest(ref: ImageReference, *, creds: Optional[dict] = None, timeout:
     """The manifest digest of ``ref`` read without a Docker engine: sha256 of ``skopeo inspect --raw``'s
     output (the manifest bytes as served). ``creds`` (from the credential store) reach skopeo through a
     private ``--authfile`` (containers-auth.json(5) format, mode 0600, deleted afterwards), never the command
-    line. Call :func:`_guard` first. Raises EnvironmentError_ (no skopeo), RegistryError."""
+    line. Pass ``creds`` from :func:`checked_login`. Raises EnvironmentError_ (no skopeo), RegistryError."""
     exe = shutil.which("skopeo")
     if not exe:
         raise EnvironmentError_("Reading a digest without a Docker engine needs skopeo (Debian/Ubuntu: "
@@ -263,7 +270,7 @@ def resolve_digest(ref: str, *, client=None, timeout: float = 120.0) -> str:
     holds one, is checked by :func:`check_login_destination` first. Raises UsageError (bad reference),
     EnvironmentError_ (neither skopeo nor an engine), RegistryError (unreachable, unknown, refused)."""
     r = parse_reference(ref)
-    creds = _guard(r.registry, timeout=min(timeout, 30.0))
+    creds = checked_login(r.registry, timeout=min(timeout, 30.0))
     if client is None and shutil.which("skopeo"):
         return skopeo_digest(r, creds=creds, timeout=timeout)
     if client is None:
@@ -329,19 +336,19 @@ def push_failure(ref: ImageReference, error: str, creds: Optional[dict] = None) 
     gone away; a refused login suggests ``docker login``; anything else quotes the registry's reason."""
     low = error.lower()
     error = _hide(error, creds)
-    gone = any(w in low for w in _GONE_WORDS)
+    gone = _says(low, _GONE_WORDS)
     try:
         ping(ref.registry, timeout=10)
         answers = True
     except RegistryError:
         answers = False
-    if not answers or (gone and not any(w in low for w in _LOGIN_WORDS)):
+    if not answers or (gone and not _says(low, _LOGIN_WORDS)):
         return RegistryError(
             f"The registry {ref.registry} went away during the push of {ref.name}:{ref.tag}: the engine reported "
             f"'{error}'" + ("" if answers else f", and {registry_url(ref.registry)}/v2/ no longer answers")
             + ". Start it again (or check the network to it) and push again; the layers already uploaded are "
             "reused. Nothing was recorded.")
-    if any(w in low for w in _LOGIN_WORDS):
+    if _says(low, _LOGIN_WORDS):
         why = ("the Docker credential store has no login for it" if not creds
                else "it refused the login from the Docker credential store")
         return RegistryError(
@@ -366,7 +373,7 @@ def push_image(local_image: str, target: str, *, client=None,
     if ref.registry == DOCKER_HUB and not target.startswith(("docker.io/", "index.docker.io/")):
         raise UsageError(f"push target {target!r} has no registry host; write e.g. 127.0.0.1:5000/{target}.")
     client = client or docker_client()
-    creds = _guard(ref.registry)                 # fail fast when the registry is down, before any tagging
+    creds = checked_login(ref.registry)          # fail fast when the registry is down, before any tagging
     try:
         image = client.images.get(local_image)
     except docker.errors.ImageNotFound:
@@ -409,7 +416,7 @@ def pull_by_digest(reference: str, *, expected_image_id: Optional[str] = None, c
     if not ref.digest:
         raise UsageError(f"{reference!r} has no digest; pull by digest needs NAME@sha256:... (see the lockfile).")
     client = client or docker_client()
-    creds = _guard(ref.registry)
+    creds = checked_login(ref.registry)
     engine_digest(ref, client, creds=creds)          # raises if the registry lost it or serves another digest
     progress(f"pulling {ref.pinned()}")
     try:

@@ -341,3 +341,12 @@ def test_tool_output_never_carries_the_login():
         assert "s3cret-pw" not in str(exc) and "***" in str(exc), str(exc)
     token = {"IdentityToken": "refresh-abc"}
     assert "refresh-abc" not in str(reg._read_failure(ref, "v1", "denied refresh-abc", token, "the Docker engine"))
+
+
+def test_error_words_are_whole_words():
+    """An HTTP status inside a digest's hex is no status: a refused login quoting a URL whose digest holds
+    '404' is still a refused login, and a message naming a 404 is an unknown manifest."""
+    ref = reg.parse_reference("127.0.0.1:9/ci/x@sha256:" + "0" * 61 + "404")
+    url = f'Get "http://127.0.0.1:9/v2/ci/x/manifests/{ref.digest}": no basic auth credentials'
+    assert "has none for it" in str(reg._read_failure(ref, ref.digest, url, None, "the Docker engine"))
+    assert "has no manifest" in str(reg._read_failure(ref, ref.digest, "HTTP 404 from the registry", None, "x"))

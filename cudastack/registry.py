@@ -16,10 +16,14 @@ What does the work (measured on dockerd 20.10.24 / API 1.41, docker SDK 7.x, sko
   output is the manifest exactly as served; its sha256 is the digest by definition (OCI image-spec
   "Descriptor": digests are of the content's bytes). ``--raw`` rather than ``--format {{.Digest}}``: it reads
   the top-level manifest only (for a multi-arch image, the index that ``RepoDigests`` records) and needs no
-  image for this host's platform. skopeo was chosen over the Python clients on PyPI (oras, python-dxf):
-  it is the containers project's own tool, handles the basic, bearer and refresh-token flows, mirrors and
-  TLS settings (registries.conf, certs.d) the way podman and CRI-O do, and ships as a Debian package.
-  Measured: the same digest as the engine, 0.02-0.03 s per read on loopback.
+  image for this host's platform. skopeo is the containers project's own tool: it runs the basic, bearer
+  and refresh-token flows (tested here), honours mirrors and TLS settings (registries.conf, certs.d) as
+  podman and CRI-O do, and ships as a Debian package. Measured: the same digest as the engine, 0.02-0.06 s
+  per read on loopback. The Python clients on PyPI fit less: oras 0.2.43 returns a parsed manifest (the
+  digest needs our own request and hash), its default token backend fails on an htpasswd registry (it
+  takes the Basic ``realm`` for a token URL), and it has no refresh-token flow; python-dxf 12.1.1's
+  ``get_digest`` is the config blob's digest (the image id), not the manifest's, and it refuses a login
+  over plain HTTP even on loopback.
 * Loopback registries (127.0.0.0/8, localhost) are plain HTTP: the engine treats them as insecure by
   default (``docker info``: ``InsecureRegistryCIDRs: [127.0.0.0/8]``; a push to ``localhost:PORT`` works with
   no ``insecure-registries`` setting), and skopeo is given ``--tls-verify=false`` for them only.

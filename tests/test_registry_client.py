@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from cudastack import registry as reg
-from cudastack.errors import RegistryError, UsageError
+from cudastack.errors import EnvironmentError_, RegistryError, UsageError
 from registry_server import auth_registry_server, docker_config, registry_server  # noqa: F401
 
 
@@ -350,3 +350,25 @@ def test_error_words_are_whole_words():
     url = f'Get "http://127.0.0.1:9/v2/ci/x/manifests/{ref.digest}": no basic auth credentials'
     assert "has none for it" in str(reg._read_failure(ref, ref.digest, url, None, "the Docker engine"))
     assert "has no manifest" in str(reg._read_failure(ref, ref.digest, "HTTP 404 from the registry", None, "x"))
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+def test_without_skopeo_the_engine_reads_and_without_either_it_says_so(engine, registry_server, docker_config,
+                                                                         monkeypatch, tmp_path):
+    client, made = engine
+    name = "cudastack-test/tiny-" + os.urandom(4).hex()
+    _tiny_image(client, name)
+    target = f"{registry_server.host}/ci/noskopeo:v1"
+    made += [f"{name}:src", target]
+    pushed = reg.push_image(f"{name}:src", target, client=client)
+    bare = tmp_path / "bin"                          # a PATH without skopeo
+    bare.mkdir()
+    monkeypatch.setenv("PATH", str(bare))
+    assert reg.resolve_digest(target) == pushed.digest          # the local engine, found from the environment
+    with pytest.raises(EnvironmentError_, match="needs skopeo"):
+        reg.skopeo_digest(reg.parse_reference(target))
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    with pytest.raises(EnvironmentError_, match="No Docker engine answers.*install skopeo") as exc:
+        reg.resolve_digest(target)
+    assert exc.value.exit_code == 5

@@ -166,7 +166,7 @@ def cluster_job(c, cuda="13.1", scheduler=None, gpus=None, nodes=1, image=None, 
     it stops on enroot older than 4.0.0 and warns on (or, with --refuse-loopback, refuses) a loopback registry."""
     from cudastack import cluster
     from cudastack import lock as L
-    from cudastack.registry import parse_reference
+    from cudastack.reference import parse_reference
 
     try:
         if scheduler not in ("slurm", "kubernetes"):

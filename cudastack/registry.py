@@ -1,5 +1,5 @@
-"""Registry side: image references, pushes and pulls through the Docker engine, and manifest digests read
-through maintained clients.
+"""Registry side: pushes and pulls through the Docker engine, manifest digests read through maintained
+clients (the engine, or skopeo where there is none). Image references live in :mod:`cudastack.reference`.
 
 What does the work (measured on dockerd 20.10.24 / API 1.41, docker SDK 7.x, skopeo 1.9.3, against Debian's
 ``docker-registry`` on loopback, with and without htpasswd):

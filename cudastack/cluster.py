@@ -35,7 +35,7 @@ import yaml
 
 from cudastack.errors import UsageError
 from stackprobe.atomic import write_atomic
-from cudastack.registry import parse_reference
+from cudastack.reference import parse_reference
 
 REPORT_BEGIN = "----- BEGIN STACKPROBE REPORT"
 REPORT_END = "----- END STACKPROBE REPORT"
@@ -56,7 +56,7 @@ def _pinned(image: str):
 
 def loopback_problem(ref) -> Optional[str]:
     """A one-paragraph warning when ``ref`` (a parsed reference) names a loopback registry, else None."""
-    from cudastack.registry import is_loopback
+    from cudastack.reference import is_loopback
 
     if not ref.registry or not is_loopback(ref.registry):
         return None

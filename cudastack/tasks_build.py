@@ -96,7 +96,7 @@ def check_base_registry(plan, engine) -> None:
     (``GET /v2/``) and raise RegistryError (exit 8) suggesting ``--base pip`` when it does not answer. Skipped
     when the daemon has a registry mirror configured (it may pull through the mirror)."""
     from cudastack.errors import RegistryError
-    from cudastack.registry import DOCKER_HUB, RegistryClient, parse_reference
+    from cudastack.registry import DOCKER_HUB, parse_reference, ping, registry_url
 
     if not plan.nodes or plan.base_kind == "pip" or not plan.base_image:
         return
@@ -105,14 +105,13 @@ def check_base_registry(plan, engine) -> None:
     ref = parse_reference(plan.base_image)
     if ref.registry == DOCKER_HUB and (engine.info().get("RegistryConfig") or {}).get("Mirrors"):
         return
-    client = RegistryClient(ref.registry, timeout=15)
     try:
-        client.ping()
+        ping(ref.registry, timeout=15)
     except RegistryError:
         skips = " --skip flash-attn" if plan.toolchain.startswith("12.") else ""
         raise RegistryError(
             f"The base image {plan.base_image} is not on this Docker engine, and its registry {ref.registry} "
-            f"does not answer at {client.base_url}/v2/. Build on the pip base instead (an OS image from "
+            f"does not answer at {registry_url(ref.registry)}/v2/. Build on the pip base instead (an OS image from "
             "debootstrap plus PyPI's CUDA toolkit wheels, no registry needed): "
             f"`invoke build --cuda {plan.toolchain} --base pip{skips}`; or load the base image into this engine "
             "first (`docker load`, or a pull through a reachable mirror). Nothing was built.") from None

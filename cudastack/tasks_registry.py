@@ -102,7 +102,7 @@ def push(c, cuda="13.1", registry=None, node="runtime", all_nodes=False, arch=No
          recipes=None, lockfiles=None):
     """Push the locked build's images and record their digests in the lockfile.
 
-    Reads the digest the registry reports (HTTP API), checks it against the local image and records
+    Reads the digest the registry reports (through the engine), checks it against the local image and records
     registry/name@sha256:... and registry#name@sha256:... in the lockfile."""
     from cudastack import lock as L
     from cudastack import registry as R
@@ -165,7 +165,7 @@ def cluster_job(c, cuda="13.1", scheduler=None, gpus=None, nodes=1, image=None, 
     it stops on enroot older than 4.0.0 and warns on (or, with --refuse-loopback, refuses) a loopback registry."""
     from cudastack import cluster
     from cudastack import lock as L
-    from cudastack.registry import parse_reference
+    from cudastack.reference import parse_reference
 
     try:
         if scheduler not in ("slurm", "kubernetes"):

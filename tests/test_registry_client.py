@@ -1,19 +1,22 @@
-"""Registry client against a real distribution registry and the real Docker engine.
+"""Pushes, pulls and digests against a real distribution registry and the real Docker engine.
 
 A tiny image is made with ``docker import`` of a one-file rootfs (unique content per test, so every push
-really uploads a layer); it is pushed, its digest read over the HTTP API, removed locally, pulled back by
-digest and verified.
+really uploads a layer); it is pushed, its digest read back through the engine (``get_registry_data``) and
+through skopeo (no engine), checked against the sha256 of the manifest bytes the registry serves, removed
+locally, pulled back by digest and verified.
 """
 from __future__ import annotations
 
 import io
 import os
+import hashlib
 import tarfile
 
 import pytest
+import requests
 
 from cudastack import registry as reg
-from cudastack.errors import RegistryError, UsageError
+from cudastack.errors import EnvironmentError_, RegistryError, UsageError
 from registry_server import auth_registry_server, docker_config, registry_server  # noqa: F401
 
 
@@ -88,9 +91,20 @@ def engine(docker_engine_scratch):
     return docker_engine_scratch
 
 
+def _served_digest(host: str, repo: str, reference: str, auth=None) -> str:
+    """The sha256 of the manifest bytes the registry serves (the digest by definition), read with plain HTTP:
+    the independent answer the tools are checked against."""
+    accept = ("application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json, "
+              "application/vnd.docker.distribution.manifest.list.v2+json, application/vnd.oci.image.index.v1+json")
+    r = requests.get(f"http://{host}/v2/{repo}/manifests/{reference}", headers={"Accept": accept}, auth=auth,
+                     timeout=30)
+    r.raise_for_status()
+    return "sha256:" + hashlib.sha256(r.content).hexdigest()
+
+
 @pytest.mark.docker
 @pytest.mark.registry
-def test_push_head_pull_by_digest(engine, registry_server, docker_config):
+def test_push_digest_pull_by_digest(engine, registry_server, docker_config):
     client, made = engine
     name = "cudastack-test/tiny-" + os.urandom(4).hex()
     image_id = _tiny_image(client, name)
@@ -98,11 +112,14 @@ def test_push_head_pull_by_digest(engine, registry_server, docker_config):
     made += [f"{name}:src", target]
     pushed = reg.push_image(f"{name}:src", target, client=client)
 
-    # the digest over the HTTP API equals the engine's RepoDigests entry, in both spellings
-    http_digest = reg.RegistryClient(registry_server.host).manifest_digest("ci/tiny", "v1")
-    assert pushed.digest == http_digest
-    assert pushed.reference == f"{registry_server.host}/ci/tiny@{http_digest}"
-    assert pushed.enroot == f"{registry_server.host}#ci/tiny@{http_digest}"
+    # the pushed digest is what the registry serves, read three ways, and the engine's RepoDigests entry
+    served = _served_digest(registry_server.host, "ci/tiny", "v1")
+    assert pushed.digest == served
+    assert reg.resolve_digest(target, client=client) == served          # through the engine
+    assert reg.resolve_digest(target) == served                         # through skopeo, no engine
+    assert reg.resolve_digest(pushed.reference) == served
+    assert pushed.reference == f"{registry_server.host}/ci/tiny@{served}"
+    assert pushed.enroot == f"{registry_server.host}#ci/tiny@{served}"
     assert pushed.reference in client.images.get(target).attrs["RepoDigests"]
     assert pushed.image_id == image_id
 
@@ -128,9 +145,28 @@ def test_pull_detects_wrong_image_id(engine, registry_server, docker_config):
     made.append(pushed.reference)
     with pytest.raises(RegistryError, match="lock records"):
         reg.pull_by_digest(pushed.reference, expected_image_id="sha256:" + "0" * 64, client=client)
-    # a digest the registry never stored
-    with pytest.raises(RegistryError, match="404"):
-        reg.pull_by_digest(f"{registry_server.host}/ci/other@sha256:" + "1" * 64, client=client)
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+@pytest.mark.parametrize("via", ["engine", "skopeo"])
+def test_unknown_digest_and_tag(engine, registry_server, docker_config, via):
+    client, made = engine
+    name = "cudastack-test/tiny-" + os.urandom(4).hex()
+    _tiny_image(client, name)
+    target = f"{registry_server.host}/ci/known:v1"
+    made += [f"{name}:src", target]
+    reg.push_image(f"{name}:src", target, client=client)
+    kw = {"client": client} if via == "engine" else {}
+    unknown = f"{registry_server.host}/ci/known@sha256:" + "1" * 64
+    with pytest.raises(RegistryError, match=r"has no manifest .*ci/known@sha256:1111.*HTTP 404") as exc:
+        reg.resolve_digest(unknown, **kw)
+    assert exc.value.exit_code == 8
+    with pytest.raises(RegistryError, match=r"has no manifest .*ci/known:nope"):
+        reg.resolve_digest(f"{registry_server.host}/ci/known:nope", **kw)
+    # a digest the registry never stored cannot be pulled either, and nothing is pulled
+    with pytest.raises(RegistryError, match="HTTP 404"):
+        reg.pull_by_digest(unknown, client=client)
 
 
 @pytest.mark.docker
@@ -146,92 +182,193 @@ def test_registry_down(engine, registry_server, docker_config):
         reg.push_image(f"{name}:src", f"{host}/ci/tiny:v1", client=client)
     with pytest.raises(RegistryError, match="does not answer"):
         reg.pull_by_digest(f"{host}/ci/tiny@sha256:" + "2" * 64, client=client)
+    for kw in ({}, {"client": client}):
+        with pytest.raises(RegistryError, match="does not answer"):
+            reg.resolve_digest(f"{host}/ci/tiny:v1", **kw)
 
 
 @pytest.mark.docker
 @pytest.mark.registry
 def test_auth_registry(engine, auth_registry_server, docker_config):
+    import docker
+
     client, made = engine
     host = auth_registry_server.host
+    user, password = auth_registry_server.username, auth_registry_server.password
     name = "cudastack-test/tiny-" + os.urandom(4).hex()
     _tiny_image(client, name)
     made += [f"{name}:src", f"{host}/ci/tiny:v1"]
 
-    # no credentials at all: the HTTP API says what to do
-    with pytest.raises(RegistryError, match="docker login"):
-        reg.RegistryClient(host, credentials={}).manifest_digest("ci/tiny", "v1")
+    # no credentials at all: push and digest reads say what to do
+    with pytest.raises(RegistryError, match="has no login for it.*docker login"):
+        reg.push_image(f"{name}:src", f"{host}/ci/tiny:v1", client=docker.from_env())
+    for kw in ({}, {"client": docker.from_env()}):
+        with pytest.raises(RegistryError, match="credential store has none for it.*docker login"):
+            reg.resolve_digest(f"{host}/ci/tiny:v1", **kw)
 
-    # wrong credentials: the engine's push is refused; the message never carries the password
-    docker_config(host, auth_registry_server.username, "wrong-password-123")
-    import docker
-    wrong = docker.from_env()
-    with pytest.raises(RegistryError, match="refused the push") as exc:
-        reg.push_image(f"{name}:src", f"{host}/ci/tiny:v1", client=wrong)
+    # wrong credentials: the push and both digest reads are refused; no message carries the password
+    docker_config(host, user, "wrong-password-123")
+    with pytest.raises(RegistryError, match="refused the login from the Docker credential store") as exc:
+        reg.push_image(f"{name}:src", f"{host}/ci/tiny:v1", client=docker.from_env())
     assert "wrong-password-123" not in str(exc.value)
 
-    # right credentials from the credential store: push, then HEAD with basic auth
-    docker_config(host, auth_registry_server.username, auth_registry_server.password)
+    # right credentials from the credential store: push, then read the digest through engine and skopeo
+    docker_config(host, user, password)
     right = docker.from_env()
     pushed = reg.push_image(f"{name}:src", f"{host}/ci/tiny:v1", client=right)
-    assert reg.RegistryClient(host).manifest_digest("ci/tiny", pushed.digest) == pushed.digest
-    assert auth_registry_server.password not in repr(pushed.as_dict())
-    with pytest.raises(RegistryError, match="refused the credentials"):
-        reg.RegistryClient(host, credentials={"Username": "ci-user", "Password": "nope"}).manifest_digest(
-            "ci/tiny", "v1")
+    assert pushed.digest == _served_digest(host, "ci/tiny", "v1", auth=(user, password))
+    assert reg.resolve_digest(f"{host}/ci/tiny@{pushed.digest}") == pushed.digest
+    assert reg.resolve_digest(f"{host}/ci/tiny:v1", client=right) == pushed.digest
+    assert password not in repr(pushed.as_dict())
+    image_id = right.images.get(f"{host}/ci/tiny:v1").id            # pulled back with the same login
+    right.images.remove(image_id, force=True)
+    made.append(pushed.reference)
+    assert reg.pull_by_digest(pushed.enroot, expected_image_id=image_id, client=docker.from_env()).id == image_id
+
+    docker_config(host, user, "nope-" + password[::-1])
+    for kw in ({}, {"client": docker.from_env()}):
+        with pytest.raises(RegistryError, match="refused the credentials from the Docker credential store") as exc:
+            reg.resolve_digest(f"{host}/ci/tiny:v1", **kw)
+        assert "nope-" not in str(exc.value) and password not in str(exc.value)
 
 
 # ----------------------------------------------------------------------------------------- bearer tokens
-def test_bearer_token_flow():
-    """The token flow of the Docker token-auth spec, against a loopback HTTP server that speaks it (Docker Hub
-    and most cloud registries use it; the distribution registry needs a token service and TLS for it)."""
-    import base64
+def _manifest_server(seen: dict):
+    """A loopback HTTP server speaking the Docker token-auth spec (Docker Hub and most cloud registries use
+    it; the distribution registry needs a token service and TLS for it): ``/v2/`` and manifests answer 401
+    with a Bearer challenge until the token comes back; ``/token`` hands out the token for basic auth (GET)
+    or for a refresh token (POST, OAuth2 ``grant_type=refresh_token``). Returns (server, manifest bytes)."""
     import http.server
     import json
     import threading
+    from urllib.parse import parse_qs
 
-    digest = "sha256:" + "9" * 64
-    seen = {}
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                           "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "size": 2,
+                                      "digest": "sha256:" + "4" * 64}, "layers": []}).encode()
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def log_message(self, *a):
             pass
 
+        def _send(self, code, body=b"", headers=()):
+            self.send_response(code)
+            for k, v in headers:
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def _body(self) -> bytes:
+            if self.headers.get("Transfer-Encoding", "").lower() != "chunked":
+                return self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            out = b""
+            while True:
+                size = int(self.rfile.readline().split(b";")[0], 16)
+                if not size:
+                    self.rfile.readline()
+                    return out
+                out += self.rfile.read(size)
+                self.rfile.readline()
+
+        def do_POST(self):
+            seen["token_post"] = parse_qs(self._body().decode())
+            self._send(200, b'{"access_token": "tok-123"}', [("Content-Type", "application/json")])
+
         def do_GET(self):
             if self.path.startswith("/token"):
                 seen["token_auth"] = self.headers.get("Authorization")
                 seen["token_query"] = self.path
-                body = json.dumps({"token": "tok-123"}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                self._send(200, b'{"token": "tok-123"}', [("Content-Type", "application/json")])
+            elif self.headers.get("Authorization") != "Bearer tok-123":
+                self._send(401, headers=[("WWW-Authenticate", f'Bearer realm="http://{host}/token",'
+                                                              'service="reg.test",scope="repository:library/x:pull"')])
+            elif "/manifests/" in self.path:
+                seen["accept"] = self.headers.get("Accept")
+                self._send(200, manifest, [("Content-Type", "application/vnd.oci.image.manifest.v1+json")])
             else:
-                self.send_response(404)
-                self.end_headers()
+                self._send(200, b"{}")
 
-        def do_HEAD(self):
-            if self.headers.get("Authorization") != "Bearer tok-123":
-                self.send_response(401)
-                self.send_header("WWW-Authenticate", f'Bearer realm="http://{host}/token",service="reg.test",'
-                                                     'scope="repository:library/debian:pull"')
-                self.end_headers()
-                return
-            seen["accept"] = self.headers.get("Accept")
-            self.send_response(200)
-            self.send_header("Docker-Content-Digest", digest)
-            self.end_headers()
+        do_HEAD = do_GET
 
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     host = f"127.0.0.1:{srv.server_address[1]}"
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, host, manifest
+
+
+@pytest.mark.parametrize("flow", ["basic", "refresh-token"])
+def test_bearer_token_flows_through_skopeo(docker_config, flow):
+    """The login from the credential store reaches skopeo, which runs the token flow (basic auth to the
+    token service, or the refresh-token grant for an ``identitytoken`` entry), and the digest is the sha256
+    of the manifest it served."""
+    import base64
+    import json
+
+    seen: dict = {}
+    srv, host, manifest = _manifest_server(seen)
     try:
-        client = reg.RegistryClient(host, credentials={"Username": "u", "Password": "p"})
-        assert client.manifest_digest("library/debian", "bookworm") == digest
-        assert seen["token_auth"] == "Basic " + base64.b64encode(b"u:p").decode()
-        assert "service=reg.test" in seen["token_query"] and "scope=repository" in seen["token_query"]
-        assert "application/vnd.docker.distribution.manifest.v2+json" in seen["accept"]
-        assert "application/vnd.oci.image.index.v1+json" in seen["accept"]
+        if flow == "basic":
+            docker_config(host, "u", "p")
+        else:
+            cfg = docker_config.folder / "config.json"
+            cfg.write_text(json.dumps({"auths": {host: {"auth": base64.b64encode(b"u:").decode(),
+                                                        "identitytoken": "refresh-xyz"}}}))
+        assert reg.registry_credentials(host) == (
+            {"Username": "u", "Password": "p"} if flow == "basic" else {"IdentityToken": "refresh-xyz"})
+        digest = reg.resolve_digest(f"{host}/library/x:bookworm")
+        assert digest == "sha256:" + hashlib.sha256(manifest).hexdigest()
+        if flow == "basic":
+            assert seen["token_auth"] == "Basic " + base64.b64encode(b"u:p").decode()
+            assert "service=reg.test" in seen["token_query"] and "scope=repository" in seen["token_query"]
+        else:
+            assert seen["token_post"]["grant_type"] == ["refresh_token"]
+            assert seen["token_post"]["refresh_token"] == ["refresh-xyz"]
+        assert "application/vnd.oci.image.manifest.v1+json" in seen["accept"]
     finally:
         srv.shutdown()
+
+
+def test_tool_output_never_carries_the_login():
+    """A tool that quotes the password or refresh token it was given (in an error) has it cut out of every
+    message; the URL's userinfo too (StackError's scrub)."""
+    ref = reg.parse_reference("127.0.0.1:9/ci/x:v1")
+    creds = {"Username": "u", "Password": "s3cret-pw"}
+    err = "unauthorized: bad password s3cret-pw for http://u:s3cret-pw@127.0.0.1:9/v2/"
+    for exc in (reg.push_failure(ref, err, creds), reg._read_failure(ref, "v1", err, creds, "skopeo"),
+                reg._read_failure(ref, "v1", "odd failure s3cret-pw", creds, "skopeo")):
+        assert "s3cret-pw" not in str(exc) and "***" in str(exc), str(exc)
+    token = {"IdentityToken": "refresh-abc"}
+    assert "refresh-abc" not in str(reg._read_failure(ref, "v1", "denied refresh-abc", token, "the Docker engine"))
+
+
+def test_error_words_are_whole_words():
+    """An HTTP status inside a digest's hex is no status: a refused login quoting a URL whose digest holds
+    '404' is still a refused login, and a message naming a 404 is an unknown manifest."""
+    ref = reg.parse_reference("127.0.0.1:9/ci/x@sha256:" + "0" * 61 + "404")
+    url = f'Get "http://127.0.0.1:9/v2/ci/x/manifests/{ref.digest}": no basic auth credentials'
+    assert "has none for it" in str(reg._read_failure(ref, ref.digest, url, None, "the Docker engine"))
+    assert "has no manifest" in str(reg._read_failure(ref, ref.digest, "HTTP 404 from the registry", None, "x"))
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+def test_without_skopeo_the_engine_reads_and_without_either_it_says_so(engine, registry_server, docker_config,
+                                                                         monkeypatch, tmp_path):
+    client, made = engine
+    name = "cudastack-test/tiny-" + os.urandom(4).hex()
+    _tiny_image(client, name)
+    target = f"{registry_server.host}/ci/noskopeo:v1"
+    made += [f"{name}:src", target]
+    pushed = reg.push_image(f"{name}:src", target, client=client)
+    bare = tmp_path / "bin"                          # a PATH without skopeo
+    bare.mkdir()
+    monkeypatch.setenv("PATH", str(bare))
+    assert reg.resolve_digest(target) == pushed.digest          # the local engine, found from the environment
+    with pytest.raises(EnvironmentError_, match="needs skopeo"):
+        reg.skopeo_digest(reg.parse_reference(target))
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    with pytest.raises(EnvironmentError_, match="No Docker engine answers.*install skopeo") as exc:
+        reg.resolve_digest(target)
+    assert exc.value.exit_code == 5

@@ -3,12 +3,15 @@
 * a loopback docker-registry killed in the middle of a push: the error says the registry went away (not
   "docker login"), and nothing is recorded;
 * a registry whose Bearer challenge names a token service (realm) over plain HTTP on a non-loopback address:
-  the client refuses to send the login there, and the realm server never sees the secret's bytes; over
-  loopback the same login is sent.
+  no tool is handed the login (not skopeo, not the engine), and the realm server never sees the secret's
+  bytes; over loopback the same login is sent (skopeo runs the token flow);
+* a registry on another host that serves plain HTTP: it is only ever reached over https, so the TLS
+  handshake fails and no request (with or without the login) reaches it.
 """
 from __future__ import annotations
 
 import base64
+import hashlib
 import http.server
 import io
 import os
@@ -121,9 +124,10 @@ def _non_loopback_address() -> str:
     pytest.fail("this host has no non-loopback IPv4 address to serve the token service on")
 
 
-def test_login_is_never_sent_to_a_plain_http_realm_off_this_host():
+@pytest.mark.docker
+def test_login_is_never_sent_to_a_plain_http_realm_off_this_host(docker_config, docker_engine_scratch):  # noqa: F811
+    client, _ = docker_engine_scratch
     secret = "pw-" + os.urandom(8).hex()
-    creds = {"Username": "ci-user", "Password": secret}
 
     class Realm(_Recorder):
         seen: list = []
@@ -133,26 +137,29 @@ def test_login_is_never_sent_to_a_plain_http_realm_off_this_host():
 
     realm = _serve(_non_loopback_address(), Realm)
     registry = _serve("127.0.0.1", Registry)
+    host = f"127.0.0.1:{registry.server_address[1]}"
+    docker_config(host, "ci-user", secret)
+    sent = base64.b64encode(f"ci-user:{secret}".encode()).decode()
     try:
         rhost, rport = realm.server_address[:2]
         Registry.challenge = f'Bearer realm="http://{rhost}:{rport}/token",service="r",scope="repository:ci/x:pull"'
-        client = reg.RegistryClient(f"127.0.0.1:{registry.server_address[1]}", credentials=creds)
-        with pytest.raises(RegistryError, match="neither https nor a loopback") as exc:
-            client.manifest_digest("ci/x", "v1")
-        assert secret not in str(exc.value)
+        for kw in ({}, {"client": client}):                      # skopeo, then the engine
+            with pytest.raises(RegistryError, match="neither https nor a loopback") as exc:
+                reg.resolve_digest(f"{host}/ci/x:v1", **kw)
+            assert secret not in str(exc.value)
+        with pytest.raises(RegistryError, match="neither https nor a loopback"):
+            reg.pull_by_digest(f"{host}/ci/x@sha256:" + "a" * 64, client=client)
         blob = repr(Realm.seen) + repr(Registry.seen)
-        assert Realm.seen == [] and secret not in blob
-        assert base64.b64encode(f"ci-user:{secret}".encode()).decode() not in blob
+        assert Realm.seen == [] and secret not in blob and sent not in blob
+        assert all(path == "/v2/" and auth == "" for path, auth in Registry.seen), Registry.seen
 
-        # the same login to a token service on loopback is sent (and the digest read)
+        # the same login to a token service on loopback is sent by skopeo, and the digest read
         Realm.seen.clear()
         loop_realm = _serve("127.0.0.1", Realm)
         try:
             Registry.challenge = (f'Bearer realm="http://127.0.0.1:{loop_realm.server_address[1]}/token",'
                                   'service="r",scope="repository:ci/x:pull"')
-            client = reg.RegistryClient(f"127.0.0.1:{registry.server_address[1]}", credentials=creds)
-            assert client.manifest_digest("ci/x", "v1") == "sha256:" + "a" * 64
-            sent = base64.b64encode(f"ci-user:{secret}".encode()).decode()
+            assert reg.resolve_digest(f"{host}/ci/x:v1") == "sha256:" + hashlib.sha256(b"{}").hexdigest()
             assert any(auth == f"Basic {sent}" for _, auth in Realm.seen), Realm.seen
         finally:
             loop_realm.shutdown()
@@ -161,7 +168,7 @@ def test_login_is_never_sent_to_a_plain_http_realm_off_this_host():
         registry.shutdown()
 
 
-def test_basic_login_over_plain_http_off_this_host_is_refused():
+def test_plain_http_registry_off_this_host_gets_nothing(docker_config):  # noqa: F811
     secret = "pw-" + os.urandom(8).hex()
 
     class Registry(_Recorder):
@@ -171,9 +178,9 @@ def test_basic_login_over_plain_http_off_this_host_is_refused():
     srv = _serve(_non_loopback_address(), Registry)
     try:
         host, port = srv.server_address[:2]
-        client = reg.RegistryClient(f"{host}:{port}", scheme="http", credentials={"Username": "u", "Password": secret})
-        with pytest.raises(RegistryError, match="neither https nor a loopback"):
-            client.manifest_digest("ci/x", "v1")
-        assert all(secret not in auth and auth == "" for _, auth in Registry.seen), Registry.seen
+        docker_config(f"{host}:{port}", "u", secret)
+        with pytest.raises(RegistryError, match="TLS with the registry .* failed.*Nothing was sent"):
+            reg.resolve_digest(f"{host}:{port}/ci/x:v1")
+        assert Registry.seen == [], Registry.seen        # only a TLS hello arrived, never an HTTP request
     finally:
         srv.shutdown()

@@ -86,8 +86,7 @@ def test_fixture_chain_lock_build_push_pull(tmp_path, engine, registry_server, d
         image = L.pull_locked(path, client=client)
         assert image.id == image_id
         assert pushed.reference in image.attrs["RepoDigests"]
-        assert R.RegistryClient(registry_server.host).manifest_digest(
-            R.parse_reference(pushed.reference).repository, pushed.digest) == pushed.digest
+        assert R.resolve_digest(pushed.reference) == pushed.digest
     finally:
         try:
             client.images.get(pushed.reference).tag(*runtime.tag.rsplit(":", 1))
@@ -131,7 +130,7 @@ def test_locked_build_stops_on_a_changed_hash(tmp_path, engine):
 def test_nvidia_base_is_locked_and_built_by_digest(tmp_path, engine, registry_server, docker_config):
     """The NVIDIA-base path end to end, with a loopback registry standing in for Docker Hub (unreachable
     here): our CUDA 13.1 pip base (it has nvcc 13.1, like nvidia/cuda:13.1.1-devel) is pushed as
-    HOST/nvidia/cuda:13.1.1-devel; `lock` reads its digest over the registry API; the tag is then moved to an
+    HOST/nvidia/cuda:13.1.1-devel; `lock` reads its digest from the registry (skopeo); the tag is then moved to an
     image without nvcc; the locked build still builds FROM the locked digest (base-nvidia checks nvcc's
     version, so building on the moved tag would fail)."""
     from cudastack.build import run_build

@@ -184,8 +184,7 @@ def push_locked(plan, lock_path, registry_prefix: str, *, nodes: Optional[list[s
     Returns {node: PushedImage}."""
     import docker.errors
 
-    from cudastack.registry import (RegistryClient, docker_client, parse_registry_prefix, push_image,
-                                    push_target)
+    from cudastack.registry import docker_client, parse_registry_prefix, ping, push_image, push_target
 
     parse_registry_prefix(registry_prefix)
     lock = load_lock(lock_path)
@@ -212,7 +211,7 @@ def push_locked(plan, lock_path, registry_prefix: str, *, nodes: Optional[list[s
             raise UsageError(f"The local image {tag} is {image_id[:19]}, but the locked build recorded "
                              f"{expected[:19]}; rebuild with `invoke build --cuda {plan.toolchain} --locked`.")
         todo.append((name, tag, push_target(tag, registry_prefix)))
-    RegistryClient(parse_registry_prefix(registry_prefix)[0]).ping()   # down: fail before any push
+    ping(parse_registry_prefix(registry_prefix)[0])   # down: fail before any push
     out = {}
     for name, tag, target in todo:
         pushed = push_image(tag, target, client=client, progress=progress)

@@ -184,14 +184,15 @@ def uv_resolve(specs: list[str], *, target: dict, index: str = "", extra_index: 
         except InvalidRequirement:
             pass
     tags = {t: i for i, t in enumerate(target_tags(target))}
-    pkgs = [_pkg_from_pylock(p, tags, requested) for p in data.get("packages", [])]
-    pkgs = sorted(pkgs, key=lambda p: p["name"])
+    chosen = [_pkg_from_pylock(p, tags, requested) for p in data.get("packages", [])]
+    pkgs = sorted((pkg for pkg, _ in chosen), key=lambda p: p["name"])
     if requires is not None:
-        requires.update(closure_requires(pkgs, specs, target))
+        requires.update(closure_requires(pkgs, specs, target, sources={pkg["name"]: src for pkg, src in chosen}))
     return pkgs
 
 
-def _pkg_from_pylock(p: dict, tags: dict, requested: set) -> dict:
+def _pkg_from_pylock(p: dict, tags: dict, requested: set) -> tuple[dict, str]:
+    """(the lock's package entry, the chosen wheel's URL) for one ``[[packages]]`` table of uv's pylock.toml."""
     name = canonicalize_name(p.get("name", "?"))
     wheels = []
     for w in p.get("wheels") or []:
@@ -207,6 +208,9 @@ def _pkg_from_pylock(p: dict, tags: dict, requested: set) -> dict:
         raise LockError(f"uv resolved {name} {p.get('version')} to {what}, not a wheel for the target; the lock "
                         "pins wheels only (lock source builds as sdist/git/path sources of their recipe).")
     rank, fname, url, sha = min(wheels)
+    if rank >= len(tags):
+        raise LockError(f"uv resolved {name} {p.get('version')} to wheels none of which installs on the target "
+                        f"({', '.join(w[1] for w in wheels)}); check the target's Python and glibc.")
     if not sha:
         raise LockError(f"The index gave no sha256 for {name} {p.get('version')} ({url}); use an index that "
                         "publishes hashes (PyPI does).")
@@ -215,36 +219,49 @@ def _pkg_from_pylock(p: dict, tags: dict, requested: set) -> dict:
         pkg["url"] = url
     if name in requested:
         pkg["requested"] = True
-    return pkg
+    return pkg, url
 
 
 # ------------------------------------------------------------------------------ Requires-Dist (PEP 658)
 def wheel_requires_dist(url: str, *, session: Optional[requests.Session] = None, timeout: float = 60) -> list[str]:
-    """The ``Requires-Dist`` lines of the wheel at ``url``, read from its PEP 658 core metadata
-    (``<url>.metadata``; PyPI serves it for every wheel). Raises ``requests.RequestException``."""
+    """The ``Requires-Dist`` lines of the wheel at ``url``: for http(s), its PEP 658 core metadata
+    (``<url>.metadata``; PyPI serves it for every wheel); for ``file://``, the wheel's own
+    ``*.dist-info/METADATA``. Raises ``requests.RequestException`` or OSError."""
     from cudastack.lock import _verify_arg
 
-    s = session or requests.Session()
-    r = s.get(url + ".metadata", timeout=timeout, verify=_verify_arg())
-    r.raise_for_status()
-    return list(email.parser.Parser().parsestr(r.text, headersonly=True).get_all("Requires-Dist") or [])
+    if url.startswith("file:"):
+        import zipfile
+        from urllib.parse import unquote, urlparse
+
+        with zipfile.ZipFile(unquote(urlparse(url).path)) as zf:
+            meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1)
+            text = zf.read(meta).decode("utf-8", "replace")
+    else:
+        s = session or requests.Session()
+        r = s.get(url + ".metadata", timeout=timeout, verify=_verify_arg())
+        r.raise_for_status()
+        text = r.text
+    return list(email.parser.Parser().parsestr(text, headersonly=True).get_all("Requires-Dist") or [])
 
 
-def closure_requires(pkgs: list[dict], specs: list[str], target: dict) -> dict[str, dict]:
+def closure_requires(pkgs: list[dict], specs: list[str], target: dict,
+                     sources: Optional[dict[str, str]] = None) -> dict[str, dict]:
     """{name: {"requires_dist": [...], "extras": [...]}} for a resolved closure, as pip's installation report
     gives it: Requires-Dist from each wheel's core metadata (:func:`wheel_requires_dist`; a wheel without a
-    URL or without metadata on its index gets an empty list) and the extras asked of each package by the
+    URL or without metadata on its index gets an empty list; ``sources``: {name: wheel URL} where it is not the
+    package's ``url``, e.g. ``file://``) and the extras asked of each package by the
     top-level ``specs`` and by the Requires-Dist whose markers hold on ``target``, to a fixpoint."""
     from cudastack.lock import marker_environment
 
     s = requests.Session()
 
     def one(p):
-        if not p.get("url"):
+        url = (sources or {}).get(p["name"]) or p.get("url")
+        if not url:
             return p["name"], []
         try:
-            return p["name"], wheel_requires_dist(p["url"], session=s)
-        except requests.RequestException:
+            return p["name"], wheel_requires_dist(url, session=s)
+        except (requests.RequestException, OSError, StopIteration):
             return p["name"], []
 
     with ThreadPoolExecutor(max_workers=8) as pool:
@@ -300,3 +317,32 @@ def requirements_hash_counts(specs: list[str], *, target: dict, index: str = "",
             if name and "--hash=sha256:" in line:
                 counts[name] += 1
         return counts
+
+
+def _describe() -> str:
+    return f"uv {uv_version()} pip compile --format pylock.toml (PEP 751) --no-build --python-platform/--python-version"
+
+
+uv_resolve.describe = _describe   # what resolve_lock writes as the lock's resolver.tool
+
+#: the resolver ``invoke lock`` uses unless told otherwise: uv, for the figures in results/resolver/ (same
+#: closures as pip on the 12.8 and 13.1 plans, about 10x less time per lock)
+DEFAULT_RESOLVER = "uv"
+RESOLVER_NAMES = ("pip", "uv")
+
+
+def choose_resolver(name: Optional[str] = None):
+    """The resolve function for ``invoke lock --resolver NAME`` ("pip": :func:`cudastack.lock.pip_resolve`,
+    "uv": :func:`uv_resolve`; None: :data:`DEFAULT_RESOLVER`). Raises UsageError for another name and
+    EnvironmentError_ when uv is asked for and not installed, before anything is resolved."""
+    from cudastack.errors import UsageError
+    from cudastack.lock import pip_resolve
+
+    name = (name or DEFAULT_RESOLVER).strip().lower()
+    if name not in RESOLVER_NAMES:
+        raise UsageError(f"--resolver {name!r} is not a resolver this tool knows; use one of "
+                         f"{', '.join(RESOLVER_NAMES)} (default {DEFAULT_RESOLVER}).")
+    if name == "pip":
+        return pip_resolve
+    uv_binary()
+    return uv_resolve

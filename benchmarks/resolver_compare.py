@@ -212,8 +212,10 @@ def main(argv=None) -> int:
             lp = lock_install(L.pip_resolve, r["inst"], r["held"], target, base_kw)
             lu = lock_install(lambda s, **k: U.uv_resolve(s, cache_dir=str(work / f"uv-lock-{tc}-{r['node']}-{r['arg']}"), **k),
                               r["inst"], r["held"], target, base_kw)
+            # uv's requirements.txt form of the same closure (its final pins as constraints), to count hashes
             hashes = U.requirements_hash_counts(specs, target=target, index=r["kw"]["index"], no_deps=r["inst"]["no_deps"],
-                                                constraints=lu["kept"] or None, cache_dir=str(uv_dir))
+                                                constraints={p["name"]: p["version"] for p in lu["packages"]},
+                                                cache_dir=str(uv_dir))
             res = {"toolchain": tc, "node": r["node"], "arg": r["arg"], "specs": specs, "no_deps": r["inst"]["no_deps"],
                    "times": t, "lock_steps_s": {"pip": lp["seconds"], "uv": lu["seconds"]},
                    "n": {"pip": len(lp["packages"]), "uv": len(lu["packages"]), "locked": len(r["locked"]),
@@ -231,6 +233,7 @@ def main(argv=None) -> int:
                               "uv_requirements_txt_max": max(hashes.values() or [0])},
                    "uv_packages": lu["packages"]}
             results.append(res)
+            (out / "partial.json").write_text(json.dumps(results, indent=1, default=str))
             say(f"  {label}: pip {t['pip']['median']:.2f}s uv cold {t['uv_cold']['median']:.2f}s warm "
                 f"{t['uv_warm']['median']:.2f}s; closure {len(lp['packages'])}/{len(lu['packages'])}; "
                 f"{diff_text(res['diff_final'], 'pip', 'uv')}")
@@ -266,6 +269,7 @@ def main(argv=None) -> int:
         r.pop("uv_packages")
     (out / "resolver_compare.json").write_text(json.dumps({"env": env, "results": results, "checks": checks}, indent=1))
     plot(results, out / "resolver_time.png", env)
+    (out / "partial.json").unlink(missing_ok=True)
     say(f"wrote {out}/resolver_compare.md, .json, resolver_time.png")
     return 0
 

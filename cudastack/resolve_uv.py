@@ -23,7 +23,7 @@ What differs from pip, and how this module makes them agree:
   :func:`uv_platform` takes the newest one the image's glibc satisfies, never a newer one.
 * uv's output has no Requires-Dist; when ``requires`` is asked for (the lock's :func:`kept_pins` and
   :func:`cudastack.cuda_wheels.cohere` read it), each resolved wheel's core metadata is read from the index
-  (PEP 658, one small request per package) and the extras each package was asked for are derived from the
+  (PEP 658, one small request per package; the PyPI JSON API or the wheel itself where a mirror lacks it) and the extras each package was asked for are derived from the
   closure (a fixpoint over the Requires-Dist whose markers hold on the target).
 
 Errors: LockError (exit 7) for an unresolvable requirement, a package without a wheel for the target or without
@@ -223,32 +223,64 @@ def _pkg_from_pylock(p: dict, tags: dict, requested: set) -> tuple[dict, str]:
 
 
 # ------------------------------------------------------------------------------ Requires-Dist (PEP 658)
-def wheel_requires_dist(url: str, *, session: Optional[requests.Session] = None, timeout: float = 60) -> list[str]:
-    """The ``Requires-Dist`` lines of the wheel at ``url``: for http(s), its PEP 658 core metadata
-    (``<url>.metadata``; PyPI serves it for every wheel); for ``file://``, the wheel's own
-    ``*.dist-info/METADATA``. Raises ``requests.RequestException`` or OSError."""
+def wheel_requires_dist(url: str, *, session: Optional[requests.Session] = None, timeout: float = 60,
+                        name: str = "", version: str = "") -> list[str]:
+    """The ``Requires-Dist`` lines of the wheel at ``url``. For ``file://``: the wheel's own
+    ``*.dist-info/METADATA``. For http(s), in this order: its PEP 658 core metadata (``<url>.metadata``);
+    where the index does not serve that (some mirrors and proxies answer 404), the PyPI JSON API of the
+    release (``/pypi/<name>/<version>/json``, ``info.requires_dist``) when ``url`` is on PyPI's file host;
+    else the wheel itself, downloaded to a temporary file. Raises LockError when none answers."""
     from cudastack.lock import _verify_arg
 
     if url.startswith("file:"):
-        import zipfile
         from urllib.parse import unquote, urlparse
 
-        with zipfile.ZipFile(unquote(urlparse(url).path)) as zf:
-            meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1)
-            text = zf.read(meta).decode("utf-8", "replace")
-    else:
-        s = session or requests.Session()
+        return _metadata_requires(unquote(urlparse(url).path))
+    s = session or requests.Session()
+    errors = []
+    try:
         r = s.get(url + ".metadata", timeout=timeout, verify=_verify_arg())
-        r.raise_for_status()
-        text = r.text
+        if r.status_code == 200:
+            return list(email.parser.Parser().parsestr(r.text, headersonly=True).get_all("Requires-Dist") or [])
+        errors.append(f"{url}.metadata: HTTP {r.status_code}")
+    except requests.RequestException as exc:
+        errors.append(f"{url}.metadata: {type(exc).__name__}")
+    if name and version and "files.pythonhosted.org" in url:
+        try:
+            r = s.get(f"https://pypi.org/pypi/{name}/{version}/json", timeout=timeout, verify=_verify_arg())
+            if r.status_code == 200:
+                return list((r.json().get("info") or {}).get("requires_dist") or [])
+            errors.append(f"PyPI JSON API: HTTP {r.status_code}")
+        except (requests.RequestException, ValueError) as exc:
+            errors.append(f"PyPI JSON API: {type(exc).__name__}")
+    try:
+        with tempfile.NamedTemporaryFile(suffix=".whl") as f:
+            with s.get(url, timeout=timeout, verify=_verify_arg(), stream=True) as r:
+                r.raise_for_status()
+                for chunk in r.iter_content(1 << 20):
+                    f.write(chunk)
+            f.flush()
+            return _metadata_requires(f.name)
+    except (requests.RequestException, OSError, StopIteration) as exc:
+        errors.append(f"{url}: {type(exc).__name__}")
+    raise LockError(f"Cannot read the Requires-Dist of {name or url} {version}: {'; '.join(errors)}. The lock needs "
+                    "them to keep what the parent image holds; retry, or lock with --resolver pip.")
+
+
+def _metadata_requires(wheel_path: str) -> list[str]:
+    import zipfile
+
+    with zipfile.ZipFile(wheel_path) as zf:
+        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1)
+        text = zf.read(meta).decode("utf-8", "replace")
     return list(email.parser.Parser().parsestr(text, headersonly=True).get_all("Requires-Dist") or [])
 
 
 def closure_requires(pkgs: list[dict], specs: list[str], target: dict,
                      sources: Optional[dict[str, str]] = None) -> dict[str, dict]:
     """{name: {"requires_dist": [...], "extras": [...]}} for a resolved closure, as pip's installation report
-    gives it: Requires-Dist from each wheel's core metadata (:func:`wheel_requires_dist`; a wheel without a
-    URL or without metadata on its index gets an empty list; ``sources``: {name: wheel URL} where it is not the
+    gives it: Requires-Dist from each wheel's core metadata (:func:`wheel_requires_dist`, LockError when it
+    cannot be read; a package without a URL gets an empty list; ``sources``: {name: wheel URL} where it is not the
     package's ``url``, e.g. ``file://``) and the extras asked of each package by the
     top-level ``specs`` and by the Requires-Dist whose markers hold on ``target``, to a fixpoint."""
     from cudastack.lock import marker_environment
@@ -259,10 +291,7 @@ def closure_requires(pkgs: list[dict], specs: list[str], target: dict,
         url = (sources or {}).get(p["name"]) or p.get("url")
         if not url:
             return p["name"], []
-        try:
-            return p["name"], wheel_requires_dist(url, session=s)
-        except (requests.RequestException, OSError, StopIteration):
-            return p["name"], []
+        return p["name"], wheel_requires_dist(url, session=s, name=p["name"], version=p["version"])
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         rd = dict(pool.map(one, pkgs))

@@ -174,3 +174,10 @@ def test_cuda_coherence_c25_is_the_same_with_uv(tmp_path, specs):
     assert by_uv["nodes"] == by_pip["nodes"]
     cut = lambda ws: [w.split(" pip: ")[0] for w in ws or []]  # noqa: E731 - the resolver's own message differs
     assert cut(by_uv.get("warnings")) == cut(by_pip.get("warnings"))
+
+
+def test_unreadable_metadata_is_an_error_not_an_empty_list():
+    """A wheel whose Requires-Dist cannot be read anywhere stops the lock (an empty list would let kept_pins
+    keep a held version that a requirement forbids)."""
+    with pytest.raises(LockError, match="Cannot read the Requires-Dist of tinyx 1.0"):
+        U.wheel_requires_dist("http://127.0.0.1:9/tinyx-1.0-py3-none-any.whl", name="tinyx", version="1.0", timeout=5)

@@ -44,15 +44,19 @@ def _node(plan, name):
                       "(default: this one).",
             "glibc": "glibc version of the images (2.N) for the manylinux platform tags; default: asked of the "
                      "local OS image, else known from the base's distribution.",
-            "find_links": "Extra folder of distributions pip may use (repeatable)."},
+            "find_links": "Extra folder of distributions pip may use (repeatable).",
+            "resolver": "Resolver of the pip installs: 'uv' (uv pip compile for the target platform and Python; "
+                        "the default) or 'pip' (pip's installation report). Both pin the same closures on the "
+                        "12.8 and 13.1 plans (results/resolver/)."},
       iterable=["skip", "find_links"], auto_shortflags=False)
 def lock(c, cuda="13.1", arch=None, base=None, skip=None, recipes=None, lockfiles=None, python=None, glibc=None,
-         find_links=None):
+         find_links=None, resolver=None):
     """Pin every input of the plan into lockfiles/<toolchain>.lock.yaml.
 
     Base image, OS snapshot, every pip package's closure with sha256, sdists and git commits; written
     atomically."""
     from cudastack import lock as L
+    from cudastack.resolve_uv import choose_resolver
 
     try:
         given = (arch, base, skip)
@@ -63,6 +67,7 @@ def lock(c, cuda="13.1", arch=None, base=None, skip=None, recipes=None, lockfile
             _say(f"note: from the existing lockfile: {' '.join(f for f in filled if f)} "
                  "(pass --arch/--base/--skip to change them)")
         plan = _plan(cuda, arch, base, skip, recipes)
+        resolve = choose_resolver(resolver)   # an unknown name, or uv not installed: stop before resolving
         client = None
         try:
             from cudastack.registry import docker_client
@@ -78,7 +83,7 @@ def lock(c, cuda="13.1", arch=None, base=None, skip=None, recipes=None, lockfile
         except StackError:
             before = {}
         lk = L.lock_plan(plan, path, target=target, python=python or sys.executable, client=client,
-                         find_links=find_links or (), progress=_say)
+                         find_links=find_links or (), progress=_say, resolver=resolve)
         for section in ("outputs", "pushed"):
             dropped = sorted(set(before.get(section) or {}) - set(lk.get(section) or {}))
             if dropped:

@@ -25,13 +25,16 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def make_wheel(folder: Path, name: str, version: str, requires: list[str] = (), payload: str = "") -> Path:
-    """Write ``<name>-<version>-py3-none-any.whl`` into ``folder``; ``payload`` changes the file's bytes."""
+def make_wheel(folder: Path, name: str, version: str, requires: list[str] = (), payload: str = "",
+               extras: list[str] = ()) -> Path:
+    """Write ``<name>-<version>-py3-none-any.whl`` into ``folder``; ``payload`` changes the file's bytes;
+    ``extras``: the ``Provides-Extra`` names (their Requires-Dist carry ``extra == '<name>'`` markers)."""
     dist = name.replace("-", "_")
     files = {
         f"{dist}/__init__.py": f"__version__ = {version!r}\n# {payload}\n".encode(),
         f"{dist}-{version}.dist-info/METADATA": (
             f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+            + "".join(f"Provides-Extra: {e}\n" for e in extras)
             + "".join(f"Requires-Dist: {r}\n" for r in requires)).encode(),
         f"{dist}-{version}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: cudastack-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }

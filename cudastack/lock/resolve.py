@@ -13,7 +13,7 @@ import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from cudastack import cuda_wheels
 from cudastack.credentials import redact
@@ -58,13 +58,16 @@ def _source_entry(node) -> dict:
 
 
 def resolve_lock(plan, *, target: Optional[dict] = None, python: str = sys.executable, client=None,
-                 find_links: Iterable[str] = (), progress: Progress = lambda s: None) -> dict:
+                 find_links: Iterable[str] = (), progress: Progress = lambda s: None,
+                 resolver: Optional[Callable[..., list[dict]]] = None) -> dict:
     """Pin every input of ``plan`` (a :class:`cudastack.model.Plan`) and return the lock (a dict; write it
     with :func:`write_lock`). ``target``: see :func:`target_for_plan` (default: asked of the plan's base).
     ``python``: the interpreter whose pip resolves; its ``major.minor`` must equal the target's, because pip
     evaluates environment markers with the running interpreter. ``client``: docker SDK client (for the OS
     image record); ``find_links``: extra local folders of distributions (outputs of an earlier lock are
-    merged by :func:`lock_plan`).
+    merged by :func:`lock_plan`). ``resolver``: a function with :func:`pip_resolve`'s interface and result
+    (default pip_resolve; :func:`cudastack.resolve_uv.uv_resolve` resolves with uv, needs no interpreter of the
+    target's version, and names itself in ``resolver.tool`` through its ``describe()``).
     Raises LockError / RegistryError / UsageError; nothing is written here."""
     target = target or target_for_plan(plan, client=client)
     proc = subprocess.run([python, "-c", "import sys, pip; print('%d.%d' % sys.version_info[:2], pip.__version__)"],
@@ -72,7 +75,8 @@ def resolve_lock(plan, *, target: Optional[dict] = None, python: str = sys.execu
     if proc.returncode != 0:
         raise LockError(f"{python} cannot run pip: {proc.stderr.strip()[-300:]}")
     host_py, pip_version = proc.stdout.split()
-    if host_py != target["python_version"]:
+    resolve = resolver or pip_resolve   # the one resolver hook (uv: cudastack/resolve_uv.py)
+    if host_py != target["python_version"] and resolve is pip_resolve:
         raise EnvironmentError_(
             f"The images run Python {target['python_version']} but {python} is Python {host_py}; pip evaluates "
             f"environment markers with the interpreter it runs in. Pass --python /path/to/python{target['python_version']} "
@@ -108,17 +112,17 @@ def resolve_lock(plan, *, target: Optional[dict] = None, python: str = sys.execu
             kw = dict(target=target, index=index, extra_index=extra, find_links=find_links, no_deps=inst["no_deps"],
                       python=python, where=f"node {node.name} ({arg})")
             requires: dict = {}
-            pkgs = pip_resolve(inst["specs"], requires=requires, **kw)
+            pkgs = resolve(inst["specs"], requires=requires, **kw)
             keep = kept_pins(held, inst["specs"], pkgs, requires, target) if held else {}
             if keep and any(p["version"] != keep.get(p["name"], p["version"]) for p in pkgs):
                 try:
-                    pkgs = pip_resolve(inst["specs"], constraints=keep, **kw)
+                    pkgs = resolve(inst["specs"], constraints=keep, **kw)
                 except LockError:
                     warnings.append(f"{node.name} ({arg}): the versions its parent image holds could not all be "
                                     "kept; pinned the newest resolution instead")
             if not inst["no_deps"]:   # one CUDA release for the toolkit wheels of this environment (C25)
                 pkgs, note = cuda_wheels.cohere(pkgs, requires, inst["specs"],
-                                                lambda cons: pip_resolve(inst["specs"], constraints={**keep, **cons}, **kw))
+                                                lambda cons: resolve(inst["specs"], constraints={**keep, **cons}, **kw))
                 if note:
                     warnings.append(f"{node.name} ({arg}): {note}")
             installs[arg] = {"requested": _requested_specs(inst["specs"]), "no_deps": inst["no_deps"],
@@ -154,7 +158,8 @@ def resolve_lock(plan, *, target: Optional[dict] = None, python: str = sys.execu
         "base_kind": plan.base_kind,
         "target_archs": list(plan.target_archs),
         **({"skipped": list(plan.skipped)} if getattr(plan, "skipped", None) else {}),
-        "resolver": {"tool": f"pip {pip_version} install --dry-run --report (installation report v1)",
+        "resolver": {"tool": (resolve.describe() if hasattr(resolve, "describe")
+                              else f"pip {pip_version} install --dry-run --report (installation report v1)"),
                      "python_version": target["python_version"], "glibc": target["glibc"],
                      "machine": target["machine"], "implementation": target["implementation"],
                      "resolved_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")},

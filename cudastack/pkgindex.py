@@ -24,13 +24,13 @@ Layout under the cache root (``$CUDASTACK_CACHE`` or ``~/.cache/cudastack``)::
 Errors: :class:`cudastack.errors.RegistryError` (exit 8) when the index is down, answers something other
 than PEP 691 JSON, or a download's sha256 differs from the index's; :class:`UsageError` for an unknown
 project. Sources: PEP 503, PEP 691 (JSON simple API), PEP 658/714 (``core-metadata``), PEP 427 (wheel
-file names), the zip format (APPNOTE) as Python's ``zipfile`` reads it.
+file names), the zip format (APPNOTE) as Python's ``zipfile`` reads it. Reading a wheel's zip over ranges, its
+METADATA member, and the tags/markers an interpreter accepts live in :mod:`cudastack.wheelmeta`.
 """
 from __future__ import annotations
 
 import email.parser
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -45,19 +45,19 @@ from urllib.parse import urljoin
 
 import requests
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.tags import Tag
 from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonicalize_name, parse_sdist_filename,
                              parse_wheel_filename)
 from packaging.version import InvalidVersion, Version
 
 from cudastack.errors import RegistryError, UsageError
+from cudastack.wheelmeta import HTTP_TIMEOUT, NoRanges, RangeFile, read_metadata_member
+from cudastack.wheelmeta import marker_env, supported_tags  # noqa: F401 - re-exported: callers import them from here
 from stackprobe.atomic import atomic_path, write_atomic
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 PEP691 = "application/vnd.pypi.simple.v1+json"
 DEFAULT_TTL_S = 3600
-_TIMEOUT = (10, 120)
-_BLOCK = 256 * 1024
+_TIMEOUT = HTTP_TIMEOUT
 
 
 def cache_root() -> Path:
@@ -103,66 +103,6 @@ class Project:
         vs = self.versions(prereleases)
         return vs[-1] if vs else None
 
-
-class _RangeFile(io.RawIOBase):
-    """A read-only, seekable view of a remote file over HTTP range requests (block cached), so
-    ``zipfile`` can read one member of a large wheel. Raises :class:`_NoRanges` when the server answers
-    a range request with the whole body."""
-
-    def __init__(self, session: requests.Session, url: str, size: int):
-        self._s, self._url, self._size, self._pos = session, url, size, 0
-        self._blocks: dict[int, bytes] = {}
-        self.requests = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self._pos, 2: self._size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def _block(self, i: int) -> bytes:
-        if i not in self._blocks:
-            start = i * _BLOCK
-            end = min(self._size, start + _BLOCK) - 1
-            r = self._s.get(self._url, headers={"Range": f"bytes={start}-{end}"}, timeout=_TIMEOUT, stream=True)
-            self.requests += 1
-            if r.status_code != 206:
-                r.close()
-                raise _NoRanges(f"HTTP {r.status_code} to a range request")
-            self._blocks[i] = r.content
-        return self._blocks[i]
-
-    def read(self, n: int = -1) -> bytes:
-        if n is None or n < 0:
-            n = self._size - self._pos
-        n = min(n, self._size - self._pos)
-        out = bytearray()
-        while n > 0:
-            i, off = divmod(self._pos, _BLOCK)
-            chunk = self._block(i)[off:off + n]
-            if not chunk:
-                break
-            out += chunk
-            self._pos += len(chunk)
-            n -= len(chunk)
-        return bytes(out)
-
-    def readinto(self, b) -> int:
-        data = self.read(len(b))
-        b[:len(data)] = data
-        return len(data)
-
-
-class _NoRanges(Exception):
-    pass
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -287,15 +227,15 @@ class Index:
                 size = int(h.headers.get("content-length") or 0)
             if not size:
                 return None
-            with zipfile.ZipFile(_RangeFile(self.session, f.url, size)) as z:
-                return _read_metadata_member(z, f)
-        except (_NoRanges, zipfile.BadZipFile, requests.RequestException, ValueError):
+            with zipfile.ZipFile(RangeFile(self.session, f.url, size)) as z:
+                return read_metadata_member(z)
+        except (NoRanges, zipfile.BadZipFile, requests.RequestException, ValueError):
             return None
 
     def _metadata_from_file(self, local: Path, f: IndexFile) -> bytes:
         if f.kind == "wheel":
             with zipfile.ZipFile(local) as z:
-                data = _read_metadata_member(z, f)
+                data = read_metadata_member(z)
             if data is None:
                 raise RegistryError(f"{f.filename} has no *.dist-info/METADATA: not a valid wheel.")
             return data
@@ -352,9 +292,9 @@ class Index:
                     return found[-1], f"{f.filename}: {i.filename} needs libcudart.so.{found[-1]}"
             return None, f"{f.filename}: no libcudart.so.N in its shared objects"
         try:
-            with zipfile.ZipFile(_RangeFile(self.session, f.url, f.size)) as z:
+            with zipfile.ZipFile(RangeFile(self.session, f.url, f.size)) as z:
                 major, ev = read(z)
-        except (_NoRanges, zipfile.BadZipFile, requests.RequestException, ValueError):
+        except (NoRanges, zipfile.BadZipFile, requests.RequestException, ValueError):
             with zipfile.ZipFile(self.download(f)) as z:
                 major, ev = read(z)
         atomic_write(path, json.dumps({"major": major, "evidence": ev}).encode())
@@ -432,34 +372,3 @@ class Index:
 def _safe_member(name: str, f: IndexFile) -> None:
     if name.startswith("/") or ".." in Path(name).parts:
         raise RegistryError(f"{f.filename} holds a member outside its folder ({name!r}); refusing to unpack it.")
-
-
-def _read_metadata_member(z: zipfile.ZipFile, f: IndexFile) -> bytes | None:
-    names = [n for n in z.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
-    if not names:
-        return None
-    return z.read(names[0])
-
-
-# ----------------------------------------------------------------------------------- tags
-def supported_tags(python: str, glibc: tuple[int, int] = (2, 28), machine: str = "x86_64") -> list[Tag]:
-    """Wheel tags an interpreter ``python`` ("3.11") on Linux ``machine`` with ``glibc`` accepts, best
-    first (CPython, abi3, py3-none; manylinux_2_5 .. glibc plus the legacy aliases; linux_<machine>)."""
-    from packaging import tags as T
-
-    major, minor = (int(x) for x in python.split(".")[:2])
-    plats = [f"manylinux_{glibc[0]}_{m}_{machine}" for m in range(glibc[1], 4, -1)]
-    legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
-    plats += [f"{legacy[m]}_{machine}" for m in (17, 12, 5) if glibc[1] >= m]
-    plats.append(f"linux_{machine}")
-    out = list(T.cpython_tags((major, minor), platforms=plats))
-    out += list(T.compatible_tags((major, minor), f"cp{major}{minor}", platforms=plats))
-    return out
-
-
-def marker_env(python: str, machine: str = "x86_64") -> dict:
-    """A PEP 508 marker environment for CPython ``python`` on Linux ``machine``."""
-    return {"python_version": ".".join(python.split(".")[:2]), "python_full_version": python.split("+")[0] + (".0" if python.count(".") == 1 else ""),
-            "implementation_name": "cpython", "platform_python_implementation": "CPython", "sys_platform": "linux",
-            "platform_system": "Linux", "platform_machine": machine, "os_name": "posix", "platform_release": "",
-            "platform_version": "", "implementation_version": python, "extra": ""}

@@ -6,22 +6,9 @@ the static verdicts. Nothing is installed or built: everything is read from the 
 Components (in this order, where the toolchain pins them): torch, flash-attn, sglang-kernel (or the
 older sgl-kernel), flashinfer-python, flashinfer-cubin, sglang (the engine), cuda-toolkit.
 
-What can hold a release back (each reason names its source):
-
-* ``pin``: the engine's ``Requires-Dist`` (the pinned sglang's core metadata, read from the index)
-  excludes it, or the candidate's own ``Requires-Dist`` excludes another component's pinned release
-  (sglang-kernel 0.4.10 requires ``torch==2.14.1``): moving one component alone is refused;
-* ``python-tag``: no wheel the toolchain's base Python (``toolchains.yaml`` bases.<default>.python, on
-  Linux x86_64 with the base OS's glibc) can install, and no sdist for a source recipe;
-* ``cuda-variant``: torch's PyPI build targets another CUDA (read from its ``Requires-Dist``:
-  ``cuda-toolkit[...]==13.2.2`` is a CUDA 13.2 build, ``nvidia-cuda-runtime-cu12==12.8.90`` a 12.8
-  build); a kernel wheel (sgl-kernel, sglang-kernel) links another CUDA major's runtime (the
-  ``libcudart.so.<major>`` its shared objects need, read with range requests: sglang-kernel 0.4.1 needs
-  ``.so.12``, 0.4.10 ``.so.13``). A torch build whose CUDA is newer than the toolchain's toolkit, or of another major, belongs to
-  another toolchain line. cuda-toolkit itself stays within its toolchain's major.minor line: a new minor
-  is a new toolchain (one ``toolchains.yaml`` entry).
-* For the engine (sglang) itself: a release whose pins cannot be met on this toolchain at all (its torch
-  pin has no build for this CUDA line or Python).
+What can hold a release back (``pin``, ``python-tag``, ``cuda-variant``, an engine release whose pins cannot be
+met) is checked per release in :mod:`cudastack.radar_checks`; this module walks the releases, scans what a move
+would change, and renders the table.
 
 :func:`engine_pin_conflicts` is the check that refuses a toolchain whose component pins contradict the
 engine's pins (``invoke build`` of a real image stops on it, naming the pin).
@@ -40,31 +27,17 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from cudastack.errors import RecipeError, StackError, UsageError
-from cudastack.pkgindex import Index, IndexFile, marker_env, supported_tags
+from cudastack.pkgindex import Index
+from cudastack.radar_checks import COMPONENTS, ENGINE, STACK, Checker, Pin
+from cudastack.radar_checks import KERNELS, recipe_pins  # noqa: F401 - re-exported: callers import them from here
 from cudastack.recipes import RecipeSet, Toolchain, load_recipes
-from cudastack.scan import pick_file, scan_package, scan_release
-from stackprobe.archs import parse_arch, version_tuple
+from cudastack.scan import scan_package, scan_release
+from stackprobe.archs import parse_arch
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 LOCK_DIR = PROJECT_ROOT / "lockfiles"
-ENGINE = "sglang"
-COMPONENTS = ("torch", "flash-attn", "sglang-kernel", "sgl-kernel", "flashinfer-python", "flashinfer-cubin",
-              "sglang", "cuda-toolkit")
-STACK = set(COMPONENTS) - {"cuda-toolkit"}
-KERNELS = {"sglang-kernel", "sgl-kernel"}   # compiled wheels whose CUDA build is read from their libcudart soname
 MAX_WALK = 60                      # releases checked per component, newest first
 SCANNED = {"torch", "flashinfer-python", "sglang", "sglang-kernel", "sgl-kernel"}   # scanned for verdicts
-# glibc of the base OS images (Debian 12 bookworm ships glibc 2.36; Ubuntu 24.04 ships 2.39, 22.04 2.35)
-_GLIBC = {"bookworm": (2, 36), "trixie": (2, 41), "ubuntu24.04": (2, 39), "ubuntu22.04": (2, 35)}
-
-
-@dataclass
-class Pin:
-    name: str
-    version: str
-    where: str                     # "recipes/torch.yaml toolchains.13.1"
-    method: str = "wheel"          # wheel | source
-    locked: str | None = None      # version in lockfiles/<tc>.lock.yaml (None: not locked)
 
 
 @dataclass
@@ -94,32 +67,6 @@ class Radar:
 
 
 # ------------------------------------------------------------------------------------ pins
-def _base_env(tc: Toolchain) -> tuple[str, tuple[int, int], str]:
-    b = tc.bases[tc.default_base]
-    key = b.os_suite or next((k for k in _GLIBC if k in (b.image or "")), "")
-    glibc = _GLIBC.get(key, (2, 28))
-    return b.python, glibc, f"{tc.default_base} base: Python {b.python}, glibc {glibc[0]}.{glibc[1]} ({key or 'assumed'})"
-
-
-def recipe_pins(recipes: RecipeSet, tc: Toolchain) -> dict[str, Pin]:
-    """Every pinned package of toolchain ``tc`` (canonical name -> Pin), cuda-toolkit from the toolchain."""
-    out: dict[str, Pin] = {}
-    for c in recipes.components.values():
-        e = c.toolchains.get(tc.name)
-        if e is None:
-            continue
-        where = f"recipes/{c.file.name} toolchains.{tc.name}"
-        for spec in e.packages:
-            r = Requirement(spec)
-            out[canonicalize_name(r.name)] = Pin(canonicalize_name(r.name), next(iter(r.specifier)).version, where)
-        if e.sdist:
-            n = canonicalize_name(e.sdist["package"])
-            out[n] = Pin(n, str(e.sdist["version"]), where, "source")
-    out["cuda-toolkit"] = Pin("cuda-toolkit", tc.cuda_version,
-                              f"recipes/toolchains.yaml toolchains.{tc.name}.cuda_version", "toolchain")
-    return out
-
-
 def lock_versions(tc_name: str, lock_dir: Path = LOCK_DIR) -> dict[str, str] | None:
     """name -> version the lockfile records (packages asked for by name first), None without a lock."""
     p = Path(lock_dir) / f"{tc_name}.lock.yaml"
@@ -144,103 +91,6 @@ def lock_versions(tc_name: str, lock_dir: Path = LOCK_DIR) -> dict[str, str] | N
     if "cuda-toolkit" not in out and data.get("cuda_version"):
         out["cuda-toolkit"] = str(data["cuda_version"])
     return out
-
-
-# ------------------------------------------------------------------------------------ the checker
-class Checker:
-    """Reads the index for one toolchain: files a Python can install, torch's CUDA build, Requires-Dist."""
-
-    def __init__(self, index: Index, recipes: RecipeSet, tc: Toolchain):
-        self.index, self.recipes, self.tc = index, recipes, tc
-        self.python, self.glibc, self.base_note = _base_env(tc)
-        self.tags = set(supported_tags(self.python, self.glibc))
-        self.env = marker_env(self.python)
-        self.pins = recipe_pins(recipes, tc)
-        self.cuda = version_tuple(tc.cuda_version)[:2]
-
-    def file_for(self, name: str, v: Version, method: str = "wheel") -> IndexFile | None:
-        fs = [f for f in self.index.project(name).files.get(v, []) if not f.yanked]
-        if method == "source":
-            return next((f for f in fs if f.kind == "sdist"), None)
-        ok = [f for f in fs if f.kind == "wheel" and f.tags & self.tags]
-        return pick_file(ok, self.python, self.glibc) if ok else None
-
-    def requires(self, name: str, v: Version, method: str = "wheel") -> tuple[dict[str, Requirement], str]:
-        f = self.file_for(name, v, method) or pick_file(self.index.project(name).files.get(v, []), self.python, self.glibc)
-        if f is None:
-            return {}, ""
-        return {canonicalize_name(r.name): r for r in self.index.requires(f, self.env)}, f.filename
-
-    def torch_cuda(self, v: Version) -> tuple[tuple[int, int] | None, str]:
-        """(major, minor) of the CUDA that torch ``v``'s installable wheel is built for, and the evidence."""
-        reqs, fn = self.requires("torch", v)
-        for n, r in reqs.items():
-            spec = next(iter(r.specifier), None)
-            if spec is None or spec.operator != "==":
-                continue
-            if n == "cuda-toolkit" or n == "nvidia-cuda-runtime" or n.startswith("nvidia-cuda-runtime-cu"):
-                return version_tuple(spec.version)[:2], f"{fn}: Requires-Dist {r.name}=={spec.version}"
-        return None, f"{fn}: no CUDA runtime in Requires-Dist (a CPU build?)"
-
-    # -- hold-back reasons for one candidate release
-    def reasons(self, name: str, v: Version, engine_reqs: dict[str, Requirement], engine_label: str,
-                method: str) -> list[str]:
-        out: list[str] = []
-        if name == "cuda-toolkit":
-            if version_tuple(str(v))[:2] != self.cuda:
-                out.append(f"toolchain line: cuda-toolkit {v} is CUDA {v.major}.{v.minor}, toolchain {self.tc.name} "
-                           f"is the {self.tc.name} line (a newer CUDA is a new toolchains.yaml entry)")
-            return out
-        f = self.file_for(name, v, method)
-        if f is None:
-            fs = self.index.project(name).files.get(v, [])
-            kinds = sorted({t.interpreter for f2 in fs for t in f2.tags}) or ["sdist only"]
-            out.append(f"python-tag: no {'sdist' if method == 'source' else 'wheel'} for Python {self.python} on "
-                       f"Linux x86_64 glibc {self.glibc[0]}.{self.glibc[1]} (files: {', '.join(kinds)})")
-            return out
-        if name == "torch":
-            cu, ev = self.torch_cuda(v)
-            if cu is None or cu[0] != self.cuda[0] or cu > self.cuda:
-                what = "no CUDA build" if cu is None else f"CUDA {cu[0]}.{cu[1]}"
-                out.append(f"cuda-variant: torch {v}'s PyPI build is {what} ({ev}); toolchain {self.tc.name} is "
-                           f"CUDA {self.tc.cuda_version}")
-        if name in KERNELS:
-            major, ev = self.index.cuda_runtime_major(f)
-            if major is not None and major != self.cuda[0]:
-                out.append(f"cuda-variant: {name} {v} is a CUDA {major} build ({ev}); toolchain {self.tc.name} is "
-                           f"CUDA {self.tc.cuda_version}")
-        if name in engine_reqs and name != ENGINE and not engine_reqs[name].specifier.contains(v, prereleases=True):
-            out.append(f"pin: {engine_label} Requires-Dist `{engine_reqs[name]}`")
-        own, fn = self.requires(name, v, method)
-        for dep, r in own.items():
-            if dep not in STACK or dep == name:
-                continue
-            if name == ENGINE:
-                ok, why = self.satisfiable(dep, r)
-                if not ok:
-                    out.append(f"pin: {name} {v} Requires-Dist `{r}`, {why}")
-            elif dep in self.pins and not r.specifier.contains(self.pins[dep].version, prereleases=True):
-                out.append(f"pin: {name} {v} Requires-Dist `{r}` but {self.pins[dep].where} pins "
-                           f"{dep} {self.pins[dep].version}")
-        return out
-
-    def satisfiable(self, dep: str, r: Requirement) -> tuple[bool, str]:
-        """Whether some release of ``dep`` within ``r`` can go on this toolchain (Python tag, CUDA build)."""
-        try:
-            proj = self.index.project(dep)
-        except StackError as e:
-            return False, f"{dep} cannot be read from the index ({e})"
-        cands = [v for v in reversed(proj.versions(True)) if r.specifier.contains(v, prereleases=True)][:4]
-        if not cands:
-            return False, f"no {dep} release on the index matches"
-        why = []
-        for v in cands:
-            rs = self.reasons(dep, v, {}, "", self.pins.get(dep, Pin(dep, "", "")).method)
-            rs = [x for x in rs if not x.startswith("pin:")]
-            if not rs:
-                return True, ""
-            why.append(rs[0])
-        return False, why[0]
 
 
 # ------------------------------------------------------------------------------------ the radar
@@ -512,4 +362,3 @@ _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 def out_name(tc: str) -> str:
     return f"cu{_SAFE.sub('_', tc)}.md"
-

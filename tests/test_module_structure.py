@@ -24,7 +24,6 @@ MAX_LINES = 420
 #: (each issue that splits one lowers or removes its entry). They may shrink, never grow; a module not listed
 #: may not pass MAX_LINES.
 OVERSIZE = {
-    "cudastack/build.py": 643,
     "cudastack/radar.py": 515,
     "cudastack/pkgindex.py": 465,
     "cudastack/scan.py": 465,

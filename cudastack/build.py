@@ -36,10 +36,14 @@ builds were issued), "wheelhouse", "nodes": [{"name", "kind", "method", "hash", 
 "skipped" | "failed" | "building" | "interrupted" | "not reached"), "duration_s", "image_id", "size_bytes", "log",
 "wheels": {file: sha256}, "knobs": {name: value}, "child_pid" (the docker CLI of a node being built), "compiled" (the last ninja counter of a node that did not
 finish, e.g. "12/73"), "sdist" (a patched sdist's file, sha256 and patches)}], "error"}``.
+
+Where the parts live: the wheelhouse and its manifest in :mod:`cudastack.wheelhouse`; build contexts,
+sdists, the cached check and locked-build failures in :mod:`cudastack.build_context`; recovery of killed
+runs in :mod:`cudastack.build_journal`; the preflight checks (disk, the OS image) and the run loop here.
+Every name is importable from this module.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -50,272 +54,25 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from cudastack.credentials import redact, scrub
+from cudastack.build_context import (  # noqa: F401 - re-exported: callers import them from here
+    _CTX_IGNORE, PYPI_SIMPLE, _make_context, cached_map, fetch_sdist, locked_failure, node_cached, unpack_patched,
+    wheels_locked)
+from cudastack.build_journal import (  # noqa: F401 - re-exported: callers import them from here
+    _process_alive, _proc_start, recover_interrupted, remove_stale_exports)
+from cudastack.credentials import scrub
 from cudastack.engine import Engine, _fmt_s, resolve_ca_bundle
-from cudastack.errors import BuildError, EnvironmentError_, LockError, StackError
+from cudastack.errors import BuildError, EnvironmentError_, StackError
 from cudastack.plan import BuildPlan, PlannedNode, render_plan
+from cudastack.wheelhouse import Wheelhouse, sha256_file  # noqa: F401 - re-exported
 from stackprobe.atomic import write_atomic
 
 RECORD_FORMAT = 1
 DISK_MARGIN_GIB = 2.0
 Say = Callable[[str], None]
-_CTX_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "build", "dist", "*.egg-info", ".pytest_cache", ".git")
 
 
 def _say_default(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-class Wheelhouse:
-    """One toolchain's wheelhouse folder and its manifest (see module doc)."""
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.manifest_path = self.path / "manifest.json"
-
-    def manifest(self) -> dict:
-        try:
-            data = json.loads(self.manifest_path.read_text())
-        except (OSError, ValueError):
-            return {"nodes": {}}
-        data.setdefault("nodes", {})
-        return data
-
-    def entry(self, node: str) -> dict | None:
-        return self.manifest()["nodes"].get(node)
-
-    def has(self, node: PlannedNode, verify: bool = False) -> bool:
-        """Whether the manifest lists ``node`` at its hash with all wheels present (and, with ``verify``,
-        matching their recorded sha256)."""
-        e = self.entry(node.name)
-        if not e or e.get("hash") != node.hash or not e.get("wheels"):
-            return False
-        for fname, digest in e["wheels"].items():
-            p = self.path / fname
-            if not p.is_file():
-                return False
-            if verify and sha256_file(p) != digest:
-                return False
-        return True
-
-    def add(self, node: PlannedNode, exported: Path) -> dict[str, str]:
-        """Move the wheels found under ``exported`` into the wheelhouse (atomically per file) and record
-        them under ``node`` in the manifest (atomically). Returns {file name: sha256}."""
-        wheels = sorted(p for p in exported.rglob("*.whl") if p.is_file())
-        if not wheels:
-            raise BuildError(f"Building {node.name} exported no wheel (looked in {exported}); see its log.")
-        self.path.mkdir(parents=True, exist_ok=True)
-        digests = {p.name: sha256_file(p) for p in wheels}
-        for p in wheels:
-            os.replace(p, self.path / p.name)
-        m = self.manifest()
-        # a file name now owned by this node is no longer another node's
-        for other, e in m["nodes"].items():
-            if other != node.name:
-                e["wheels"] = {f: d for f, d in e.get("wheels", {}).items() if f not in digests}
-        m["nodes"][node.name] = {"hash": node.hash, "tag": node.tag, "wheels": digests,
-                                 "exported": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-        write_atomic(self.manifest_path, json.dumps(m, indent=2, sort_keys=True) + "\n")
-        return digests
-
-
-PYPI_SIMPLE = "https://pypi.org/simple"
-
-
-def fetch_sdist(package: str, version: str, cache_dir: Path, *, index: str = "", ca_bundle: str | None = None,
-                say: Say | None = None) -> tuple[Path, str]:
-    """Download the sdist of ``package==version`` from a PEP 691 simple index (default PyPI) into
-    ``cache_dir`` (kept; verified against the index's sha256 each time). Returns (path, sha256).
-    Raises BuildError when the index has no such sdist or the download does not match its hash."""
-    import re as _re
-
-    import requests
-    from packaging.utils import canonicalize_name
-
-    base = (index or PYPI_SIMPLE).rstrip("/")
-    url = f"{base}/{canonicalize_name(package)}/"
-    shown = redact(base)           # messages name the index without its login
-    verify = ca_bundle or True
-    try:
-        r = requests.get(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"}, timeout=60, verify=verify)
-        r.raise_for_status()
-        files = r.json()["files"]
-    except (requests.RequestException, ValueError, KeyError) as exc:
-        raise BuildError(f"Could not list {package} on {shown} ({exc.__class__.__name__}: {scrub(str(exc))}); check the network "
-                         "or the recipe's index.") from exc
-    name_pat = "[-_.]".join(_re.escape(part) for part in _re.split(r"[-_.]+", canonicalize_name(package)))
-    pat = _re.compile(name_pat + "-" + _re.escape(version) + r"\.(tar\.gz|zip)$", _re.IGNORECASE)
-    found = [f for f in files if pat.match(f["filename"])]
-    if not found:
-        raise BuildError(f"{shown} has no sdist of {package}=={version}; fix the recipe's sdist pin.")
-    f = found[0]
-    want = f.get("hashes", {}).get("sha256", "")
-    dest = cache_dir / f["filename"]
-    if dest.is_file() and (not want or sha256_file(dest) == want):
-        return dest, sha256_file(dest)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    if say:
-        say(f"  fetching {f['filename']} from {shown}")
-    tmp = dest.with_name(f".{dest.name}.part")
-    try:
-        with requests.get(f["url"], stream=True, timeout=300, verify=verify) as resp:
-            resp.raise_for_status()
-            with open(tmp, "wb") as out:
-                for chunk in resp.iter_content(1 << 20):
-                    out.write(chunk)
-        got = sha256_file(tmp)
-        if want and got != want:
-            raise BuildError(f"{f['filename']}: sha256 {got} does not match the index's {want}; not used.")
-        os.replace(tmp, dest)
-    except requests.RequestException as exc:
-        raise BuildError(f"Downloading {redact(f['url'])} failed: {scrub(str(exc))}") from exc
-    finally:
-        tmp.unlink(missing_ok=True)
-    return dest, sha256_file(dest)
-
-
-def unpack_patched(archive: Path, dest: Path, patches: list[dict]) -> None:
-    """Unpack an sdist (its single top folder becomes ``dest``) and apply literal ``patches``
-    ({file, replace, with}); a patch that matches nothing raises BuildError naming it."""
-    import tarfile
-    import zipfile
-
-    tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=dest.parent))
-    try:
-        if archive.name.endswith(".zip"):
-            with zipfile.ZipFile(archive) as z:
-                z.extractall(tmp)
-        else:
-            with tarfile.open(archive) as t:
-                t.extractall(tmp, filter="data")
-        tops = list(tmp.iterdir())
-        root = tops[0] if len(tops) == 1 and tops[0].is_dir() else tmp
-        for pt in patches:
-            target = root / pt["file"]
-            if not target.is_file():
-                raise BuildError(f"Patch for {archive.name}: {pt['file']} does not exist in the sdist.")
-            text = target.read_text()
-            n = text.count(pt["replace"])
-            if n == 0:
-                raise BuildError(f"Patch for {archive.name}: '{pt['replace']}' matches nothing in {pt['file']}; "
-                                 "the recipe's patch no longer applies to this version.")
-            target.write_text(text.replace(pt["replace"], pt["with"]))
-        shutil.move(str(root), str(dest))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def node_cached(engine: Engine, wheelhouse: Wheelhouse, node: PlannedNode) -> bool:
-    """A node is cached when its tag exists and, for wheels nodes, the wheelhouse holds its wheels."""
-    if not engine.exists(node.tag):
-        return False
-    if node.kind == "wheels":
-        return wheelhouse.has(node)
-    return True
-
-
-def cached_map(engine: Engine, wheelhouse: Wheelhouse, plan: BuildPlan) -> dict[str, bool]:
-    return {n.name: node_cached(engine, wheelhouse, n) for n in plan.nodes}
-
-
-def _make_context(ctx_root: Path, node: PlannedNode, wheelhouse: Wheelhouse, plan: BuildPlan, *,
-                  ca_bundle: str | None = None, say: Say | None = None) -> tuple[Path, dict]:
-    """A fresh build-context folder for ``node``; returns it and extra build args (WHEEL_NAMES) plus, under
-    the key ``_sdist``, what was fetched for a patched sdist."""
-    ctx = ctx_root / f"{node.name}-{node.hash[:16]}"
-    if ctx.exists():
-        shutil.rmtree(ctx)
-    ctx.mkdir(parents=True)
-    extra: dict = {}
-    if node.sdist:
-        archive, digest = fetch_sdist(node.sdist["package"], node.sdist["version"], ctx_root.parent / "sdists",
-                                      index=node.sdist.get("index", ""), ca_bundle=ca_bundle, say=say)
-        pinned = node.sdist.get("sha256_locked")
-        if pinned is not None and pinned.get(archive.name) != digest:
-            raise LockError(
-                f"The sdist {archive.name} of node {node.name} has sha256 {digest}, but the lock "
-                f"(nodes.{node.name}.sdists) pins "
-                + (f"{pinned[archive.name]}" if archive.name in pinned else f"only {', '.join(pinned) or 'nothing'}")
-                + ". The index serves another file than the one that was locked: investigate before trusting it; "
-                "if the new file is intended, refresh the lock with `invoke lock` and review the diff. "
-                "Nothing was built.")
-        unpack_patched(archive, ctx / "src", node.sdist.get("patches", []))
-        extra["_sdist"] = {"file": archive.name, "sha256": digest, "patches": node.sdist.get("patches", [])}
-    for sub, src in node.context.items():
-        if sub == "wheelhouse" or not src:
-            continue
-        shutil.copytree(src, ctx / sub, ignore=_CTX_IGNORE, symlinks=True)
-    if node.kind == "runtime":
-        wh = ctx / "wheelhouse"
-        wh.mkdir()
-        names: list[str] = []
-        for p in node.parents:
-            pn = plan.node(p)
-            if pn.kind != "wheels":
-                continue
-            entry = wheelhouse.entry(p) or {}
-            for fname in sorted(entry.get("wheels", {})):
-                src = wheelhouse.path / fname
-                try:
-                    os.link(src, wh / fname)
-                except OSError:
-                    shutil.copy2(src, wh / fname)
-                names.append(fname)
-        extra["WHEEL_NAMES"] = " ".join(names)
-        if node.build_args.get("PIP_SPECS_LOCKED"):
-            extra["WHEELS_LOCKED"] = wheels_locked(node.build_args["PIP_SPECS_LOCKED"], names, wheelhouse, plan, node)
-    return ctx, extra
-
-
-def wheels_locked(closure_text: str, names: list[str], wheelhouse: "Wheelhouse", plan: BuildPlan,
-                  node: PlannedNode) -> str:
-    """The runtime's ``WHEELS_LOCKED`` build arg: one ``/wheelhouse/<file> --hash=sha256:<digest>`` line per
-    wheelhouse wheel whose project the locked closure (``closure_text``: ``name==version --hash=...`` lines)
-    does not name, i.e. wheels built from source; the digest is the one recorded when the wheel node exported
-    it. Wheels the closure names are installed by ``name==version`` with the lock's hash (pip finds them in
-    /wheelhouse through --find-links), so their bytes must be the locked ones."""
-    from packaging.utils import canonicalize_name
-
-    in_closure = {canonicalize_name(ln.split("==", 1)[0]) for ln in closure_text.splitlines()
-                  if "==" in ln and not ln.lstrip().startswith("#")}
-    recorded: dict[str, str] = {}
-    for p in node.parents:
-        if plan.node(p).kind == "wheels":
-            recorded.update((wheelhouse.entry(p) or {}).get("wheels", {}))
-    lines = []
-    for fname in names:
-        if canonicalize_name(fname.split("-", 1)[0]) in in_closure:
-            continue
-        lines.append(f"/wheelhouse/{fname} --hash=sha256:{recorded[fname]}")
-    return "\n".join(lines)
-
-
-def locked_failure(node: str, log: Path) -> LockError | None:
-    """When a locked build's log shows pip's hash-checking refusal, a LockError naming each package whose file
-    differs from the lock (:func:`cudastack.lock.explain_pip_hash_failure`), the node and the log; else None.
-    BuildKit's plain progress prefixes every line of a step with ``#<step> <seconds>``; it is stripped first."""
-    import re
-
-    from cudastack.lock import explain_pip_hash_failure
-
-    try:
-        text = log.read_text(errors="replace")
-    except OSError:
-        return None
-    text = re.sub(r"(?m)^#\d+ \d+\.\d+ ", "", text)
-    err = explain_pip_hash_failure(text)
-    if err is None:
-        return None
-    text = str(err)
-    return LockError(f"Locked build of {node}: {text[:1].lower()}{text[1:]} Log: {log}")
 
 
 def _preflight_disk(engine: Engine, plan: BuildPlan, cached: dict[str, bool], state_dir: Path, say: Say) -> float:
@@ -350,96 +107,6 @@ def _ensure_os_image(engine: Engine, plan: BuildPlan, say: Say) -> None:
     say(f"OS image {plan.base_image} is missing: bootstrapping Debian {plan.os_suite} (debootstrap + docker import)")
     bootstrap_os_image(plan.os_suite or "bookworm", tag=plan.base_image, progress=lambda s: say(f"  {s}"),
                        docker_cli=engine.buildkit.docker)
-
-
-def _proc_start(pid: int) -> str | None:
-    """The start time of process ``pid`` (clock ticks since boot, field 22 of /proc/<pid>/stat: proc(5)), or
-    None when no such process exists. With the pid it tells a live process from a recycled pid."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
-def _process_alive(pid, start, host) -> bool:
-    """Whether the run that wrote a journal (``pid``, ``start``, ``host``) still runs. A journal from another
-    host counts as alive (it cannot be checked from here)."""
-    import socket
-
-    if host and host != socket.gethostname():
-        return True
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    now = _proc_start(pid)
-    if now is None:
-        if Path("/proc/self/stat").exists():
-            return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    return start is None or now == start
-
-
-def recover_interrupted(state: Path, toolchain: str, say: Say) -> list[dict]:
-    """Find runs of ``toolchain`` whose journal says "running" but whose process is gone (killed without a
-    chance to write its end), rewrite each record as "interrupted" (the node it was building as well),
-    say so, and return them. Records of runs still alive are left alone."""
-    rec_dir = state / "records"
-    found = []
-    for p in sorted(rec_dir.glob(f"build-cu{toolchain}-*.json")):
-        try:
-            rec = json.loads(p.read_text())
-        except (OSError, ValueError):
-            continue
-        if rec.get("status") != "running" or _process_alive(rec.get("pid"), rec.get("proc_start"), rec.get("host")):
-            continue
-        node = next((n for n in rec.get("nodes", []) if n.get("status") == "building"), None)
-        if node is not None:
-            node["status"] = "interrupted"
-        rec["status"] = "interrupted"
-        rec["error"] = (f"The build process (pid {rec.get('pid')}) ended without recording an exit (killed: "
-                        f"SIGKILL, the OOM killer or a lost machine)"
-                        + (f" while building {node['name']}" if node else "") + ".")
-        text = json.dumps(rec, indent=2) + "\n"
-        write_atomic(p, text)
-        latest = rec_dir / f"latest-cu{toolchain}.json"
-        try:
-            if json.loads(latest.read_text()).get("run_id") == rec.get("run_id"):
-                write_atomic(latest, text)
-        except (OSError, ValueError):
-            pass
-        say(f"previous run {rec.get('run_id')} (started {rec.get('started')}) was interrupted"
-            + (f" while building {node['name']}" if node else "")
-            + f": its process ended without recording an exit; {p} now says so")
-        found.append(rec)
-    return found
-
-
-def remove_stale_exports(folder: Path, say: Say, pattern: str = ".export-*",
-                         what: str = "export folder(s) of killed runs beside the wheelhouse") -> list[str]:
-    """Remove the ``pattern`` folders in ``folder`` (``.export-*`` beside the wheelhouse, ``.secrets-*`` in the
-    state folder) that no live build owns: the owner's pid is in the name (``.export-<node>-p<pid>-<random>``);
-    folders without one predate that naming and are stale. Returns the names removed."""
-    import re as _re
-
-    removed = []
-    if not folder.is_dir():
-        return removed
-    for p in sorted(folder.glob(pattern)):
-        m = _re.search(r"-p(\d+)-[^-]*$", p.name)
-        if m and (int(m.group(1)) == os.getpid() or _proc_start(int(m.group(1))) is not None):
-            continue          # its build is still running
-        shutil.rmtree(p, ignore_errors=True)
-        if not p.exists():
-            removed.append(p.name)
-    if removed:
-        say(f"removed {len(removed)} stale {what}: {', '.join(removed)}")
-    return removed
 
 
 def run_build(

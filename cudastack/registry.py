@@ -43,266 +43,31 @@ Our own code, and why no maintained client fits:
 
 Credentials come from the Docker credential store only, read through the SDK's ``docker.auth``. No function
 here returns, logs or raises them; tool output is scrubbed of them before it reaches a message.
+
+Where the parts live: credentials, :func:`ping` and the login checks in :mod:`cudastack.registry_login`;
+digest reads (engine, skopeo) in :mod:`cudastack.registry_digest`; pushes and pulls here. Every name is
+importable from this module.
 """
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import re
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import requests
 
-from cudastack.errors import EnvironmentError_, RegistryError, UsageError
+from cudastack.errors import RegistryError, UsageError
 from cudastack.reference import (  # noqa: F401 - re-exported: callers import them from here
     _DIGEST_RE, DOCKER_HUB, DOCKER_HUB_API, ImageReference, check_digest, is_loopback, parse_reference,
     parse_registry_prefix)
+from cudastack.registry_digest import (  # noqa: F401 - re-exported: callers import them from here
+    _GONE_WORDS, _LOGIN_WORDS, _checked, _hide, _read_failure, _says, engine_digest, resolve_digest,
+    skopeo_digest)
+from cudastack.registry_login import (  # noqa: F401 - re-exported: callers import them from here
+    _login_url_ok, check_login_destination, checked_login, docker_client, ping, registry_credentials,
+    registry_url)
 
 
-# --------------------------------------------------------------------------------------------- credentials
-def registry_credentials(registry: str, config_path: Optional[str] = None) -> Optional[dict]:
-    """The credentials the Docker credential store holds for ``registry`` (host[:port]), as the docker SDK
-    resolves them: ``{"Username": ..., "Password": ...}`` or ``{"IdentityToken": ...}``, or None.
-    Raises EnvironmentError_ when a configured credential helper fails (the helper's name, never a secret)."""
-    import docker.auth
-    import docker.errors
-
-    try:
-        cfg = docker.auth.load_config(config_path=config_path)
-        auth = cfg.resolve_authconfig(registry if registry != DOCKER_HUB else None)
-    except docker.errors.DockerException as exc:
-        raise EnvironmentError_(
-            f"The Docker credential store could not be read for {registry} ({type(exc).__name__}). Check the "
-            "credsStore/credHelpers entries in your Docker config.json (DOCKER_CONFIG) and that the helper runs."
-        ) from None
-    if not auth:
-        return None
-    out = {k: auth[k] for k in ("Username", "Password", "IdentityToken") if auth.get(k)}
-    # legacy "auth": base64(user:pass) entries are decoded by load_config into username/password
-    if not out and auth.get("username"):
-        out = {"Username": auth["username"], "Password": auth.get("password", "")}
-    return out or None
-
-
-# --------------------------------------------------------------------------------------------- reachability
-def registry_url(registry: str) -> str:
-    """Base URL of ``registry``'s HTTP API: ``http://`` for a loopback host (insecure by default for the
-    engine), ``https://`` otherwise; Docker Hub's API is on ``registry-1.docker.io``."""
-    host = DOCKER_HUB_API if registry == DOCKER_HUB else registry
-    return f"{'http' if is_loopback(host) else 'https'}://{host}"
-
-
-def ping(registry: str, *, timeout: float = 30.0) -> Optional[str]:
-    """``GET /v2/`` on ``registry`` (host[:port]) with no credentials. Returns the ``WWW-Authenticate``
-    challenge of a 401 (None on 200). Raises RegistryError when nothing answers, TLS fails, or the answer is
-    not a V2 registry's. Our own call: see the module docstring."""
-    url = f"{registry_url(registry)}/v2/"
-    try:
-        r = requests.get(url, timeout=timeout, allow_redirects=False)
-    except requests.exceptions.SSLError as exc:
-        raise RegistryError(
-            f"TLS with the registry {registry} failed ({type(exc).__name__}). If it serves plain HTTP, use a "
-            "loopback address or put it behind https; if it uses a private CA, set REQUESTS_CA_BUNDLE and add "
-            "the CA to the engine (/etc/docker/certs.d). Nothing was sent."
-        ) from None
-    except requests.exceptions.RequestException as exc:
-        raise RegistryError(
-            f"The registry {registry} does not answer at {url} ({type(exc).__name__}). Start it or check its "
-            "host and port (push: --registry; pull: the reference the lockfile recorded); nothing was pushed, "
-            "pulled or recorded."
-        ) from None
-    if r.status_code == 200:
-        return None
-    if r.status_code == 401:
-        return r.headers.get("WWW-Authenticate", "")
-    raise RegistryError(f"{url} answered HTTP {r.status_code}; this is not a Docker Registry V2 endpoint. "
-                        "Check the registry host and port.")
-
-
-def _login_url_ok(url: str) -> bool:
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    return parts.scheme == "https" or (parts.scheme == "http" and is_loopback(parts.hostname or ""))
-
-
-def check_login_destination(registry: str, challenge: Optional[str], credentials: Optional[dict]) -> None:
-    """Raise RegistryError, before any tool is handed a login, when the store holds ``credentials`` for
-    ``registry`` and its Bearer ``challenge`` (from :func:`ping`) names a token service (``realm``) that is
-    neither https nor loopback. (The registry itself is reached over https unless it is on loopback:
-    :func:`registry_url`.) No credentials: nothing to check."""
-    if not credentials:
-        return
-    scheme, _, rest = (challenge or "").strip().partition(" ")
-    params = dict(re.findall(r'(\w+)="([^"]*)"', rest))
-    realm = params.get("realm", "")
-    if scheme.lower() == "bearer" and realm and not _login_url_ok(realm):
-        from urllib.parse import urlsplit
-
-        p = urlsplit(realm)
-        raise RegistryError(
-            f"The registry {registry} asks for the login to be sent to its token service at "
-            f"{p.scheme or '?'}://{p.netloc.rsplit('@', 1)[-1]}{p.path}, which is neither https nor a loopback "
-            "address; credentials are sent only over https (or to this machine). Nothing was sent. Serve the "
-            "registry's token service over https, or use a registry on a loopback address."
-        )
-
-
-def checked_login(registry: str, *, timeout: float = 30.0) -> Optional[dict]:
-    """The credential store's login for ``registry`` (or None), once :func:`ping` answered and
-    :func:`check_login_destination` allows handing it to a tool. Raises RegistryError otherwise."""
-    challenge = ping(registry, timeout=timeout)
-    creds = registry_credentials(registry)
-    check_login_destination(registry, challenge, creds)
-    return creds
-
-
-# --------------------------------------------------------------------------------------------- digests
-_LOGIN_WORDS = ("unauthorized", "authentication required", "denied", "no basic auth credentials", "401", "403")
-_GONE_WORDS = ("connection refused", "connection reset", "broken pipe", "eof", "no such host", "i/o timeout",
-               "server closed", "connection closed", "dial tcp", "use of closed network connection")
-
-
-def _says(low: str, words) -> bool:
-    """Whether the lowercased message ``low`` holds one of ``words`` as a whole word (so a digest's hex, as
-    in ``sha256:..404..``, is no HTTP status)."""
-    return any(re.search(rf"(?<![0-9a-z]){re.escape(w)}(?![0-9a-z])", low) for w in words)
-
-
-def _hide(text: str, creds: Optional[dict]) -> str:
-    """``text`` without any secret of ``creds`` (tools quote what they were given in some errors)."""
-    for key in ("Password", "IdentityToken"):
-        if creds and creds.get(key):
-            text = text.replace(creds[key], "***")
-    return text
-
-
-def _read_failure(ref: ImageReference, reference: str, error: str, creds: Optional[dict], via: str) -> RegistryError:
-    """One paragraph for a failed manifest read: unknown manifest, login missing or refused, registry gone,
-    or the tool's own words."""
-    low = error.lower()
-    what = f"{ref.name}{'@' if reference.startswith('sha256:') else ':'}{reference}"
-    if _says(low, ("manifest unknown", "not found", "404")):
-        return RegistryError(f"The registry {ref.registry} has no manifest {what} (HTTP 404, manifest unknown). "
-                             "Check the tag or digest (for a pull: the lockfile's reference; push it again if the "
-                             "registry lost it).")
-    if _says(low, _LOGIN_WORDS):
-        if not creds:
-            return RegistryError(f"The registry {ref.registry} asks for a login to read {what} and the Docker "
-                                 f"credential store has none for it. Run `docker login {ref.registry}` (the "
-                                 "credentials stay in the credential store).")
-        return RegistryError(f"The registry {ref.registry} refused the credentials from the Docker credential "
-                             f"store for {what} ({via}: {_hide(error, creds)}). Run `docker login {ref.registry}` "
-                             "with an account that may read this repository.")
-    if _says(low, _GONE_WORDS):
-        return RegistryError(f"The registry {ref.registry} does not answer ({via}: {error}). Start it or check "
-                             "its host and port; nothing was recorded.")
-    return RegistryError(f"Reading the digest of {what} from {ref.registry} failed ({via}): {_hide(error, creds)}.")
-
-
-def _checked(ref: ImageReference, reference: str, digest: str, via: str) -> str:
-    if not isinstance(digest, str) or not _DIGEST_RE.match(digest):
-        raise RegistryError(f"{via} reported a digest {digest!r} for {ref.name} that is not sha256.")
-    if reference.startswith("sha256:") and digest != reference:
-        raise RegistryError(f"The registry {ref.registry} serves {ref.name}@{reference} under another digest "
-                            f"{digest}; the registry or a proxy rewrote the manifest.")
-    return digest
-
-
-def engine_digest(ref: ImageReference, client, *, creds: Optional[dict] = None) -> str:
-    """The manifest digest of ``ref`` (tag or digest) as the Docker engine reads it from the registry
-    (``get_registry_data``, with the credential store's login). Pass ``creds`` from :func:`checked_login`.
-    Raises RegistryError (unknown manifest, login missing or refused, registry gone)."""
-    import docker.errors
-
-    reference = ref.digest or ref.tag or "latest"
-    name = f"{ref.name}@{reference}" if reference.startswith("sha256:") else f"{ref.name}:{reference}"
-    try:
-        data = client.images.get_registry_data(name)
-    except docker.errors.APIError as exc:
-        raise _read_failure(ref, reference, str(exc.explanation or exc), creds, "the Docker engine") from None
-    return _checked(ref, reference, data.id, "The Docker engine")
-
-
-def skopeo_digest(ref: ImageReference, *, creds: Optional[dict] = None, timeout: float = 120.0) -> str:
-    """The manifest digest of ``ref`` read without a Docker engine: sha256 of ``skopeo inspect --raw``'s
-    output (the manifest bytes as served). ``creds`` (from the credential store) reach skopeo through a
-    private ``--authfile`` (containers-auth.json(5) format, mode 0600, deleted afterwards), never the command
-    line. Pass ``creds`` from :func:`checked_login`. Raises EnvironmentError_ (no skopeo), RegistryError."""
-    exe = shutil.which("skopeo")
-    if not exe:
-        raise EnvironmentError_("Reading a digest without a Docker engine needs skopeo (Debian/Ubuntu: "
-                                "`apt-get install skopeo`); or start the Docker engine.")
-    reference = ref.digest or ref.tag or "latest"
-    sep = "@" if reference.startswith("sha256:") else ":"
-    entry = {}
-    if creds and creds.get("IdentityToken"):
-        entry = {"identitytoken": creds["IdentityToken"]}
-    elif creds and creds.get("Username"):
-        import base64
-        entry = {"auth": base64.b64encode(f"{creds['Username']}:{creds.get('Password', '')}".encode()).decode()}
-    with tempfile.TemporaryDirectory(prefix="cudastack-auth-") as tmp:
-        authfile = os.path.join(tmp, "auth.json")
-        fd = os.open(authfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"auths": {ref.registry: entry} if entry else {}}, f)
-        cmd = [exe, "inspect", "--raw", "--authfile", authfile]
-        if is_loopback(ref.registry):
-            cmd.append("--tls-verify=false")        # loopback registries are plain HTTP (module docstring)
-        cmd.append(f"docker://{ref.name}{sep}{reference}")
-        try:
-            p = subprocess.run(cmd, capture_output=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise RegistryError(f"skopeo did not read {ref.name}{sep}{reference} within {timeout:.0f} s; the "
-                                f"registry {ref.registry} hangs. Check it and try again.") from None
-    if p.returncode != 0:
-        err = p.stderr.decode(errors="replace").strip()
-        m = re.search(r'msg="((?:[^"\\]|\\.)*)"', err)
-        raise _read_failure(ref, reference, (m.group(1).replace('\\"', '"') if m else err[-500:]), creds, "skopeo")
-    return _checked(ref, reference, "sha256:" + hashlib.sha256(p.stdout).hexdigest(), "skopeo")
-
-
-def resolve_digest(ref: str, *, client=None, timeout: float = 120.0) -> str:
-    """Digest of ``ref`` (e.g. "nvidia/cuda:13.1.1-cudnn-devel-ubuntu24.04", or NAME@sha256:... to check it
-    is still served) as its registry reports it: through the Docker engine ``client`` when one is given,
-    else through skopeo when installed, else through the local engine. The login, if the credential store
-    holds one, is checked by :func:`check_login_destination` first. Raises UsageError (bad reference),
-    EnvironmentError_ (neither skopeo nor an engine), RegistryError (unreachable, unknown, refused)."""
-    r = parse_reference(ref)
-    creds = checked_login(r.registry, timeout=min(timeout, 30.0))
-    if client is None and shutil.which("skopeo"):
-        return skopeo_digest(r, creds=creds, timeout=timeout)
-    if client is None:
-        try:
-            client = docker_client()
-        except EnvironmentError_ as exc:
-            raise EnvironmentError_(f"{exc} Or install skopeo (`apt-get install skopeo`), which reads a digest "
-                                    "without an engine.") from None
-    return engine_digest(r, client, creds=creds)
-
-
-# --------------------------------------------------------------------------------------------- engine side
-def docker_client():
-    """A docker SDK client from the environment (DOCKER_HOST, DOCKER_CONFIG); EnvironmentError_ if no engine."""
-    import docker
-    import docker.errors
-
-    try:
-        client = docker.from_env()
-        client.ping()
-        return client
-    except docker.errors.DockerException as exc:
-        raise EnvironmentError_(
-            f"No Docker engine answers ({type(exc).__name__}). Start the daemon (e.g. `sudo dockerd &`) or set "
-            "DOCKER_HOST."
-        ) from None
-
-
+# --------------------------------------------------------------------------------------------- push and pull
 @dataclass(frozen=True)
 class PushedImage:
     """What a push produced. ``digest``: manifest digest the registry reports; ``reference``:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from cudastack import build as B
+from cudastack import build_context
 from cudastack import lock as L
 from cudastack.errors import LockError
 from cudastack.plan import make_plan
@@ -127,7 +128,8 @@ def test_sdist_with_another_sha256_than_the_lock_stops_before_unpacking(tmp_path
     archive = tmp_path / "sdists" / "flash_attn-2.8.3.post2.tar.gz"
     archive.parent.mkdir()
     archive.write_bytes(b"not the locked file")
-    monkeypatch.setattr(B, "fetch_sdist", lambda *a, **k: (archive, hashlib.sha256(archive.read_bytes()).hexdigest()))
+    # _make_context looks fetch_sdist up in cudastack.build_context, where it lives
+    monkeypatch.setattr(build_context, "fetch_sdist", lambda *a, **k: (archive, hashlib.sha256(archive.read_bytes()).hexdigest()))
     node = plan.node("flash-attn")
     with pytest.raises(LockError) as err:
         B._make_context(tmp_path / "ctx", node, B.Wheelhouse(tmp_path / "wh"), plan)

@@ -19,14 +19,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 #: The most lines a build-half module (``cudastack/**.py``) may have.
-MAX_LINES = 420
-#: Modules over :data:`MAX_LINES` that this split did not cover, at their line count when the test was written
-#: (each issue that splits one lowers or removes its entry). They may shrink, never grow; a module not listed
-#: may not pass MAX_LINES.
-OVERSIZE = {
-    "cudastack/build.py": 643,
-    "cudastack/registry.py": 451,
-}
+MAX_LINES = 400
+#: Modules allowed over :data:`MAX_LINES`, with the line count they may not exceed (empty: every module of the
+#: build half fits; an entry here is a debt to pay, never a way to pass).
+OVERSIZE: dict[str, int] = {}
 
 
 def module_files(root: Path, package: str) -> dict[str, Path]:

@@ -166,17 +166,9 @@ def uv_resolve(specs: list[str], *, target: dict, index: str = "", extra_index: 
     wheel's PEP 658 core metadata. ``cache_dir``: uv's cache (default: uv's own). Raises LockError."""
     if not specs:
         return []
-    with tempfile.TemporaryDirectory(prefix="cudastack-uv-") as tmp:
-        spec_file, out = os.path.join(tmp, "requirements.in"), os.path.join(tmp, "pylock.toml")
-        Path(spec_file).write_text("".join(s + "\n" for s in specs))
-        cfile = None
-        if constraints:
-            cfile = os.path.join(tmp, "constraints.txt")
-            Path(cfile).write_text(_constraints_text(constraints))
-        cmd = compile_command(spec_file, out, target=target, index=index, extra_index=extra_index,
-                              find_links=find_links, no_deps=no_deps, constraints_file=cfile, cache_dir=cache_dir)
-        _run_uv(cmd, specs, where, timeout)
-        data = tomllib.loads(Path(out).read_text())
+    data = tomllib.loads(_compile_text(specs, constraints, where, timeout, target=target, index=index,
+                                       extra_index=extra_index, find_links=find_links, no_deps=no_deps,
+                                       cache_dir=cache_dir))
     requested = set()
     for s in specs:
         try:
@@ -328,24 +320,34 @@ def requirements_hash_counts(specs: list[str], *, target: dict, index: str = "",
     """{name: number of ``--hash`` lines} in ``uv pip compile --generate-hashes`` requirements.txt output for
     ``specs``: uv lists every file of the pinned version there (all platforms and the sdist), where the lock
     and :func:`uv_resolve` keep one."""
+    text = _compile_text(specs, constraints, "", timeout, target=target, index=index, no_deps=no_deps,
+                         fmt="requirements.txt", cache_dir=cache_dir)
+    counts: dict[str, int] = {}
+    name = None
+    for line in text.splitlines():
+        if line and not line[0].isspace() and not line.startswith("#") and "==" in line:
+            name = canonicalize_name(line.split("==", 1)[0].split("[", 1)[0].strip())
+            counts[name] = 0
+        if name and "--hash=sha256:" in line:
+            counts[name] += 1
+    return counts
+
+
+def _compile_text(specs: list[str], constraints: Optional[dict[str, str]], where: str, timeout: float,
+                  *, fmt: str = "pylock.toml", **compile_kw) -> str:
+    """Run ``uv pip compile`` on ``specs`` (and ``constraints``) in a scratch folder and return its output
+    file's text (``fmt``: "pylock.toml" or "requirements.txt"); ``compile_kw`` go to :func:`compile_command`.
+    Raises LockError (uv's failure, via :func:`_run_uv`)."""
     with tempfile.TemporaryDirectory(prefix="cudastack-uv-") as tmp:
-        spec_file, out = os.path.join(tmp, "requirements.in"), os.path.join(tmp, "requirements.txt")
+        spec_file, out = os.path.join(tmp, "requirements.in"), os.path.join(tmp, fmt)
         Path(spec_file).write_text("".join(s + "\n" for s in specs))
         cfile = None
         if constraints:
             cfile = os.path.join(tmp, "constraints.txt")
             Path(cfile).write_text(_constraints_text(constraints))
-        _run_uv(compile_command(spec_file, out, target=target, index=index, no_deps=no_deps, constraints_file=cfile,
-                                fmt="requirements.txt", cache_dir=cache_dir), specs, "", timeout)
-        counts: dict[str, int] = {}
-        name = None
-        for line in Path(out).read_text().splitlines():
-            if line and not line[0].isspace() and not line.startswith("#") and "==" in line:
-                name = canonicalize_name(line.split("==", 1)[0].split("[", 1)[0].strip())
-                counts[name] = 0
-            if name and "--hash=sha256:" in line:
-                counts[name] += 1
-        return counts
+        cmd = compile_command(spec_file, out, constraints_file=cfile, fmt=fmt, **compile_kw)
+        _run_uv(cmd, specs, where, timeout)
+        return Path(out).read_text()
 
 
 def _describe() -> str:

@@ -15,6 +15,11 @@ from lock_support import TARGET, make_index, make_wheel
 
 @pytest.fixture
 def index(tmp_path):
+    return cuda_index(tmp_path)
+
+
+def cuda_index(tmp_path):
+    """A local index of CUDA toolkit wheels at two releases plus three consumers (case C25's shape)."""
     d = tmp_path / "files"
     files = [make_wheel(d, "nvidia-cuda-runtime", v) for v in ("13.0.96", "13.5.37")]
     files += [make_wheel(d, "nvidia-cuda-nvcc", v, ["nvidia-cuda-runtime"]) for v in ("13.0.88", "13.5.37")]

@@ -159,16 +159,9 @@ def test_cuda_coherence_c25_is_the_same_with_uv(tmp_path, specs):
     """Case C25 through uv, on test_lock_cuda_coherence's index: the CUDA toolkit wheels kept on the runtime's
     release (or the forcing requirement named) exactly as with pip: same closure, same warnings (they quote
     Requires-Dist, which uv_resolve reads from the wheels), up to the resolver's own error text."""
-    from test_lock_cuda_coherence import plan as cuda_plan
+    from test_lock_cuda_coherence import cuda_index, plan as cuda_plan
 
-    d = tmp_path / "files"
-    files = [make_wheel(d, "nvidia-cuda-runtime", v) for v in ("13.0.96", "13.5.37")]
-    files += [make_wheel(d, "nvidia-cuda-nvcc", v, ["nvidia-cuda-runtime"]) for v in ("13.0.88", "13.5.37")]
-    files += [make_wheel(d, "nvidia-cuda-cccl", v) for v in ("13.0.85", "13.3.5.0.6")]
-    files += [make_wheel(d, "tinytorch", "1.0", ["nvidia-cuda-runtime==13.0.96"]),
-              make_wheel(d, "humming", "1.0", ["nvidia-cuda-nvcc", "nvidia-cuda-cccl"]),
-              make_wheel(d, "needsnew", "1.0", ["nvidia-cuda-nvcc>=13.5"])]
-    idx = make_index(tmp_path / "idx", files)
+    idx = cuda_index(tmp_path)
     by_pip = L.resolve_lock(cuda_plan(idx, specs), target=TARGET)
     by_uv = L.resolve_lock(cuda_plan(idx, specs), target=TARGET, resolver=U.uv_resolve)
     assert by_uv["nodes"] == by_pip["nodes"]

@@ -658,12 +658,15 @@ def _chain_pins(plan, node, resolved: dict[str, dict]) -> dict[str, str]:
     return pins
 
 
-def lock_plan(plan, path: str | Path, **kw) -> dict:
+def lock_plan(plan, path: str | Path, *, only: Iterable[str] = (), kept: Optional[list] = None, **kw) -> dict:
     """Resolve ``plan`` and write the lock to ``path`` atomically (the old lock stays byte for byte on any
     error). Keeps outputs/pushed entries of nodes whose lock entry (plan hash, closures, sdists, base) and whose
     ancestors' entries are unchanged, read again just before the write (under :func:`exclusive`), so a push
     recorded while resolving is not lost; a node whose closure moved loses its outputs (they were built from the
-    old one). Returns the lock."""
+    old one). ``only``: node names whose entries are refreshed; every other node keeps the old lock's entry as
+    it is (LockError when the old lock has none), and ``kept`` (a list, when given) receives one line per kept
+    node whose fresh resolution differed (what a full relock would have moved). Returns the lock."""
+    only = list(only)
     lock = resolve_lock(plan, **kw)
     with exclusive(path):
         previous = None
@@ -672,6 +675,30 @@ def lock_plan(plan, path: str | Path, **kw) -> dict:
                 previous = load_lock(path)
             except LockError:
                 previous = None
+        if only:
+            unknown = [n for n in only if n not in lock["nodes"]]
+            if unknown:
+                raise UsageError(f"--node {', '.join(unknown)}: not a node of the plan "
+                                 f"({', '.join(lock['nodes'])}).")
+            old_nodes = (previous or {}).get("nodes") or {}
+            for n in lock["nodes"]:
+                if n in only:
+                    continue
+                if n not in old_nodes:
+                    raise LockError(f"Refreshing only {', '.join(only)}: the existing lock {path} has no entry for "
+                                    f"node {n} to keep. Lock the whole plan (no --node). Nothing was written.")
+                if old_nodes[n] != lock["nodes"][n] and kept is not None:
+                    moved = sorted(k for k in set(old_nodes[n]) | set(lock["nodes"][n])
+                                   if old_nodes[n].get(k) != lock["nodes"][n].get(k))
+                    kept.append(f"{n}: kept the old entry; a fresh resolution differs in {', '.join(moved)}")
+                lock["nodes"][n] = old_nodes[n]
+            fresh = [w for w in lock.get("warnings") or [] if any(w.startswith(f"{n} (") or f" {n} (" in w
+                                                                  for n in only)]
+            merged = list((previous or {}).get("warnings") or []) + [w for w in fresh if w not in
+                                                                     ((previous or {}).get("warnings") or [])]
+            lock.pop("warnings", None)
+            if merged:
+                lock["warnings"] = merged
         if previous:
             same = {n for n, e in lock["nodes"].items() if (previous.get("nodes") or {}).get(n) == e}
 

@@ -37,6 +37,10 @@ HASH_FORMAT = 1
 DEFAULT_ARCH = "12.0"
 DEFAULT_PREFIX = "cudastack"
 STACKPROBE_DIR = PROJECT_ROOT / "validate" / "stackprobe"
+#: the builder script of method ``aot`` (sent in the build context as ``aot/``; hashed with the node)
+AOT_BUILDER_DIR = PROJECT_ROOT / "images" / "flashinfer-aot"
+#: methods that compile on the builder (memory rule, a base with nvcc, built last among ready nodes)
+COMPILING_METHODS = ("source", "aot")
 # build-context folders that travel with a node but are not part of its content hash (see plan_build)
 UNHASHED_CONTEXT = ("stackprobe",)
 _SKIP_PARTS = {"__pycache__", ".pytest_cache", "build", "dist", ".git"}
@@ -149,7 +153,7 @@ def _topo(components: dict[str, Component], tc_name: str) -> list[Component]:
     while pending:
         ready = [n for n in pending if all(p in done for p in components[n].needs)]
         ready.sort(key=lambda n: (components[n].kind == "runtime",
-                                  components[n].toolchains[tc_name].method == "source", order.index(n)))
+                                  components[n].toolchains[tc_name].method in COMPILING_METHODS, order.index(n)))
         done.append(ready[0])
         del pending[ready[0]]
     return [components[n] for n in done]
@@ -164,6 +168,8 @@ def _source_spec(c: Component, tc: Toolchain) -> tuple[list[str], dict[str, str]
     e = c.toolchains[tc.name]
     if e.method == "wheel":
         return list(e.packages), {}
+    if e.method == "aot":
+        return list(e.packages), {"aot": str(AOT_BUILDER_DIR)}
     if e.sdist and e.patches:
         return [], {"src": ""}      # the executor fetches the sdist, unpacks and patches it into src/
     if e.sdist:
@@ -178,6 +184,21 @@ def _build_env(knobs: list[Knob]) -> str:
     """``BUILD_ENV``: space separated ``K=V``, each value shell-quoted (the Dockerfiles run
     ``eval "export $BUILD_ENV"``), so values with spaces survive."""
     return " ".join(f"{k.name}={shlex.quote(k.value)}" for k in knobs)
+
+
+def nvcc_gencode_flags(arch_list: str) -> list[str]:
+    """The ``-gencode`` flags FlashInfer's CompilationContext passes to nvcc for a suffixed
+    ``FLASHINFER_CUDA_ARCH_LIST`` ("12.0f" -> ``-gencode=arch=compute_120f,code=sm_120f``; flashinfer
+    0.7.2 ``compilation_context.py`` get_nvcc_flags_list: a suffixed entry is used verbatim). Shown in the
+    dry run of an ``aot`` node; raises UsageError for an entry that is not ``major.minor[a|f]``."""
+    out = []
+    for word in arch_list.split():
+        m = re.fullmatch(r"(\d+)\.(\d)([af]?)", word)
+        if not m:
+            raise UsageError(f"FLASHINFER_CUDA_ARCH_LIST entry '{word}' is not an arch like 12.0a or 12.0f.")
+        n = f"{m.group(1)}{m.group(2)}{m.group(3)}"
+        out.append(f"-gencode=arch=compute_{n},code=sm_{n}")
+    return out
 
 
 def _arch_tag(archs) -> str:
@@ -245,7 +266,7 @@ def make_plan(
         raise UsageError(f"Unknown base '{base_kind}' for toolchain {tc.name}: use one of {', '.join(tc.bases)}.")
     skipped = resolve_skips(recipes, skip)
     comps = [c for c in _topo(recipes.components, tc.name) if c.name not in skipped]
-    sources = [c for c in comps if c.toolchains[tc.name].method == "source"]
+    sources = [c for c in comps if c.toolchains[tc.name].method in COMPILING_METHODS]
     rules.check_base(tc, base_kind, sources)
     res = resources or host_resources()
     images = Path(images_dir) if images_dir else PROJECT_ROOT / "images"
@@ -282,7 +303,7 @@ def make_plan(
                 knobs.append(Knob(k, v, "toolchain", f"toolchains.yaml {tc.name} bases.{base_kind}"))
         else:
             specs, context = _source_spec(c, tc)
-            builds = e.method == "source" or c.kind == "image"
+            builds = e.method in COMPILING_METHODS or c.kind == "image"
             for k, v in c.knobs.items():
                 if builds:
                     knobs.append(Knob(k, v, "recipe", c.file.name))
@@ -298,7 +319,7 @@ def make_plan(
                     scope_env = c.arch_knob.scope == "env"
                     if scope_env:
                         env_knobs.append(k)
-                    if not scope_env or e.method == "source":
+                    if not scope_env or e.method in COMPILING_METHODS:
                         knobs.append(k)
                     else:
                         notes.append(f"{m.knob}={m.value} goes into the runtime image's environment ({m.note})")
@@ -309,7 +330,7 @@ def make_plan(
                                         f"{', '.join(m.uncovered)} on CUDA {tc.cuda_version}")
             for k, v in e.knobs.items():
                 knobs = [kn for kn in knobs if kn.name != k] + [Knob(k, v, "recipe", f"{c.file.name} toolchains.{tc.name}")]
-            if e.method == "source":
+            if e.method in COMPILING_METHODS:
                 assert c.parallelism is not None  # enforced by the loader
                 pk = rules.memory_rule(c.parallelism, res, max_jobs, nvcc_threads)
                 parallel = [k.name for k in pk]
@@ -329,6 +350,19 @@ def make_plan(
                     args["BUILD_DEPS"] = " ".join(e.build_deps)
                 if "src" in context:
                     args["SOURCE_DIR"] = "src"   # the local folder (or patched sdist) in the build context
+                if e.method == "aot":
+                    arch_list = next((k.value for k in knobs if c.arch_knob and k.name == c.arch_knob.knob), "")
+                    args.update({"BUILD_DEPS": " ".join(e.build_deps or e.packages), "AOT_MODULES": " ".join(e.modules),
+                                 "AOT_PATCHES": json.dumps([dict(p) for p in e.patches], separators=(",", ":")),
+                                 "AOT_LOCAL_VERSION": "cu" + tc.name.replace(".", "")})
+                    flags = " ".join(nvcc_gencode_flags(arch_list))
+                    for m in e.modules:
+                        notes.append(f"aot module {m}: nvcc {flags} (FLASHINFER_CUDA_ARCH_LIST={arch_list})")
+                    notes.append(f"aot wheel: flashinfer-jit-cache {' '.join(e.packages)} +{args['AOT_LOCAL_VERSION']} "
+                                 "(loaded by the installed FlashInfer instead of a JIT build)")
+                    for pt in e.patches:
+                        notes.append(f"patch flashinfer/{pt['file']}: '{pt['replace']}' -> '{pt['with']}'"
+                                     + (f" ({pt['why']})" if pt.get("why") else ""))
                 if e.sdist and e.patches:
                     for pt in e.patches:
                         notes.append(f"patch {pt['file']}: '{pt['replace']}' -> '{pt['with']}'"
@@ -349,7 +383,8 @@ def make_plan(
                 context["stackprobe"] = str(probe_dir)
                 context["wheelhouse"] = ""   # filled by the executor from the wheel nodes
 
-        dockerfile = images / f"{kind}.Dockerfile"
+        dockerfile = images / (f"{kind}-aot.Dockerfile" if e.method == "aot" and c.kind == "wheels"
+                               else f"{kind}.Dockerfile")
         try:
             df_text = dockerfile.read_text()
         except OSError:
@@ -387,11 +422,14 @@ def make_plan(
         repo = f"{prefix}/cu{tc.name}-{base_kind}{'-' + _arch_tag(target) if dep else ''}-{c.name}"
         method = "" if c.kind in ("base", "runtime") else e.method
         wheel_pkgs = [re.split(r"[\[=<>!~ ]", s)[0] for s in specs] if c.kind == "wheels" else []
+        if method == "aot":
+            wheel_pkgs.append("flashinfer-jit-cache")
         node = PlannedNode(
             name=c.name, kind=kind, dockerfile=str(dockerfile.relative_to(PROJECT_ROOT))
             if dockerfile.is_relative_to(PROJECT_ROOT) else str(dockerfile),
             parents=parents, build_args=args, knobs=knobs, hash=h, tag=f"{repo}:{h[:16]}", method=method,
-            memory_gib_per_job=c.parallelism.memory_gib_per_job if (c.parallelism and method == "source") else 0.0,
+            memory_gib_per_job=c.parallelism.memory_gib_per_job if (c.parallelism and method in COMPILING_METHODS)
+            else 0.0,
             est_disk_gib=c.est_disk_gib, inputs=inputs, context=context, env_knobs=env_knobs, notes=notes,
             parallel_knobs=parallel, wheel_packages=wheel_pkgs, index_secret=index_secret,
             sdist=({**e.sdist, "index": e.index, "patches": [dict(p) for p in e.patches]}

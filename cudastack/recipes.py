@@ -27,7 +27,8 @@ Component file schema (every key not listed is an error that names the file and 
       threads_knobs: [NVCC_THREADS]             # knobs that receive the per-job thread count
     toolchains:                                 # required: one entry per toolchain in toolchains.yaml
       "13.1":
-        method: wheel | source                  # base components leave it out
+        method: wheel | source | aot            # base components leave it out; aot: FlashInfer's JIT
+                                                #   modules compiled ahead of time (see below)
         packages: ["torch==2.14.1"]             # wheel (and runtime): exact `==` pins
         index: "https://..."                    # optional index URL ("" = PyPI)
         sdist: {package: flash-attn, version: "2.8.3"}      # source: one of sdist / git / path
@@ -38,6 +39,21 @@ Component file schema (every key not listed is an error that names the file and 
                                                 # a replace that matches nothing is a build error
         build_deps: ["scikit-build-core==0.11.6"]   # source: pinned build backend, installed first
                                                 #   (builds run without isolation: BUILD_DEPS build arg)
+                                                #   aot: what the builder installs to run FlashInfer's
+                                                #   JIT (default: ``packages``; pin the runtime's
+                                                #   apache-tvm-ffi here: modules link against it)
+        modules:                                # aot only (required): FlashInfer JIT module generators,
+          - flashinfer.jit.comm:gen_trtllm_comm_module   #   package.module:gen_<name>_module
+
+Method ``aot`` (FlashInfer ahead of time, images/wheels-aot.Dockerfile): ``packages`` pins the
+flashinfer-python wheel (and optionally flashinfer-cubin), exported as they are; the builder installs
+them with their dependencies, calls each generator in ``modules`` and builds its JitSpec with nvcc for the
+arch knob's list (the component must have a ``suffixed`` arch knob: 12.0f on CUDA 13.x, 12.0a on 12.8)
+under the memory rule (``parallelism`` required, as for ``source``), then packs the modules into a
+``flashinfer-jit-cache`` wheel of the same version that the installed FlashInfer loads instead of
+JIT-compiling. ``patches`` edit files of the installed ``flashinfer`` package (paths relative to it,
+e.g. ``data/csrc/trtllm_allreduce_fusion.cu``) before the modules are generated; they change the
+compiled modules only, not the flashinfer-python wheel the runtime installs.
         requires: {torch: "2.14.1"}             # pins the package's METADATA demands (checked)
         knobs: {NAME: "value"}                  # per-toolchain knobs (override the file's knobs)
 
@@ -60,13 +76,14 @@ from stackprobe.archs import ArchSpecError, parse_arch, version_tuple
 DEFAULT_RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 
 NODE_KINDS = ("base", "image", "wheels", "runtime")
-METHODS = ("wheel", "source")
+METHODS = ("wheel", "source", "aot")
 ARCH_STYLES = ("torch-list", "numbers", "suffixed", "cmake-fixed")
 BASE_KINDS = ("pip", "nvidia")
 
 _COMPONENT_KEYS = {"kind", "node", "needs", "description", "est_disk_gib", "arch_knob", "knobs",
                    "parallelism", "toolchains"}
-_ENTRY_KEYS = {"method", "packages", "index", "sdist", "git", "path", "requires", "knobs", "patches", "build_deps"}
+_ENTRY_KEYS = {"method", "packages", "index", "sdist", "git", "path", "requires", "knobs", "patches", "build_deps",
+               "modules"}
 _PATCH_KEYS = {"file", "replace", "with", "why"}
 _ARCH_KNOB_KEYS = {"style", "knob", "separator", "scope", "ignores", "covers"}
 _PAR_KEYS = {"memory_gib_per_job", "nvcc_threads", "jobs_knobs", "threads_knobs"}
@@ -75,6 +92,7 @@ _TC_KEYS = {"cuda_version", "default_base", "bases", "torch"}
 _BASE_KEYS = {"pip": {"os_image", "os_suite", "python", "pip_specs", "wheel_root", "has_nvcc"},
               "nvidia": {"image", "python", "has_nvcc"}}
 _KNOB_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
+_AOT_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:gen_[A-Za-z0-9_]+_module$")
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -146,6 +164,7 @@ class Entry:
     knobs: dict[str, str] = field(default_factory=dict)
     patches: tuple[dict, ...] = ()   # [{"file", "replace", "with", "why"}] applied to an unpacked sdist
     build_deps: tuple[str, ...] = ()  # pinned requirements installed before a source build
+    modules: tuple[str, ...] = ()     # aot: FlashInfer generators "package.module:gen_<name>_module"
     raw: dict = field(default_factory=dict)
 
 
@@ -411,7 +430,7 @@ def _load_entry(value: Any, file: Path, key: str, kind: str) -> Entry:
             _pinned(s, file, f"{key}.packages[{i}]")
         e.packages = tuple(pk)
     sources = [k for k in ("sdist", "git", "path") if k in d]
-    if method == "wheel":
+    if method in ("wheel", "aot"):
         if not e.packages and kind != "runtime":
             raise _fail(file, f"{key}.packages", "a wheel recipe needs its pinned packages (name==version).")
         if sources:
@@ -438,9 +457,28 @@ def _load_entry(value: Any, file: Path, key: str, kind: str) -> Entry:
             if not p.is_dir():
                 raise _fail(file, f"{key}.path", f"{p} is not a folder.")
             e.path = p
+    if method == "aot":
+        if kind != "wheels":
+            raise _fail(file, f"{key}.method", "method aot makes a wheel of compiled modules: the node's kind "
+                                               "must be 'wheels'.")
+        if "modules" not in d:
+            raise _fail(file, f"{key}.modules", "an aot recipe lists the FlashInfer JIT modules to compile, e.g. "
+                                                "[flashinfer.jit.comm:gen_trtllm_comm_module].")
+        mods = _str_list(d["modules"], file, f"{key}.modules")
+        if not mods:
+            raise _fail(file, f"{key}.modules", "the list is empty: name at least one module generator.")
+        for i, m in enumerate(mods):
+            if not _AOT_MODULE.match(m):
+                raise _fail(file, f"{key}.modules[{i}]", f"'{m}' is not 'package.module:gen_<name>_module' "
+                                                         "(e.g. flashinfer.jit.comm:gen_pcie_ipc_comm_module).")
+        if len(set(mods)) != len(mods):
+            raise _fail(file, f"{key}.modules", "a module is listed twice.")
+        e.modules = tuple(mods)
+    elif "modules" in d:
+        raise _fail(file, f"{key}.modules", "only an aot recipe compiles modules (method: aot).")
     if "patches" in d:
-        if not e.sdist:
-            raise _fail(file, f"{key}.patches", "patches apply to an sdist source only.")
+        if not e.sdist and method != "aot":
+            raise _fail(file, f"{key}.patches", "patches apply to an sdist source or an aot build only.")
         if not isinstance(d["patches"], list) or not d["patches"]:
             raise _fail(file, f"{key}.patches", "expected a non-empty list of {file, replace, with}.")
         pl = []
@@ -450,13 +488,14 @@ def _load_entry(value: Any, file: Path, key: str, kind: str) -> Entry:
             _check_keys(pt, _PATCH_KEYS, {"file", "replace", "with"}, file, pk)
             rel = _str(pt["file"], file, f"{pk}.file")
             if rel.startswith("/") or ".." in Path(rel).parts:
-                raise _fail(file, f"{pk}.file", "a path inside the unpacked sdist, e.g. setup.py.")
+                raise _fail(file, f"{pk}.file", "a path inside the unpacked sdist (e.g. setup.py), or for aot inside "
+                                                "the flashinfer package (e.g. data/csrc/trtllm_allreduce.cu).")
             pl.append({"file": rel, "replace": _str(pt["replace"], file, f"{pk}.replace"),
                        "with": _str(pt["with"], file, f"{pk}.with"), "why": _str(pt.get("why", ""), file, f"{pk}.why")})
         e.patches = tuple(pl)
     if "build_deps" in d:
-        if method != "source":
-            raise _fail(file, f"{key}.build_deps", "build dependencies belong to a source recipe.")
+        if method not in ("source", "aot"):
+            raise _fail(file, f"{key}.build_deps", "build dependencies belong to a source or aot recipe.")
         deps = _str_list(d["build_deps"], file, f"{key}.build_deps")
         for i, spec in enumerate(deps):
             _pinned(spec, file, f"{key}.build_deps[{i}]")
@@ -488,14 +527,19 @@ def _load_component(path: Path, toolchains: dict[str, Toolchain]) -> Component:
             raise _fail(path, f"toolchains.{name}", "missing: every component says how it is obtained for "
                                                      "every toolchain in toolchains.yaml.")
     par = _load_parallelism(d.get("parallelism"), path)
+    arch_knob = _load_arch_knob(d.get("arch_knob"), path)
     for name, e in entries.items():
-        if e.method == "source" and par is None:
+        if e.method in ("source", "aot") and par is None:
             raise _fail(path, "parallelism", f"toolchains.{name} builds from source, so the recipe must declare "
                                              "parallelism.memory_gib_per_job (the memory one compile job needs).")
+        if e.method == "aot" and (arch_knob is None or arch_knob.style != "suffixed"):
+            raise _fail(path, "arch_knob", f"toolchains.{name} compiles FlashInfer modules ahead of time, which "
+                                           "needs FlashInfer's explicit arch list: arch_knob {style: suffixed, knob: "
+                                           "FLASHINFER_CUDA_ARCH_LIST} (case C4).")
     return Component(
         name=_str(d.get("node", path.stem), path, "node"), stem=path.stem, file=path, kind=kind, needs=needs,
         description=_str(d.get("description", ""), path, "description"), est_disk_gib=float(est),
-        arch_knob=_load_arch_knob(d.get("arch_knob"), path), knobs=_knobs(d.get("knobs"), path, "knobs"),
+        arch_knob=arch_knob, knobs=_knobs(d.get("knobs"), path, "knobs"),
         parallelism=par, toolchains=entries, raw=d)
 
 

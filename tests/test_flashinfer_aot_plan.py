@@ -26,7 +26,8 @@ def _aot(cuda: str, modules=MODULES, **extra):
     version = "0.6.3" if cuda == "12.8" else "0.7.2"   # what sglang.yaml requires per toolchain
 
     def fn(d):
-        d["toolchains"][cuda] = {"method": "aot", "packages": [f"flashinfer-python=={version}"],
+        pins = [f"flashinfer-python=={version}"] + ([f"flashinfer-cubin=={version}"] if cuda == "12.8" else [])
+        d["toolchains"][cuda] = {"method": "aot", "packages": pins,
                                  "modules": list(modules), **extra}
     return fn
 

@@ -159,7 +159,7 @@ def library_gate(ctx) -> list[Verdict]:
             v.cause = f"compiled objects lack SASS for {target.cc}: {bad}"
             return [v]
     v.cause = (f"FlashInfer admits major {target.major} for the allreduce-fusion module and targets {' '.join(eff)} "
-               + (f"here; its module is compiled ahead of time ({aot['cause']}), so no JIT is needed "
+               + (f"here; its module is compiled ahead of time ({aot['cause']}), no JIT needed "
                   if aot["covers"] else "here ")
                + "(the library's answer; SGLang's own gates are the engine answer)")
     return [v]

@@ -156,7 +156,10 @@ def jit_cache_version_accepted(cache_version: str, fi_version: str) -> bool:
     return cache_version == fi_version or cache_version.startswith(fi_version + "+")
 
 
-def aot_module(fn_name: str, target, root: Path | None = None) -> dict:
+_AOT_SEEN: dict = {}
+
+
+def aot_module(fn_name: str, target, root: Path | None = None, *, resolve: bool = True) -> dict:
     """Is the module of ``flashinfer.jit.comm.<fn_name>`` available compiled ahead of time for ``target``
     (an :class:`stackprobe.archs.Arch`), so the installed FlashInfer loads it without a JIT build?
 
@@ -165,9 +168,19 @@ def aot_module(fn_name: str, target, root: Path | None = None) -> dict:
     (:func:`stackprobe.coverage.read_elf`: SASS with its ``a``/``f`` suffix) and applies the loader's
     version rule (:func:`jit_cache_version_accepted`). Returns {"module", "where", "dist_version",
     "version_ok", "file", "sass", "ptx", "level", "covers", "cause"}; ``covers`` is True only when the file
-    exists, the version is accepted and its level for ``target`` is a SASS level (no JIT, no PTX JIT)."""
+    exists, the version is accepted, its level for ``target`` is a SASS level (no JIT, no PTX JIT) and, with
+    ``resolve``, the installed FlashInfer's own loader resolves that file (``workers.flashinfer_aot_resolve``, a
+    child interpreter; it also tries to load it, which needs the driver's libcuda.so.1: a failed load is
+    reported in the cause, not a refusal, since a GPU host has the driver)."""
     from ..coverage import SASS_LEVELS, dist_files
 
+    key = (fn_name, target.cc, str(root), resolve)
+    if key not in _AOT_SEEN:
+        _AOT_SEEN[key] = _aot_module(fn_name, target, root, resolve, SASS_LEVELS, dist_files)
+    return dict(_AOT_SEEN[key])
+
+
+def _aot_module(fn_name, target, root, resolve, SASS_LEVELS, dist_files) -> dict:
     out: dict = {"module": None, "where": "", "dist_version": None, "version_ok": False, "file": None,
                  "sass": [], "ptx": [], "level": None, "covers": False, "cause": ""}
     try:
@@ -209,4 +222,21 @@ def aot_module(fn_name: str, target, root: Path | None = None) -> dict:
     else:
         out["covers"] = True
         out["cause"] = f"{hit[0]} carries {', '.join(out['sass'])} ({out['level']} for {target.cc})"
+    if resolve and out["covers"]:
+        # FlashInfer's own loader: does the installed release resolve this very file (and can it load it)?
+        o = run_task("flashinfer_aot_resolve", {"target": target.cc, "module_fn": fn_name, "load": True}, timeout=300)
+        if not o.ok:
+            out["resolved_by_flashinfer"] = {"error": o.error}
+        else:
+            r = o.value
+            out["resolved_by_flashinfer"] = {k: r.get(k) for k in ("aot_paths", "loaded", "load_error", "import_mode")}
+            if not any(os.path.realpath(p) == os.path.realpath(hit[1]) for p in r.get("aot_paths") or []):
+                out["covers"] = False
+                out["cause"] = (f"{hit[0]} has SASS for {target.cc}, but the installed FlashInfer does not resolve it as "
+                                f"an AOT module (it resolves: {r.get('aot_paths') or 'nothing'}), so it would JIT-compile")
+            elif r.get("loaded") is False:
+                out["cause"] += (f"; FlashInfer resolves it, and loading it here failed: {r.get('load_error')} "
+                                 "(the module links libcuda.so.1, which a GPU host's driver provides)")
+            else:
+                out["cause"] += "; FlashInfer resolves and loads it"
     return out

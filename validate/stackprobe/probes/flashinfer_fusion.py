@@ -128,7 +128,8 @@ def library_gate(ctx) -> list[Verdict]:
     if jit_cache is not None:
         v.add("flashinfer-jit-cache coverage", jit_cache.level, "static coverage")
     aot = fi.aot_module(MODULE_FN, target)
-    v.add("AOT module", {k: aot[k] for k in ("module", "file", "dist_version", "version_ok", "sass", "level", "covers")},
+    v.add("AOT module", {k: aot.get(k) for k in ("module", "file", "dist_version", "version_ok", "sass", "level", "covers",
+                                   "resolved_by_flashinfer")},
           f"flashinfer-jit-cache; module name from {aot['where'] or MODULE_FN}")
     v.add("JIT needed", "no: FlashInfer loads the AOT module" if aot["covers"] else f"yes: {aot['cause']}",
           "flashinfer-jit-cache layout <name>/<name>.so + version rule")

@@ -61,7 +61,8 @@ def _library(ctx) -> Verdict:
     except source.SourceNotFound as e:
         v.add("gen_pcie_ipc_comm_module", None, str(e))
     aot = fi.aot_module("gen_pcie_ipc_comm_module", ctx.target)
-    v.add("AOT module", {k: aot[k] for k in ("module", "file", "dist_version", "version_ok", "sass", "level", "covers")},
+    v.add("AOT module", {k: aot.get(k) for k in ("module", "file", "dist_version", "version_ok", "sass", "level", "covers",
+                                   "resolved_by_flashinfer")},
           f"flashinfer-jit-cache; module name from {aot['where'] or 'gen_pcie_ipc_comm_module'}")
     v.add("JIT needed", "no: FlashInfer loads the AOT module" if aot["covers"] else f"yes: {aot['cause']}",
           "flashinfer-jit-cache layout <name>/<name>.so + version rule")

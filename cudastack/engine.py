@@ -233,7 +233,9 @@ class Engine:
     def build_command(self, *, context: str, dockerfile: str, tag: str | None = None, target: str | None = None,
                       build_args: dict[str, str] | None = None, secrets: dict[str, str] | None = None,
                       output_dir: str | None = None, labels: dict[str, str] | None = None) -> tuple[list[str], dict]:
-        """The docker CLI command line and environment for one BuildKit build (pure)."""
+        """The docker CLI command line and environment for one BuildKit build (pure). ``CUDASTACK_BUILD_NETWORK``
+        in the environment (e.g. ``host``) becomes ``--network``: for a Docker host whose default bridge cannot
+        attach build containers ("could not find bridge docker0"); the network mode is no input of the cache."""
         bk = self.buildkit
         env = dict(os.environ)
         if bk.mode == "buildx":
@@ -244,6 +246,8 @@ class Engine:
             cmd = [bk.docker, "build"]
             env["DOCKER_BUILDKIT"] = "1"
         cmd += ["--progress=plain", "-f", dockerfile]
+        if os.environ.get("CUDASTACK_BUILD_NETWORK"):
+            cmd += ["--network", os.environ["CUDASTACK_BUILD_NETWORK"]]
         if tag:
             cmd += ["-t", tag]
         if target:

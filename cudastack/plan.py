@@ -18,6 +18,7 @@ content_hash, render_plan``).
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -32,18 +33,21 @@ from cudastack.plan_graph import (arch_dependent, image_repository, node_kind, n
 from cudastack.plan_hash import (HASH_FORMAT, UNHASHED_CONTEXT, canonical_json, content_hash, dir_digest,
                                  node_hash_inputs)
 from cudastack.plan_render import plan_summary, render_plan
-from cudastack.recipes import Component, RecipeSet, Toolchain, load_recipes
+from cudastack.recipes import COMPILING_METHODS, Component, RecipeSet, Toolchain, load_recipes
 from cudastack import rules
-from cudastack.rules import Resources
+from cudastack.rules import Resources, nvcc_gencode_flags
 
 __all__ = ["PROJECT_ROOT", "DEFAULT_ARCH", "DEFAULT_PREFIX", "STACKPROBE_DIR", "HASH_FORMAT", "UNHASHED_CONTEXT",
            "PlannedNode", "BuildPlan", "host_resources", "make_plan", "resolve_skips", "canonical_json",
-           "content_hash", "dir_digest", "render_plan", "plan_summary", "exists_fn_for_tags"]
+           "content_hash", "dir_digest", "render_plan", "plan_summary", "exists_fn_for_tags", "nvcc_gencode_flags",
+           "AOT_BUILDER_DIR", "COMPILING_METHODS"]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_ARCH = "12.0"
 DEFAULT_PREFIX = "cudastack"
 STACKPROBE_DIR = PROJECT_ROOT / "validate" / "stackprobe"
+#: the builder script of method ``aot`` (sent in the build context as ``aot/``; hashed with the node)
+AOT_BUILDER_DIR = PROJECT_ROOT / "images" / "flashinfer-aot"
 
 
 @dataclass
@@ -119,6 +123,8 @@ def _source_spec(c: Component, tc: Toolchain) -> tuple[list[str], dict[str, str]
     e = c.toolchains[tc.name]
     if e.method == "wheel":
         return list(e.packages), {}
+    if e.method == "aot":
+        return list(e.packages), {"aot": str(AOT_BUILDER_DIR)}
     if e.sdist and e.patches:
         return [], {"src": ""}      # the executor fetches the sdist, unpacks and patches it into src/
     if e.sdist:
@@ -164,7 +170,7 @@ def _component_knobs(c: Component, recipes: RecipeSet, tc: Toolchain, target, ar
     e = c.toolchains[tc.name]
     p = _NodeParts()
     p.specs, p.context = _source_spec(c, tc)
-    builds = e.method == "source" or c.kind == "image"
+    builds = e.method in COMPILING_METHODS or c.kind == "image"
     for k, v in c.knobs.items():
         if builds:
             p.knobs.append(Knob(k, v, "recipe", c.file.name))
@@ -180,7 +186,7 @@ def _component_knobs(c: Component, recipes: RecipeSet, tc: Toolchain, target, ar
             scope_env = c.arch_knob.scope == "env"
             if scope_env:
                 p.env_knobs.append(k)
-            if not scope_env or e.method == "source":
+            if not scope_env or e.method in COMPILING_METHODS:
                 p.knobs.append(k)
             else:
                 p.notes.append(f"{m.knob}={m.value} goes into the runtime image's environment ({m.note})")
@@ -191,7 +197,7 @@ def _component_knobs(c: Component, recipes: RecipeSet, tc: Toolchain, target, ar
                                 f"{', '.join(m.uncovered)} on CUDA {tc.cuda_version}")
     for k, v in e.knobs.items():
         p.knobs = [kn for kn in p.knobs if kn.name != k] + [Knob(k, v, "recipe", f"{c.file.name} toolchains.{tc.name}")]
-    if e.method == "source":
+    if e.method in COMPILING_METHODS:
         assert c.parallelism is not None  # enforced by the loader
         pk = rules.memory_rule(c.parallelism, res, max_jobs, nvcc_threads)
         p.parallel = [k.name for k in pk]
@@ -221,6 +227,8 @@ def _component_build_args(p: _NodeParts, c: Component, tc: Toolchain, parent_tag
             args["BUILD_DEPS"] = " ".join(e.build_deps)
         if "src" in p.context:
             args["SOURCE_DIR"] = "src"   # the local folder (or patched sdist) in the build context
+        if e.method == "aot":
+            _aot_build_args(p, c, e, tc)
         if e.sdist and e.patches:
             for pt in e.patches:
                 p.notes.append(f"patch {pt['file']}: '{pt['replace']}' -> '{pt['with']}'"
@@ -240,6 +248,23 @@ def _component_build_args(p: _NodeParts, c: Component, tc: Toolchain, parent_tag
                 p.knobs.append(Knob(k.name, k.value, k.source, k.why + " (runtime environment)"))
         p.context["stackprobe"] = str(probe_dir)
         p.context["wheelhouse"] = ""   # filled by the executor from the wheel nodes
+
+
+def _aot_build_args(p: _NodeParts, c: Component, e, tc: Toolchain) -> None:
+    """Build args and dry-run notes of an ``aot`` node (images/wheels-aot.Dockerfile): the packages that run
+    FlashInfer's JIT, the module generators, the patches (JSON) and the jit-cache wheel's local version."""
+    arch_list = next((k.value for k in p.knobs if c.arch_knob and k.name == c.arch_knob.knob), "")
+    p.args.update({"BUILD_DEPS": " ".join(e.build_deps or e.packages), "AOT_MODULES": " ".join(e.modules),
+                   "AOT_PATCHES": json.dumps([dict(pt) for pt in e.patches], separators=(",", ":")),
+                   "AOT_LOCAL_VERSION": "cu" + tc.name.replace(".", "")})
+    flags = " ".join(nvcc_gencode_flags(arch_list))
+    for m in e.modules:
+        p.notes.append(f"aot module {m}: nvcc {flags} (FLASHINFER_CUDA_ARCH_LIST={arch_list})")
+    p.notes.append(f"aot wheel: flashinfer-jit-cache {' '.join(e.packages)} +{p.args['AOT_LOCAL_VERSION']} "
+                   "(loaded by the installed FlashInfer instead of a JIT build)")
+    for pt in e.patches:
+        p.notes.append(f"patch flashinfer/{pt['file']}: '{pt['replace']}' -> '{pt['with']}'"
+                       + (f" ({pt['why']})" if pt.get("why") else ""))
 
 
 def make_plan(
@@ -275,7 +300,7 @@ def make_plan(
         raise UsageError(f"Unknown base '{base_kind}' for toolchain {tc.name}: use one of {', '.join(tc.bases)}.")
     skipped = resolve_skips(recipes, skip)
     comps = [c for c in topo_order(recipes.components, tc.name) if c.name not in skipped]
-    sources = [c for c in comps if c.toolchains[tc.name].method == "source"]
+    sources = [c for c in comps if c.toolchains[tc.name].method in COMPILING_METHODS]
     rules.check_base(tc, base_kind, sources)
     res = resources or host_resources()
     images = Path(images_dir) if images_dir else PROJECT_ROOT / "images"
@@ -297,7 +322,8 @@ def make_plan(
             p = _component_knobs(c, recipes, tc, target, arch_src, res, max_jobs, nvcc_threads, warnings)
             _component_build_args(p, c, tc, by_name[image_parent].tag, nodes, probe_dir)
 
-        dockerfile = images / f"{kind}.Dockerfile"
+        dockerfile = images / (f"{kind}-aot.Dockerfile" if e.method == "aot" and c.kind == "wheels"
+                               else f"{kind}.Dockerfile")
         try:
             df_text = dockerfile.read_text()
         except OSError:
@@ -311,11 +337,14 @@ def make_plan(
         repo = image_repository(prefix, tc.name, base_kind, target, c.name, arch_dep[c.name])
         method = "" if c.kind in ("base", "runtime") else e.method
         wheel_pkgs = [re.split(r"[\[=<>!~ ]", s)[0] for s in p.specs] if c.kind == "wheels" else []
+        if method == "aot":
+            wheel_pkgs.append("flashinfer-jit-cache")
         node = PlannedNode(
             name=c.name, kind=kind, dockerfile=str(dockerfile.relative_to(PROJECT_ROOT))
             if dockerfile.is_relative_to(PROJECT_ROOT) else str(dockerfile),
             parents=parents, build_args=p.args, knobs=p.knobs, hash=h, tag=f"{repo}:{h[:16]}", method=method,
-            memory_gib_per_job=c.parallelism.memory_gib_per_job if (c.parallelism and method == "source") else 0.0,
+            memory_gib_per_job=c.parallelism.memory_gib_per_job if (c.parallelism and method in COMPILING_METHODS)
+            else 0.0,
             est_disk_gib=c.est_disk_gib, inputs=inputs, context=p.context, env_knobs=p.env_knobs, notes=p.notes,
             parallel_knobs=p.parallel, wheel_packages=wheel_pkgs, index_secret=p.index_secret,
             sdist=({**e.sdist, "index": e.index, "patches": [dict(pt) for pt in e.patches]}

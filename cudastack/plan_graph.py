@@ -10,11 +10,11 @@ from typing import Iterable
 
 from cudastack.errors import UsageError
 from cudastack.model import Knob
-from cudastack.recipes import Component, RecipeSet
+from cudastack.recipes import COMPILING_METHODS, Component, RecipeSet
 
 
 def topo_order(components: dict[str, Component], tc_name: str) -> list[Component]:
-    """Parents before children; among the nodes ready at each step, wheel/image nodes before source
+    """Parents before children; among the nodes ready at each step, wheel/image nodes before source and aot
     builds (a slow compile such as flash-attn goes last, so a failure or a long build there leaves every
     other node built), then file order."""
     order = list(components)
@@ -23,7 +23,7 @@ def topo_order(components: dict[str, Component], tc_name: str) -> list[Component
     while pending:
         ready = [n for n in pending if all(p in done for p in components[n].needs)]
         ready.sort(key=lambda n: (components[n].kind == "runtime",
-                                  components[n].toolchains[tc_name].method == "source", order.index(n)))
+                                  components[n].toolchains[tc_name].method in COMPILING_METHODS, order.index(n)))
         done.append(ready[0])
         del pending[ready[0]]
     return [components[n] for n in done]

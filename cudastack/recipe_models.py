@@ -56,12 +56,22 @@ def _arch(spec: str) -> str:
 
 def _inside(rel: str) -> str:
     if rel.startswith("/") or ".." in PurePosixPath(rel).parts:
-        raise ValueError(f"'{rel}' leaves the unpacked sdist: write a path inside it, e.g. setup.py")
+        raise ValueError(f"'{rel}' leaves the unpacked sdist: write a path inside it, e.g. setup.py (for method "
+                         "aot, a path inside the flashinfer package, e.g. data/csrc/trtllm_allreduce.cu)")
     return rel
+
+
+def _distinct(items: list) -> list:
+    if len(set(items)) != len(items):
+        raise ValueError("a module is listed twice")
+    return items
 
 
 Pin = Annotated[str, AfterValidator(_pinned), Field(description="an exact pin: name==1.2.3 (extras allowed)")]
 ArchSpec = Annotated[str, AfterValidator(_arch), Field(description="a compute capability: 12.0, 12.0a, sm_120")]
+AotModule = Annotated[str, checked_pattern(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:gen_[A-Za-z0-9_]+_module$",
+                                           "is not 'package.module:gen_<name>_module' "
+                                           "(e.g. flashinfer.jit.comm:gen_pcie_ipc_comm_module)")]
 
 
 # ------------------------------------------------------------------------------- toolchains.yaml
@@ -182,9 +192,17 @@ class Patch(Section):
 
 
 class EntrySpec(Section):
-    """``toolchains."13.1"`` of a component file: how the component is obtained for that toolchain."""
+    """``toolchains."13.1"`` of a component file: how the component is obtained for that toolchain.
 
-    method: Optional[Literal["wheel", "source"]] = Field(None, description="base components leave it out")
+    Method ``aot`` (FlashInfer ahead of time, images/wheels-aot.Dockerfile): ``packages`` pins the
+    flashinfer-python wheel (and optionally flashinfer-cubin), exported as they are; the builder installs
+    ``build_deps`` (default: ``packages``), calls each generator in ``modules`` and builds its JitSpec with nvcc
+    for the component's suffixed arch knob (12.0f on CUDA 13.x, 12.0a on 12.8) under the memory rule, then packs
+    the modules into a ``flashinfer-jit-cache`` wheel of the same version, which the installed FlashInfer loads
+    instead of JIT-compiling. Its ``patches`` edit files of the installed ``flashinfer`` package before the
+    modules are generated: they change the compiled modules only."""
+
+    method: Optional[Literal["wheel", "source", "aot"]] = Field(None, description="base components leave it out")
     packages: list[Pin] = []
     index: str = Field("", description='index URL ("" = PyPI)')
     sdist: Optional[Sdist] = None
@@ -192,6 +210,8 @@ class EntrySpec(Section):
     path: Optional[str] = Field(None, description="a local folder, relative to the recipe file")
     patches: Optional[Annotated[list[Patch], Field(min_length=1)]] = None
     build_deps: list[Pin] = Field([], description="source: pinned build backend, installed first")
+    modules: Optional[Annotated[list[AotModule], Field(min_length=1), AfterValidator(_distinct)]] = Field(
+        None, description="aot only: FlashInfer JIT module generators, package.module:gen_<name>_module")
     requires: dict[str, Version] = Field({}, description="the package's METADATA pins (checked)")
     knobs: Knobs = Field({}, description="per-toolchain knobs (override the file's knobs)")
 

@@ -15,10 +15,11 @@ in ``recipes/schema/`` for editors. A component file in short::
     toolchains:                       # one entry per toolchain in toolchains.yaml
       "13.1": {method: source, sdist: {package: flash-attn, version: "2.8.3"}}
 
-On top of the models this module checks what spans sections or files: a source entry names exactly one
-of sdist / git / path (patches need an sdist, a local path must exist), base entries take no method and
-image/runtime entries install wheels, every toolchain has an entry, ``needs`` is a DAG with one base,
-torch pins follow the toolchain's torch line, and ``requires`` agrees with the other recipes' pins.
+On top of the models this module checks what spans sections or files: a source entry names one of sdist /
+git / path (patches need an sdist or method aot, a path must exist), an aot entry lists modules and has a
+suffixed arch knob, base entries take no method, image/runtime entries install wheels, every toolchain has an
+entry, ``needs`` is a DAG with one base, torch pins follow the toolchain's torch line, and ``requires``
+agrees with the other recipes' pins.
 
 Errors: :class:`cudastack.errors.RecipeError` (exit code 3), one paragraph naming file and key.
 """
@@ -41,7 +42,8 @@ from stackprobe.archs import parse_arch, version_tuple
 DEFAULT_RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 
 NODE_KINDS = ("base", "image", "wheels", "runtime")
-METHODS = ("wheel", "source")
+METHODS = ("wheel", "source", "aot")
+COMPILING_METHODS = ("source", "aot")   # compile on the builder: memory rule, a base with nvcc, built last
 ARCH_STYLES = ("torch-list", "numbers", "suffixed", "cmake-fixed")
 BASE_KINDS = ("pip", "nvidia")
 _KNOB_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
@@ -106,7 +108,7 @@ class Parallelism:
 class Entry:
     """A component's recipe for one toolchain."""
 
-    method: str                    # "wheel" | "source" | "" (base)
+    method: str                    # "wheel" | "source" | "aot" | "" (base)
     packages: tuple[str, ...] = ()
     index: str = ""
     sdist: dict | None = None
@@ -115,7 +117,8 @@ class Entry:
     requires: dict[str, str] = field(default_factory=dict)
     knobs: dict[str, str] = field(default_factory=dict)
     patches: tuple[dict, ...] = ()   # [{"file", "replace", "with", "why"}] applied to an unpacked sdist
-    build_deps: tuple[str, ...] = ()  # pinned requirements installed before a source build
+    build_deps: tuple[str, ...] = ()  # pinned requirements installed before a source (or aot) build
+    modules: tuple[str, ...] = ()     # aot: FlashInfer generators "package.module:gen_<name>_module"
     raw: dict = field(default_factory=dict)
     spec: EntrySpec | None = None     # the validated model: every key of the entry, typed (new keys land here)
 
@@ -241,7 +244,7 @@ def _entry(s: EntrySpec, raw: dict, file: Path, key: str, kind: str) -> Entry:
     e = Entry(method, packages=tuple(s.packages), index=s.index, requires=dict(s.requires), knobs=dict(s.knobs),
               build_deps=tuple(s.build_deps), raw=raw, spec=s)
     sources = [k for k in ("sdist", "git", "path") if getattr(s, k) is not None]
-    if method == "wheel":
+    if method in ("wheel", "aot"):
         if not e.packages and kind != "runtime":
             raise _fail(file, f"{key}.packages", "a wheel recipe needs its pinned packages (name==version).")
         if sources:
@@ -255,12 +258,21 @@ def _entry(s: EntrySpec, raw: dict, file: Path, key: str, kind: str) -> Entry:
             e.path = (file.parent / s.path).resolve()
             if not e.path.is_dir():
                 raise _fail(file, f"{key}.path", f"{e.path} is not a folder.")
+    if method == "aot":
+        if kind != "wheels":
+            raise _fail(file, f"{key}.method", "method aot makes a wheel of modules: the kind must be 'wheels'.")
+        if s.modules is None:
+            raise _fail(file, f"{key}.modules", "an aot recipe lists the FlashInfer JIT modules to compile, e.g. "
+                                                "[flashinfer.jit.comm:gen_trtllm_comm_module].")
+        e.modules = tuple(s.modules)
+    elif s.modules is not None:
+        raise _fail(file, f"{key}.modules", "only an aot recipe compiles modules (method: aot).")
     if "patches" in s.model_fields_set:
-        if not e.sdist:
-            raise _fail(file, f"{key}.patches", "patches apply to an sdist source only.")
+        if not e.sdist and method != "aot":
+            raise _fail(file, f"{key}.patches", "patches apply to an sdist source or an aot build only.")
         e.patches = tuple(p.model_dump(by_alias=True) for p in s.patches)
-    if "build_deps" in s.model_fields_set and method != "source":
-        raise _fail(file, f"{key}.build_deps", "build dependencies belong to a source recipe.")
+    if "build_deps" in s.model_fields_set and method not in COMPILING_METHODS:
+        raise _fail(file, f"{key}.build_deps", "build dependencies belong to a source or aot recipe.")
     return e
 
 
@@ -280,15 +292,19 @@ def _load_component(path: Path, toolchains: dict[str, Toolchain]) -> Component:
                                                                "for every toolchain in toolchains.yaml.")
     p = f.parallelism
     par = p and Parallelism(float(p.memory_gib_per_job), p.nvcc_threads, tuple(p.jobs_knobs), tuple(p.threads_knobs))
+    arch_knob = _arch_knob(f.arch_knob, path)
     for name, e in entries.items():
-        if e.method == "source" and par is None:
+        if e.method in COMPILING_METHODS and par is None:
             raise _fail(path, "parallelism", f"{key_path(('toolchains', name))} builds from source, so the recipe "
                                              "must declare parallelism.memory_gib_per_job (the memory one compile "
                                              "job needs).")
+        if e.method == "aot" and getattr(arch_knob, "style", "") != "suffixed":
+            raise _fail(path, "arch_knob", f"{key_path(('toolchains', name))} compiles FlashInfer modules ahead of time: "
+                        "that needs arch_knob {style: suffixed, knob: FLASHINFER_CUDA_ARCH_LIST} (case C4).")
     return Component(
         name=f.node if f.node is not None else path.stem, stem=path.stem, file=path, kind=f.kind,
         needs=list(f.needs), description=f.description, est_disk_gib=float(f.est_disk_gib),
-        arch_knob=_arch_knob(f.arch_knob, path), knobs=dict(f.knobs), parallelism=par, toolchains=entries, raw=d,
+        arch_knob=arch_knob, knobs=dict(f.knobs), parallelism=par, toolchains=entries, raw=d,
         spec=f)
 
 

@@ -19,6 +19,7 @@ new toolkit is a data change. The spelling of arch specs is :mod:`stackprobe.arc
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from cudastack.errors import ArchError, UsageError
@@ -242,3 +243,18 @@ def memory_rule(par: Parallelism, res: Resources, max_jobs: int | None = None,
                 f"budget {par.memory_gib_per_job:g} GiB per job at {par.nvcc_threads} threads")
     return ([Knob(k, str(jobs), jsrc, jwhy) for k in par.jobs_knobs]
             + [Knob(k, str(threads), tsrc, twhy) for k in par.threads_knobs])
+
+
+def nvcc_gencode_flags(arch_list: str) -> list[str]:
+    """The ``-gencode`` flags FlashInfer's CompilationContext passes to nvcc for a suffixed
+    ``FLASHINFER_CUDA_ARCH_LIST`` ("12.0f" -> ``-gencode=arch=compute_120f,code=sm_120f``; flashinfer
+    0.7.2 ``compilation_context.py`` get_nvcc_flags_list: a suffixed entry is used verbatim). Shown in the
+    dry run of an ``aot`` node; raises UsageError for an entry that is not ``major.minor[a|f]``."""
+    out = []
+    for word in arch_list.split():
+        m = re.fullmatch(r"(\d+)\.(\d)([af]?)", word)
+        if not m:
+            raise UsageError(f"FLASHINFER_CUDA_ARCH_LIST entry '{word}' is not an arch like 12.0a or 12.0f.")
+        n = f"{m.group(1)}{m.group(2)}{m.group(3)}"
+        out.append(f"-gencode=arch=compute_{n},code=sm_{n}")
+    return out

@@ -47,10 +47,12 @@ def _node(plan, name):
             "find_links": "Extra folder of distributions pip may use (repeatable).",
             "resolver": "Resolver of the pip installs: 'uv' (uv pip compile for the target platform and Python; "
                         "the default) or 'pip' (pip's installation report). Both pin the same closures on the "
-                        "12.8 and 13.1 plans (results/resolver/)."},
-      iterable=["skip", "find_links"], auto_shortflags=False)
+                        "12.8 and 13.1 plans (results/resolver/).",
+            "node": "Refresh only this node's entry (repeatable); every other node keeps the existing lock's entry "
+                    "byte for byte, and each kept entry a fresh resolution would have moved is reported."},
+      iterable=["skip", "find_links", "node"], auto_shortflags=False)
 def lock(c, cuda="13.1", arch=None, base=None, skip=None, recipes=None, lockfiles=None, python=None, glibc=None,
-         find_links=None, resolver=None):
+         find_links=None, resolver=None, node=None):
     """Pin every input of the plan into lockfiles/<toolchain>.lock.yaml.
 
     Base image, OS snapshot, every pip package's closure with sha256, sdists and git commits; written
@@ -82,8 +84,12 @@ def lock(c, cuda="13.1", arch=None, base=None, skip=None, recipes=None, lockfile
             before = L.load_lock(path) if path.exists() else {}
         except StackError:
             before = {}
+        kept: list[str] = []
         lk = L.lock_plan(plan, path, target=target, python=python or sys.executable, client=client,
-                         find_links=find_links or (), progress=_say, resolver=resolve)
+                         find_links=find_links or (), progress=_say, resolver=resolve, only=node or (),
+                         kept=kept)
+        for line in kept:
+            _say(f"note: {line}")
         for section in ("outputs", "pushed"):
             dropped = sorted(set(before.get(section) or {}) - set(lk.get(section) or {}))
             if dropped:

@@ -24,12 +24,14 @@ _HELP = {
     "topology": "GPU interconnect of the target host: auto (detected with GPUs, else PCIe), pcie or nvlink.",
     "mount_suite": "Run this checkout's suite (mounted read-only): the default; kept for older scripts.",
     "image_suite": "Run the suite copy the image carries instead of this checkout's (reports name its digest either way).",
+    "env": "K=V set in the image's container (repeatable), e.g. --env CUDA_HOME=/nonexistent --env "
+           "PATH=/opt/venv/bin:/usr/bin:/bin to validate as a host with no nvcc would run the image.",
 }
 
 
-@task(help=_HELP, iterable=["image"], auto_shortflags=False)
+@task(help=_HELP, iterable=["image", "env"], auto_shortflags=False)
 def validate(c, image=None, target_arch="12.0", out=DEFAULT_OUT, markdown=None, jit_compile=False,
-             world_size=8, topology="auto", mount_suite=False, image_suite=False, order="toolchain"):
+             world_size=8, topology="auto", mount_suite=False, image_suite=False, order="toolchain", env=None):
     """Validate images (or this environment): which allreduce backends can work for the target arch, and why."""
     from cudastack.validate_images import validate_many
 
@@ -40,11 +42,20 @@ def validate(c, image=None, target_arch="12.0", out=DEFAULT_OUT, markdown=None, 
             raise UsageError(f"--world-size {world_size!r}: give a whole number of GPUs.") from None
         if topology not in ("auto", "pcie", "nvlink"):
             raise UsageError(f"--topology {topology!r}: use auto, pcie or nvlink.")
+        extra_env = {}
+        for item in env or []:
+            k, sep, v = str(item).partition("=")
+            if not sep or not k or not k.replace("_", "").isalnum():
+                raise UsageError(f"--env {item!r}: write NAME=VALUE, e.g. --env CUDA_HOME=/nonexistent.")
+            extra_env[k] = v
+        if extra_env and not image:
+            raise UsageError("--env applies to --image runs (set variables in your shell for this environment).")
         _, text = validate_many(list(image or []), str(target_arch), out_dir=out, order=str(order),
                                 jit_compile=bool(jit_compile),
                                 world_size=ws, topology=topology, say=lambda m: print(m, file=sys.stderr),
                                 **({"mount_suite": True} if mount_suite else {}),
-                                **({"image_suite": True} if image_suite and not mount_suite else {}))
+                                **({"image_suite": True} if image_suite and not mount_suite else {}),
+                                **({"extra_env": extra_env} if extra_env else {}))
     except StackError as exc:
         raise Exit(f"error: {exc}", code=exc.exit_code)
     print(text)

@@ -146,12 +146,14 @@ def image_provenance(client, image: str, lock_dir: str | Path = LOCK_DIR) -> dic
 
 
 def validate_image(image: str, target_arch: str = "12.0", *, client=None, timeout: float = 1800,
-                   image_suite: bool = False, mount_suite: bool | None = None, **kw):
+                   image_suite: bool = False, mount_suite: bool | None = None, extra_env: dict | None = None, **kw):
     """Run the static suite inside ``image`` (``docker run --rm``, no network) and return its Report.
 
     Mounts this checkout's ``validate/`` read-only (ahead of any copy in the image) unless ``image_suite``,
     which uses the image's own suite when ``import stackprobe`` works there (and mounts the checkout's when
-    it does not). ``mount_suite`` is the older spelling of the default. The report's ``provenance`` names the
+    it does not). ``mount_suite`` is the older spelling of the default. ``extra_env``: variables set in the
+    container on top of the image's (e.g. ``CUDA_HOME=/nonexistent`` and a ``PATH`` without the toolkit, to
+    validate the image as a host without nvcc would run it); recorded in the report's options. The report's ``provenance`` names the
     suite digest and the image (:func:`image_provenance`). Raises ValidationError (image missing, no Python,
     suite failed) or UsageError (bad target arch).
     """
@@ -172,6 +174,7 @@ def validate_image(image: str, target_arch: str = "12.0", *, client=None, timeou
         env = {"PYTHONPATH": MOUNT_AT}
         how = f"suite mounted read-only from {SUITE_DIR}"
     kw.setdefault("label", image)
+    env = dict(env, **(extra_env or {}))
     rc, out, err = _run(client, image, [py, "-m", "stackprobe"] + suite_args(target_arch, **kw),
                         volumes=volumes, env=env, timeout=timeout)
     if rc == 2:
@@ -180,6 +183,8 @@ def validate_image(image: str, target_arch: str = "12.0", *, client=None, timeou
         raise ValidationError(f"the suite failed in {image} (exit {rc}, {how}): {err.strip()[-800:]}")
     report = _parse_report(out, image)
     report.options["ran_in"] = {"image": image, "python": py, "suite": how}
+    if extra_env:
+        report.options["ran_in"]["env"] = dict(extra_env)
     toolchain = (client.images.get(image).labels or {}).get("org.cudastack.toolchain")
     if toolchain:
         report.options["ran_in"]["toolchain"] = toolchain

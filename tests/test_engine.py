@@ -283,3 +283,13 @@ def test_real_build_interrupted_by_sigterm_is_cancelled_and_untagged(tmp_path):
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 3 and "INTERRUPTED" in out, out
     assert not Engine.connect().exists(tag)
+
+
+def test_build_network_comes_from_the_environment_only_when_set(monkeypatch):
+    eng = Engine(BuildKitPath("/usr/bin/docker", "buildx", "27.0"), client=None)
+    monkeypatch.delenv("CUDASTACK_BUILD_NETWORK", raising=False)
+    cmd, _ = eng.build_command(context="/ctx", dockerfile="/f", tag="t:1")
+    assert "--network" not in cmd
+    monkeypatch.setenv("CUDASTACK_BUILD_NETWORK", "host")
+    cmd, _ = eng.build_command(context="/ctx", dockerfile="/f", tag="t:1")
+    assert cmd[cmd.index("--network") + 1] == "host"

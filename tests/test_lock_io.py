@@ -138,3 +138,35 @@ def test_explain_pip_hash_failure():
     assert str(err).startswith("The lock and the index disagree on tinylib==1.1:"), str(err)
     assert "git diff lockfiles/" in str(err)
     assert L.explain_pip_hash_failure("all good") is None
+
+
+class _Plan:
+    """The two attributes lock_plan reads of a plan besides what resolve_lock (replaced here) does."""
+
+    def __init__(self, names):
+        self.nodes = [type("N", (), {"name": n, "parents": []})() for n in names]
+
+
+def test_relocking_only_named_nodes_keeps_the_others_byte_for_byte(tmp_path, monkeypatch):
+    path = tmp_path / "9.9.lock.yaml"
+    old = _lock()
+    old["nodes"]["tool"] = dict(old["nodes"]["app"], plan_hash="cd" * 32)
+    L.write_lock(path, old)
+    fresh = _lock()
+    fresh["nodes"]["app"] = dict(fresh["nodes"]["app"], plan_hash="ef" * 32)       # the node asked for
+    fresh["nodes"]["tool"] = dict(old["nodes"]["tool"], plan_hash="99" * 32)      # would have moved
+    monkeypatch.setattr(L.resolve, "resolve_lock", lambda plan, **kw: yaml.safe_load(yaml.safe_dump(fresh)))
+    kept: list = []
+    lk = L.lock_plan(_Plan(["app", "tool"]), path, only=["app"], kept=kept)
+    assert lk["nodes"]["app"]["plan_hash"] == "ef" * 32
+    assert lk["nodes"]["tool"] == old["nodes"]["tool"]
+    assert kept == ["tool: kept the old entry; a fresh resolution differs in plan_hash"]
+    assert L.load_lock(path)["nodes"]["tool"]["plan_hash"] == "cd" * 32
+    with pytest.raises(Exception, match="not a node of the plan"):
+        L.lock_plan(_Plan(["app", "tool"]), path, only=["nope"])
+    # a node the old lock lacks cannot be kept: nothing is written
+    before = path.read_bytes()
+    fresh["nodes"]["new"] = dict(fresh["nodes"]["app"])
+    with pytest.raises(LockError, match="no entry for node new"):
+        L.lock_plan(_Plan(["app", "tool", "new"]), path, only=["app"])
+    assert path.read_bytes() == before

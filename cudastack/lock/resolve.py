@@ -205,12 +205,44 @@ def _chain_pins(plan, node, resolved: dict[str, dict]) -> dict[str, str]:
     return pins
 
 
-def lock_plan(plan, path: str | Path, **kw) -> dict:
+def _keep_other_nodes(lock: dict, previous: Optional[dict], only: list[str], path, kept: Optional[list]) -> None:
+    """Refresh only the nodes in ``only``: every other node of ``lock`` takes the old lock's entry as it is.
+    Raises UsageError for a name that is no node of the plan, LockError when the old lock has no entry to keep
+    (nothing is written then). Appends to ``kept`` one line per kept node whose fresh entry differed, and
+    merges the old warnings with the fresh ones that name a refreshed node."""
+    unknown = [n for n in only if n not in lock["nodes"]]
+    if unknown:
+        raise UsageError(f"--node {', '.join(unknown)}: not a node of the plan ({', '.join(lock['nodes'])}). "
+                         "Name nodes as `invoke plan` lists them.")
+    old_nodes = (previous or {}).get("nodes") or {}
+    for n in lock["nodes"]:
+        if n in only:
+            continue
+        if n not in old_nodes:
+            raise LockError(f"Refreshing only {', '.join(only)}: the existing lock {path} has no entry for node {n} "
+                            "to keep. Lock the whole plan (no --node). Nothing was written.")
+        if old_nodes[n] != lock["nodes"][n] and kept is not None:
+            moved = sorted(k for k in set(old_nodes[n]) | set(lock["nodes"][n])
+                           if old_nodes[n].get(k) != lock["nodes"][n].get(k))
+            kept.append(f"{n}: kept the old entry; a fresh resolution differs in {', '.join(moved)}")
+        lock["nodes"][n] = old_nodes[n]
+    old_warnings = list((previous or {}).get("warnings") or [])
+    fresh = [w for w in lock.get("warnings") or []
+             if any(w.startswith(f"{n} (") or f" {n} (" in w for n in only) and w not in old_warnings]
+    lock.pop("warnings", None)
+    if old_warnings + fresh:
+        lock["warnings"] = old_warnings + fresh
+
+
+def lock_plan(plan, path: str | Path, *, only: Iterable[str] = (), kept: Optional[list] = None, **kw) -> dict:
     """Resolve ``plan`` and write the lock to ``path`` atomically (the old lock stays byte for byte on any
     error). Keeps outputs/pushed entries of nodes whose lock entry (plan hash, closures, sdists, base) and whose
     ancestors' entries are unchanged, read again just before the write (under :func:`exclusive`), so a push
     recorded while resolving is not lost; a node whose closure moved loses its outputs (they were built from the
-    old one). Returns the lock."""
+    old one). ``only``: node names whose entries are refreshed; every other node keeps the old lock's entry as
+    it is (LockError when the old lock has none), and ``kept`` (a list, when given) receives one line per kept
+    node whose fresh resolution differed (what a full relock would have moved). Returns the lock."""
+    only = list(only)
     lock = resolve_lock(plan, **kw)
     with exclusive(path):
         previous = None
@@ -219,6 +251,8 @@ def lock_plan(plan, path: str | Path, **kw) -> dict:
                 previous = load_lock(path)
             except LockError:
                 previous = None
+        if only:
+            _keep_other_nodes(lock, previous, only, path, kept)
         if previous:
             same = {n for n, e in lock["nodes"].items() if (previous.get("nodes") or {}).get(n) == e}
 

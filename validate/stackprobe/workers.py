@@ -11,6 +11,7 @@ import os
 import sys
 import traceback
 import types
+from pathlib import Path
 
 MARKER = "STACKPROBE-RESULT "
 
@@ -266,6 +267,46 @@ def flashinfer_jit_objects(target: str, module_fn: str, arch_list: str, workspac
         built, log = False, f"ninja timed out after {timeout_s} s"
     return {"objects": objects, "ninja_text": ninja_text, "built": built, "log": log,
             "sources": [str(s) for s in spec.sources], "build_dir": str(spec.build_dir)}
+
+
+def flashinfer_aot_resolve(target: str, module_fn: str, load: bool = True) -> dict:
+    """Ask the installed FlashInfer where it would load ``flashinfer.jit.comm.<module_fn>``'s module from
+    without building it: the JitSpec's ``aot_artifacts`` (0.7.x: the flashinfer-jit-cache providers whose
+    architectures run on each target) or ``is_aot``/``aot_path`` (0.6.x). With no FLASHINFER_CUDA_ARCH_LIST
+    the targets come from a host reporting one GPU of compute capability ``target`` (as in
+    :func:`flashinfer_gate`). With ``load``, the first artifact is loaded with FlashInfer's own
+    ``JitSpec.load`` (tvm-ffi dlopen: no GPU needed, but the module links libcuda.so.1, so a host without
+    the driver reports that error). Nothing is compiled: FLASHINFER_DISABLE_JIT is set."""
+    os.environ["FLASHINFER_DISABLE_JIT"] = "1"
+    major, minor = (int(x) for x in target.split(".")[:2])
+    out: dict = {"module_fn": module_fn}
+    comm, mode, first = _import_flashinfer("flashinfer.jit.comm")
+    out["import_mode"], out["import_error"] = mode, first
+    import torch
+
+    saved = (torch.cuda.device_count, torch.cuda.get_device_capability)
+    if not os.environ.get("FLASHINFER_CUDA_ARCH_LIST"):
+        torch.cuda.device_count = lambda: 1
+        torch.cuda.get_device_capability = lambda device=None: (major, minor)
+    try:
+        spec = getattr(comm, module_fn)()
+        out["name"] = spec.name
+        if hasattr(spec, "aot_artifacts"):
+            paths = [str(a.path) for a in spec.aot_artifacts]
+        else:
+            paths = [str(spec.aot_path)] if spec.is_aot else []
+    finally:
+        torch.cuda.device_count, torch.cuda.get_device_capability = saved
+    out["aot_paths"] = paths
+    out["is_aot"] = bool(paths)
+    if load and paths:
+        try:
+            spec.load(Path(paths[0]))
+            out["loaded"] = True
+        except BaseException as e:  # noqa: BLE001
+            out["loaded"] = False
+            out["load_error"] = _err(e)
+    return out
 
 
 def main() -> None:

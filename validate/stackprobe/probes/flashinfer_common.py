@@ -124,3 +124,119 @@ def jit_compile(ctx, module_fn: str, arch_list: str) -> dict:
     if res["built"]:
         write_atomic(record, json.dumps(res))
     return res
+
+
+# ------------------------------------------------------------------------ modules compiled ahead of time
+JIT_CACHE_DIST = "flashinfer-jit-cache"
+
+
+def module_name(fn_name: str, root: Path | None = None) -> tuple[str | None, str]:
+    """The JIT module name ``flashinfer.jit.comm.<fn_name>`` builds: the first positional string literal of
+    the ``gen_jit_spec(...)`` call inside it (``"trtllm_comm"``), read with ``ast`` from the installed
+    package, and where it was read. (None, where) when the function passes no literal name.
+    Raises source.SourceNotFound."""
+    import ast
+
+    path = comm_source(root)
+    fns = source.functions(source.parse(path))
+    if fn_name not in fns:
+        raise source.SourceNotFound(f"{fn_name} is not defined in {path}")
+    for n in ast.walk(fns[fn_name]):
+        if isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", "")) == "gen_jit_spec" \
+                and n.args and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str):
+            return n.args[0].value, f"{_short(path)}:{n.lineno} {fn_name} (ast)"
+    return None, f"{_short(path)}:{fns[fn_name].lineno} {fn_name} (ast)"
+
+
+def jit_cache_version_accepted(cache_version: str, fi_version: str) -> bool:
+    """Whether FlashInfer loads a flashinfer-jit-cache of ``cache_version`` (flashinfer 0.7.x ``jit/env.py``
+    ``_check_jit_cache_version``: equal, or equal plus a local segment ``+cu131``; 0.6.x only asks that it
+    starts with FlashInfer's version, which both forms satisfy). Without it FlashInfer ignores the package
+    (0.7.x, a warning) or refuses to import (0.6.x) unless FLASHINFER_DISABLE_VERSION_CHECK is set."""
+    return cache_version == fi_version or cache_version.startswith(fi_version + "+")
+
+
+_AOT_SEEN: dict = {}
+
+
+def aot_module(fn_name: str, target, root: Path | None = None, *, resolve: bool = True) -> dict:
+    """Is the module of ``flashinfer.jit.comm.<fn_name>`` available compiled ahead of time for ``target``
+    (an :class:`stackprobe.archs.Arch`), so the installed FlashInfer loads it without a JIT build?
+
+    Looks in the installed ``flashinfer-jit-cache`` distribution for ``<name>/<name>.so`` (the layout both
+    FlashInfer 0.6.x ``JitSpec.aot_path`` and 0.7.x ``get_aot_artifacts`` read), reads its fatbins
+    (:func:`stackprobe.coverage.read_elf`: SASS with its ``a``/``f`` suffix) and applies the loader's
+    version rule (:func:`jit_cache_version_accepted`). Returns {"module", "where", "dist_version",
+    "version_ok", "file", "sass", "ptx", "level", "covers", "cause"}; ``covers`` is True only when the file
+    exists, the version is accepted, its level for ``target`` is a SASS level (no JIT, no PTX JIT) and, with
+    ``resolve``, the installed FlashInfer's own loader resolves that file (``workers.flashinfer_aot_resolve``, a
+    child interpreter; it also tries to load it, which needs the driver's libcuda.so.1: a failed load is
+    reported in the cause, not a refusal, since a GPU host has the driver)."""
+    from ..coverage import SASS_LEVELS, dist_files
+
+    key = (fn_name, target.cc, str(root), resolve)
+    if key not in _AOT_SEEN:
+        _AOT_SEEN[key] = _aot_module(fn_name, target, root, resolve, SASS_LEVELS, dist_files)
+    return dict(_AOT_SEEN[key])
+
+
+def _aot_module(fn_name, target, root, resolve, SASS_LEVELS, dist_files) -> dict:
+    out: dict = {"module": None, "where": "", "dist_version": None, "version_ok": False, "file": None,
+                 "sass": [], "ptx": [], "level": None, "covers": False, "cause": ""}
+    try:
+        out["module"], out["where"] = module_name(fn_name, root)
+    except (source.SourceNotFound, SyntaxError) as e:
+        out["cause"] = f"cannot read {fn_name}'s module name: {e}"
+        return out
+    if not out["module"]:
+        out["cause"] = f"{fn_name} builds a module whose name is not a literal ({out['where']})"
+        return out
+    found = dist_files(JIT_CACHE_DIST)
+    if found is None:
+        out["cause"] = f"{JIT_CACHE_DIST} is not installed"
+        return out
+    out["dist_version"], files = found
+    fi_ver = version() or ""
+    out["version_ok"] = jit_cache_version_accepted(out["dist_version"], fi_ver)
+    name = out["module"]
+    hit = next(((rel, path) for rel, path in files if rel.endswith(f"/{name}/{name}.so")), None)
+    if hit is None:
+        mods = sorted({Path(rel).parent.name for rel, _ in files if rel.endswith(".so")})
+        out["cause"] = f"{JIT_CACHE_DIST} {out['dist_version']} has no {name}/{name}.so (it holds: {', '.join(mods) or 'none'})"
+        return out
+    out["file"] = hit[0]
+    try:
+        ims = read_elf(hit[1])
+    except Exception as e:   # unreadable file: a wrong answer must not pass
+        out["cause"] = f"cannot read {hit[0]}: {e}"
+        return out
+    out["sass"] = sorted({i.name for i in ims if i.kind == "sass"})
+    out["ptx"] = sorted({i.name for i in ims if i.kind == "ptx"})
+    out["level"] = level_for(ims, target) if ims else "none"
+    if not out["version_ok"]:
+        out["cause"] = (f"{JIT_CACHE_DIST} {out['dist_version']} does not match flashinfer-python {fi_ver}: FlashInfer "
+                        "ignores it and JIT-compiles")
+    elif out["level"] not in SASS_LEVELS:
+        out["cause"] = (f"{hit[0]} carries SASS {', '.join(out['sass']) or 'none'} (level {out['level']} for "
+                        f"{target.cc}): no kernel image that runs on the target")
+    else:
+        out["covers"] = True
+        out["cause"] = f"{hit[0]} carries {', '.join(out['sass'])} ({out['level']} for {target.cc})"
+    if resolve and out["covers"]:
+        # FlashInfer's own loader: does the installed release resolve this very file (and can it load it)?
+        o = run_task("flashinfer_aot_resolve", {"target": target.cc, "module_fn": fn_name, "load": True}, timeout=300)
+        if not o.ok:
+            out["resolved_by_flashinfer"] = {"error": o.error}
+        else:
+            r = o.value
+            out["resolved_by_flashinfer"] = {k: r.get(k) for k in ("aot_paths", "loaded", "load_error", "import_mode")}
+            if not any(os.path.realpath(p) == os.path.realpath(hit[1]) for p in r.get("aot_paths") or []):
+                out["covers"] = False
+                out["cause"] = (f"{hit[0]} has SASS for {target.cc}, but the installed FlashInfer does not resolve it as "
+                                f"an AOT module (it resolves: {r.get('aot_paths') or 'nothing'}), so it would JIT-compile")
+            elif r.get("loaded") is False:
+                out["cause"] += (f"; FlashInfer resolves it, and loading it here failed: {r.get('load_error')} "
+                                 "(the module links libcuda.so.1, which a GPU host's driver provides)")
+            else:
+                out["cause"] += "; FlashInfer resolves and loads it"
+    return out

@@ -8,7 +8,9 @@ Gates, in order (FACTS, "The dead-end backends"):
 2. FlashInfer's arch normalisation for the target on this nvcc (``CompilationContext.
    _normalize_cuda_arch``; 0.6.7-0.6.18 refuse SM 12.x below CUDA 12.9 and, with no explicit list, the
    error is swallowed and the effective list is empty: C4), or ``FLASHINFER_CUDA_ARCH_LIST``;
-3. a compiler: the JIT needs nvcc (or a flashinfer-jit-cache built for the target);
+3. a compiler: the JIT needs nvcc, unless a flashinfer-jit-cache holds this module (``trtllm_comm``, its name
+   read from the installed source) with SASS that runs on the target and a version FlashInfer accepts
+   (:func:`flashinfer_common.aot_module`): then FlashInfer loads it and no JIT is needed;
 4. optionally (``--jit-compile``) a compile-only build of the module's object files for the target,
    inspected for SASS (minutes; cached by content).
 Those are the library's answer (:func:`library_gate`). The engine's answer (:func:`engine_gate`, read from
@@ -119,17 +121,25 @@ def library_gate(ctx) -> list[Verdict]:
         v.status, v.gate, v.cause = BLOCKED, GATE_PYTHON, f"{MODULE_FN}() refused the target: {g.get('gate_error')}"
         v.lift = LIFT_PACKAGE
         return [v]
-    # 3. a compiler for the JIT (or a jit-cache)
+    # 3. a compiler for the JIT, or this module compiled ahead of time for the target (flashinfer-jit-cache)
     nvcc = effective_nvcc(ctx.env)
     jit_cache = ctx.coverage.get("flashinfer-jit-cache")
     v.add("nvcc for the JIT", (nvcc or {}).get("path") and f"{nvcc['path']} (CUDA {nvcc.get('release')})", "environment")
     if jit_cache is not None:
         v.add("flashinfer-jit-cache coverage", jit_cache.level, "static coverage")
-    if not nvcc and (jit_cache is None or jit_cache.level in ("none", "no-cuda-code")):
+    aot = fi.aot_module(MODULE_FN, target)
+    v.add("AOT module", {k: aot.get(k) for k in ("module", "file", "dist_version", "version_ok", "sass", "level", "covers",
+                                   "resolved_by_flashinfer")},
+          f"flashinfer-jit-cache; module name from {aot['where'] or MODULE_FN}")
+    v.add("JIT needed", "no: FlashInfer loads the AOT module" if aot["covers"] else f"yes: {aot['cause']}",
+          "flashinfer-jit-cache layout <name>/<name>.so + version rule")
+    if not nvcc and not aot["covers"]:
         v.status, v.gate, v.lift = BLOCKED, GATE_TOOLCHAIN, LIFT_CUDA
         v.cause = ("the gate admits the target, but this environment has no nvcc to JIT-compile the module and no "
-                   "flashinfer-jit-cache built for the target")
-        v.lift_detail = "a CUDA toolkit with nvcc (>= 12.8 for sm_120a, >= 12.9 for sm_120f) or flashinfer-jit-cache for the target"
+                   f"ahead-of-time build of it for the target ({aot['cause']})")
+        v.lift_detail = ("a CUDA toolkit with nvcc (>= 12.8 for sm_120a, >= 12.9 for sm_120f), or a flashinfer-jit-cache "
+                         f"holding {aot['module'] or 'the module'} with SASS for {target.cc} (the flashinfer node's "
+                         "method aot)")
         return [v]
     # 4. compile-only build
     if not nvcc:
@@ -150,7 +160,9 @@ def library_gate(ctx) -> list[Verdict]:
             v.cause = f"compiled objects lack SASS for {target.cc}: {bad}"
             return [v]
     v.cause = (f"FlashInfer admits major {target.major} for the allreduce-fusion module and targets {' '.join(eff)} "
-               f"here (the library's answer; SGLang's own gates are the engine answer)")
+               + (f"here; its module is compiled ahead of time ({aot['cause']}), no JIT needed "
+                  if aot["covers"] else "here ")
+               + "(the library's answer; SGLang's own gates are the engine answer)")
     return [v]
 
 
@@ -278,8 +290,7 @@ def _library_lifts(ctx) -> list[str]:
     if majors is not None and ctx.target.major not in majors:
         out.append(f"and a flashinfer-python release whose {MODULE_FN} admits major {ctx.target.major} "
                    f"(flashinfer-python {fi.version()} admits {majors} at {where})")
-    jit_cache = ctx.coverage.get("flashinfer-jit-cache")
-    if not effective_nvcc(ctx.env) and (jit_cache is None or jit_cache.level in ("none", "no-cuda-code")):
+    if not effective_nvcc(ctx.env) and not fi.aot_module(MODULE_FN, ctx.target)["covers"]:
         out.append("and nvcc (a CUDA toolkit) or a flashinfer-jit-cache built for the target: FlashInfer JIT-compiles "
                    "the fusion module at first use and this environment has neither")
     return out

@@ -60,12 +60,23 @@ def _library(ctx) -> Verdict:
             return v
     except source.SourceNotFound as e:
         v.add("gen_pcie_ipc_comm_module", None, str(e))
-    if not effective_nvcc(ctx.env):
+    aot = fi.aot_module("gen_pcie_ipc_comm_module", ctx.target)
+    v.add("AOT module", {k: aot.get(k) for k in ("module", "file", "dist_version", "version_ok", "sass", "level", "covers",
+                                   "resolved_by_flashinfer")},
+          f"flashinfer-jit-cache; module name from {aot['where'] or 'gen_pcie_ipc_comm_module'}")
+    v.add("JIT needed", "no: FlashInfer loads the AOT module" if aot["covers"] else f"yes: {aot['cause']}",
+          "flashinfer-jit-cache layout <name>/<name>.so + version rule")
+    if not effective_nvcc(ctx.env) and not aot["covers"]:
         v.status, v.gate, v.lift = BLOCKED, GATE_TOOLCHAIN, LIFT_CUDA
-        v.cause = "its kernels are JIT-compiled and this environment has no nvcc"
-        v.lift_detail = "a CUDA toolkit with nvcc >= 12.8 in the image"
+        v.cause = f"its kernels are JIT-compiled and this environment has no nvcc and no ahead-of-time build ({aot['cause']})"
+        v.lift_detail = (f"a CUDA toolkit with nvcc >= 12.8 in the image, or a flashinfer-jit-cache holding "
+                         f"{aot['module'] or 'the module'} with SASS for {ctx.target.cc} (the flashinfer node's method aot)")
         return v
-    v.cause = "FlashInfer has it, no arch restriction, nvcc available: a PCIe-native candidate (the library's answer)"
+    if aot["covers"]:
+        v.cause = (f"FlashInfer has it, no arch restriction, compiled ahead of time ({aot['cause']}): no JIT needed; "
+                   "a PCIe-native candidate (the library's answer)")
+    else:
+        v.cause = "FlashInfer has it, no arch restriction, nvcc available: a PCIe-native candidate (the library's answer)"
     return v
 
 

@@ -1,0 +1,117 @@
+"""The suite's check of FlashInfer modules compiled ahead of time (flashinfer-jit-cache), on real files.
+
+Each jit-cache here is a wheel written by the flashinfer node's own packaging
+(images/flashinfer-aot/build_jit_cache.py) around shared objects that the PyPI CUDA 13.1 nvcc compiles for a
+chosen ``-gencode`` and names as FlashInfer's modules (``trtllm_comm``, ``pcie_ipc_comm``). The suite runs
+with flashinfer-python 0.7.4 from PyPI and no nvcc: the library gates of allreduce fusion and PCIe IPC pass
+only when the module FlashInfer would load carries SASS that runs on 12.0 and its version is accepted.
+"""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from validate_support import CACHE, cuda_home, evidence, pip_target, run_suite, suite_venv, verdict
+
+pytestmark = pytest.mark.network
+
+FUSION, PCIE = "flashinfer-allreduce-fusion", "flashinfer-pcie-ipc-allreduce"
+BUILDER = Path(__file__).resolve().parents[1] / "images" / "flashinfer-aot" / "build_jit_cache.py"
+
+
+def _builder():
+    spec = importlib.util.spec_from_file_location("build_jit_cache", BUILDER)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def jit_cache(name: str, gencode: str, version: str, modules=("trtllm_comm", "pcie_ipc_comm")) -> Path:
+    """An installed (unpacked) flashinfer-jit-cache ``version`` whose modules carry ``gencode`` only."""
+    root = CACHE / "aot-jit-cache" / name
+    site = root / "site"
+    if (root / ".ready").is_file():
+        return site
+    b = _builder()
+    stage = root / "stage"
+    src = root / "k.cu"
+    src.parent.mkdir(parents=True, exist_ok=True)
+    src.write_text('extern "C" __global__ void k(float *x) { x[threadIdx.x] += 1.0f; }\n')
+    nvcc = cuda_home() / "bin" / "nvcc"
+    for m in modules:
+        so = stage / b.PKG / "jit_cache" / m / f"{m}.so"
+        so.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([str(nvcc), "-shared", "-Xcompiler", "-fPIC", "-cudart", "none", "-gencode", gencode,
+                        "-o", str(so), str(src)], check=True, capture_output=True, timeout=600)
+    sm = "sm" + gencode.split("sm_")[1]
+    (stage / b.PKG / "__init__.py").write_text(b.INIT_TEMPLATE.format(version=version, archs=(sm,),
+                                                                      modules=tuple(modules), dist=b.DIST))
+    whl = b.write_wheel(stage, root / "dist", version, f"flashinfer-python=={version.split('+')[0]}")
+    with zipfile.ZipFile(whl) as z:
+        z.extractall(site)
+    (root / ".ready").write_text("ok")
+    return site
+
+
+@pytest.fixture(scope="module")
+def reports():
+    venv, fi = suite_venv(), pip_target("flashinfer-python==0.7.4")
+    caches = {
+        "sm_120f": jit_cache("sm120f", "arch=compute_120f,code=sm_120f", "0.7.4+cu131"),
+        "sm_90": jit_cache("sm90", "arch=compute_90,code=sm_90", "0.7.4+cu131"),
+        "old-version": jit_cache("sm120f-072", "arch=compute_120f,code=sm_120f", "0.7.2+cu131"),
+        "fusion-only": jit_cache("sm120f-fusion", "arch=compute_120f,code=sm_120f", "0.7.4+cu131",
+                                 modules=("trtllm_comm",)),
+    }
+    # as in the runtime image: the arch list in the environment, and no nvcc (PATH holds only the OS folders)
+    no_nvcc = {"CUDA_HOME": "/nonexistent-cuda", "FLASHINFER_CUDA_ARCH_LIST": "12.0f"}
+    out = {k: run_suite(venv, [fi, site], ["--backend", FUSION, "--backend", PCIE, "--label", k], extra_env=no_nvcc)[0]
+           for k, site in caches.items()}
+    out["none"] = run_suite(venv, [fi], ["--backend", FUSION, "--backend", PCIE, "--label", "none"], extra_env=no_nvcc)[0]
+    return out
+
+
+def test_sm_120f_modules_lift_the_no_nvcc_gate_and_need_no_jit(reports):
+    for backend, module in ((FUSION, "trtllm_comm"), (PCIE, "pcie_ipc_comm")):
+        v = verdict(reports["sm_120f"], backend, "library")
+        if backend == FUSION:
+            assert evidence(v, "nvcc for the JIT")["value"] in (None, "", False)
+        aot = evidence(v, "AOT module")["value"]
+        assert aot["module"] == module and aot["sass"] == ["sm_120f"] and aot["level"] == "native" and aot["covers"]
+        assert aot["file"] == f"flashinfer_jit_cache/jit_cache/{module}/{module}.so"
+        assert evidence(v, "JIT needed")["value"].startswith("no")
+        assert v["status"] == "gate-passes", (backend, v["cause"])
+        assert "no JIT needed" in v["cause"]
+
+
+def test_modules_with_sass_only_for_sm_90_do_not_cover_12_0(reports):
+    for backend in (FUSION, PCIE):
+        v = verdict(reports["sm_90"], backend, "library")
+        aot = evidence(v, "AOT module")["value"]
+        assert aot["sass"] == ["sm_90"] and aot["level"] == "none" and aot["covers"] is False
+        assert v["status"] == "blocked" and v["gate"] == "toolchain"
+        assert "sm_90" in v["cause"] and evidence(v, "JIT needed")["value"].startswith("yes")
+
+
+def test_a_jit_cache_of_another_flashinfer_version_is_not_loaded(reports):
+    v = verdict(reports["old-version"], FUSION, "library")
+    aot = evidence(v, "AOT module")["value"]
+    assert aot["version_ok"] is False and aot["covers"] is False
+    assert v["status"] == "blocked" and "does not match flashinfer-python 0.7.4" in v["cause"]
+
+
+def test_each_gate_asks_for_its_own_module(reports):
+    assert verdict(reports["fusion-only"], FUSION, "library")["status"] == "gate-passes"
+    v = verdict(reports["fusion-only"], PCIE, "library")
+    assert v["status"] == "blocked" and "no pcie_ipc_comm/pcie_ipc_comm.so" in v["cause"]
+    assert "trtllm_comm" in v["cause"]          # it says what the package does hold
+
+
+def test_without_a_jit_cache_or_nvcc_both_stay_blocked(reports):
+    for backend in (FUSION, PCIE):
+        v = verdict(reports["none"], backend, "library")
+        assert v["status"] == "blocked" and "not installed" in evidence(v, "JIT needed")["value"]

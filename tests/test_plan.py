@@ -35,12 +35,12 @@ def hashes(p):
 
 
 # ------------------------------------------------------------------------------------- DAG shape
-def test_13_1_plan_is_the_full_dag_with_flash_attn_last_before_runtime():
+def test_13_1_plan_is_the_full_dag_with_the_compiling_nodes_last_before_runtime():
     p = plan()
     names = [n.name for n in p.nodes]
     assert names[0] == "base" and names[1] == "torch" and names[-1] == "runtime"
     assert set(names[2:5]) == {"flashinfer", "sgl-kernel", "flash-attn"}
-    assert names[4] == "flash-attn"                      # the slow source build goes last
+    assert names[3:5] == ["flash-attn", "flashinfer"]    # the source and aot builds go last (file order)
     assert p.node("runtime").parents[0] == "torch"       # image parent first
     assert set(p.node("runtime").parents) == {"torch", "flash-attn", "sgl-kernel", "flashinfer"}
     assert p.base_kind == "pip" and p.nodes[0].kind == "base-pip"
@@ -236,12 +236,16 @@ def test_changing_a_dockerfile_changes_its_nodes_and_their_descendants(tmp_path)
     with open(images / "wheels.Dockerfile", "a") as f:
         f.write("\n# changed\n")
     after = hashes(plan(images_dir=images))
-    assert {n for n in before if before[n] != after[n]} == {"flashinfer", "sgl-kernel", "flash-attn", "runtime"}
+    assert {n for n in before if before[n] != after[n]} == {"sgl-kernel", "flash-attn", "runtime"}
+    with open(images / "wheels-aot.Dockerfile", "a") as f:     # 13.1's flashinfer is built ahead of time
+        f.write("\n# changed\n")
+    again = hashes(plan(images_dir=images))
+    assert {n for n in after if after[n] != again[n]} == {"flashinfer", "runtime"}
 
 
 def test_changing_the_target_arch_changes_only_arch_dependent_nodes():
     a, b = hashes(plan(archs="12.0")), hashes(plan(archs="12.0;9.0"))
-    assert {n for n in a if a[n] != b[n]} == {"flash-attn", "runtime"}
+    assert {n for n in a if a[n] != b[n]} == {"flash-attn", "flashinfer", "runtime"}   # aot: FLASHINFER_CUDA_ARCH_LIST
 
 
 def test_local_source_content_is_hashed(tmp_path):
@@ -270,7 +274,7 @@ def test_skip_errors():
         plan(skip=["base"])
     with pytest.raises(UsageError, match="Cannot skip 'torch'"):
         plan(skip=["torch"])
-    assert [n.name for n in plan(skip=["sglang"]).nodes][-1] == "flash-attn"   # by file stem
+    assert [n.name for n in plan(skip=["sglang"]).nodes][-1] == "flashinfer"   # by file stem
 
 
 # --------------------------------------------------------------------------------------- rendering

@@ -91,6 +91,19 @@ def engine(docker_engine_scratch):
     return docker_engine_scratch
 
 
+def _push_tiny(engine, host: str, repo: str):
+    """A fresh tiny image pushed to ``host/repo:v1`` through the tool: (image id, target tag, PushedImage).
+    Every name it makes goes on the engine fixture's clean-up list."""
+    client, made = engine
+    name = "cudastack-test/tiny-" + os.urandom(4).hex()
+    image_id = _tiny_image(client, name)
+    target = f"{host}/{repo}:v1"
+    made += [f"{name}:src", target]
+    pushed = reg.push_image(f"{name}:src", target, client=client)
+    made.append(pushed.reference)
+    return image_id, target, pushed
+
+
 def _served_digest(host: str, repo: str, reference: str, auth=None) -> str:
     """The sha256 of the manifest bytes the registry serves (the digest by definition), read with plain HTTP:
     the independent answer the tools are checked against."""
@@ -105,12 +118,8 @@ def _served_digest(host: str, repo: str, reference: str, auth=None) -> str:
 @pytest.mark.docker
 @pytest.mark.registry
 def test_push_digest_pull_by_digest(engine, registry_server, docker_config):
-    client, made = engine
-    name = "cudastack-test/tiny-" + os.urandom(4).hex()
-    image_id = _tiny_image(client, name)
-    target = f"{registry_server.host}/ci/tiny:v1"
-    made += [f"{name}:src", target]
-    pushed = reg.push_image(f"{name}:src", target, client=client)
+    client, _ = engine
+    image_id, target, pushed = _push_tiny(engine, registry_server.host, "ci/tiny")
 
     # the pushed digest is what the registry serves, read three ways, and the engine's RepoDigests entry
     served = _served_digest(registry_server.host, "ci/tiny", "v1")
@@ -127,7 +136,6 @@ def test_push_digest_pull_by_digest(engine, registry_server, docker_config):
     client.images.remove(image_id, force=True)
     with pytest.raises(Exception):
         client.images.get(image_id)
-    made.append(pushed.reference)
     image = reg.pull_by_digest(pushed.enroot, expected_image_id=image_id, client=client)
     assert image.id == image_id
     assert pushed.reference in image.attrs["RepoDigests"]
@@ -136,13 +144,8 @@ def test_push_digest_pull_by_digest(engine, registry_server, docker_config):
 @pytest.mark.docker
 @pytest.mark.registry
 def test_pull_detects_wrong_image_id(engine, registry_server, docker_config):
-    client, made = engine
-    name = "cudastack-test/tiny-" + os.urandom(4).hex()
-    _tiny_image(client, name)
-    target = f"{registry_server.host}/ci/other:v1"
-    made += [f"{name}:src", target]
-    pushed = reg.push_image(f"{name}:src", target, client=client)
-    made.append(pushed.reference)
+    client, _ = engine
+    _, _, pushed = _push_tiny(engine, registry_server.host, "ci/other")
     with pytest.raises(RegistryError, match="lock records"):
         reg.pull_by_digest(pushed.reference, expected_image_id="sha256:" + "0" * 64, client=client)
 
@@ -151,12 +154,8 @@ def test_pull_detects_wrong_image_id(engine, registry_server, docker_config):
 @pytest.mark.registry
 @pytest.mark.parametrize("via", ["engine", "skopeo"])
 def test_unknown_digest_and_tag(engine, registry_server, docker_config, via):
-    client, made = engine
-    name = "cudastack-test/tiny-" + os.urandom(4).hex()
-    _tiny_image(client, name)
-    target = f"{registry_server.host}/ci/known:v1"
-    made += [f"{name}:src", target]
-    reg.push_image(f"{name}:src", target, client=client)
+    client, _ = engine
+    _push_tiny(engine, registry_server.host, "ci/known")
     kw = {"client": client} if via == "engine" else {}
     unknown = f"{registry_server.host}/ci/known@sha256:" + "1" * 64
     with pytest.raises(RegistryError, match=r"has no manifest .*ci/known@sha256:1111.*HTTP 404") as exc:

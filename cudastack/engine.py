@@ -296,12 +296,17 @@ class Engine:
     # --- build ----------------------------------------------------------------------------------
     def build_command(self, *, context: str, dockerfile: str, tag: str | None = None, target: str | None = None,
                       build_args: dict[str, str] | None = None, secrets: dict[str, str] | None = None,
-                      output_dir: str | None = None, labels: dict[str, str] | None = None) -> tuple[list[str], dict]:
-        """The docker CLI command line and environment for one BuildKit build (pure)."""
+                      output_dir: str | None = None, labels: dict[str, str] | None = None,
+                      builder: str | None = None) -> tuple[list[str], dict]:
+        """The docker CLI command line and environment for one BuildKit build (pure). ``builder``: a buildx
+        builder by name (``docker buildx build --builder NAME``; needs the buildx path)."""
         bk = self.buildkit
         env = dict(os.environ)
+        if builder and bk.mode != "buildx":
+            raise UsageError(f"--builder {builder} needs the docker buildx plugin; this client ({bk.docker}) builds "
+                             "with DOCKER_BUILDKIT=1 docker build. Install docker-buildx, or build without --builder.")
         if bk.mode == "buildx":
-            cmd = [bk.docker, "buildx", "build"]
+            cmd = [bk.docker, "buildx", "build"] + (["--builder", builder] if builder else [])
             if not output_dir:
                 cmd.append("--load")
         else:

@@ -29,7 +29,8 @@ from cudastack.credentials import scrub, split_userinfo
 from cudastack.errors import UsageError
 from cudastack.model import Knob, Node, Plan
 from cudastack.recipes import Component, RecipeSet, Toolchain, load_recipes
-from cudastack import rules
+from cudastack import costs, rules
+from cudastack.sources import cmake_args_knob
 from cudastack.rules import Resources
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -55,6 +56,10 @@ class PlannedNode(Node):
     parallel_knobs: list[str] = field(default_factory=list)
     wheel_packages: list[str] = field(default_factory=list)
     sdist: dict = field(default_factory=dict)   # {"package", "version", "index", "patches"} to fetch + patch
+    # a source the executor fetches or copies, then patches, into the context's src/ (cudastack.sources):
+    # {"kind": "url" | "git" | "path", "url", "sha256", "commit", "ref", "path", "subdir", "patches"}
+    fetch: dict = field(default_factory=dict)
+    cost: dict = field(default_factory=dict)     # source nodes: what cudastack.costs needs for the dry run
     index_secret: str = ""   # the recipe's index URL when it carries a login: BuildKit secret 'pipindex', never an arg
 
 
@@ -164,6 +169,10 @@ def _source_spec(c: Component, tc: Toolchain) -> tuple[list[str], dict[str, str]
     e = c.toolchains[tc.name]
     if e.method == "wheel":
         return list(e.packages), {}
+    if e.url or (e.git and (e.patches or e.subdir or c.kind == "image")):
+        return [], {"src": ""}      # the executor downloads / clones, checks and patches it into src/
+    if e.path and (e.patches or e.subdir):
+        return [], {"src": str(e.path)}   # hashed by content; copied and patched by the executor
     if e.sdist and e.patches:
         return [], {"src": ""}      # the executor fetches the sdist, unpacks and patches it into src/
     if e.sdist:
@@ -172,6 +181,18 @@ def _source_spec(c: Component, tc: Toolchain) -> tuple[list[str], dict[str, str]
         name = c.stem
         return [f"{name} @ git+{e.git['url']}@{e.git['commit']}"], {}
     return [], {"src": str(e.path)}
+
+
+def _fetch_spec(e) -> dict:
+    """What the executor materialises into the context's src/ for a url, git or patched path source."""
+    base = {"subdir": e.subdir, "patches": [dict(p) for p in e.patches]}
+    if e.url:
+        return {"kind": "url", **e.url, **base}
+    if e.git:
+        return {"kind": "git", **e.git, **base}
+    if e.path and (e.patches or e.subdir):
+        return {"kind": "path", "path": str(e.path), **base}
+    return {}
 
 
 def _build_env(knobs: list[Knob]) -> str:
@@ -186,9 +207,14 @@ def _arch_tag(archs) -> str:
 
 def _recipe_view(c: Component, tc: Toolchain) -> dict:
     view = {k: v for k, v in c.raw.items() if k not in ("description", "est_disk_gib", "parallelism", "toolchains")}
-    view["toolchain_entry"] = scrub(c.toolchains[tc.name].raw)     # an index login is no input of the image
-    if c.parallelism:
-        # which knobs receive the job counts is part of what is built; the budget numbers are not
+    entry = c.toolchains[tc.name]
+    raw = {k: v for k, v in entry.raw.items()
+           if not (k == "source" and entry.method == "wheel") and k != "unit_cost"}   # neither changes the output
+    view["toolchain_entry"] = scrub(raw)     # an index login is no input of the image; a wheel entry's unused
+    #                                          source block is none either
+    if c.parallelism and (entry.method == "source" or c.kind != "image"):
+        # which knobs receive the job counts is part of what is built; the budget numbers are not (an image
+        # node installing a wheel compiles nothing: its parallelism block is for its source build)
         view["parallelism_knobs"] = [list(c.parallelism.jobs_knobs), list(c.parallelism.threads_knobs)]
     return view
 
@@ -314,6 +340,8 @@ def make_plan(
                 pk = rules.memory_rule(c.parallelism, res, max_jobs, nvcc_threads)
                 parallel = [k.name for k in pk]
                 knobs = [kn for kn in knobs if kn.name not in parallel] + pk
+                knobs, cm_parallel = cmake_args_knob(c, e, knobs, pk)
+                parallel += cm_parallel
             build_env = _build_env(knobs)
             args["PARENT_IMAGE"] = by_name[image_parent].tag
             if e.index:
@@ -321,7 +349,9 @@ def make_plan(
                 args["PIP_INDEX_URL"], has_login = split_userinfo(e.index)
                 if has_login:
                     index_secret = e.index
-            if c.kind == "image":
+            if c.kind == "image" and e.method == "source":
+                args.update({"SOURCE_DIR": "src", "BUILD_ENV": build_env, "BUILD_DEPS": " ".join(e.build_deps)})
+            elif c.kind == "image":
                 args.update({"PIP_SPECS": " ".join(specs), "BUILD_ENV": build_env})
             elif c.kind == "wheels":
                 args.update({"METHOD": e.method, "PIP_SPECS": " ".join(specs), "BUILD_ENV": build_env})
@@ -329,7 +359,7 @@ def make_plan(
                     args["BUILD_DEPS"] = " ".join(e.build_deps)
                 if "src" in context:
                     args["SOURCE_DIR"] = "src"   # the local folder (or patched sdist) in the build context
-                if e.sdist and e.patches:
+                if e.patches:
                     for pt in e.patches:
                         notes.append(f"patch {pt['file']}: '{pt['replace']}' -> '{pt['with']}'"
                                      + (f" ({pt['why']})" if pt.get("why") else ""))
@@ -349,7 +379,9 @@ def make_plan(
                 context["stackprobe"] = str(probe_dir)
                 context["wheelhouse"] = ""   # filled by the executor from the wheel nodes
 
-        dockerfile = images / f"{kind}.Dockerfile"
+        # an image node built from source (torch) has its own Dockerfile, so the wheel one's hash stays
+        dockerfile = images / (f"{kind}-source.Dockerfile" if (c.kind == "image" and e.method == "source")
+                               else f"{kind}.Dockerfile")
         try:
             df_text = dockerfile.read_text()
         except OSError:
@@ -395,7 +427,9 @@ def make_plan(
             est_disk_gib=c.est_disk_gib, inputs=inputs, context=context, env_knobs=env_knobs, notes=notes,
             parallel_knobs=parallel, wheel_packages=wheel_pkgs, index_secret=index_secret,
             sdist=({**e.sdist, "index": e.index, "patches": [dict(p) for p in e.patches]}
-                   if (e.sdist and e.patches and c.kind != "base") else {}))
+                   if (e.sdist and e.patches and c.kind != "base") else {}),
+            fetch=_fetch_spec(e) if "src" in context and not (e.sdist and e.patches) else {},
+            cost=costs.cost_input(c, e, knobs, tc) if (e.method == "source" and c.kind != "base") else {})
         nodes.append(node)
         by_name[c.name] = node
 
@@ -450,6 +484,7 @@ def render_plan(plan: BuildPlan, cached: dict[str, bool] | None = None, *, state
             lines.append(f"    knob    {k.name}={k.value}  [{k.source}]{why}")
         for note in n.notes:
             lines.append(f"    note    {note}")
+        lines += costs.cost_lines(n, res, state_dir)     # source nodes: arch flags, units, jobs, time
     lines.append("")
     if cached is not None:
         lines.append(f"{sum(1 for n in plan.nodes if cached.get(n.name))} of {len(plan.nodes)} nodes cached; "

@@ -25,6 +25,7 @@ Component file schema (every key not listed is an error that names the file and 
       nvcc_threads: 4
       jobs_knobs: [MAX_JOBS]                    # knobs that receive the job count
       threads_knobs: [NVCC_THREADS]             # knobs that receive the per-job thread count
+      threads_defines: [SGL_KERNEL_COMPILE_THREADS]   # CMake cache variables that receive it (CMAKE_ARGS)
     toolchains:                                 # required: one entry per toolchain in toolchains.yaml
       "13.1":
         method: wheel | source                  # base components leave it out
@@ -33,7 +34,16 @@ Component file schema (every key not listed is an error that names the file and 
         sdist: {package: flash-attn, version: "2.8.3"}      # source: one of sdist / git / path
         git: {url: "https://...", commit: "<40 hex>", ref: "v1.2"}
         path: "../cuda_ext"                     # a local folder, relative to the recipe file
-        patches:                                # sdist only: literal edits applied to the unpacked sdist
+        url: {url: "https://.../x.tar.gz", sha256: "<64 hex>"}   # an upstream source tarball
+        subdir: "sgl-kernel"                    # source: the folder inside the source that holds the build
+        cmake_defines: {ENABLE_BELOW_SM90: "OFF"}   # source: CMake cache variables, passed as CMAKE_ARGS
+        unit_cost: aten                         # source: which measured unit class of cudastack/unit_costs.yaml
+                                                #   the dry run's time estimate uses (aten | cutlass)
+        source: {url: ..., patches: ..., ...}   # wheel entries: the source build a user selects with
+                                                #   `--method NAME=source` (keys: sdist, git, path, url, subdir,
+                                                #   upstream, knobs, patches, build_deps, cmake_defines,
+                                                #   arch_flags); with no location, `--source NAME=DIR` gives one
+        patches:                                # any source: literal edits applied to the fetched tree
           - {file: setup.py, replace: "-std=c++17", with: "-std=c++20", why: "..."}   # before building;
                                                 # a replace that matches nothing is a build error
         build_deps: ["scikit-build-core==0.11.6"]   # source: pinned build backend, installed first
@@ -66,10 +76,15 @@ BASE_KINDS = ("pip", "nvidia")
 
 _COMPONENT_KEYS = {"kind", "node", "needs", "description", "est_disk_gib", "arch_knob", "knobs",
                    "parallelism", "toolchains"}
-_ENTRY_KEYS = {"method", "packages", "index", "sdist", "git", "path", "requires", "knobs", "patches", "build_deps"}
+_ENTRY_KEYS = {"method", "packages", "index", "sdist", "git", "path", "url", "subdir", "requires", "knobs", "patches",
+               "build_deps", "cmake_defines", "source", "unit_cost"}
+# keys of a ``source:`` alternative (a wheel entry's source build, selected with --method NAME=source)
+_ALT_KEYS = {"sdist", "git", "path", "url", "subdir", "upstream", "knobs", "patches", "build_deps", "cmake_defines",
+             "arch_flags", "unit_cost"}
+SOURCE_KINDS = ("sdist", "git", "path", "url")
 _PATCH_KEYS = {"file", "replace", "with", "why"}
 _ARCH_KNOB_KEYS = {"style", "knob", "separator", "scope", "ignores", "covers"}
-_PAR_KEYS = {"memory_gib_per_job", "nvcc_threads", "jobs_knobs", "threads_knobs"}
+_PAR_KEYS = {"memory_gib_per_job", "nvcc_threads", "jobs_knobs", "threads_knobs", "threads_defines"}
 _TC_FILE_KEYS = {"archs", "suffixes", "toolchains"}
 _TC_KEYS = {"cuda_version", "default_base", "bases", "torch"}
 _BASE_KEYS = {"pip": {"os_image", "os_suite", "python", "pip_specs", "wheel_root", "has_nvcc"},
@@ -130,6 +145,7 @@ class Parallelism:
     nvcc_threads: int
     jobs_knobs: tuple[str, ...]
     threads_knobs: tuple[str, ...]
+    threads_defines: tuple[str, ...] = ()   # CMake cache variables given the thread count (through CMAKE_ARGS)
 
 
 @dataclass
@@ -146,7 +162,19 @@ class Entry:
     knobs: dict[str, str] = field(default_factory=dict)
     patches: tuple[dict, ...] = ()   # [{"file", "replace", "with", "why"}] applied to an unpacked sdist
     build_deps: tuple[str, ...] = ()  # pinned requirements installed before a source build
+    url: dict | None = None        # {"url", "sha256"}: an upstream source tarball
+    subdir: str = ""               # the folder inside the source that holds the build (e.g. sgl-kernel)
+    cmake_defines: dict[str, str] = field(default_factory=dict)   # -DNAME=VALUE through CMAKE_ARGS
+    arch_flags: tuple[str, ...] = ()  # gencode targets a build with hard-coded archs passes (cmake-fixed)
+    upstream: str = ""             # where the source comes from when the recipe pins no location
+    unit_cost: str = "aten"        # the measured unit class for the dry run's time estimate (cudastack.costs)
+    alternative: "Entry | None" = None   # a wheel entry's `source:` build (--method NAME=source)
     raw: dict = field(default_factory=dict)
+
+    @property
+    def source_kind(self) -> str:
+        """"sdist" | "git" | "url" | "path" | "" (a wheel, or a source alternative with no location yet)."""
+        return next((k for k in SOURCE_KINDS if getattr(self, k)), "")
 
 
 @dataclass
@@ -389,7 +417,105 @@ def _load_parallelism(value: Any, file: Path) -> Parallelism | None:
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise _fail(file, "parallelism.nvcc_threads", "expected a positive integer.")
     return Parallelism(float(mem), threads, tuple(_str_list(d["jobs_knobs"], file, "parallelism.jobs_knobs")),
-                       tuple(_str_list(d.get("threads_knobs", []), file, "parallelism.threads_knobs")))
+                       tuple(_str_list(d.get("threads_knobs", []), file, "parallelism.threads_knobs")),
+                       tuple(_str_list(d.get("threads_defines", []), file, "parallelism.threads_defines")))
+
+
+def _load_location(d: dict, e: Entry, file: Path, key: str, *, need_one: bool) -> None:
+    """Read the source location keys (sdist / git / path / url, subdir, patches, build_deps, cmake_defines)
+    of a source entry or a ``source:`` alternative into ``e``."""
+    sources = [k for k in SOURCE_KINDS if k in d]
+    if len(sources) > 1 or (need_one and len(sources) != 1):
+        raise _fail(file, f"{key}.{sources[1] if len(sources) > 1 else 'sdist'}",
+                    "a source recipe names exactly one of: sdist, git, path, url.")
+    src = sources[0] if sources else ""
+    if src == "sdist":
+        s = _mapping(d["sdist"], file, f"{key}.sdist")
+        _check_keys(s, {"package", "version"}, {"package", "version"}, file, f"{key}.sdist")
+        e.sdist = {"package": _str(s["package"], file, f"{key}.sdist.package"),
+                   "version": _version(s["version"], file, f"{key}.sdist.version")}
+    elif src == "git":
+        g = _mapping(d["git"], file, f"{key}.git")
+        _check_keys(g, {"url", "commit", "ref"}, {"url", "commit"}, file, f"{key}.git")
+        commit = _str(g["commit"], file, f"{key}.git.commit")
+        if not re.fullmatch(r"[0-9a-f]{40}", commit):
+            raise _fail(file, f"{key}.git.commit", "pin the full 40-hex commit (a branch or tag moves).")
+        e.git = {"url": _str(g["url"], file, f"{key}.git.url"), "commit": commit,
+                 "ref": _str(g.get("ref", ""), file, f"{key}.git.ref")}
+    elif src == "url":
+        u = _mapping(d["url"], file, f"{key}.url")
+        _check_keys(u, {"url", "sha256"}, {"url", "sha256"}, file, f"{key}.url")
+        url = _str(u["url"], file, f"{key}.url.url")
+        if not re.match(r"^(https?|file)://", url) or not re.search(r"\.(tar\.gz|tgz|tar\.xz|tar\.bz2|zip)$", url):
+            raise _fail(file, f"{key}.url.url", f"'{url}' is not the http(s) URL of a source archive "
+                                                 "(.tar.gz, .tgz, .tar.xz, .tar.bz2 or .zip).")
+        digest = _str(u["sha256"], file, f"{key}.url.sha256").lower()
+        if not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise _fail(file, f"{key}.url.sha256", "give the archive's sha256 (64 hex digits), as its release "
+                                                    "page or a checksum file publishes it.")
+        e.url = {"url": url, "sha256": digest}
+    elif src == "path":
+        p = (file.parent / _str(d["path"], file, f"{key}.path")).resolve()
+        if not p.is_dir():
+            raise _fail(file, f"{key}.path", f"{p} is not a folder.")
+        e.path = p
+    if "subdir" in d:
+        sub = _str(d["subdir"], file, f"{key}.subdir")
+        if sub.startswith("/") or ".." in Path(sub).parts:
+            raise _fail(file, f"{key}.subdir", "a folder inside the source, e.g. sgl-kernel.")
+        e.subdir = sub
+    if "patches" in d:
+        if not isinstance(d["patches"], list) or not d["patches"]:
+            raise _fail(file, f"{key}.patches", "expected a non-empty list of {file, replace, with}.")
+        pl = []
+        for i, pt in enumerate(d["patches"]):
+            pk = f"{key}.patches[{i}]"
+            pt = _mapping(pt, file, pk)
+            _check_keys(pt, _PATCH_KEYS, {"file", "replace", "with"}, file, pk)
+            rel = _str(pt["file"], file, f"{pk}.file")
+            if rel.startswith("/") or ".." in Path(rel).parts:
+                raise _fail(file, f"{pk}.file", "a path inside the source tree (after subdir), e.g. setup.py.")
+            pl.append({"file": rel, "replace": _str(pt["replace"], file, f"{pk}.replace"),
+                       "with": _str(pt["with"], file, f"{pk}.with"), "why": _str(pt.get("why", ""), file, f"{pk}.why")})
+        e.patches = tuple(pl)
+    if "build_deps" in d:
+        deps = _str_list(d["build_deps"], file, f"{key}.build_deps")
+        for i, spec in enumerate(deps):
+            _pinned(spec, file, f"{key}.build_deps[{i}]")
+        e.build_deps = tuple(deps)
+    if "unit_cost" in d:
+        from cudastack.costs import unit_costs
+
+        e.unit_cost = _str(d["unit_cost"], file, f"{key}.unit_cost")
+        if e.unit_cost not in unit_costs()["classes"]:
+            raise _fail(file, f"{key}.unit_cost", f"'{e.unit_cost}' is not a measured unit class "
+                                                   f"({', '.join(unit_costs()['classes'])}).")
+    if "cmake_defines" in d:
+        defs = {}
+        for k, v in _mapping(d["cmake_defines"], file, f"{key}.cmake_defines").items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)):
+                raise _fail(file, f"{key}.cmake_defines.{k}", "a CMake cache variable name (letters, digits, _).")
+            defs[str(k)] = _str(v, file, f"{key}.cmake_defines.{k}")
+        e.cmake_defines = defs
+
+
+def _load_alternative(value: Any, file: Path, key: str) -> Entry:
+    """A wheel entry's ``source:`` block: the source build ``--method NAME=source`` selects."""
+    d = _mapping(value, file, key)
+    _check_keys(d, _ALT_KEYS, set(), file, key)
+    e = Entry("source", raw={"method": "source", **d}, knobs=_knobs(d.get("knobs"), file, f"{key}.knobs"))
+    _load_location(d, e, file, key, need_one=False)
+    e.upstream = _str(d.get("upstream", ""), file, f"{key}.upstream")
+    if not e.source_kind and not e.upstream:
+        raise _fail(file, f"{key}.upstream", "a source block with no sdist, git, path or url must say where the "
+                                              "source comes from (upstream: ...); the user then gives a checkout "
+                                              "with --source NAME=DIR.")
+    flags = _str_list(d.get("arch_flags", []), file, f"{key}.arch_flags")
+    for i, f in enumerate(flags):
+        if not re.fullmatch(r"sm_\d+[af]?", f):
+            raise _fail(file, f"{key}.arch_flags[{i}]", f"'{f}' is not a SASS target such as sm_120a.")
+    e.arch_flags = tuple(flags)
+    return e
 
 
 def _load_entry(value: Any, file: Path, key: str, kind: str) -> Entry:
@@ -401,8 +527,8 @@ def _load_entry(value: Any, file: Path, key: str, kind: str) -> Entry:
             raise _fail(file, f"{key}.method", "a base node takes its method from toolchains.yaml and --base.")
     elif method not in METHODS:
         raise _fail(file, f"{key}.method", f"'{method}' is not a method ({', '.join(METHODS)}).")
-    if kind in ("image", "runtime") and method != "wheel":
-        raise _fail(file, f"{key}.method", f"a {kind} node installs pinned wheels: method must be 'wheel'.")
+    if kind == "runtime" and method != "wheel":
+        raise _fail(file, f"{key}.method", "a runtime node installs pinned wheels: method must be 'wheel'.")
     e = Entry(method, raw=d, knobs=_knobs(d.get("knobs"), file, f"{key}.knobs"),
               index=_str(d.get("index", ""), file, f"{key}.index"))
     if "packages" in d:
@@ -410,57 +536,22 @@ def _load_entry(value: Any, file: Path, key: str, kind: str) -> Entry:
         for i, s in enumerate(pk):
             _pinned(s, file, f"{key}.packages[{i}]")
         e.packages = tuple(pk)
-    sources = [k for k in ("sdist", "git", "path") if k in d]
+    sources = [k for k in SOURCE_KINDS if k in d]
     if method == "wheel":
         if not e.packages and kind != "runtime":
             raise _fail(file, f"{key}.packages", "a wheel recipe needs its pinned packages (name==version).")
-        if sources:
-            raise _fail(file, f"{key}.{sources[0]}", "only source recipes name an sdist, git ref or path.")
+        for k in (*sources, "patches", "build_deps", "subdir", "cmake_defines"):
+            if k in d:
+                raise _fail(file, f"{key}.{k}", "only source recipes name a source, its patches and build "
+                                                "dependencies (a wheel entry's source build goes under `source:`).")
+        if "source" in d:
+            if kind not in ("image", "wheels"):
+                raise _fail(file, f"{key}.source", f"a {kind} node has no source build.")
+            e.alternative = _load_alternative(d["source"], file, f"{key}.source")
     if method == "source":
-        if len(sources) != 1:
-            raise _fail(file, f"{key}.sdist", "a source recipe names exactly one of: sdist, git, path.")
-        src = sources[0]
-        if src == "sdist":
-            s = _mapping(d["sdist"], file, f"{key}.sdist")
-            _check_keys(s, {"package", "version"}, {"package", "version"}, file, f"{key}.sdist")
-            e.sdist = {"package": _str(s["package"], file, f"{key}.sdist.package"),
-                       "version": _version(s["version"], file, f"{key}.sdist.version")}
-        elif src == "git":
-            g = _mapping(d["git"], file, f"{key}.git")
-            _check_keys(g, {"url", "commit", "ref"}, {"url", "commit"}, file, f"{key}.git")
-            commit = _str(g["commit"], file, f"{key}.git.commit")
-            if not re.fullmatch(r"[0-9a-f]{40}", commit):
-                raise _fail(file, f"{key}.git.commit", "pin the full 40-hex commit (a branch or tag moves).")
-            e.git = {"url": _str(g["url"], file, f"{key}.git.url"), "commit": commit,
-                     "ref": _str(g.get("ref", ""), file, f"{key}.git.ref")}
-        else:
-            p = (file.parent / _str(d["path"], file, f"{key}.path")).resolve()
-            if not p.is_dir():
-                raise _fail(file, f"{key}.path", f"{p} is not a folder.")
-            e.path = p
-    if "patches" in d:
-        if not e.sdist:
-            raise _fail(file, f"{key}.patches", "patches apply to an sdist source only.")
-        if not isinstance(d["patches"], list) or not d["patches"]:
-            raise _fail(file, f"{key}.patches", "expected a non-empty list of {file, replace, with}.")
-        pl = []
-        for i, pt in enumerate(d["patches"]):
-            pk = f"{key}.patches[{i}]"
-            pt = _mapping(pt, file, pk)
-            _check_keys(pt, _PATCH_KEYS, {"file", "replace", "with"}, file, pk)
-            rel = _str(pt["file"], file, f"{pk}.file")
-            if rel.startswith("/") or ".." in Path(rel).parts:
-                raise _fail(file, f"{pk}.file", "a path inside the unpacked sdist, e.g. setup.py.")
-            pl.append({"file": rel, "replace": _str(pt["replace"], file, f"{pk}.replace"),
-                       "with": _str(pt["with"], file, f"{pk}.with"), "why": _str(pt.get("why", ""), file, f"{pk}.why")})
-        e.patches = tuple(pl)
-    if "build_deps" in d:
-        if method != "source":
-            raise _fail(file, f"{key}.build_deps", "build dependencies belong to a source recipe.")
-        deps = _str_list(d["build_deps"], file, f"{key}.build_deps")
-        for i, spec in enumerate(deps):
-            _pinned(spec, file, f"{key}.build_deps[{i}]")
-        e.build_deps = tuple(deps)
+        if "source" in d:
+            raise _fail(file, f"{key}.source", "this entry already builds from source: put its location here.")
+        _load_location(d, e, file, key, need_one=True)
     req = _mapping(d.get("requires"), file, f"{key}.requires")
     e.requires = {str(k): _version(v, file, f"{key}.requires.{k}") for k, v in req.items()}
     return e
@@ -589,3 +680,72 @@ def load_recipes(recipes_dir: str | Path | None = None) -> RecipeSet:
     _check_graph(components)
     _check_pins(components, toolchains)
     return RecipeSet(d, archs, suffixes, toolchains, components)
+
+
+def select_methods(recipes: RecipeSet, toolchain: str, methods: dict[str, str] | None = None,
+                   sources: dict[str, str] | None = None) -> RecipeSet:
+    """The recipes with the methods a user chose for one toolchain (``--method NAME=wheel|source``) and local
+    source folders (``--source NAME=DIR``: a checkout that replaces the source block's location; its patches
+    still apply). Returns a new RecipeSet (the input is not changed).
+
+    Raises UsageError (one paragraph, before anything is built) for an unknown component or method, a
+    component without a ``source:`` block, a folder that does not exist, or a selected source build that
+    has no location and no ``--source``.
+    """
+    import copy
+
+    methods, sources = dict(methods or {}), dict(sources or {})
+    if not methods and not sources:
+        return recipes
+    tc = recipes.toolchain(toolchain).name
+    out = copy.copy(recipes)
+    out.components = dict(recipes.components)
+    for name, method in methods.items():
+        c = recipes.component(name)
+        if method not in METHODS:
+            raise UsageError(f"--method {name}={method}: the method is 'wheel' or 'source'.")
+        e = c.toolchains[tc]
+        if method == e.method:
+            continue
+        if method == "wheel":
+            raise UsageError(f"--method {name}=wheel: {c.file.name} builds {c.name} from source for CUDA {tc} and "
+                             "names no wheel to use instead; edit the recipe to change that.")
+        if e.alternative is None:
+            raise UsageError(f"--method {name}=source: {c.file.name} has no source build for CUDA {tc} (no "
+                             f"`source:` block under toolchains.{tc}). Add one (url + sha256, git + commit, or "
+                             "path, with its knobs and patches), or leave the component on its wheel.")
+        if c.kind == "image" and c.parallelism is None:
+            raise UsageError(f"--method {name}=source: {c.file.name} declares no parallelism (memory per compile "
+                             "job), which a source build needs.")
+        alt = copy.copy(e.alternative)
+        alt.index, alt.requires = e.index, dict(e.requires)
+        c2 = copy.copy(c)
+        c2.toolchains = dict(c.toolchains)
+        c2.toolchains[tc] = alt
+        out.components[c.name] = c2
+    for name, folder in sources.items():
+        c = out.component(name)
+        e = c.toolchains[tc]
+        if e.method != "source":
+            raise UsageError(f"--source {name}={folder}: {c.name} is not built from source for CUDA {tc}; add "
+                             f"--method {c.stem}=source.")
+        p = Path(folder).expanduser().resolve()
+        if not p.is_dir():
+            raise UsageError(f"--source {name}={folder}: {p} is not a folder. Give the checkout (or unpacked "
+                             "release) of the component's source.")
+        e = copy.copy(e)
+        e.sdist = e.git = e.url = None
+        e.path = p
+        e.raw = {**{k: v for k, v in e.raw.items() if k not in SOURCE_KINDS}, "path": str(p)}
+        c2 = copy.copy(c)
+        c2.toolchains = dict(c.toolchains)
+        c2.toolchains[tc] = e
+        out.components[c.name] = c2
+    for c in out.components.values():
+        e = c.toolchains[tc]
+        if e.method == "source" and not e.source_kind:
+            raise UsageError(f"{c.name}: its source build for CUDA {tc} pins no location ({e.upstream}). Give a "
+                             f"checkout with --source {c.stem}=DIR.")
+        if e.method == "source" and c.parallelism is None:
+            raise UsageError(f"{c.name}: a source build needs the recipe's parallelism block ({c.file.name}).")
+    return out

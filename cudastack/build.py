@@ -574,7 +574,7 @@ def run_build(
                 if sent(node, builder_nodes):
                     remote = builder.name
                     entry["builder"] = remote
-                    common["builder"] = remote
+                    common["builder"] = builder
                     say(f"[{i}/{len(plan.nodes)}] {node.name}: on builder {remote} ({builder.driver})")
             if node.kind == "wheels":
                 wheelhouse.path.mkdir(parents=True, exist_ok=True)

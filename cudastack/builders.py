@@ -1,5 +1,8 @@
-"""Bigger builders: send source nodes (or every node) to a buildx builder the user made
-(``docker buildx create --name NAME ...``), so a torch compile does not have to run on a laptop.
+"""Bigger builders: send source nodes (or every node) to a buildx builder the user made, so a torch compile does
+not have to run on a laptop. A builder is what ``docker buildx ls`` lists: one made with ``docker buildx create
+--name NAME [CONTEXT]`` (docker-container, remote or Kubernetes driver), or a docker context
+(``docker context create NAME --docker host=ssh://user@big-host``), which buildx lists as a builder of the
+``docker`` driver named after the context; builds go there as ``docker --context NAME buildx build``.
 
 What goes where (``invoke build --builder NAME [--builder-nodes source|all]``):
 
@@ -53,9 +56,10 @@ def inspect_builder(name: str, docker: str = "docker") -> Builder:
                         if ln.strip() and not ln.startswith((" ", "\\", "└", "├"))})
         raise UsageError(
             f"--builder {name}: buildx has no builder of that name ({r.stderr.strip().splitlines()[-1] if r.stderr.strip() else 'not found'}). "
-            f"Builders here: {', '.join(names) or 'none'}. Create one first, e.g. `docker buildx create --name {name} "
-            "--driver docker-container` (or `docker context create CTX --docker host=ssh://user@big-host` then "
-            f"`docker buildx create --name {name} CTX`), or leave --builder out to build on this engine. Nothing was built.")
+            f"Builders here: {', '.join(names) or 'none'}. Create one first: `docker context create {name} --docker "
+            "host=ssh://user@big-host` (a docker engine there; buildx lists the context as a builder), or `docker "
+            f"buildx create --name {name} --driver docker-container`; or leave --builder out to build on this engine. "
+            "Nothing was built.")
     fields = {}
     for ln in r.stdout.splitlines():
         if ":" in ln:

@@ -170,7 +170,15 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
 
             if builder_nodes not in SCOPES:
                 raise UsageError(f"--builder-nodes {builder_nodes}: use 'source' (source builds only) or 'all'.")
-            bx = inspect_builder(str(builder))     # an unknown builder: one paragraph, before any build
+            from cudastack.engine import find_buildkit
+
+            bk = find_buildkit()
+            if bk.mode != "buildx":
+                raise UsageError(f"--builder {builder} needs the docker buildx plugin, and this client ({bk.docker}, "
+                                 f"{bk.version}) has none. Install docker-buildx (Debian/Ubuntu package docker-buildx, "
+                                 "or docker-buildx-plugin from Docker's repository), or build without --builder. "
+                                 "Nothing was built.")
+            bx = inspect_builder(str(builder), docker=bk.docker)   # an unknown builder: one paragraph, before any build
         if dry_run:
             plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, prefix=prefix, method=method, source=source)   # input errors first
             plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=_builder_resources(),

@@ -150,3 +150,18 @@ def test_source_node_builds_on_the_second_engine_and_its_wheel_lands_here(second
     again = run_build(plan, state_dir=state, engine=engine, say=lambda s: None, builder=builder)
     assert again["docker_builds"] == 0
     engine.client.images.remove(ext.tag, force=True)
+
+
+def test_builder_flag_bad_input_exits_2_before_any_build(tmp_path):
+    """Through invoke as a user runs it: exit 2 and one paragraph, with or without the buildx plugin (no plugin:
+    it says to install one; plugin: no builder of that name), and no build record written."""
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    p = subprocess.run([sys.executable, "-m", "invoke", "-r", str(root), "build", "--cuda", "13.1", "--recipes",
+                        str(FIXTURES / "recipes"), "--prefix", PREFIX, "--state-dir", str(tmp_path / "state"),
+                        "--builder", "no-such-builder-cst"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stderr
+    assert ("buildx has no builder of that name" in p.stderr or "needs the docker buildx plugin" in p.stderr), p.stderr
+    assert "Nothing was built." in p.stderr
+    assert not (tmp_path / "state" / "records").exists()

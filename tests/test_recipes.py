@@ -221,5 +221,5 @@ def test_patches_are_validated(recipes_copy):
          lambda d: d["toolchains"]["13.1"]["patches"][0].__setitem__("file", "setup.py"))
     edit(recipes_copy / "flashinfer.yaml",
          lambda d: d["toolchains"]["13.1"].__setitem__("patches", [{"file": "a", "replace": "b", "with": "c"}]))
-    with pytest.raises(RecipeError, match=r"flashinfer.yaml.*patches.*sdist"):
+    with pytest.raises(RecipeError, match=r"flashinfer.yaml.*patches.*only source recipes"):   # any source kind, never a wheel
         load_recipes(recipes_copy)

@@ -55,6 +55,9 @@ def second_engine(buildx_config):
     for it; yields (context name, socket). Everything is removed afterwards."""
     if os.geteuid() != 0 or not shutil.which("dockerd") or not shutil.which("ip"):
         pytest.skip("needs root, dockerd and ip to start a second engine")
+    # Its own bridge, never `--bridge none`: a dockerd started with the bridge disabled deletes the host's
+    # `docker0` link (the other engine's default bridge), which breaks every container and RUN step there.
+    had_docker0 = _sh("ip", "link", "show", "docker0", check=False).returncode == 0
     tag = f"cst{os.getpid() % 100000}"
     root = Path(tempfile.mkdtemp(prefix="cst-", dir="/tmp"))   # short: a unix socket path has a length limit
     sock = root / "sock"
@@ -89,6 +92,9 @@ def second_engine(buildx_config):
         _sh("ip", "link", "del", bridge, check=False)
         _sh("umount", "-R", str(root / "exec"), check=False)
         shutil.rmtree(root, ignore_errors=True)
+        if had_docker0:
+            assert _sh("ip", "link", "show", "docker0", check=False).returncode == 0, \
+                "the second engine removed the host's docker0 bridge"
 
 
 def test_unknown_builder_is_a_usage_error_before_any_build(buildx_config):

@@ -77,3 +77,30 @@ def test_a_patch_that_no_longer_applies_stops_before_the_compile(tmp_path):
     assert not engine.exists(plan.node("cuda-ext").tag)
     wh = state / plan.wheelhouse
     assert not wh.exists() or not list(wh.glob("*.whl"))
+
+
+def test_an_image_node_builds_from_source_into_its_image(tmp_path):
+    """The image-node source path (what torch's source build takes), on a small source: an image component whose
+    recipe defaults to a wheel gets `--method NAME=source`; images/image-source.Dockerfile builds the wheel from
+    the patched tree, installs it into the image's venv and keeps it in /wheels."""
+    recipes = _fixture(tmp_path, VERSION_PATCH)
+    (recipes / "ext-image.yaml").write_text(
+        "kind: image\nneeds: [base]\n"
+        "arch_knob: {style: numbers, knob: CUDA_EXT_ARCHS, separator: ' '}\n"
+        "parallelism: {memory_gib_per_job: 1, nvcc_threads: 1, jobs_knobs: [MAX_JOBS]}\n"
+        "toolchains:\n  '13.1':\n    method: wheel\n    packages: ['cuda-ext-fixture==0.1.0']\n"
+        "    source:\n      path: ../cuda_ext\n      patches:\n"
+        "        - {file: pyproject.toml, replace: 'version = \"0.1.0\"', with: 'version = \"0.1.0+img16\"'}\n")
+    r = select_methods(load_recipes(recipes), "13.1", {"ext-image": "source"})
+    plan = make_plan(r, "13.1", resources=host_resources(), prefix=PREFIX, skip=["runtime", "cuda-ext"],
+                     max_jobs=1)
+    node = plan.node("ext-image")
+    assert node.dockerfile == "images/image-source.Dockerfile" and node.build_args["SOURCE_DIR"] == "src"
+    engine = Engine.connect()
+    record = run_build(plan, state_dir=tmp_path / "state", engine=engine, say=lambda s: None)
+    assert next(n for n in record["nodes"] if n["name"] == "ext-image")["status"] == "built"
+    out = engine.client.containers.run(node.tag, ["sh", "-c", "ls /wheels; python -c 'import cuda_ext_fixture as c; "
+                                                  "print(c.host_sum([1, 2, 3]), *c.compiled_archs())'"],
+                                       remove=True).decode().split()
+    assert out[0].startswith("cuda_ext_fixture-0.1.0+img16-") and out[1:] == ["6", "120"], out
+    engine.client.images.remove(node.tag, force=True)

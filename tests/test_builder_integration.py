@@ -20,7 +20,7 @@ import pytest
 
 from cudastack.errors import UsageError
 
-pytestmark = [pytest.mark.docker]
+pytestmark = [pytest.mark.docker, pytest.mark.network]
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PREFIX = "cudastack-test"

@@ -360,9 +360,8 @@ def cost_lines(node, resources, state_dir: str | Path = ".stack") -> list[str]:
     data = unit_costs()
     c = data["classes"][cls]
     est = estimate_seconds(count, len(flags), jobs, cores, cls)
-    basis = (f"{c['cu_front_seconds']:g} s + {c['cu_seconds_per_arch']:g} s per arch per .cu unit, "
-             f"{c['cpp_seconds']:g} s per C++ unit "
-             f"({cls}: {c['what']}; measured {data['measured']} on {data['host']})")
+    basis = (f"{cls} units: {c['cu_front_seconds']:g} s + {c['cu_seconds_per_arch']:g} s per arch per .cu, "
+             f"{c['cpp_seconds']:g} s per C++ (cudastack/unit_costs.yaml, measured {data['measured']})")
     jobs_note = f"{jobs} jobs (memory rule) on {cores} cores"
     if est is None:
         out.append(f"    time    unknown until the source is fetched; {jobs_note}; basis {basis}")

@@ -267,7 +267,7 @@ def count_units(fetch: dict, context: dict, state_dir: str | Path = ".stack", sd
             f"{re.sub(r'[-_.]+', '[-_.]', sdist['package'])}-{sdist['version']}.*"))
         found = [f for f in found if f.name.endswith((".tar.gz", ".zip"))]
         if not found:
-            return UnitCount(how="units: unknown until fetched (the sdist is not in the state folder yet)", known=False)
+            return UnitCount(how="the sdist is not in the state folder yet", known=False)
         return count_in(Tree.archive(found[0]))
     path = spec.get("path") or (context or {}).get("src") or ""
     if path:
@@ -281,13 +281,13 @@ def count_units(fetch: dict, context: dict, state_dir: str | Path = ".stack", sd
         archive = Path(state_dir) / "sources" / archive_name(spec["url"])
         if archive.is_file():
             return count_in(Tree.archive(archive, spec.get("subdir", "")))
-        return UnitCount(how="units: unknown until fetched (the archive is not in the state folder yet)", known=False)
+        return UnitCount(how="the archive is not in the state folder yet", known=False)
     if spec.get("kind") == "git":
         clone = Path(state_dir) / "sources" / f"git-{spec['commit']}"
         if clone.is_dir():
             return count_units({"kind": "path", "path": str(clone), "subdir": spec.get("subdir", "")}, {}, state_dir)
-        return UnitCount(how="units: unknown until fetched (not cloned yet)", known=False)
-    return UnitCount(how="units: unknown until fetched", known=False)
+        return UnitCount(how="not cloned into the state folder yet", known=False)
+    return UnitCount(how="no local source", known=False)
 
 
 def _archive_names(archive: Path) -> list[str]:

@@ -172,7 +172,7 @@ def test_units_of_a_fetched_archive_are_counted(tmp_path):
                           state)
     assert (c.known, c.cu, c.cpp) == (True, 1, 1)
     missing = costs.count_units({"kind": "url", "url": "https://example.org/other.tar.gz"}, {}, state)
-    assert not missing.known and "unknown until fetched" in missing.how
+    assert not missing.known and "not in the state folder" in missing.how
 
 
 @pytest.mark.parametrize("style, value, sep, want", [

@@ -169,10 +169,11 @@ class Tree:
         return self._reader(name)
 
 
-def count_in(tree: Tree) -> UnitCount:
+def count_in(tree: Tree, units_from: str = "lists") -> UnitCount:
     """The build's source lists when it has them (CMakeLists.txt targets, then setup.py's literal source
-    names), else every .cu/.cc/.cpp/.c file of the tree."""
-    for counter in (count_cmake, count_setup_py):
+    names), else, or with ``units_from`` "tree" (a build whose lists live in many CMake files, torch), every
+    .cu/.cc/.cpp/.c file of the tree."""
+    for counter in ((count_cmake, count_setup_py) if units_from == "lists" else ()):
         c = counter(tree)
         if c is not None:
             return c
@@ -258,7 +259,8 @@ def _expand(words: list[str], lists: dict[str, list[str]]) -> list[str]:
     return out
 
 
-def count_units(fetch: dict, context: dict, state_dir: str | Path = ".stack", sdist: dict | None = None) -> UnitCount:
+def count_units(fetch: dict, context: dict, state_dir: str | Path = ".stack", sdist: dict | None = None,
+                units_from: str = "lists") -> UnitCount:
     """Count a source node's compile units (module doc). ``fetch``/``context``/``sdist``: the PlannedNode's
     fields (a patched sdist is counted from the state folder's sdist cache when it is there)."""
     spec = dict(fetch or {})
@@ -268,24 +270,25 @@ def count_units(fetch: dict, context: dict, state_dir: str | Path = ".stack", sd
         found = [f for f in found if f.name.endswith((".tar.gz", ".zip"))]
         if not found:
             return UnitCount(how="the sdist is not in the state folder yet", known=False)
-        return count_in(Tree.archive(found[0]))
+        return count_in(Tree.archive(found[0]), units_from)
     path = spec.get("path") or (context or {}).get("src") or ""
     if path:
         root = Path(path) / spec.get("subdir", "")
         if not root.is_dir():
             return UnitCount(how=f"{root} is not a folder", known=False)
-        return count_in(Tree.folder(root))
+        return count_in(Tree.folder(root), units_from)
     if spec.get("kind") == "url":
         from cudastack.sources import archive_name
 
         archive = Path(state_dir) / "sources" / archive_name(spec["url"])
         if archive.is_file():
-            return count_in(Tree.archive(archive, spec.get("subdir", "")))
+            return count_in(Tree.archive(archive, spec.get("subdir", "")), units_from)
         return UnitCount(how="the archive is not in the state folder yet", known=False)
     if spec.get("kind") == "git":
         clone = Path(state_dir) / "sources" / f"git-{spec['commit']}"
         if clone.is_dir():
-            return count_units({"kind": "path", "path": str(clone), "subdir": spec.get("subdir", "")}, {}, state_dir)
+            return count_units({"kind": "path", "path": str(clone), "subdir": spec.get("subdir", "")}, {}, state_dir,
+                               units_from=units_from)
         return UnitCount(how="not cloned into the state folder yet", known=False)
     return UnitCount(how="no local source", known=False)
 
@@ -323,7 +326,7 @@ def cost_input(component, entry, knobs, toolchain) -> dict:
     ak = component.arch_knob
     info = {"style": ak.style if ak else "", "separator": ak.separator if ak else ";",
             "jobs_knobs": list(component.parallelism.jobs_knobs) if component.parallelism else [],
-            "unit_class": entry.unit_cost}
+            "unit_class": entry.unit_cost, "units_from": entry.units_from}
     if ak and ak.style == "cmake-fixed":
         if entry.arch_flags:
             info["fixed"] = list(entry.arch_flags)
@@ -350,7 +353,7 @@ def cost_lines(node, resources, state_dir: str | Path = ".stack") -> list[str]:
     jobs = next((int(k.value) for k in node.knobs if k.name in info.get("jobs_knobs", ())), 1)
     cores = resources.cores if resources else 1
     count = count_units(getattr(node, "fetch", {}), getattr(node, "context", {}), state_dir,
-                        getattr(node, "sdist", None) or None)
+                        getattr(node, "sdist", None) or None, info.get("units_from", "lists"))
     out = [f"    archs   {' '.join(flags) or '(none found)'}  ({info.get('arch_from', '')})"]
     if count.known:
         out.append(f"    units   {count.cu} .cu x {len(flags)} archs + {count.cpp} C/C++  -- {count.how}")

@@ -209,7 +209,8 @@ def _recipe_view(c: Component, tc: Toolchain) -> dict:
     view = {k: v for k, v in c.raw.items() if k not in ("description", "est_disk_gib", "parallelism", "toolchains")}
     entry = c.toolchains[tc.name]
     raw = {k: v for k, v in entry.raw.items()
-           if not (k == "source" and entry.method == "wheel") and k != "unit_cost"}   # neither changes the output
+           if not (k == "source" and entry.method == "wheel") and k not in ("unit_cost", "units_from")}
+    # none of these changes the output
     view["toolchain_entry"] = scrub(raw)     # an index login is no input of the image; a wheel entry's unused
     #                                          source block is none either
     if c.parallelism and (entry.method == "source" or c.kind != "image"):

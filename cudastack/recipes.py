@@ -39,6 +39,8 @@ Component file schema (every key not listed is an error that names the file and 
         cmake_defines: {ENABLE_BELOW_SM90: "OFF"}   # source: CMake cache variables, passed as CMAKE_ARGS
         unit_cost: aten                         # source: which measured unit class of cudastack/unit_costs.yaml
                                                 #   the dry run's time estimate uses (aten | cutlass)
+        units_from: tree                        # source: how the dry run counts compile units: "lists" (default:
+                                                #   CMakeLists targets, then setup.py names) or "tree" (every file)
         source: {url: ..., patches: ..., ...}   # wheel entries: the source build a user selects with
                                                 #   `--method NAME=source` (keys: sdist, git, path, url, subdir,
                                                 #   upstream, knobs, patches, build_deps, cmake_defines,
@@ -77,10 +79,10 @@ BASE_KINDS = ("pip", "nvidia")
 _COMPONENT_KEYS = {"kind", "node", "needs", "description", "est_disk_gib", "arch_knob", "knobs",
                    "parallelism", "toolchains"}
 _ENTRY_KEYS = {"method", "packages", "index", "sdist", "git", "path", "url", "subdir", "requires", "knobs", "patches",
-               "build_deps", "cmake_defines", "source", "unit_cost"}
+               "build_deps", "cmake_defines", "source", "unit_cost", "units_from"}
 # keys of a ``source:`` alternative (a wheel entry's source build, selected with --method NAME=source)
 _ALT_KEYS = {"sdist", "git", "path", "url", "subdir", "upstream", "knobs", "patches", "build_deps", "cmake_defines",
-             "arch_flags", "unit_cost"}
+             "arch_flags", "unit_cost", "units_from"}
 SOURCE_KINDS = ("sdist", "git", "path", "url")
 _PATCH_KEYS = {"file", "replace", "with", "why"}
 _ARCH_KNOB_KEYS = {"style", "knob", "separator", "scope", "ignores", "covers"}
@@ -168,6 +170,7 @@ class Entry:
     arch_flags: tuple[str, ...] = ()  # gencode targets a build with hard-coded archs passes (cmake-fixed)
     upstream: str = ""             # where the source comes from when the recipe pins no location
     unit_cost: str = "aten"        # the measured unit class for the dry run's time estimate (cudastack.costs)
+    units_from: str = "lists"      # how the dry run counts units: the build's source lists, or the whole tree
     alternative: "Entry | None" = None   # a wheel entry's `source:` build (--method NAME=source)
     raw: dict = field(default_factory=dict)
 
@@ -490,6 +493,10 @@ def _load_location(d: dict, e: Entry, file: Path, key: str, *, need_one: bool) -
         if e.unit_cost not in unit_costs()["classes"]:
             raise _fail(file, f"{key}.unit_cost", f"'{e.unit_cost}' is not a measured unit class "
                                                    f"({', '.join(unit_costs()['classes'])}).")
+    if "units_from" in d:
+        e.units_from = _str(d["units_from"], file, f"{key}.units_from")
+        if e.units_from not in ("lists", "tree"):
+            raise _fail(file, f"{key}.units_from", "'lists' (the build's source lists) or 'tree' (every file).")
     if "cmake_defines" in d:
         defs = {}
         for k, v in _mapping(d["cmake_defines"], file, f"{key}.cmake_defines").items():

@@ -264,3 +264,15 @@ def test_path_source_with_patches_is_copied_not_edited_in_place(tmp_path, recipe
     materialise({"kind": "path", "path": str(src), "patches": PATCH}, tmp_path / "ctx" / "src", tmp_path / "cache")
     assert (tmp_path / "ctx" / "src" / "setup.py").read_text() == "FLAGS = '-std=c++20'\n"
     assert (src / "setup.py").read_text() == "FLAGS = '-std=c++17'\n"
+
+
+def test_units_from_tree_counts_every_file_not_the_lists(tmp_path):
+    """torch's recipe says units_from: tree (its lists are spread over many CMake files): a top-level target
+    list must not stand for the whole build."""
+    (tmp_path / "CMakeLists.txt").write_text('set(S "a.cu")\nadd_library(x ${S})\n')
+    for n in ("a.cu", "b.cu", "c.cpp"):
+        (tmp_path / n).write_text("")
+    lists = costs.count_units({"kind": "path", "path": str(tmp_path)}, {})
+    tree = costs.count_units({"kind": "path", "path": str(tmp_path)}, {}, units_from="tree")
+    assert (lists.cu, lists.cpp) == (1, 0) and (tree.cu, tree.cpp) == (2, 1)
+    assert load_recipes().component("torch").toolchains["13.1"].alternative.units_from == "tree"

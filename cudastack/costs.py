@@ -326,7 +326,8 @@ def cost_input(component, entry, knobs, toolchain) -> dict:
     ak = component.arch_knob
     info = {"style": ak.style if ak else "", "separator": ak.separator if ak else ";",
             "jobs_knobs": list(component.parallelism.jobs_knobs) if component.parallelism else [],
-            "unit_class": entry.unit_cost, "units_from": entry.units_from}
+            "unit_class": entry.unit_cost, "units_from": entry.units_from,
+            "sdist": dict(entry.sdist) if entry.sdist else {}}
     if ak and ak.style == "cmake-fixed":
         if entry.arch_flags:
             info["fixed"] = list(entry.arch_flags)
@@ -353,7 +354,7 @@ def cost_lines(node, resources, state_dir: str | Path = ".stack") -> list[str]:
     jobs = next((int(k.value) for k in node.knobs if k.name in info.get("jobs_knobs", ())), 1)
     cores = resources.cores if resources else 1
     count = count_units(getattr(node, "fetch", {}), getattr(node, "context", {}), state_dir,
-                        getattr(node, "sdist", None) or None, info.get("units_from", "lists"))
+                        getattr(node, "sdist", None) or info.get("sdist") or None, info.get("units_from", "lists"))
     out = [f"    archs   {' '.join(flags) or '(none found)'}  ({info.get('arch_from', '')})"]
     if count.known:
         out.append(f"    units   {count.cu} .cu x {len(flags)} archs + {count.cpp} C/C++  -- {count.how}")

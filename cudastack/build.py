@@ -116,8 +116,12 @@ def run_build(
     ca_bundle: str | None = None,
     engine: Engine | None = None,
     say: Say | None = None,
+    builder=None,
+    builder_nodes: str = "source",
 ) -> dict:
     """Build ``plan`` (see module doc) and return the build record (also written to the state dir).
+    ``builder``: a :class:`cudastack.builders.Builder` the nodes ``builder_nodes`` selects ("source" | "all")
+    are sent to (``docker buildx build --builder NAME``; see :mod:`cudastack.builders`).
 
     Raises EnvironmentError_ (no daemon, no BuildKit path, too little disk) before any build, UsageError
     for a missing --ca-bundle, and BuildError when a node fails (after writing a record with status
@@ -210,6 +214,8 @@ def run_build(
             ctx, extra = _make_context(ctx_root, node, wheelhouse, plan, ca_bundle=bundle, say=say)
             if "_sdist" in extra:
                 entry["sdist"] = extra.pop("_sdist")
+            if "_source" in extra:
+                entry["source"] = extra.pop("_source")
             args = dict(node.build_args)
             args.update(extra)
             args = {k: v for k, v in args.items() if not (k == "WHEEL_NAMES" and node.kind != "runtime")}
@@ -284,6 +290,24 @@ def run_build(
     if error:
         raise error
     return record
+
+
+def _mark_local(engine: Engine, node: PlannedNode, ctx_root: Path, args: dict, labels: dict, builder: str,
+                log: Path, say: Say) -> None:
+    """Tag a wheels node built on another builder as done here: a one-line image FROM its parent with the
+    node's labels and ``org.cudastack.builder`` (its wheels are already in the wheelhouse)."""
+    from cudastack.builders import MARKER_DOCKERFILE
+
+    mctx = ctx_root / f"{node.name}-{node.hash[:16]}-marker"
+    shutil.rmtree(mctx, ignore_errors=True)
+    mctx.mkdir(parents=True)
+    try:
+        (mctx / "Dockerfile").write_text(MARKER_DOCKERFILE)
+        engine.build(name=f"{node.name} (local tag)", log_path=log, say=say, context=str(mctx),
+                     dockerfile=str(mctx / "Dockerfile"), tag=node.tag, labels=labels,
+                     build_args={"PARENT_IMAGE": args["PARENT_IMAGE"], "BUILDER": builder})
+    finally:
+        shutil.rmtree(mctx, ignore_errors=True)
 
 
 def _abs_dockerfile(node: PlannedNode) -> Path:

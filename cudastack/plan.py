@@ -33,8 +33,9 @@ from cudastack.plan_hash import (HASH_FORMAT, UNHASHED_CONTEXT, canonical_json, 
                                  node_hash_inputs)
 from cudastack.plan_render import plan_summary, render_plan
 from cudastack.recipes import Component, RecipeSet, Toolchain, load_recipes
-from cudastack import rules
+from cudastack import costs, rules
 from cudastack.rules import Resources
+from cudastack.sources import cmake_args_knob
 
 __all__ = ["PROJECT_ROOT", "DEFAULT_ARCH", "DEFAULT_PREFIX", "STACKPROBE_DIR", "HASH_FORMAT", "UNHASHED_CONTEXT",
            "PlannedNode", "BuildPlan", "host_resources", "make_plan", "resolve_skips", "canonical_json",
@@ -59,6 +60,10 @@ class PlannedNode(Node):
     parallel_knobs: list[str] = field(default_factory=list)
     wheel_packages: list[str] = field(default_factory=list)
     sdist: dict = field(default_factory=dict)   # {"package", "version", "index", "patches"} to fetch + patch
+    # a source the executor fetches or copies, then patches, into the context's src/ (cudastack.sources):
+    # {"kind": "url" | "git" | "path", "url", "sha256", "commit", "ref", "path", "subdir", "patches"}
+    fetch: dict = field(default_factory=dict)
+    cost: dict = field(default_factory=dict)     # source nodes: what cudastack.costs needs for the dry run
     index_secret: str = ""   # the recipe's index URL when it carries a login: BuildKit secret 'pipindex', never an arg
 
 
@@ -119,6 +124,10 @@ def _source_spec(c: Component, tc: Toolchain) -> tuple[list[str], dict[str, str]
     e = c.toolchains[tc.name]
     if e.method == "wheel":
         return list(e.packages), {}
+    if e.url or (e.git and (e.patches or e.subdir or c.kind == "image")):
+        return [], {"src": ""}      # the executor downloads / clones, checks and patches it into src/
+    if e.path and (e.patches or e.subdir):
+        return [], {"src": str(e.path)}   # hashed by content; copied and patched by the executor
     if e.sdist and e.patches:
         return [], {"src": ""}      # the executor fetches the sdist, unpacks and patches it into src/
     if e.sdist:
@@ -127,6 +136,18 @@ def _source_spec(c: Component, tc: Toolchain) -> tuple[list[str], dict[str, str]
         name = c.stem
         return [f"{name} @ git+{e.git['url']}@{e.git['commit']}"], {}
     return [], {"src": str(e.path)}
+
+
+def _fetch_spec(e) -> dict:
+    """What the executor materialises into the context's src/ for a url, git or patched path source."""
+    base = {"subdir": e.subdir, "patches": [dict(p) for p in e.patches]}
+    if e.url:
+        return {"kind": "url", **e.url, **base}
+    if e.git:
+        return {"kind": "git", **e.git, **base}
+    if e.path and (e.patches or e.subdir):
+        return {"kind": "path", "path": str(e.path), **base}
+    return {}
 
 
 @dataclass
@@ -196,6 +217,8 @@ def _component_knobs(c: Component, recipes: RecipeSet, tc: Toolchain, target, ar
         pk = rules.memory_rule(c.parallelism, res, max_jobs, nvcc_threads)
         p.parallel = [k.name for k in pk]
         p.knobs = [kn for kn in p.knobs if kn.name not in p.parallel] + pk
+        p.knobs, cm_parallel = cmake_args_knob(c, e, p.knobs, pk)
+        p.parallel += cm_parallel
     return p
 
 
@@ -213,7 +236,9 @@ def _component_build_args(p: _NodeParts, c: Component, tc: Toolchain, parent_tag
         args["PIP_INDEX_URL"], has_login = split_userinfo(e.index)
         if has_login:
             p.index_secret = e.index
-    if c.kind == "image":
+    if c.kind == "image" and e.method == "source":
+        args.update({"SOURCE_DIR": "src", "BUILD_ENV": env_text, "BUILD_DEPS": " ".join(e.build_deps)})
+    elif c.kind == "image":
         args.update({"PIP_SPECS": " ".join(p.specs), "BUILD_ENV": env_text})
     elif c.kind == "wheels":
         args.update({"METHOD": e.method, "PIP_SPECS": " ".join(p.specs), "BUILD_ENV": env_text})
@@ -221,7 +246,7 @@ def _component_build_args(p: _NodeParts, c: Component, tc: Toolchain, parent_tag
             args["BUILD_DEPS"] = " ".join(e.build_deps)
         if "src" in p.context:
             args["SOURCE_DIR"] = "src"   # the local folder (or patched sdist) in the build context
-        if e.sdist and e.patches:
+        if e.patches:
             for pt in e.patches:
                 p.notes.append(f"patch {pt['file']}: '{pt['replace']}' -> '{pt['with']}'"
                                + (f" ({pt['why']})" if pt.get("why") else ""))
@@ -297,7 +322,9 @@ def make_plan(
             p = _component_knobs(c, recipes, tc, target, arch_src, res, max_jobs, nvcc_threads, warnings)
             _component_build_args(p, c, tc, by_name[image_parent].tag, nodes, probe_dir)
 
-        dockerfile = images / f"{kind}.Dockerfile"
+        # an image node built from source (torch) has its own Dockerfile, so the wheel one's hash stays
+        dockerfile = images / (f"{kind}-source.Dockerfile" if (c.kind == "image" and e.method == "source")
+                               else f"{kind}.Dockerfile")
         try:
             df_text = dockerfile.read_text()
         except OSError:
@@ -319,7 +346,9 @@ def make_plan(
             est_disk_gib=c.est_disk_gib, inputs=inputs, context=p.context, env_knobs=p.env_knobs, notes=p.notes,
             parallel_knobs=p.parallel, wheel_packages=wheel_pkgs, index_secret=p.index_secret,
             sdist=({**e.sdist, "index": e.index, "patches": [dict(pt) for pt in e.patches]}
-                   if (e.sdist and e.patches and c.kind != "base") else {}))
+                   if (e.sdist and e.patches and c.kind != "base") else {}),
+            fetch=_fetch_spec(e) if "src" in p.context and not (e.sdist and e.patches) else {},
+            cost=costs.cost_input(c, e, p.knobs, tc) if (e.method == "source" and c.kind != "base") else {})
         nodes.append(node)
         by_name[c.name] = node
 

@@ -229,15 +229,32 @@ def run_build(
                 node_secrets["pipindex"] = str(secret_dir / "pipindex")
             common = dict(context=str(ctx), dockerfile=str(_abs_dockerfile(node)), build_args=args,
                           secrets=node_secrets, labels=labels)
+            remote = None
+            if builder is not None:
+                from cudastack.builders import sent
+
+                if sent(node, builder_nodes):
+                    remote = builder.name
+                    entry["builder"] = remote
+                    common["builder"] = builder
+                    say(f"[{i}/{len(plan.nodes)}] {node.name}: on builder {remote} ({builder.driver})")
             if node.kind == "wheels":
                 wheelhouse.path.mkdir(parents=True, exist_ok=True)
                 tmp_out = Path(tempfile.mkdtemp(prefix=f".export-{node.name}-p{os.getpid()}-", dir=wheelhouse.path.parent))
                 engine.build(name=node.name, log_path=log, say=say, target="wheels", output_dir=str(tmp_out), **common)
                 entry["wheels"] = wheelhouse.add(node, tmp_out)
-                engine.build(name=f"{node.name} (tag builder)", log_path=log, say=say, target="builder",
-                             tag=node.tag, **common)
+                if remote:
+                    _mark_local(engine, node, ctx_root, args, labels, remote, log, say)
+                else:
+                    engine.build(name=f"{node.name} (tag builder)", log_path=log, say=say, target="builder",
+                                 tag=node.tag, **common)
             else:
                 engine.build(name=node.name, log_path=log, say=say, tag=node.tag, **common)
+                if remote and not engine.exists(node.tag):
+                    raise BuildError(f"Builder {remote} built {node.name} but kept the image in its own engine "
+                                     f"({builder.driver} driver, {builder.endpoint}): this engine has no {node.tag}. "
+                                     "Use a docker-container, remote or Kubernetes builder (they send the image back "
+                                     "with --load), or send only wheels nodes (--builder-nodes source).")
             info = engine.inspect(node.tag)
             entry.update(status="built", image_id=info["id"], size_bytes=info["size_bytes"])
             entry["duration_s"] = round(time.monotonic() - t0, 1)

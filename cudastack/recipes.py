@@ -120,7 +120,7 @@ class Entry:
     patches: tuple[dict, ...] = ()   # [{"file", "replace", "with", "why"}] applied to the fetched source tree
     build_deps: tuple[str, ...] = ()  # pinned requirements installed before a source build
     raw: dict = field(default_factory=dict)
-    spec: EntrySpec | None = None     # the validated model: every key of the entry, typed (new keys land here)
+    spec: EntrySpec | SourceBlock | None = None   # the validated model (a `source:` build: its SourceBlock)
     # --- source builds of any component ---
     url: dict | None = None        # {"url", "sha256"}: an upstream source tarball
     subdir: str = ""               # the folder inside the source that holds the build (e.g. sgl-kernel)
@@ -298,7 +298,7 @@ def _entry(s: EntrySpec, raw: dict, file: Path, key: str, kind: str) -> Entry:
             raise _fail(file, f"{key}.source", "only a wheel entry of an image or wheels node carries a source "
                                                "build (a source entry puts its location in the entry itself).")
         a = s.source
-        e.alternative = Entry("source", raw={"method": "source", **raw["source"]}, knobs=dict(a.knobs), spec=s,
+        e.alternative = Entry("source", raw={"method": "source", **raw["source"]}, knobs=dict(a.knobs), spec=a,
                               upstream=a.upstream, arch_flags=tuple(a.arch_flags))
         _location(a, e.alternative, file, f"{key}.source", need_one=False)
     if method == "source":

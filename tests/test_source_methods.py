@@ -126,12 +126,31 @@ def test_method_and_source_errors_are_one_paragraph_usage_errors(method, source,
     (lambda s: s.update(subdir="../up"), "a folder inside the source"),
     (lambda s: s.update(patches=[{"file": "/etc/passwd", "replace": "a", "with": "b"}]), "a path inside the source"),
     (lambda s: s.pop("url"), "must say where the source comes from"),
+    (lambda s: s.update(arch_flags=["sm120"]), "is not a SASS target"),
+    (lambda s: s.update(cmake_defines={"1BAD": "x"}), "is not a CMake cache variable name"),
+    (lambda s: s.update(units_from="all"), "is not allowed here"),
 ])
 def test_bad_source_blocks_are_recipe_errors(recipes_copy, change, needle):
     edit(recipes_copy / "torch.yaml", lambda d: change(d["toolchains"]["13.1"]["source"]))
     with pytest.raises(RecipeError) as exc:
         load_recipes(recipes_copy)
     assert needle in str(exc.value) and "torch.yaml" in str(exc.value)
+
+
+@pytest.mark.parametrize("file, change, needle", [
+    ("flash-attn.yaml", lambda e: e.update(source={"upstream": "x"}), "only a wheel entry of an image or wheels"),
+    ("sglang.yaml", lambda e: e.update(source={"upstream": "x"}), "only a wheel entry of an image or wheels"),
+    ("flashinfer.yaml", lambda e: e.update(cmake_defines={"A": "1"}), "goes under `source:`"),
+    ("flash-attn.yaml", lambda e: e.update(url={"url": "https://example.org/fa.tar.gz", "sha256": "a" * 64}),
+     "exactly one of"),
+])
+def test_source_keys_only_where_they_apply(recipes_copy, file, change, needle):
+    """A `source:` block only on a wheel entry of an image/wheels node; source keys only on source entries; one
+    location per source entry (the pydantic models and recipes._entry; each case fails on the real recipes)."""
+    edit(recipes_copy / file, lambda d: change(d["toolchains"]["13.1"]))
+    with pytest.raises(RecipeError) as exc:
+        load_recipes(recipes_copy)
+    assert needle in str(exc.value) and file in str(exc.value) and "\n" not in str(exc.value)
 
 
 def test_patches_on_a_wheel_entry_are_refused(recipes_copy):

@@ -118,6 +118,7 @@ def write_bake(plan, out_path: str | Path, *, state_dir: str | Path = ".stack", 
         apply_lock(plan, lock)       # locked build args, tags and the runtime's WHEELS_LOCKED
     for node in plan.nodes:
         ctx, made = _make_context(ctx_root, node, wheelhouse, plan)
+        made.pop("_source", None)
         if "WHEEL_NAMES" in made:
             names[node.name] = made.pop("WHEEL_NAMES")
         extra[node.name] = dict(made)

@@ -116,8 +116,12 @@ def run_build(
     ca_bundle: str | None = None,
     engine: Engine | None = None,
     say: Say | None = None,
+    builder=None,
+    builder_nodes: str = "source",
 ) -> dict:
     """Build ``plan`` (see module doc) and return the build record (also written to the state dir).
+    ``builder``: a :class:`cudastack.builders.Builder` the nodes ``builder_nodes`` selects ("source" | "all")
+    are sent to (``docker buildx build --builder NAME``; see :mod:`cudastack.builders`).
 
     Raises EnvironmentError_ (no daemon, no BuildKit path, too little disk) before any build, UsageError
     for a missing --ca-bundle, and BuildError when a node fails (after writing a record with status
@@ -210,6 +214,8 @@ def run_build(
             ctx, extra = _make_context(ctx_root, node, wheelhouse, plan, ca_bundle=bundle, say=say)
             if "_sdist" in extra:
                 entry["sdist"] = extra.pop("_sdist")
+            if "_source" in extra:
+                entry["source"] = extra.pop("_source")
             args = dict(node.build_args)
             args.update(extra)
             args = {k: v for k, v in args.items() if not (k == "WHEEL_NAMES" and node.kind != "runtime")}
@@ -223,15 +229,32 @@ def run_build(
                 node_secrets["pipindex"] = str(secret_dir / "pipindex")
             common = dict(context=str(ctx), dockerfile=str(_abs_dockerfile(node)), build_args=args,
                           secrets=node_secrets, labels=labels)
+            remote = None
+            if builder is not None:
+                from cudastack.builders import sent
+
+                if sent(node, builder_nodes):
+                    remote = builder.name
+                    entry["builder"] = remote
+                    common["builder"] = builder
+                    say(f"[{i}/{len(plan.nodes)}] {node.name}: on builder {remote} ({builder.driver})")
             if node.kind == "wheels":
                 wheelhouse.path.mkdir(parents=True, exist_ok=True)
                 tmp_out = Path(tempfile.mkdtemp(prefix=f".export-{node.name}-p{os.getpid()}-", dir=wheelhouse.path.parent))
                 engine.build(name=node.name, log_path=log, say=say, target="wheels", output_dir=str(tmp_out), **common)
                 entry["wheels"] = wheelhouse.add(node, tmp_out)
-                engine.build(name=f"{node.name} (tag builder)", log_path=log, say=say, target="builder",
-                             tag=node.tag, **common)
+                if remote:
+                    _mark_local(engine, node, ctx_root, args, labels, remote, log, say)
+                else:
+                    engine.build(name=f"{node.name} (tag builder)", log_path=log, say=say, target="builder",
+                                 tag=node.tag, **common)
             else:
                 engine.build(name=node.name, log_path=log, say=say, tag=node.tag, **common)
+                if remote and not engine.exists(node.tag):
+                    raise BuildError(f"Builder {remote} built {node.name} but kept the image in its own engine "
+                                     f"({builder.driver} driver, {builder.endpoint}): this engine has no {node.tag}. "
+                                     "Use a docker-container, remote or Kubernetes builder (they send the image back "
+                                     "with --load), or send only wheels nodes (--builder-nodes source).")
             info = engine.inspect(node.tag)
             entry.update(status="built", image_id=info["id"], size_bytes=info["size_bytes"])
             entry["duration_s"] = round(time.monotonic() - t0, 1)
@@ -284,6 +307,24 @@ def run_build(
     if error:
         raise error
     return record
+
+
+def _mark_local(engine: Engine, node: PlannedNode, ctx_root: Path, args: dict, labels: dict, builder: str,
+                log: Path, say: Say) -> None:
+    """Tag a wheels node built on another builder as done here: a one-line image FROM its parent with the
+    node's labels and ``org.cudastack.builder`` (its wheels are already in the wheelhouse)."""
+    from cudastack.builders import MARKER_DOCKERFILE
+
+    mctx = ctx_root / f"{node.name}-{node.hash[:16]}-marker"
+    shutil.rmtree(mctx, ignore_errors=True)
+    mctx.mkdir(parents=True)
+    try:
+        (mctx / "Dockerfile").write_text(MARKER_DOCKERFILE)
+        engine.build(name=f"{node.name} (local tag)", log_path=log, say=say, context=str(mctx),
+                     dockerfile=str(mctx / "Dockerfile"), tag=node.tag, labels=labels,
+                     build_args={"PARENT_IMAGE": args["PARENT_IMAGE"], "BUILDER": builder})
+    finally:
+        shutil.rmtree(mctx, ignore_errors=True)
 
 
 def _abs_dockerfile(node: PlannedNode) -> Path:

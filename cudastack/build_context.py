@@ -125,7 +125,8 @@ def cached_map(engine: Engine, wheelhouse: Wheelhouse, plan: BuildPlan) -> dict[
 def _make_context(ctx_root: Path, node: PlannedNode, wheelhouse: Wheelhouse, plan: BuildPlan, *,
                   ca_bundle: str | None = None, say: Say | None = None) -> tuple[Path, dict]:
     """A fresh build-context folder for ``node``; returns it and extra build args (WHEEL_NAMES) plus, under
-    the key ``_sdist``, what was fetched for a patched sdist."""
+    the key ``_sdist``, what was fetched for a patched sdist and, under ``_source``, what
+    :func:`cudastack.sources.materialise` put into src/ for a url, git or patched path source."""
     ctx = ctx_root / f"{node.name}-{node.hash[:16]}"
     if ctx.exists():
         shutil.rmtree(ctx)
@@ -145,8 +146,13 @@ def _make_context(ctx_root: Path, node: PlannedNode, wheelhouse: Wheelhouse, pla
                 "Nothing was built.")
         unpack_patched(archive, ctx / "src", node.sdist.get("patches", []))
         extra["_sdist"] = {"file": archive.name, "sha256": digest, "patches": node.sdist.get("patches", [])}
+    fetch = getattr(node, "fetch", None)
+    if fetch:
+        from cudastack.sources import materialise
+
+        extra["_source"] = materialise(fetch, ctx / "src", ctx_root.parent / "sources", ca_bundle=ca_bundle, say=say)
     for sub, src in node.context.items():
-        if sub == "wheelhouse" or not src:
+        if sub == "wheelhouse" or not src or (sub == "src" and fetch):
             continue
         shutil.copytree(src, ctx / sub, ignore=_CTX_IGNORE, symlinks=True)
     if node.kind == "runtime":

@@ -38,6 +38,12 @@ class UsageError(StackError):
 class RecipeError(StackError):
     exit_code = 3
 
+    @classmethod
+    def at(cls, file: object, key: str, msg: str) -> "RecipeError":
+        """The one-paragraph form of every recipe error: ``Recipe FILE key 'KEY': MSG`` (``Recipe FILE: MSG``
+        when no key is concerned)."""
+        return cls(f"Recipe {file} key '{key}': {msg}" if key else f"Recipe {file}: {msg}")
+
 
 class ArchError(StackError):
     exit_code = 4

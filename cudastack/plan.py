@@ -34,8 +34,9 @@ from cudastack.plan_hash import (HASH_FORMAT, UNHASHED_CONTEXT, canonical_json, 
                                  node_hash_inputs)
 from cudastack.plan_render import plan_summary, render_plan
 from cudastack.recipes import COMPILING_METHODS, Component, RecipeSet, Toolchain, load_recipes
-from cudastack import rules
+from cudastack import costs, rules
 from cudastack.rules import Resources, nvcc_gencode_flags
+from cudastack.sources import cmake_args_knob
 
 __all__ = ["PROJECT_ROOT", "DEFAULT_ARCH", "DEFAULT_PREFIX", "STACKPROBE_DIR", "HASH_FORMAT", "UNHASHED_CONTEXT",
            "PlannedNode", "BuildPlan", "host_resources", "make_plan", "resolve_skips", "canonical_json",
@@ -63,6 +64,10 @@ class PlannedNode(Node):
     parallel_knobs: list[str] = field(default_factory=list)
     wheel_packages: list[str] = field(default_factory=list)
     sdist: dict = field(default_factory=dict)   # {"package", "version", "index", "patches"} to fetch + patch
+    # a source the executor fetches or copies, then patches, into the context's src/ (cudastack.sources):
+    # {"kind": "url" | "git" | "path", "url", "sha256", "commit", "ref", "path", "subdir", "patches"}
+    fetch: dict = field(default_factory=dict)
+    cost: dict = field(default_factory=dict)     # source nodes: what cudastack.costs needs for the dry run
     index_secret: str = ""   # the recipe's index URL when it carries a login: BuildKit secret 'pipindex', never an arg
 
 
@@ -125,6 +130,10 @@ def _source_spec(c: Component, tc: Toolchain) -> tuple[list[str], dict[str, str]
         return list(e.packages), {}
     if e.method == "aot":
         return list(e.packages), {"aot": str(AOT_BUILDER_DIR)}
+    if e.url or (e.git and (e.patches or e.subdir or c.kind == "image")):
+        return [], {"src": ""}      # the executor downloads / clones, checks and patches it into src/
+    if e.path and (e.patches or e.subdir):
+        return [], {"src": str(e.path)}   # hashed by content; copied and patched by the executor
     if e.sdist and e.patches:
         return [], {"src": ""}      # the executor fetches the sdist, unpacks and patches it into src/
     if e.sdist:
@@ -133,6 +142,18 @@ def _source_spec(c: Component, tc: Toolchain) -> tuple[list[str], dict[str, str]
         name = c.stem
         return [f"{name} @ git+{e.git['url']}@{e.git['commit']}"], {}
     return [], {"src": str(e.path)}
+
+
+def _fetch_spec(e) -> dict:
+    """What the executor materialises into the context's src/ for a url, git or patched path source."""
+    base = {"subdir": e.subdir, "patches": [dict(p) for p in e.patches]}
+    if e.url:
+        return {"kind": "url", **e.url, **base}
+    if e.git:
+        return {"kind": "git", **e.git, **base}
+    if e.path and (e.patches or e.subdir):
+        return {"kind": "path", "path": str(e.path), **base}
+    return {}
 
 
 @dataclass
@@ -202,6 +223,8 @@ def _component_knobs(c: Component, recipes: RecipeSet, tc: Toolchain, target, ar
         pk = rules.memory_rule(c.parallelism, res, max_jobs, nvcc_threads)
         p.parallel = [k.name for k in pk]
         p.knobs = [kn for kn in p.knobs if kn.name not in p.parallel] + pk
+        p.knobs, cm_parallel = cmake_args_knob(c, e, p.knobs, pk)
+        p.parallel += cm_parallel
     return p
 
 
@@ -219,7 +242,9 @@ def _component_build_args(p: _NodeParts, c: Component, tc: Toolchain, parent_tag
         args["PIP_INDEX_URL"], has_login = split_userinfo(e.index)
         if has_login:
             p.index_secret = e.index
-    if c.kind == "image":
+    if c.kind == "image" and e.method == "source":
+        args.update({"SOURCE_DIR": "src", "BUILD_ENV": env_text, "BUILD_DEPS": " ".join(e.build_deps)})
+    elif c.kind == "image":
         args.update({"PIP_SPECS": " ".join(p.specs), "BUILD_ENV": env_text})
     elif c.kind == "wheels":
         args.update({"METHOD": e.method, "PIP_SPECS": " ".join(p.specs), "BUILD_ENV": env_text})
@@ -228,8 +253,8 @@ def _component_build_args(p: _NodeParts, c: Component, tc: Toolchain, parent_tag
         if "src" in p.context:
             args["SOURCE_DIR"] = "src"   # the local folder (or patched sdist) in the build context
         if e.method == "aot":
-            _aot_build_args(p, c, e, tc)
-        if e.sdist and e.patches:
+            _aot_build_args(p, c, e, tc)     # its patches apply to the installed flashinfer package
+        elif e.patches:
             for pt in e.patches:
                 p.notes.append(f"patch {pt['file']}: '{pt['replace']}' -> '{pt['with']}'"
                                + (f" ({pt['why']})" if pt.get("why") else ""))
@@ -322,7 +347,9 @@ def make_plan(
             p = _component_knobs(c, recipes, tc, target, arch_src, res, max_jobs, nvcc_threads, warnings)
             _component_build_args(p, c, tc, by_name[image_parent].tag, nodes, probe_dir)
 
-        dockerfile = images / (f"{kind}-aot.Dockerfile" if e.method == "aot" and c.kind == "wheels"
+        # an image node built from source (torch) has its own Dockerfile, so the wheel one's hash stays
+        dockerfile = images / (f"{kind}-source.Dockerfile" if (c.kind == "image" and e.method == "source")
+                               else f"{kind}-aot.Dockerfile" if (c.kind == "wheels" and e.method == "aot")
                                else f"{kind}.Dockerfile")
         try:
             df_text = dockerfile.read_text()
@@ -348,7 +375,9 @@ def make_plan(
             est_disk_gib=c.est_disk_gib, inputs=inputs, context=p.context, env_knobs=p.env_knobs, notes=p.notes,
             parallel_knobs=p.parallel, wheel_packages=wheel_pkgs, index_secret=p.index_secret,
             sdist=({**e.sdist, "index": e.index, "patches": [dict(pt) for pt in e.patches]}
-                   if (e.sdist and e.patches and c.kind != "base") else {}))
+                   if (e.sdist and e.patches and c.kind != "base") else {}),
+            fetch=_fetch_spec(e) if "src" in p.context and not (e.sdist and e.patches) else {},
+            cost=costs.cost_input(c, e, p.knobs, tc) if (e.method == "source" and c.kind != "base") else {})
         nodes.append(node)
         by_name[c.name] = node
 

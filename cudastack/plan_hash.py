@@ -55,11 +55,18 @@ def dir_digest(path: str | Path) -> str:
 
 def recipe_view(c: Component, tc: Toolchain) -> dict:
     """The recipe fields of ``c`` that are hashed for toolchain ``tc``: everything but ``description``,
-    ``est_disk_gib``, the parallelism budget and the other toolchains' entries; an index login is scrubbed."""
+    ``est_disk_gib``, the parallelism budget, the other toolchains' entries, a wheel entry's ``source:`` block and
+    the dry run's cost hints (``unit_cost``, ``units_from``); an index login is scrubbed."""
     view = {k: v for k, v in c.raw.items() if k not in ("description", "est_disk_gib", "parallelism", "toolchains")}
-    view["toolchain_entry"] = scrub(c.toolchains[tc.name].raw)     # an index login is no input of the image
-    if c.parallelism:
-        # which knobs receive the job counts is part of what is built; the budget numbers are not
+    entry = c.toolchains[tc.name]
+    raw = {k: v for k, v in entry.raw.items()
+           if not (k == "source" and entry.method == "wheel") and k not in ("unit_cost", "units_from")}
+    # none of these changes the output
+    view["toolchain_entry"] = scrub(raw)     # an index login is no input of the image; a wheel entry's unused
+    #                                          source block is none either
+    if c.parallelism and (entry.method == "source" or c.kind != "image"):
+        # which knobs receive the job counts is part of what is built; the budget numbers are not (an image
+        # node installing a wheel compiles nothing: its parallelism block is for its source build)
         view["parallelism_knobs"] = [list(c.parallelism.jobs_knobs), list(c.parallelism.threads_knobs)]
     return view
 

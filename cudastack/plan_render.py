@@ -1,8 +1,9 @@
 """The plan as text: the ``--dry-run`` listing (:func:`render_plan`) and a compact per-node summary for records
-(:func:`plan_summary`). Pure: no Docker, no files."""
+(:func:`plan_summary`). No Docker; a source node's cost lines may read its source tree or cached archive
+(:func:`cudastack.costs.cost_lines`)."""
 from __future__ import annotations
 
-from cudastack import rules
+from cudastack import costs, rules
 from cudastack.model import Plan
 
 
@@ -49,6 +50,7 @@ def render_plan(plan: Plan, cached: dict[str, bool] | None = None, *, state_dir:
             lines.append(f"    knob    {k.name}={k.value}  [{k.source}]{why}")
         for note in n.notes:
             lines.append(f"    note    {note}")
+        lines += costs.cost_lines(n, res, state_dir)     # source nodes: arch flags, units, jobs, time
     lines.append("")
     if cached is not None:
         lines.append(f"{sum(1 for n in plan.nodes if cached.get(n.name))} of {len(plan.nodes)} nodes cached; "

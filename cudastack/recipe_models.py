@@ -2,7 +2,7 @@
 (:class:`ComponentFile`), one model per section. Unknown keys are errors (:class:`cudastack.schemas.Section`).
 
 These models check the shape of one file: keys, types, patterns, exact pins. What needs more than one
-section or file (a source entry names exactly one of sdist/git/path, the toolchain names agree with
+section or file (a source entry names exactly one of sdist/git/path/url, the toolchain names agree with
 toolchains.yaml, ``needs`` forms a DAG, ``requires`` agrees with the pins) is checked by
 :mod:`cudastack.recipes`, which also turns these models into the dataclasses the rest of the tool uses.
 The committed JSON Schemas (``recipes/schema/*.schema.json``) are generated from here
@@ -19,10 +19,10 @@ and ``Entry.raw``).
 from __future__ import annotations
 
 from pathlib import PurePosixPath
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 from packaging.requirements import InvalidRequirement, Requirement
-from pydantic import AfterValidator, Field, StrictBool
+from pydantic import AfterValidator, Field, StrictBool, model_validator
 
 from cudastack.schemas import Section, checked_pattern
 from stackprobe.archs import parse_arch
@@ -56,8 +56,15 @@ def _arch(spec: str) -> str:
 
 def _inside(rel: str) -> str:
     if rel.startswith("/") or ".." in PurePosixPath(rel).parts:
-        raise ValueError(f"'{rel}' leaves the unpacked sdist: write a path inside it, e.g. setup.py (for method "
-                         "aot, a path inside the flashinfer package, e.g. data/csrc/trtllm_allreduce.cu)")
+        raise ValueError(f"'{rel}' leaves the source: write a path inside the source tree (after subdir), "
+                         "e.g. setup.py (for method aot, a path inside the flashinfer package, e.g. "
+                         "data/csrc/trtllm_allreduce.cu)")
+    return rel
+
+
+def _folder_inside(rel: str) -> str:
+    if rel.startswith("/") or ".." in PurePosixPath(rel).parts:
+        raise ValueError(f"'{rel}' leaves the source: write a folder inside the source, e.g. sgl-kernel")
     return rel
 
 
@@ -168,6 +175,8 @@ class ParallelismSpec(Section):
     nvcc_threads: Annotated[int, Field(strict=True, ge=1)] = 1
     jobs_knobs: list[str]
     threads_knobs: list[str] = []
+    # source builds: CMake cache variables that receive the thread count (through CMAKE_ARGS)
+    threads_defines: list[str] = []
 
 
 class Sdist(Section):
@@ -189,6 +198,69 @@ class Patch(Section):
     replace: str
     with_: str = Field(alias="with")
     why: str = ""
+
+
+# ---------------------------------------------------------------- source builds (url, subdir, source:)
+#: the keys that say where a source build's tree comes from; a source entry names exactly one
+SOURCE_KINDS = ("sdist", "git", "path", "url")
+_UNIT_COST = "the measured unit class of cudastack/unit_costs.yaml the dry run's time estimate uses (default aten)"
+_UNITS_FROM = "how the dry run counts compile units: lists (CMake targets, then setup.py) or tree (every file)"
+Subdir = Annotated[str, AfterValidator(_folder_inside),
+                   Field(description="the folder inside the source that holds the build")]
+CMakeName = Annotated[str, checked_pattern(r"^[A-Za-z_][A-Za-z0-9_]*$",
+                                           "is not a CMake cache variable name (letters, digits, _)")]
+CMakeDefines = Annotated[dict[CMakeName, str], Field(description="CMake cache variables, passed as CMAKE_ARGS",
+                                                     json_schema_extra={"additionalProperties": False})]
+UnitsFrom = Literal["lists", "tree"]
+ArchFlag = Annotated[str, checked_pattern(r"^sm_\d+[af]?$", "is not a SASS target such as sm_120a")]
+
+
+class UrlSource(Section):
+    """``url``: an upstream source archive and its published sha256 (checked after the download)."""
+
+    url: Annotated[str, checked_pattern(r"^(https?|file)://.*\.(tar\.gz|tgz|tar\.xz|tar\.bz2|zip)$",
+                                        "is not the http(s) URL of a source archive (.tar.gz, .tgz, .tar.xz, "
+                                        ".tar.bz2 or .zip)")]
+    sha256: Annotated[str, checked_pattern(r"^[0-9a-fA-F]{64}$",
+                                           "is not a sha256: give the archive's sha256 (64 hex digits), as its "
+                                           "release page or a checksum file publishes it"),
+                      AfterValidator(str.lower)]
+
+
+class SourceBlock(Section):
+    """``source:`` of a wheel entry: the source build a user selects with ``--method NAME=source``. With no
+    location (sdist, git, path, url) it says where the source comes from (``upstream``) and the user gives a
+    checkout with ``--source NAME=DIR``."""
+
+    sdist: Optional[Sdist] = None
+    git: Optional[GitSource] = None
+    path: Optional[str] = Field(None, description="a local folder, relative to the recipe file")
+    url: Optional[UrlSource] = None
+    subdir: Optional[Subdir] = None
+    upstream: str = Field("", description="where the source comes from when no location is pinned")
+    knobs: Knobs = {}
+    patches: Optional[Annotated[list[Patch], Field(min_length=1)]] = None
+    build_deps: list[Pin] = []
+    cmake_defines: CMakeDefines = {}
+    arch_flags: list[ArchFlag] = Field([], description="SASS targets its build files hard-code (cmake-fixed)")
+    unit_cost: Optional[str] = Field(None, description=_UNIT_COST)
+    units_from: Optional[UnitsFrom] = Field(None, description=_UNITS_FROM)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_location(cls, data: Any) -> Any:
+        found = [k for k in SOURCE_KINDS if isinstance(data, dict) and data.get(k) is not None]
+        if len(found) > 1:
+            raise ValueError(f"names {' and '.join(found)}: a source recipe names exactly one of: "
+                             f"{', '.join(SOURCE_KINDS)}")
+        return data
+
+    @model_validator(mode="after")
+    def _says_where(self) -> "SourceBlock":
+        if not any(getattr(self, k) is not None for k in SOURCE_KINDS) and not self.upstream:
+            raise ValueError("a source block with no sdist, git, path or url must say where the source comes from "
+                             "(upstream: ...); the user then gives a checkout with --source NAME=DIR")
+        return self
 
 
 class EntrySpec(Section):
@@ -214,6 +286,14 @@ class EntrySpec(Section):
         None, description="aot only: FlashInfer JIT module generators, package.module:gen_<name>_module")
     requires: dict[str, Version] = Field({}, description="the package's METADATA pins (checked)")
     knobs: Knobs = Field({}, description="per-toolchain knobs (override the file's knobs)")
+    # --- source builds of any component (see the "source builds" section below) ---
+    url: Optional[UrlSource] = None
+    subdir: Optional[Subdir] = None
+    cmake_defines: CMakeDefines = {}
+    unit_cost: Optional[str] = Field(None, description=_UNIT_COST)
+    units_from: Optional[UnitsFrom] = Field(None, description=_UNITS_FROM)
+    source: Optional[SourceBlock] = Field(None, description="wheel entries: the source build that "
+                                                            "--method NAME=source selects")
 
 
 class ComponentFile(Section):

@@ -14,12 +14,16 @@ in ``recipes/schema/`` for editors. A component file in short::
     parallelism: {memory_gib_per_job: 9, nvcc_threads: 4, jobs_knobs: [MAX_JOBS]}   # source entries (C8)
     toolchains:                       # one entry per toolchain in toolchains.yaml
       "13.1": {method: source, sdist: {package: flash-attn, version: "2.8.3"}}
+      # a source entry names one of sdist / git / path / url (+ subdir, patches, build_deps, cmake_defines);
+      # a wheel entry may carry a `source:` block: the source build `--method NAME=source` selects
 
-On top of the models this module checks what spans sections or files: a source entry names one of sdist /
-git / path (patches need an sdist or method aot, a path must exist), an aot entry lists modules and has a
-suffixed arch knob, base entries take no method, image/runtime entries install wheels, every toolchain has an
-entry, ``needs`` is a DAG with one base, torch pins follow the toolchain's torch line, and ``requires``
-agrees with the other recipes' pins.
+On top of the models this module checks what spans sections or files: a source entry names exactly one
+of sdist / git / path / url (only source builds take subdir, cmake_defines and cost hints; patches and
+build_deps also go with method aot; a local path must exist; ``unit_cost`` is a class of ``unit_costs.yaml``),
+an aot entry lists modules and has a suffixed arch knob, base entries take no method, runtime entries install
+wheels and only image/wheels entries carry a ``source:`` block, every toolchain has an entry, ``needs`` is a
+DAG with one base, torch pins follow the toolchain's torch line, and ``requires`` agrees with the other
+recipes' pins.
 
 Errors: :class:`cudastack.errors.RecipeError` (exit code 3), one paragraph naming file and key.
 """
@@ -30,12 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ValidationError
 
 from cudastack.errors import RecipeError, UsageError
-from cudastack.recipe_models import ArchKnobSpec, ComponentFile, EntrySpec, ToolchainsFile
+from cudastack.recipe_graph import check_graph, check_pins
+from cudastack.recipe_models import SOURCE_KINDS, ArchKnobSpec, ComponentFile, EntrySpec, SourceBlock, ToolchainsFile
 from cudastack.schemas import explain, key_path
 from stackprobe.archs import parse_arch, version_tuple
 
@@ -102,6 +105,7 @@ class Parallelism:
     nvcc_threads: int
     jobs_knobs: tuple[str, ...]
     threads_knobs: tuple[str, ...]
+    threads_defines: tuple[str, ...] = ()   # CMake cache variables given the thread count (through CMAKE_ARGS)
 
 
 @dataclass
@@ -116,11 +120,25 @@ class Entry:
     path: Path | None = None       # resolved absolute path of a local source folder
     requires: dict[str, str] = field(default_factory=dict)
     knobs: dict[str, str] = field(default_factory=dict)
-    patches: tuple[dict, ...] = ()   # [{"file", "replace", "with", "why"}] applied to an unpacked sdist
+    patches: tuple[dict, ...] = ()   # [{"file", "replace", "with", "why"}] applied to the fetched source tree
     build_deps: tuple[str, ...] = ()  # pinned requirements installed before a source (or aot) build
     modules: tuple[str, ...] = ()     # aot: FlashInfer generators "package.module:gen_<name>_module"
     raw: dict = field(default_factory=dict)
-    spec: EntrySpec | None = None     # the validated model: every key of the entry, typed (new keys land here)
+    spec: EntrySpec | SourceBlock | None = None   # the validated model (a `source:` build: its SourceBlock)
+    # --- source builds of any component ---
+    url: dict | None = None        # {"url", "sha256"}: an upstream source tarball
+    subdir: str = ""               # the folder inside the source that holds the build (e.g. sgl-kernel)
+    cmake_defines: dict[str, str] = field(default_factory=dict)   # -DNAME=VALUE through CMAKE_ARGS
+    arch_flags: tuple[str, ...] = ()  # gencode targets a build with hard-coded archs passes (cmake-fixed)
+    upstream: str = ""             # where the source comes from when the recipe pins no location
+    unit_cost: str = "aten"        # the measured unit class for the dry run's time estimate (cudastack.costs)
+    units_from: str = "lists"      # how the dry run counts units: the build's source lists, or the whole tree
+    alternative: "Entry | None" = None   # a wheel entry's `source:` build (--method NAME=source)
+
+    @property
+    def source_kind(self) -> str:
+        """"sdist" | "git" | "url" | "path" | "" (a wheel, or a source alternative with no location yet)."""
+        return next((k for k in SOURCE_KINDS if getattr(self, k)), "")
 
 
 @dataclass
@@ -167,8 +185,7 @@ class RecipeSet:
 
 
 # ---------------------------------------------------------------------------------------- helpers
-def _fail(file: Path, key: str, msg: str) -> RecipeError:
-    return RecipeError(f"Recipe {file} key '{key}': {msg}" if key else f"Recipe {file}: {msg}")
+_fail = RecipeError.at
 
 
 def _read_yaml(path: Path) -> dict:
@@ -233,46 +250,74 @@ def _arch_knob(s: ArchKnobSpec | None, file: Path) -> ArchKnob | None:
     return ArchKnob(s.style, s.knob, sep, s.scope, tuple(s.ignores), tuple((c.arch, c.min_cuda) for c in s.covers))
 
 
+_SOURCE_ONLY = (*SOURCE_KINDS, "patches", "build_deps", "subdir", "cmake_defines", "unit_cost", "units_from")
+
+
+def _location(s: EntrySpec | SourceBlock, e: Entry, file: Path, key: str, *, need_one: bool) -> None:
+    """Copy the source keys of a source entry or a ``source:`` block (the models checked their shapes) into
+    ``e``: the location (sdist / git / path / url), subdir, patches, build_deps, CMake defines, cost hints."""
+    sources = [k for k in SOURCE_KINDS if getattr(s, k) is not None]
+    if len(sources) > 1 or (need_one and len(sources) != 1):
+        raise _fail(file, f"{key}.{sources[1] if len(sources) > 1 else 'sdist'}",
+                    f"a source recipe names exactly one of: {', '.join(SOURCE_KINDS)}.")
+    e.sdist = s.sdist.model_dump() if s.sdist else None
+    e.git = s.git.model_dump() if s.git else None
+    e.url = s.url.model_dump() if s.url else None
+    if s.path is not None:
+        e.path = (file.parent / s.path).resolve()
+        if not e.path.is_dir():
+            raise _fail(file, f"{key}.path", f"{e.path} is not a folder.")
+    e.subdir = s.subdir or ""
+    e.patches = tuple(p.model_dump(by_alias=True) for p in s.patches or ())
+    e.build_deps, e.cmake_defines = tuple(s.build_deps), dict(s.cmake_defines)
+    e.units_from = s.units_from or "lists"
+    if s.unit_cost is not None:
+        from cudastack.costs import unit_costs
+
+        if s.unit_cost not in unit_costs()["classes"]:
+            raise _fail(file, f"{key}.unit_cost", f"'{s.unit_cost}' is not a measured unit class "
+                                                   f"({', '.join(unit_costs()['classes'])}).")
+        e.unit_cost = s.unit_cost
+
+
 def _entry(s: EntrySpec, raw: dict, file: Path, key: str, kind: str) -> Entry:
     method = s.method or ""
     if kind == "base" and method:
         raise _fail(file, f"{key}.method", "a base node takes its method from toolchains.yaml and --base.")
     if kind != "base" and not method:
         raise _fail(file, f"{key}.method", f"required key is missing ({' or '.join(METHODS)}).")
-    if kind in ("image", "runtime") and method != "wheel":
-        raise _fail(file, f"{key}.method", f"a {kind} node installs pinned wheels: method must be 'wheel'.")
+    if kind == "runtime" and method != "wheel":
+        raise _fail(file, f"{key}.method", "a runtime node installs pinned wheels: method must be 'wheel'.")
     e = Entry(method, packages=tuple(s.packages), index=s.index, requires=dict(s.requires), knobs=dict(s.knobs),
-              build_deps=tuple(s.build_deps), raw=raw, spec=s)
-    sources = [k for k in ("sdist", "git", "path") if getattr(s, k) is not None]
-    if method in ("wheel", "aot"):
-        if not e.packages and kind != "runtime":
-            raise _fail(file, f"{key}.packages", "a wheel recipe needs its pinned packages (name==version).")
-        if sources:
-            raise _fail(file, f"{key}.{sources[0]}", "only source recipes name an sdist, git ref or path.")
-    if method == "source":
-        if len(sources) != 1:
-            raise _fail(file, f"{key}.sdist", "a source recipe names exactly one of: sdist, git, path.")
-        e.sdist = s.sdist.model_dump() if s.sdist else None
-        e.git = s.git.model_dump() if s.git else None
-        if s.path is not None:
-            e.path = (file.parent / s.path).resolve()
-            if not e.path.is_dir():
-                raise _fail(file, f"{key}.path", f"{e.path} is not a folder.")
+              raw=raw, spec=s)
+    if method in ("wheel", "aot") and not e.packages and kind != "runtime":
+        raise _fail(file, f"{key}.packages", "a wheel recipe needs its pinned packages (name==version).")
+    also = ("patches", "build_deps") if method == "aot" else ()     # aot patches the installed package
+    if method != "source":
+        for k in _SOURCE_ONLY:
+            if k in s.model_fields_set and k not in also:
+                raise _fail(file, f"{key}.{k}", "only source recipes name a source, its patches and build "
+                                                "dependencies (a wheel entry's source build goes under `source:`).")
     if method == "aot":
         if kind != "wheels":
             raise _fail(file, f"{key}.method", "method aot makes a wheel of modules: the kind must be 'wheels'.")
         if s.modules is None:
             raise _fail(file, f"{key}.modules", "an aot recipe lists the FlashInfer JIT modules to compile, e.g. "
                                                 "[flashinfer.jit.comm:gen_trtllm_comm_module].")
-        e.modules = tuple(s.modules)
+        e.modules, e.build_deps = tuple(s.modules), tuple(s.build_deps)
+        e.patches = tuple(p.model_dump(by_alias=True) for p in s.patches or ())
     elif s.modules is not None:
         raise _fail(file, f"{key}.modules", "only an aot recipe compiles modules (method: aot).")
-    if "patches" in s.model_fields_set:
-        if not e.sdist and method != "aot":
-            raise _fail(file, f"{key}.patches", "patches apply to an sdist source or an aot build only.")
-        e.patches = tuple(p.model_dump(by_alias=True) for p in s.patches)
-    if "build_deps" in s.model_fields_set and method not in COMPILING_METHODS:
-        raise _fail(file, f"{key}.build_deps", "build dependencies belong to a source or aot recipe.")
+    if s.source is not None:
+        if method != "wheel" or kind not in ("image", "wheels"):
+            raise _fail(file, f"{key}.source", "only a wheel entry of an image or wheels node carries a source "
+                                               "build (a source entry puts its location in the entry itself).")
+        a = s.source
+        e.alternative = Entry("source", raw={"method": "source", **raw["source"]}, knobs=dict(a.knobs), spec=a,
+                              upstream=a.upstream, arch_flags=tuple(a.arch_flags))
+        _location(a, e.alternative, file, f"{key}.source", need_one=False)
+    if method == "source":
+        _location(s, e, file, key, need_one=True)
     return e
 
 
@@ -291,7 +336,8 @@ def _load_component(path: Path, toolchains: dict[str, Toolchain]) -> Component:
             raise _fail(path, key_path(("toolchains", name)), "missing: every component says how it is obtained "
                                                                "for every toolchain in toolchains.yaml.")
     p = f.parallelism
-    par = p and Parallelism(float(p.memory_gib_per_job), p.nvcc_threads, tuple(p.jobs_knobs), tuple(p.threads_knobs))
+    par = p and Parallelism(float(p.memory_gib_per_job), p.nvcc_threads, tuple(p.jobs_knobs), tuple(p.threads_knobs),
+                            tuple(p.threads_defines))
     arch_knob = _arch_knob(f.arch_knob, path)
     for name, e in entries.items():
         if e.method in COMPILING_METHODS and par is None:
@@ -309,71 +355,6 @@ def _load_component(path: Path, toolchains: dict[str, Toolchain]) -> Component:
 
 
 # ------------------------------------------------------------------------------------- cross-file
-def _check_graph(components: dict[str, Component]) -> None:
-    bases = [c for c in components.values() if c.kind == "base"]
-    if len(bases) != 1:
-        names = ", ".join(c.file.name for c in bases) or "none"
-        raise RecipeError(f"A recipes folder needs exactly one component of kind 'base' (found: {names}).")
-    for c in components.values():
-        for i, n in enumerate(c.needs):
-            if n not in components:
-                raise _fail(c.file, f"needs[{i}]", f"'{n}' is not a component here "
-                                                   f"(known: {', '.join(components)}).")
-        if c.kind != "base":
-            if not c.needs:
-                raise _fail(c.file, "needs", f"a {c.kind} node needs at least its image parent.")
-            if not any(components[n].kind in ("base", "image") for n in c.needs):
-                raise _fail(c.file, "needs", "none of these is a base or image node to build FROM.")
-        elif c.needs:
-            raise _fail(c.file, "needs", "the base node needs nothing.")
-        if c.kind in ("base", "image", "wheels"):
-            for n in c.needs:
-                if components[n].kind in ("wheels", "runtime") and c.kind != "runtime":
-                    raise _fail(c.file, "needs", f"'{n}' is a {components[n].kind} node; only a runtime node "
-                                                 "installs other nodes' wheels.")
-    # cycles
-    state: dict[str, int] = {}
-
-    def visit(name: str, trail: list[str]) -> None:
-        if state.get(name) == 2:
-            return
-        if state.get(name) == 1:
-            raise _fail(components[name].file, "needs", f"cycle: {' -> '.join(trail + [name])}.")
-        state[name] = 1
-        for n in components[name].needs:
-            visit(n, trail + [name])
-        state[name] = 2
-
-    for name in components:
-        visit(name, [])
-
-
-def _check_pins(components: dict[str, Component], toolchains: dict[str, Toolchain]) -> None:
-    for tc in toolchains:
-        pinned: dict[str, tuple[str, Component]] = {}
-        for c in components.values():
-            for spec in c.toolchains[tc].packages:
-                r = Requirement(spec)
-                pinned[canonicalize_name(r.name)] = (next(iter(r.specifier)).version, c)
-            if c.toolchains[tc].sdist:
-                s = c.toolchains[tc].sdist
-                pinned[canonicalize_name(s["package"])] = (s["version"], c)
-        torch = pinned.get("torch")
-        if torch and torch[0] != toolchains[tc].torch_version:
-            raise _fail(torch[1].file, key_path(("toolchains", tc, "packages")),
-                        f"torch=={torch[0]} but toolchains.yaml says toolchain {tc} uses the torch "
-                        f"{toolchains[tc].torch_version} line; make them agree.")
-        for c in components.values():
-            for pkg, ver in c.toolchains[tc].requires.items():
-                key = key_path(("toolchains", tc, "requires", pkg))
-                have = pinned.get(canonicalize_name(pkg))
-                if have is None:
-                    raise _fail(c.file, key, f"no recipe pins {pkg} for toolchain {tc}.")
-                if have[0] != ver:
-                    raise _fail(c.file, key, f"{pkg}=={ver} is required but {have[1].file.name} pins "
-                                             f"{pkg}=={have[0]}: the set is inconsistent.")
-
-
 def load_recipes(recipes_dir: str | Path | None = None) -> RecipeSet:
     """Load and validate a recipes folder (``toolchains.yaml`` + one ``<component>.yaml`` each).
 
@@ -395,6 +376,6 @@ def load_recipes(recipes_dir: str | Path | None = None) -> RecipeSet:
         components[c.name] = c
     if not components:
         raise RecipeError(f"Recipes folder {d} has no component files next to toolchains.yaml.")
-    _check_graph(components)
-    _check_pins(components, toolchains)
+    check_graph(components)
+    check_pins(components, toolchains)
     return RecipeSet(d, archs, suffixes, toolchains, components)

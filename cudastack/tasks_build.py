@@ -27,6 +27,13 @@ _HELP = {
     "lockfiles": "Folder of the lockfiles (<toolchain>.lock.yaml) for --locked. Default: the project's lockfiles/.",
     "prefix": "Repository prefix of every node's image tag (default cudastack: cudastack/cu13.1-pip-sm120-runtime:"
               "<hash>). The tests use cudastack-test.",
+    "method": "Choose a component's method for this toolchain (repeatable): --method torch=source --method "
+              "sgl-kernel=source builds them from the source block of their recipe (default: the recipe's method).",
+    "source": "A local source folder for a source build (repeatable): --source sgl-kernel=~/src/sglang/sgl-kernel "
+              "(replaces the recipe's url/git location; its patches still apply).",
+    "builder": "Send source nodes to this buildx builder (docker buildx create --name NAME ...); their wheels come "
+               "back to the wheelhouse. See --builder-nodes.",
+    "builder_nodes": "With --builder: 'source' (default: source builds only) or 'all' (every node but the base).",
     "locked": "Build only what lockfiles/<cuda>.lock.yaml pins (hash-checking pip installs, base digest); the plan "
               "is verified against the lock first, and the build's outputs are recorded into it.",
 }
@@ -56,8 +63,27 @@ def _fail(exc: StackError):
     raise Exit(f"error: {exc}", code=exc.exit_code)
 
 
-def _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=None, prefix=None):
+def _pairs(flag: str, values) -> dict[str, str]:
+    """NAME=VALUE flags (--method, --source) as a dict; UsageError for a value without '='."""
+    out = {}
+    for v in values or ():
+        name, sep, val = str(v).partition("=")
+        if not sep or not name or not val:
+            raise UsageError(f"--{flag} {v!r}: write NAME=VALUE, e.g. --{flag} "
+                             + ("torch=source." if flag == "method" else "sgl-kernel=/path/to/sgl-kernel."))
+        out[name] = val
+    return out
+
+
+def _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=None, prefix=None, method=None,
+          source=None):
     from cudastack.plan import DEFAULT_PREFIX, make_plan
+    from cudastack.recipes import load_recipes
+    from cudastack.recipe_select import select_methods
+
+    methods, sources = _pairs("method", method), _pairs("source", source)
+    if methods or sources:
+        recipes = select_methods(load_recipes(recipes), str(cuda), methods, sources)
 
     prefix = prefix or DEFAULT_PREFIX
     if not re.fullmatch(r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*", prefix):
@@ -117,10 +143,10 @@ def check_base_registry(plan, engine) -> None:
             "first (`docker load`, or a pull through a reachable mirror). Nothing was built.") from None
 
 
-@task(help=_HELP, iterable=["skip"], auto_shortflags=False)
+@task(help=_HELP, iterable=["skip", "method", "source"], auto_shortflags=False)
 def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jobs=None, nvcc_threads=None,
           ca_bundle=None, recipes=None, state_dir=".stack", locked=False, prefix=None,
-          lockfiles=None):
+          lockfiles=None, method=None, source=None, builder=None, builder_nodes="source"):
     """Build a toolchain's images (base -> torch -> wheels -> runtime) with BuildKit; cached nodes are skipped."""
     from cudastack.build import dry_run as render_dry_run, run_build
     from cudastack.radar import refuse_engine_pin_conflicts
@@ -138,23 +164,42 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
             def caches(plan) -> list:   # files a locked hash can be checked against when the index is away
                 from pathlib import Path
                 return [Path(state_dir) / "sdists", Path(state_dir) / plan.wheelhouse]
+        bx = None
+        if builder:
+            from cudastack.builders import SCOPES, inspect_builder
+
+            if builder_nodes not in SCOPES:
+                raise UsageError(f"--builder-nodes {builder_nodes}: use 'source' (source builds only) or 'all'.")
+            from cudastack.engine import find_buildkit
+
+            bk = find_buildkit()
+            if bk.mode != "buildx":
+                raise UsageError(f"--builder {builder} needs the docker buildx plugin, and this client ({bk.docker}, "
+                                 f"{bk.version}) has none. Install docker-buildx (Debian/Ubuntu package docker-buildx, "
+                                 "or docker-buildx-plugin from Docker's repository), or build without --builder. "
+                                 "Nothing was built.")
+            bx = inspect_builder(str(builder), docker=bk.docker)   # an unknown builder: one paragraph, before any build
         if dry_run:
-            plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, prefix=prefix)   # input errors first
+            plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, prefix=prefix, method=method, source=source)   # input errors first
             plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=_builder_resources(),
-                         prefix=prefix)
+                         prefix=prefix, method=method, source=source)
             if locked:
                 L.prepare_locked_build(plan, L.lock_path(plan.toolchain, lockfiles), say=say, cache_dirs=caches(plan))
                 say(f"{L.lock_path(plan.toolchain, lockfiles)} verified against the plan; locked tags below")
             print(render_dry_run(plan, state_dir=state_dir))
+            if bx is not None:
+                from cudastack.builders import sent
+                names = [n.name for n in plan.nodes if sent(n, builder_nodes)]
+                print(f"Builder: {bx.name} ({bx.driver}, {bx.endpoint}) builds: {', '.join(names) or 'nothing'}")
             refuse_engine_pin_conflicts(plan, say=lambda m: print(f"WARNING: {m}", file=sys.stderr))
             return
         from cudastack.engine import Engine
 
-        plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, prefix=prefix)  # input errors first
+        plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, prefix=prefix, method=method, source=source)  # input errors first
         refuse_engine_pin_conflicts(plan)   # a new toolchain's pins against the engine's (index), before any build
         engine = Engine.connect()
         plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=engine.resources(),
-                     prefix=prefix)
+                     prefix=prefix, method=method, source=source)
         for w in plan.warnings:
             print(f"warning: {w}", file=sys.stderr)
         lock_file = None
@@ -163,8 +208,13 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
             L.prepare_locked_build(plan, lock_file, client=engine.client, say=say, cache_dirs=caches(plan))
             say(f"{lock_file} verified against the plan")
         check_base_registry(plan, engine)
+        if bx is not None:
+            from cudastack.builders import check_parents
+            for note in check_parents(bx, plan, builder_nodes, docker=engine.buildkit.docker):
+                print(f"note: {note}", file=sys.stderr)
         _sigterm_as_interrupt()
-        record = run_build(plan, state_dir=state_dir, ca_bundle=ca_bundle, engine=engine)
+        record = run_build(plan, state_dir=state_dir, ca_bundle=ca_bundle, engine=engine, builder=bx,
+                           builder_nodes=builder_nodes)
         if lock_file is not None:
             L.record_build_outputs(lock_file, record)
         print(f"record: {record['record_path']}")
@@ -174,16 +224,17 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
 
 
 @task(help={k: _HELP[k] for k in ("cuda", "arch", "base", "skip", "max_jobs", "nvcc_threads", "recipes",
-                                  "state_dir")}, iterable=["skip"], auto_shortflags=False)
+                                  "state_dir", "method", "source")}, iterable=["skip", "method", "source"],
+      auto_shortflags=False)
 def plan(c, cuda="13.1", arch=None, base=None, skip=None, max_jobs=None, nvcc_threads=None, recipes=None,
-         state_dir=".stack"):
+         state_dir=".stack", method=None, source=None):
     """Print the build plan (same as build --dry-run)."""
     from cudastack.build import dry_run as render_dry_run
 
     try:
-        _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes)   # input errors before the daemon
+        _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, method=method, source=source)   # input errors first
         print(render_dry_run(_plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes,
-                                   resources=_builder_resources()), state_dir=state_dir))
+                                   resources=_builder_resources(), method=method, source=source), state_dir=state_dir))
     except StackError as exc:
         _fail(exc)
 

@@ -218,10 +218,14 @@ def cluster_job(c, cuda="13.1", scheduler=None, gpus=None, nodes=1, image=None, 
 @task(help={**_PLAN_HELP,
             "output": "Bake file to write (JSON). Default: bake/docker-bake.json; build contexts go next to it.",
             "state_dir": "Folder of the local wheelhouse (as for invoke build). Default .stack/",
-            "locked": "Add the lockfile's hash-checking build args to every target (verifies the lock first)."},
-      iterable=["skip"], auto_shortflags=False)
+            "locked": "Add the lockfile's hash-checking build args to every target (verifies the lock first).",
+            "method": "As for invoke build: --method torch=source puts the source build in the bake file.",
+            "source": "As for invoke build: --source NAME=DIR, a local source folder for a source build.",
+            "builder": "The buildx builder that will run the file: checked now (an unknown one is an error), and "
+                       "the command to run printed."},
+      iterable=["skip", "method", "source"], auto_shortflags=False)
 def bake(c, cuda="13.1", output="bake/docker-bake.json", arch=None, base=None, skip=None, recipes=None,
-         state_dir=".stack", locked=False, lockfiles=None):
+         state_dir=".stack", locked=False, lockfiles=None, method=None, source=None, builder=None):
     """Write the build plan as a buildx bake file for remote BuildKit builders.
 
     One target per node, parents chained through named contexts; run it with `docker buildx bake -f FILE`."""
@@ -231,6 +235,16 @@ def bake(c, cuda="13.1", output="bake/docker-bake.json", arch=None, base=None, s
     try:
         if locked:
             arch, base, skip = L.plan_options(str(cuda), arch, base, skip, lockfiles)
+        bx = None
+        if builder:
+            from cudastack.builders import inspect_builder
+            bx = inspect_builder(str(builder))      # before anything is written
+        if method or source:
+            from cudastack.recipes import load_recipes
+            from cudastack.recipe_select import select_methods
+            from cudastack.tasks_build import _pairs
+            recipes = select_methods(load_recipes(recipes), str(cuda), _pairs("method", method),
+                                     _pairs("source", source))
         plan = _plan(cuda, arch, base, skip, recipes)
         lk = None
         if locked:
@@ -239,6 +253,10 @@ def bake(c, cuda="13.1", output="bake/docker-bake.json", arch=None, base=None, s
             L.verify_plan_against_lock(plan, lk, where=str(path))
         B.write_bake(plan, output, state_dir=state_dir, lock=lk)
         print(output)
+        if bx is not None:
+            run = (f"docker --context {bx.endpoint} buildx bake" if bx.driver == "docker"
+                   else f"docker buildx bake --builder {bx.name}")
+            print(f"run it on {bx.name} ({bx.driver}): {run} -f {output}")
     except StackError as exc:
         _fail(exc)
 

@@ -63,6 +63,29 @@ if ! .venv/bin/python -c 'import cudastack, stackprobe, invoke, docker, yaml, py
 fi
 export PATH="$ROOT/.venv/bin:$PATH"
 
+# The docker buildx plugin for the --builder tests only (tests/test_builder_integration.py reads it from
+# CUDASTACK_TEST_BUILDX and puts it in a DOCKER_CONFIG of its own, so builds elsewhere keep their BuildKit path).
+# Debian bookworm has no docker-buildx package; trixie's is taken with apt lists kept under .venv (the system's
+# sources are not changed) and only its binary is unpacked.
+BUILDX="$ROOT/.venv/libexec/docker-buildx"
+if [ ! -x "$BUILDX" ] && ! /usr/bin/docker buildx version >/dev/null 2>&1 && command -v apt-get >/dev/null; then
+  log "fetching docker-buildx (Debian trixie package) for the --builder tests"
+  apt_dir="$ROOT/.venv/apt-buildx"
+  mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$(dirname "$BUILDX")"
+  echo "deb http://deb.debian.org/debian trixie main" > "$apt_dir/sources.list"
+  apt_opts=(-o Dir::Etc::SourceList="$apt_dir/sources.list" -o Dir::Etc::SourceParts=/nonexistent
+            -o Dir::State::Lists="$apt_dir/lists" -o Dir::Cache="$apt_dir/cache" -o APT::Sandbox::User=root)
+  if apt-get -qq "${apt_opts[@]}" update >/dev/null 2>&1 \
+     && (cd "$apt_dir" && apt-get -qq "${apt_opts[@]}" download docker-buildx >/dev/null 2>&1); then
+    dpkg-deb -x "$apt_dir"/docker-buildx_*.deb "$apt_dir/root"
+    cp "$apt_dir/root/usr/libexec/docker/cli-plugins/docker-buildx" "$BUILDX"
+  else
+    log "could not fetch docker-buildx: the --builder integration test will be skipped (a failure in CI mode)"
+  fi
+  rm -rf "$apt_dir"
+fi
+[ -x "$BUILDX" ] && export CUDASTACK_TEST_BUILDX="${CUDASTACK_TEST_BUILDX:-$BUILDX}"
+
 cmd=${1:-test}
 shift || true
 case "$cmd" in

@@ -120,7 +120,7 @@ def test_unknown_key_names_file_and_key(recipes_copy):
     with pytest.raises(RecipeError) as e:
         load_recipes(recipes_copy)
     assert "flashinfer.yaml" in str(e.value) and """key 'toolchains."13.1".methdo'""" in str(e.value)
-    assert "allowed here: build_deps, git, index, knobs, method, modules, packages" in str(e.value)
+    assert "allowed here: build_deps, cmake_defines, git, index, knobs, method, modules, packages" in str(e.value)
     assert e.value.exit_code == 3
 
 
@@ -222,5 +222,5 @@ def test_patches_are_validated(recipes_copy):
          lambda d: d["toolchains"]["13.1"]["patches"][0].__setitem__("file", "setup.py"))
     edit(recipes_copy / "sgl-kernel.yaml",      # a wheel entry: nothing is compiled, nothing to patch
          lambda d: d["toolchains"]["13.1"].__setitem__("patches", [{"file": "a", "replace": "b", "with": "c"}]))
-    with pytest.raises(RecipeError, match=r"sgl-kernel.yaml.*patches.*sdist"):
+    with pytest.raises(RecipeError, match=r"sgl-kernel.yaml.*patches.*only source recipes"):   # any source kind, never a wheel
         load_recipes(recipes_copy)

@@ -1,0 +1,118 @@
+"""Bigger builders: send source nodes (or every node) to a buildx builder the user made, so a torch compile does
+not have to run on a laptop. A builder is what ``docker buildx ls`` lists: one made with ``docker buildx create
+--name NAME [CONTEXT]`` (docker-container, remote or Kubernetes driver), or a docker context
+(``docker context create NAME --docker host=ssh://user@big-host``), which buildx lists as a builder of the
+``docker`` driver named after the context; builds go there as ``docker --context NAME buildx build``.
+
+What goes where (``invoke build --builder NAME [--builder-nodes source|all]``):
+
+* a **wheels** node sent to the builder builds its ``wheels`` stage there and exports it with
+  ``--output type=local`` back to this client: the wheel lands in the same wheelhouse (sha256 recorded in the
+  manifest, build record and lock) as a local build's. The node's local tag, which marks it done, is then a
+  one-line image built on the local engine (``FROM`` the parent, the node's labels plus
+  ``org.cudastack.builder``): nothing is compiled twice and no builder stage is copied back.
+* an **image** node (torch from source) is built there with ``--load``: a docker-container, remote or
+  Kubernetes builder sends the image to this client's engine; a builder of the ``docker`` driver keeps it in
+  its own engine, which the build then reports as an error unless that engine is this one.
+
+The builder must reach each node's parent image: its engine holds it (``docker`` driver: checked before the
+build; load it with ``docker save TAG | docker --context CTX load``), or the parent is in a registry it can
+pull from (``invoke push``). Errors (UsageError, exit 2, before any build): no such builder (``docker buildx
+inspect NAME`` fails), a ``docker``-driver builder whose engine lacks a parent.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass
+
+from cudastack.errors import UsageError
+
+SCOPES = ("source", "all")
+
+
+@dataclass(frozen=True)
+class Builder:
+    """A buildx builder as ``docker buildx inspect NAME`` reports it: ``driver`` (docker, docker-container,
+    remote, kubernetes), ``endpoint`` (a docker context name or a URL) and ``status``."""
+
+    name: str
+    driver: str
+    endpoint: str
+    status: str
+
+
+def inspect_builder(name: str, docker: str = "docker") -> Builder:
+    """Look a builder up. UsageError (one paragraph: how to list and create one) when buildx does not know it."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name or ""):
+        raise UsageError(f"--builder {name!r}: a buildx builder name (letters, digits, '.', '_', '-').")
+    try:
+        r = subprocess.run([docker, "buildx", "inspect", name], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UsageError(f"--builder {name}: could not ask buildx about it ({exc}).") from None
+    if r.returncode != 0:
+        known = subprocess.run([docker, "buildx", "ls"], capture_output=True, text=True, timeout=60).stdout
+        names = sorted({ln.split()[0].rstrip("*") for ln in known.splitlines()[1:]
+                        if ln.strip() and not ln.startswith((" ", "\\", "└", "├"))})
+        raise UsageError(
+            f"--builder {name}: buildx has no builder of that name ({r.stderr.strip().splitlines()[-1] if r.stderr.strip() else 'not found'}). "
+            f"Builders here: {', '.join(names) or 'none'}. Create one first: `docker context create {name} --docker "
+            "host=ssh://user@big-host` (a docker engine there; buildx lists the context as a builder), or `docker "
+            f"buildx create --name {name} --driver docker-container`; or leave --builder out to build on this engine. "
+            "Nothing was built.")
+    fields = {}
+    for ln in r.stdout.splitlines():
+        if ":" in ln:
+            k, v = ln.split(":", 1)
+            fields.setdefault(k.strip(), v.strip())
+    return Builder(name, fields.get("Driver", ""), fields.get("Endpoint", ""), fields.get("Status", ""))
+
+
+def sent(node, scope: str) -> bool:
+    """Whether ``node`` goes to the builder under ``scope`` ("source": source-method nodes; "all": every
+    node but the base, whose OS image is bootstrapped locally)."""
+    if scope not in SCOPES:
+        raise UsageError(f"--builder-nodes {scope}: use 'source' (source builds only) or 'all'.")
+    if node.kind.startswith("base"):
+        return False
+    return scope == "all" or node.method == "source"
+
+
+def _image_on_context(docker: str, context: str, tag: str) -> bool:
+    r = subprocess.run([docker, "--context", context, "image", "inspect", tag], capture_output=True, text=True,
+                       timeout=60)
+    return r.returncode == 0
+
+
+def check_parents(builder: Builder, plan, scope: str, local_context: str = "", docker: str = "docker") -> list[str]:
+    """Before any build: for a ``docker``-driver builder on another engine, each sent node's parent image must
+    be there (or be built there by this run). Returns notes for the dry run / log; raises UsageError listing
+    the missing parents and how to load them."""
+    nodes = [n for n in plan.nodes if sent(n, scope)]
+    if not nodes:
+        return [f"builder {builder.name}: no node of this plan is sent (--builder-nodes {scope})"]
+    if builder.driver != "docker" or not builder.endpoint or builder.endpoint == (local_context or "default"):
+        return [f"builder {builder.name} ({builder.driver}): the parent images must be pullable by it (a registry: "
+                "`invoke push`) unless its engine already holds them"]
+    sent_names = {n.name for n in nodes}
+    missing = []
+    for n in nodes:
+        parent = n.parents[0] if n.parents else ""
+        if parent and parent not in sent_names:
+            tag = plan.node(parent).tag
+            if not _image_on_context(docker, builder.endpoint, tag):
+                missing.append(tag)
+    if missing:
+        raise UsageError(
+            f"--builder {builder.name}: it builds on the engine of context '{builder.endpoint}' (driver docker), "
+            f"which does not hold the parent image(s) {', '.join(sorted(set(missing)))}. Load them there first "
+            f"(`docker save TAG | docker --context {builder.endpoint} load`), push them to a registry it pulls from, "
+            "or send every node (--builder-nodes all). Nothing was built.")
+    return [f"builder {builder.name} (docker driver, context {builder.endpoint}): parents present there"]
+
+
+MARKER_DOCKERFILE = """ARG PARENT_IMAGE
+FROM ${PARENT_IMAGE}
+ARG BUILDER
+LABEL org.cudastack.builder="${BUILDER}"
+"""

@@ -69,13 +69,13 @@ def inspect_builder(name: str, docker: str = "docker") -> Builder:
 
 
 def sent(node, scope: str) -> bool:
-    """Whether ``node`` goes to the builder under ``scope`` ("source": source-method nodes; "all": every
-    node but the base, whose OS image is bootstrapped locally)."""
+    """Whether ``node`` goes to the builder under ``scope`` ("source": the nodes that compile, methods source
+    and aot; "all": every node but the base, whose OS image is bootstrapped locally)."""
     if scope not in SCOPES:
-        raise UsageError(f"--builder-nodes {scope}: use 'source' (source builds only) or 'all'.")
+        raise UsageError(f"--builder-nodes {scope}: use 'source' (the nodes that compile: source and aot builds) or 'all'.")
     if node.kind.startswith("base"):
         return False
-    return scope == "all" or node.method == "source"
+    return scope == "all" or node.method in ("source", "aot")
 
 
 def _image_on_context(docker: str, context: str, tag: str) -> bool:

@@ -326,8 +326,11 @@ def cost_input(component, entry, knobs, toolchain) -> dict:
     ak = component.arch_knob
     info = {"style": ak.style if ak else "", "separator": ak.separator if ak else ";",
             "jobs_knobs": list(component.parallelism.jobs_knobs) if component.parallelism else [],
-            "unit_class": entry.unit_cost, "units_from": entry.units_from,
-            "sdist": dict(entry.sdist) if entry.sdist else {}}
+            "unit_class": "flashinfer-jit" if entry.method == "aot" else entry.unit_cost,
+            "units_from": entry.units_from, "sdist": dict(entry.sdist) if entry.sdist else {},
+            "reference": dict(entry.units_reference or {})}
+    if entry.method == "aot":
+        info["aot"] = {"packages": list(entry.packages), "modules": list(entry.modules)}
     if ak and ak.style == "cmake-fixed":
         if entry.arch_flags:
             info["fixed"] = list(entry.arch_flags)
@@ -346,15 +349,26 @@ def cost_input(component, entry, knobs, toolchain) -> dict:
 
 
 def cost_lines(node, resources, state_dir: str | Path = ".stack") -> list[str]:
-    """The dry run's cost lines for one source node (empty for other nodes)."""
+    """The dry run's cost lines for one source or aot node (empty for other nodes). The units are counted from
+    the source on this builder (an aot node: its generators' sources in the pinned FlashInfer wheel,
+    :mod:`cudastack.costs_aot`); until it is here, from the recipe's ``units_reference`` when it has one."""
     info = getattr(node, "cost", None) or {}
-    if getattr(node, "method", "") != "source" or not info:
+    if getattr(node, "method", "") not in ("source", "aot") or not info:
         return []
     flags = arch_flags(info["style"], info.get("value", ""), info.get("separator", ";"), tuple(info.get("fixed", ())))
     jobs = next((int(k.value) for k in node.knobs if k.name in info.get("jobs_knobs", ())), 1)
     cores = resources.cores if resources else 1
-    count = count_units(getattr(node, "fetch", {}), getattr(node, "context", {}), state_dir,
-                        getattr(node, "sdist", None) or info.get("sdist") or None, info.get("units_from", "lists"))
+    if info.get("aot"):
+        from cudastack.costs_aot import count_aot_units
+
+        count = UnitCount(**count_aot_units(info["aot"]["packages"], info["aot"]["modules"], state_dir))
+    else:
+        count = count_units(getattr(node, "fetch", {}), getattr(node, "context", {}), state_dir,
+                            getattr(node, "sdist", None) or info.get("sdist") or None, info.get("units_from", "lists"))
+    ref = info.get("reference") or {}
+    if not count.known and ref:
+        count = UnitCount(ref["cu"], ref.get("cpp", 0), f"the recipe's units_reference ({ref['how']}); "
+                                                         f"counted from the source once it is here: {count.how}")
     out = [f"    archs   {' '.join(flags) or '(none found)'}  ({info.get('arch_from', '')})"]
     if count.known:
         out.append(f"    units   {count.cu} .cu x {len(flags)} archs + {count.cpp} C/C++  -- {count.how}")

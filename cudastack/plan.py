@@ -377,7 +377,7 @@ def make_plan(
             sdist=({**e.sdist, "index": e.index, "patches": [dict(pt) for pt in e.patches]}
                    if (e.sdist and e.patches and c.kind != "base") else {}),
             fetch=_fetch_spec(e) if "src" in p.context and not (e.sdist and e.patches) else {},
-            cost=costs.cost_input(c, e, p.knobs, tc) if (e.method == "source" and c.kind != "base") else {})
+            cost=costs.cost_input(c, e, p.knobs, tc) if (e.method in COMPILING_METHODS and c.kind != "base") else {})
         nodes.append(node)
         by_name[c.name] = node
 

@@ -56,11 +56,11 @@ def dir_digest(path: str | Path) -> str:
 def recipe_view(c: Component, tc: Toolchain) -> dict:
     """The recipe fields of ``c`` that are hashed for toolchain ``tc``: everything but ``description``,
     ``est_disk_gib``, the parallelism budget, the other toolchains' entries, a wheel entry's ``source:`` block and
-    the dry run's cost hints (``unit_cost``, ``units_from``); an index login is scrubbed."""
+    the dry run's cost hints (``unit_cost``, ``units_from``, ``units_reference``); an index login is scrubbed."""
     view = {k: v for k, v in c.raw.items() if k not in ("description", "est_disk_gib", "parallelism", "toolchains")}
     entry = c.toolchains[tc.name]
     raw = {k: v for k, v in entry.raw.items()
-           if not (k == "source" and entry.method == "wheel") and k not in ("unit_cost", "units_from")}
+           if not (k == "source" and entry.method == "wheel") and k not in ("unit_cost", "units_from", "units_reference")}
     # none of these changes the output
     view["toolchain_entry"] = scrub(raw)     # an index login is no input of the image; a wheel entry's unused
     #                                          source block is none either

@@ -215,6 +215,16 @@ UnitsFrom = Literal["lists", "tree"]
 ArchFlag = Annotated[str, checked_pattern(r"^sm_\d+[af]?$", "is not a SASS target such as sm_120a")]
 
 
+class UnitsReference(Section):
+    """``units_reference``: the build's compile units counted somewhere other than its source tree (e.g. the
+    fatbin containers of the official binary, one per CUDA unit), so the dry run can estimate before the source
+    is on the builder. A count from the source, once there, replaces it."""
+
+    cu: Annotated[int, Field(strict=True, ge=0)]
+    cpp: Annotated[int, Field(strict=True, ge=0)] = 0
+    how: Annotated[str, Field(min_length=1, description="where the count comes from, checkable by a reader")]
+
+
 class UrlSource(Section):
     """``url``: an upstream source archive and its published sha256 (checked after the download)."""
 
@@ -245,6 +255,7 @@ class SourceBlock(Section):
     arch_flags: list[ArchFlag] = Field([], description="SASS targets its build files hard-code (cmake-fixed)")
     unit_cost: Optional[str] = Field(None, description=_UNIT_COST)
     units_from: Optional[UnitsFrom] = Field(None, description=_UNITS_FROM)
+    units_reference: Optional[UnitsReference] = None
 
     @model_validator(mode="before")
     @classmethod
@@ -292,6 +303,7 @@ class EntrySpec(Section):
     cmake_defines: CMakeDefines = {}
     unit_cost: Optional[str] = Field(None, description=_UNIT_COST)
     units_from: Optional[UnitsFrom] = Field(None, description=_UNITS_FROM)
+    units_reference: Optional[UnitsReference] = None
     source: Optional[SourceBlock] = Field(None, description="wheel entries: the source build that "
                                                             "--method NAME=source selects")
 

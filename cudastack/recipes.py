@@ -133,6 +133,7 @@ class Entry:
     upstream: str = ""             # where the source comes from when the recipe pins no location
     unit_cost: str = "aten"        # the measured unit class for the dry run's time estimate (cudastack.costs)
     units_from: str = "lists"      # how the dry run counts units: the build's source lists, or the whole tree
+    units_reference: dict | None = None   # {"cu", "cpp", "how"}: counted elsewhere, until the source is here
     alternative: "Entry | None" = None   # a wheel entry's `source:` build (--method NAME=source)
 
     @property
@@ -250,7 +251,8 @@ def _arch_knob(s: ArchKnobSpec | None, file: Path) -> ArchKnob | None:
     return ArchKnob(s.style, s.knob, sep, s.scope, tuple(s.ignores), tuple((c.arch, c.min_cuda) for c in s.covers))
 
 
-_SOURCE_ONLY = (*SOURCE_KINDS, "patches", "build_deps", "subdir", "cmake_defines", "unit_cost", "units_from")
+_SOURCE_ONLY = (*SOURCE_KINDS, "patches", "build_deps", "subdir", "cmake_defines", "unit_cost", "units_from",
+                "units_reference")
 
 
 def _location(s: EntrySpec | SourceBlock, e: Entry, file: Path, key: str, *, need_one: bool) -> None:
@@ -271,6 +273,7 @@ def _location(s: EntrySpec | SourceBlock, e: Entry, file: Path, key: str, *, nee
     e.patches = tuple(p.model_dump(by_alias=True) for p in s.patches or ())
     e.build_deps, e.cmake_defines = tuple(s.build_deps), dict(s.cmake_defines)
     e.units_from = s.units_from or "lists"
+    e.units_reference = s.units_reference.model_dump() if s.units_reference else None
     if s.unit_cost is not None:
         from cudastack.costs import unit_costs
 
@@ -292,7 +295,7 @@ def _entry(s: EntrySpec, raw: dict, file: Path, key: str, kind: str) -> Entry:
               raw=raw, spec=s)
     if method in ("wheel", "aot") and not e.packages and kind != "runtime":
         raise _fail(file, f"{key}.packages", "a wheel recipe needs its pinned packages (name==version).")
-    also = ("patches", "build_deps") if method == "aot" else ()     # aot patches the installed package
+    also = ("patches", "build_deps", "units_reference") if method == "aot" else ()   # aot: the installed package
     if method != "source":
         for k in _SOURCE_ONLY:
             if k in s.model_fields_set and k not in also:
@@ -306,6 +309,7 @@ def _entry(s: EntrySpec, raw: dict, file: Path, key: str, kind: str) -> Entry:
                                                 "[flashinfer.jit.comm:gen_trtllm_comm_module].")
         e.modules, e.build_deps = tuple(s.modules), tuple(s.build_deps)
         e.patches = tuple(p.model_dump(by_alias=True) for p in s.patches or ())
+        e.units_reference = s.units_reference.model_dump() if s.units_reference else None
     elif s.modules is not None:
         raise _fail(file, f"{key}.modules", "only an aot recipe compiles modules (method: aot).")
     if s.source is not None:

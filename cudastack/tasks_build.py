@@ -33,7 +33,7 @@ _HELP = {
               "(replaces the recipe's url/git location; its patches still apply).",
     "builder": "Send source nodes to this buildx builder (docker buildx create --name NAME ...); their wheels come "
                "back to the wheelhouse. See --builder-nodes.",
-    "builder_nodes": "With --builder: 'source' (default: source builds only) or 'all' (every node but the base).",
+    "builder_nodes": "With --builder: 'source' (default: the nodes that compile, source and aot builds) or 'all' (every node but the base).",
     "locked": "Build only what lockfiles/<cuda>.lock.yaml pins (hash-checking pip installs, base digest); the plan "
               "is verified against the lock first, and the build's outputs are recorded into it.",
 }
@@ -169,7 +169,7 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
             from cudastack.builders import SCOPES, inspect_builder
 
             if builder_nodes not in SCOPES:
-                raise UsageError(f"--builder-nodes {builder_nodes}: use 'source' (source builds only) or 'all'.")
+                raise UsageError(f"--builder-nodes {builder_nodes}: use 'source' (the nodes that compile: source and aot builds) or 'all'.")
             from cudastack.engine import find_buildkit
 
             bk = find_buildkit()

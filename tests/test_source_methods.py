@@ -154,19 +154,28 @@ def test_source_keys_only_where_they_apply(recipes_copy, file, change, needle):
 
 
 def test_patches_on_a_wheel_entry_are_refused(recipes_copy):
-    edit(recipes_copy / "flashinfer.yaml",
+    edit(recipes_copy / "sgl-kernel.yaml",
          lambda d: d["toolchains"]["13.1"].update(patches=[{"file": "a", "replace": "b", "with": "c"}]))
     with pytest.raises(RecipeError, match="goes under `source:`"):
         load_recipes(recipes_copy)
 
 
 # ------------------------------------------------------------------------------------------------ costs
-def test_dry_run_prints_arch_flags_units_jobs_and_time(sgl_checkout, tmp_path):
+def test_dry_run_prints_arch_flags_units_jobs_and_time(sgl_checkout, tmp_path, recipes_copy):
     plan = _plan({"torch": "source", "sgl-kernel": "source"}, {"sgl-kernel": str(sgl_checkout)})
     text = render_plan(plan, None, state_dir=str(tmp_path / "state"))
     torch_part = text.split("] torch ")[1].split("\n[")[0]
     assert "archs   sm_120  (TORCH_CUDA_ARCH_LIST=12.0)" in torch_part
-    assert "units   unknown until fetched" in torch_part and "time    unknown until the source is fetched" in torch_part
+    # not fetched: the recipe's reference count (the official wheel's fatbin containers), and it says so
+    assert "units   475 .cu x 1 archs + 0 C/C++  -- the recipe's units_reference (fatbin containers" in torch_part
+    assert "counted from the source once it is here: the archive is not in the state folder yet" in torch_part
+    aten = costs.unit_costs()["classes"]["aten"]
+    assert f"time    about {costs._fmt(475 * (aten['cu_front_seconds'] + aten['cu_seconds_per_arch']) / 2)}" in torch_part
+    # without a reference count nothing is guessed
+    edit(recipes_copy / "torch.yaml", lambda d: d["toolchains"]["13.1"]["source"].pop("units_reference"))
+    bare = render_plan(_plan({"torch": "source"}, recipes=recipes_copy), None, state_dir=str(tmp_path / "state"))
+    bare_torch = bare.split("] torch ")[1].split("\n[")[0]
+    assert "units   unknown until fetched" in bare_torch and "time    unknown until the source is fetched" in bare_torch
     sgl_part = text.split("] sgl-kernel ")[1].split("\n[")[0]
     assert "archs   sm_90 sm_90a sm_100a sm_103a sm_120a" in sgl_part
     # 2 targets x (2 .cu + 1 dep .cu + 1 .cc) + flash_ops (2 globbed .cu + 1 .cc; the FetchContent glob unresolved)
@@ -175,7 +184,7 @@ def test_dry_run_prints_arch_flags_units_jobs_and_time(sgl_checkout, tmp_path):
     cls = costs.unit_costs()["classes"]["cutlass"]
     expect = (8 * (cls["cu_front_seconds"] + 5 * cls["cu_seconds_per_arch"]) + 3 * cls["cpp_seconds"]) / 2
     assert f"time    about {costs._fmt(expect)} with 2 jobs (memory rule) on 2 cores" in sgl_part
-    assert "    archs " not in text.split("] flashinfer ")[1].split("\n[")[0]     # wheel nodes get no cost lines
+    assert "    archs " not in text.split("] runtime ")[1].split("\n[")[0]     # nodes that compile nothing get none
 
 
 def test_units_of_a_fetched_archive_are_counted(tmp_path):

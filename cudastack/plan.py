@@ -305,13 +305,15 @@ def make_plan(
     prefix: str = DEFAULT_PREFIX,
     images_dir: str | Path | None = None,
     stackprobe_dir: str | Path | None = None,
+    arch_source: str | None = None,
 ) -> BuildPlan:
     """Make the plan of toolchain ``cuda`` ("13.1") for target ``archs`` (default "12.0").
 
     ``base``: "pip" | "nvidia" (default: the toolchain's ``default_base``). ``skip``: components to
     leave out (the runtime node drops their wheels). ``max_jobs`` / ``nvcc_threads``: override the
     memory rule. ``resources``: the builder's cores and memory (default: this host). ``prefix``: image
-    repository prefix of the tags. Everything is checked before anything is built: UsageError (unknown
+    repository prefix of the tags. ``arch_source``: the source the dry run names for the arch knobs
+    (default "cli" when ``archs`` is given, else "default"; a locked build passes "lock"). Everything is checked before anything is built: UsageError (unknown
     CUDA version, component, base), ArchError (C1-C3), RecipeError (bad recipes).
     """
     if not isinstance(recipes, RecipeSet):
@@ -331,7 +333,7 @@ def make_plan(
     images = Path(images_dir) if images_dir else PROJECT_ROOT / "images"
     probe_dir = Path(stackprobe_dir) if stackprobe_dir else STACKPROBE_DIR
     bc = tc.bases[base_kind]
-    arch_src = "cli" if arch_from_cli else "default"
+    arch_src = arch_source or ("cli" if arch_from_cli else "default")
     warnings: list[str] = []
     nodes: list[PlannedNode] = []
     by_name: dict[str, PlannedNode] = {}

@@ -76,7 +76,7 @@ def _pairs(flag: str, values) -> dict[str, str]:
 
 
 def _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=None, prefix=None, method=None,
-          source=None):
+          source=None, arch_source=None):
     from cudastack.plan import DEFAULT_PREFIX, make_plan
     from cudastack.recipes import load_recipes
     from cudastack.recipe_select import select_methods
@@ -91,7 +91,7 @@ def _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=Non
                          "'.', '_', '-', '/'), such as cudastack or cudastack-test.")
     return make_plan(recipes, str(cuda), archs=arch, base=base, skip=skip or (),
                      max_jobs=_int("max-jobs", max_jobs), nvcc_threads=_int("nvcc-threads", nvcc_threads),
-                     resources=resources, prefix=prefix)
+                     resources=resources, prefix=prefix, arch_source=arch_source)
 
 
 def _builder_resources():
@@ -151,12 +151,15 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
     from cudastack.build import dry_run as render_dry_run, run_build
     from cudastack.radar import refuse_engine_pin_conflicts
 
+    arch_source = None     # the arch list's source in the dry run: cli, default, or the lock it came from
     try:
         if locked:
             from cudastack import lock as L
 
             # options not given come from the lock (its base, archs, skipped components)
+            given = arch
             arch, base, skip = L.plan_options(str(cuda), arch, base, skip, lockfiles)
+            arch_source = "lock" if given is None and arch is not None else None
 
             def say(msg: str) -> None:
                 print(f"locked build: {msg}", file=sys.stderr, flush=True)
@@ -180,9 +183,10 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
                                  "Nothing was built.")
             bx = inspect_builder(str(builder), docker=bk.docker)   # an unknown builder: one paragraph, before any build
         if dry_run:
-            plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, prefix=prefix, method=method, source=source)   # input errors first
+            plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, prefix=prefix, method=method, source=source,
+                         arch_source=arch_source)   # input errors first
             plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=_builder_resources(),
-                         prefix=prefix, method=method, source=source)
+                         prefix=prefix, method=method, source=source, arch_source=arch_source)
             if locked:
                 L.prepare_locked_build(plan, L.lock_path(plan.toolchain, lockfiles), say=say, cache_dirs=caches(plan))
                 say(f"{L.lock_path(plan.toolchain, lockfiles)} verified against the plan; locked tags below")
@@ -195,11 +199,12 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
             return
         from cudastack.engine import Engine
 
-        plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, prefix=prefix, method=method, source=source)  # input errors first
+        plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, prefix=prefix, method=method, source=source,
+                         arch_source=arch_source)  # input errors first
         refuse_engine_pin_conflicts(plan)   # a new toolchain's pins against the engine's (index), before any build
         engine = Engine.connect()
         plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=engine.resources(),
-                     prefix=prefix, method=method, source=source)
+                     prefix=prefix, method=method, source=source, arch_source=arch_source)
         for w in plan.warnings:
             print(f"warning: {w}", file=sys.stderr)
         lock_file = None

@@ -45,6 +45,8 @@ def test_hand_edited_lock_is_refused_by_the_dry_run_naming_package_and_node(tmp_
     ok = _dry_run(good)
     assert ok.returncode == 0, ok.stderr
     assert re.search(r"\d+ locked sha256 checked \(\d+ against the index", ok.stderr), ok.stderr
+    # the arch list came from the lock, and the knobs say so (not [cli], which --arch would be)
+    assert "TORCH_CUDA_ARCH_LIST=12.0  [lock]" in ok.stdout and "[cli]" not in ok.stdout, ok.stdout
 
     bad = tmp_path / "bad"
     bad.mkdir()

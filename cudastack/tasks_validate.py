@@ -26,12 +26,16 @@ _HELP = {
     "image_suite": "Run the suite copy the image carries instead of this checkout's (reports name its digest either way).",
     "env": "K=V set in the image's container (repeatable), e.g. --env CUDA_HOME=/nonexistent --env "
            "PATH=/opt/venv/bin:/usr/bin:/bin to validate as a host with no nvcc would run the image.",
+    "hide": "Folder of the image covered with an empty read-only one in the validation container (repeatable), "
+            "e.g. --hide /usr/local/cuda/bin --hide /opt/venv/lib/python3.11/site-packages/nvidia/cu13/bin to run "
+            "the suite with no nvcc at all; the image itself is not changed.",
 }
 
 
-@task(help=_HELP, iterable=["image", "env"], auto_shortflags=False)
+@task(help=_HELP, iterable=["image", "env", "hide"], auto_shortflags=False)
 def validate(c, image=None, target_arch="12.0", out=DEFAULT_OUT, markdown=None, jit_compile=False,
-             world_size=8, topology="auto", mount_suite=False, image_suite=False, order="toolchain", env=None):
+             world_size=8, topology="auto", mount_suite=False, image_suite=False, order="toolchain", env=None,
+             hide=None):
     """Validate images (or this environment): which allreduce backends can work for the target arch, and why."""
     from cudastack.validate_images import validate_many
 
@@ -50,12 +54,17 @@ def validate(c, image=None, target_arch="12.0", out=DEFAULT_OUT, markdown=None, 
             extra_env[k] = v
         if extra_env and not image:
             raise UsageError("--env applies to --image runs (set variables in your shell for this environment).")
+        from cudastack.validate_images import check_hidden
+        hidden = check_hidden(hide)
+        if hidden and not image:
+            raise UsageError("--hide applies to --image runs (it covers folders of the image in its container).")
         _, text = validate_many(list(image or []), str(target_arch), out_dir=out, order=str(order),
                                 jit_compile=bool(jit_compile),
                                 world_size=ws, topology=topology, say=lambda m: print(m, file=sys.stderr),
                                 **({"mount_suite": True} if mount_suite else {}),
                                 **({"image_suite": True} if image_suite and not mount_suite else {}),
-                                **({"extra_env": extra_env} if extra_env else {}))
+                                **({"extra_env": extra_env} if extra_env else {}),
+                                **({"hide": hidden} if hidden else {}))
     except StackError as exc:
         raise Exit(f"error: {exc}", code=exc.exit_code)
     print(text)

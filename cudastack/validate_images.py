@@ -17,7 +17,7 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from cudastack.errors import UsageError, ValidationError
 
@@ -73,14 +73,16 @@ def _client(client=None):
 
 
 def _run(client, image: str, cmd: list[str], *, volumes: dict | None = None, env: dict | None = None,
-         timeout: float = 1800) -> tuple[int, str, str]:
-    """Run ``cmd`` in a throw-away container; returns (exit code, stdout, stderr). A command that cannot
+         timeout: float = 1800, hide: list[str] | None = None) -> tuple[int, str, str]:
+    """Run ``cmd`` in a throw-away container; returns (exit code, stdout, stderr). ``hide``: absolute folders
+    covered with an empty read-only tmpfs in that container (the image is not changed). A command that cannot
     start (no such executable) gives exit code 127."""
     import docker
 
     try:
         ctr = client.containers.create(image, cmd, volumes=volumes or {}, environment=env or {},
-                                       network_disabled=True, entrypoint=[])
+                                       network_disabled=True, entrypoint=[],
+                                       tmpfs={d: "ro,size=64k" for d in hide or ()})
     except docker.errors.ImageNotFound:
         raise
     except docker.errors.APIError as e:
@@ -145,15 +147,31 @@ def image_provenance(client, image: str, lock_dir: str | Path = LOCK_DIR) -> dic
             "lock_entry": lock_entry(img.id, lock_dir)}
 
 
+def check_hidden(folders) -> list[str]:
+    """``--hide`` values as absolute, normalised folder paths; UsageError for a relative path, ``/`` itself or
+    a path with ``..`` (checked before any container starts)."""
+    out = []
+    for d in folders or ():
+        p = PurePosixPath(str(d))
+        if not p.is_absolute() or ".." in p.parts or str(p) == "/":
+            raise UsageError(f"--hide {d!r}: give an absolute folder inside the image, e.g. --hide /usr/local/cuda/bin "
+                             "(it is covered with an empty read-only folder in the validation container only).")
+        out.append(str(p))
+    return out
+
+
 def validate_image(image: str, target_arch: str = "12.0", *, client=None, timeout: float = 1800,
-                   image_suite: bool = False, mount_suite: bool | None = None, extra_env: dict | None = None, **kw):
+                   image_suite: bool = False, mount_suite: bool | None = None, extra_env: dict | None = None,
+                   hide: list[str] | None = None, **kw):
     """Run the static suite inside ``image`` (``docker run --rm``, no network) and return its Report.
 
     Mounts this checkout's ``validate/`` read-only (ahead of any copy in the image) unless ``image_suite``,
     which uses the image's own suite when ``import stackprobe`` works there (and mounts the checkout's when
     it does not). ``mount_suite`` is the older spelling of the default. ``extra_env``: variables set in the
     container on top of the image's (e.g. ``CUDA_HOME=/nonexistent`` and a ``PATH`` without the toolkit, to
-    validate the image as a host without nvcc would run it); recorded in the report's options. The report's ``provenance`` names the
+    validate the image as a host without nvcc would run it); recorded in the report's options. ``hide``: folders
+    covered with an empty read-only tmpfs in the container (e.g. every ``bin`` folder holding an nvcc, so the
+    suite runs as on a host where none exists; :func:`check_hidden`), also recorded. The report's ``provenance`` names the
     suite digest and the image (:func:`image_provenance`). Raises ValidationError (image missing, no Python,
     suite failed) or UsageError (bad target arch).
     """
@@ -175,8 +193,9 @@ def validate_image(image: str, target_arch: str = "12.0", *, client=None, timeou
         how = f"suite mounted read-only from {SUITE_DIR}"
     kw.setdefault("label", image)
     env = dict(env, **(extra_env or {}))
+    hide = check_hidden(hide)
     rc, out, err = _run(client, image, [py, "-m", "stackprobe"] + suite_args(target_arch, **kw),
-                        volumes=volumes, env=env, timeout=timeout)
+                        volumes=volumes, env=env, timeout=timeout, hide=hide)
     if rc == 2:
         raise UsageError(err.strip().replace("stackprobe: ", "", 1))
     if rc != 0:
@@ -185,6 +204,8 @@ def validate_image(image: str, target_arch: str = "12.0", *, client=None, timeou
     report.options["ran_in"] = {"image": image, "python": py, "suite": how}
     if extra_env:
         report.options["ran_in"]["env"] = dict(extra_env)
+    if hide:
+        report.options["ran_in"]["hidden"] = list(hide)
     toolchain = (client.images.get(image).labels or {}).get("org.cudastack.toolchain")
     if toolchain:
         report.options["ran_in"]["toolchain"] = toolchain

@@ -79,6 +79,29 @@ def test_suite_runs_in_the_runtime_image_and_in_an_image_without_it(chain):
     assert "coverage cuda-ext-fixture" in md
 
 
+def test_hidden_toolkit_folders_leave_the_suite_no_nvcc(chain):
+    """--hide covers folders of the image in the validation container only: with the toolkit's bin folder
+    hidden the suite finds no nvcc (the same image without --hide finds CUDA 13.1's), and the report says what
+    was hidden."""
+    runtime = chain.node("runtime").tag
+    seen = validate_image(runtime, "12.0")
+    assert seen.environment["nvcc"]["cuda_home_nvcc"]["release"] == "13.1"
+    hidden = validate_image(runtime, "12.0", hide=["/usr/local/cuda/bin/"])
+    assert hidden.options["ran_in"]["hidden"] == ["/usr/local/cuda/bin"]
+    nvcc = hidden.environment["nvcc"]
+    assert not (nvcc.get("cuda_home_nvcc") or {}).get("release") and not (nvcc.get("path") or {}).get("release")
+    assert not [n for n in nvcc.get("pip") or [] if (n or {}).get("release")]
+    assert validate_image(runtime, "12.0").environment["nvcc"]["cuda_home_nvcc"]["release"] == "13.1"  # image unchanged
+
+
+@pytest.mark.parametrize("bad", ["usr/local/cuda/bin", "/", "/usr/../etc"])
+def test_bad_hide_folders_are_refused_before_any_container(bad):
+    p = subprocess.run([sys.executable, "-m", "invoke", "validate", "--image", "cudastack-test/no-such-image:never",
+                        "--hide", bad], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert p.returncode == 2 and "--hide" in p.stderr and "absolute folder" in p.stderr, p.stderr
+    assert "does not exist" not in p.stderr          # refused before the image is even looked up
+
+
 def test_missing_image_is_a_validation_error():
     with pytest.raises(ValidationError, match="does not exist"):
         validate_image("cudastack-test/no-such-image:never")

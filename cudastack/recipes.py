@@ -295,6 +295,8 @@ def _entry(s: EntrySpec, raw: dict, file: Path, key: str, kind: str) -> Entry:
               raw=raw, spec=s)
     if method in ("wheel", "aot") and not e.packages and kind != "runtime":
         raise _fail(file, f"{key}.packages", "a wheel recipe needs its pinned packages (name==version).")
+    if method != "aot" and s.modules is not None:
+        raise _fail(file, f"{key}.modules", "only an aot recipe compiles modules (method: aot).")
     also = ("patches", "build_deps", "units_reference") if method == "aot" else ()   # aot: the installed package
     if method != "source":
         for k in _SOURCE_ONLY:
@@ -310,8 +312,6 @@ def _entry(s: EntrySpec, raw: dict, file: Path, key: str, kind: str) -> Entry:
         e.modules, e.build_deps = tuple(s.modules), tuple(s.build_deps)
         e.patches = tuple(p.model_dump(by_alias=True) for p in s.patches or ())
         e.units_reference = s.units_reference.model_dump() if s.units_reference else None
-    elif s.modules is not None:
-        raise _fail(file, f"{key}.modules", "only an aot recipe compiles modules (method: aot).")
     if s.source is not None:
         if method != "wheel" or kind not in ("image", "wheels"):
             raise _fail(file, f"{key}.source", "only a wheel entry of an image or wheels node carries a source "

@@ -338,14 +338,18 @@ def _abs_dockerfile(node: PlannedNode) -> Path:
 
 
 def dry_run(plan: BuildPlan, *, state_dir: str | Path = ".stack", engine: Engine | None = None) -> str:
-    """The plan's text with each node's cached state when a daemon answers (else 'unknown')."""
+    """The plan's text with each node's cached state when a daemon answers (else 'unknown'). A wheels node
+    whose image exists but whose wheels this state folder lacks (a fresh checkout) reads "to export": the run
+    exports its wheels again from BuildKit's cache, with no compile."""
     cached = None
     note = ""
+    export: set[str] = set()
     try:
         from cudastack.engine import connect_sdk
 
         engine = engine or Engine(None, connect_sdk())  # type: ignore[arg-type]  (no builds: no BuildKit needed)
         cached = cached_map(engine, Wheelhouse(Path(state_dir).resolve() / plan.wheelhouse), plan)
+        export = {n.name for n in plan.nodes if n.kind == "wheels" and not cached[n.name] and engine.exists(n.tag)}
     except EnvironmentError_ as exc:
         note = f"\n(no cached state: {exc})"
-    return render_plan(plan, cached, state_dir=str(state_dir)) + note
+    return render_plan(plan, cached, state_dir=str(state_dir), export=export) + note

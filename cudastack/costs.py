@@ -276,7 +276,11 @@ def count_units(fetch: dict, context: dict, state_dir: str | Path = ".stack", sd
         root = Path(path) / spec.get("subdir", "")
         if not root.is_dir():
             return UnitCount(how=f"{root} is not a folder", known=False)
-        return count_in(Tree.folder(root), units_from)
+        count = count_in(Tree.folder(root), units_from)
+        if count.cu + count.cpp == 0:     # a wrong folder, not a build with nothing to compile
+            return UnitCount(how=f"no compile unit found in {root}: is it the build's folder (e.g. the "
+                                 "checkout's sgl-kernel folder)?", known=False)
+        return count
     if spec.get("kind") == "url":
         from cudastack.sources import archive_name
 

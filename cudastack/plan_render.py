@@ -7,7 +7,8 @@ from cudastack import costs, rules
 from cudastack.model import Plan
 
 
-def render_plan(plan: Plan, cached: dict[str, bool] | None = None, *, state_dir: str = ".stack") -> str:
+def render_plan(plan: Plan, cached: dict[str, bool] | None = None, *, state_dir: str = ".stack",
+                export: set[str] | frozenset = frozenset()) -> str:
     """The ``--dry-run`` text of ``plan`` (a :class:`cudastack.plan.BuildPlan`): header (toolchain, base, archs,
     builder, memory rule), then each node with its hash, cached or not (``cached`` None: unknown, no daemon
     asked), tag, parents, build args and every knob with its value, source and why. Pure; returns the text."""
@@ -30,7 +31,9 @@ def render_plan(plan: Plan, cached: dict[str, bool] | None = None, *, state_dir:
     todo = 0.0
     for i, n in enumerate(plan.nodes, 1):
         state = "unknown" if cached is None else ("cached" if cached.get(n.name) else "to build")
-        if cached is not None and not cached.get(n.name):
+        if cached is not None and not cached.get(n.name) and n.name in export:
+            state = "to export (its image exists: the run exports its wheels again from the build cache, no compile)"
+        elif cached is not None and not cached.get(n.name):
             todo += n.est_disk_gib
         method = f" ({n.method})" if n.method else ""
         lines.append("")
@@ -50,7 +53,8 @@ def render_plan(plan: Plan, cached: dict[str, bool] | None = None, *, state_dir:
             lines.append(f"    knob    {k.name}={k.value}  [{k.source}]{why}")
         for note in n.notes:
             lines.append(f"    note    {note}")
-        lines += costs.cost_lines(n, res, state_dir)     # source nodes: arch flags, units, jobs, time
+        if n.name not in export:
+            lines += costs.cost_lines(n, res, state_dir)     # source nodes: arch flags, units, jobs, time
     lines.append("")
     if cached is not None:
         lines.append(f"{sum(1 for n in plan.nodes if cached.get(n.name))} of {len(plan.nodes)} nodes cached; "

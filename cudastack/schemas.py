@@ -217,6 +217,8 @@ def main(argv: typing.Sequence[str] | None = None) -> int:
     bad = stale()
     for rel in bad:
         print(f"{rel} is stale: regenerate it with `python -m cudastack.schemas --write`", file=sys.stderr)
+    if not bad:
+        print(f"{len(SCHEMAS)} committed schema files are up to date: {', '.join(SCHEMAS)}")
     return 1 if bad else 0
 
 

@@ -194,6 +194,12 @@ def validate_image(image: str, target_arch: str = "12.0", *, client=None, timeou
     kw.setdefault("label", image)
     env = dict(env, **(extra_env or {}))
     hide = check_hidden(hide)
+    if hide:       # a folder the image lacks would be created empty and hide nothing: refuse a typo
+        rc, out, _ = _run(client, image, [py, "-c", "import os, sys; print(' '.join(p for p in sys.argv[1:] "
+                                          "if not os.path.isdir(p)))", *hide], timeout=120)
+        if rc != 0 or out.strip():
+            raise UsageError(f"--hide {out.strip() or ' '.join(hide)}: no such folder in {image}, so nothing would be "
+                             "hidden. Give folders the image has (e.g. /usr/local/cuda/bin); nothing was validated.")
     rc, out, err = _run(client, image, [py, "-m", "stackprobe"] + suite_args(target_arch, **kw),
                         volumes=volumes, env=env, timeout=timeout, hide=hide)
     if rc == 2:

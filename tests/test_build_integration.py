@@ -105,6 +105,19 @@ def test_second_run_issues_no_docker_build(built, engine):
     assert {n["status"] for n in record["nodes"]} == {"skipped"}
 
 
+def test_fresh_state_folder_dry_run_says_to_export_not_to_build(built, engine, tmp_path):
+    """A wheels node whose image exists but whose wheels a fresh state folder lacks reads "to export" (no
+    compile, no cost lines, no disk counted); with its wheels in the wheelhouse it reads "cached"."""
+    from cudastack.build import dry_run
+
+    plan, state, _, _ = built
+    fresh = dry_run(plan, state_dir=tmp_path / "fresh", engine=engine)
+    node = fresh.split("] cuda-ext ")[1].split("\n[")[0]
+    assert node.strip().startswith("kind wheels (source)  to export (its image exists") and "    units " not in node
+    assert "to build" not in fresh and "about 0 GiB of disk needed" in fresh
+    assert "] cuda-ext  kind wheels (source)  cached" in dry_run(plan, state_dir=state, engine=engine)
+
+
 def test_failing_node_leaves_no_tag_no_wheel_and_the_rerun_resumes(built, engine, tmp_path):
     plan, state, _, _ = built
     recipes = tmp_path / "recipes"

@@ -187,6 +187,12 @@ def test_dry_run_prints_arch_flags_units_jobs_and_time(sgl_checkout, tmp_path, r
     assert "    archs " not in text.split("] runtime ")[1].split("\n[")[0]     # nodes that compile nothing get none
 
 
+def test_a_folder_with_no_compile_unit_is_unknown_never_zero(tmp_path):
+    (tmp_path / "empty").mkdir()
+    c = costs.count_units({"kind": "path", "path": str(tmp_path / "empty")}, {}, tmp_path)
+    assert not c.known and "no compile unit found" in c.how
+
+
 def test_units_of_a_fetched_archive_are_counted(tmp_path):
     """A url source already in the state folder is counted from the archive (no unpacking)."""
     state = tmp_path / "state"

@@ -92,6 +92,9 @@ def test_hidden_toolkit_folders_leave_the_suite_no_nvcc(chain):
     assert not (nvcc.get("cuda_home_nvcc") or {}).get("release") and not (nvcc.get("path") or {}).get("release")
     assert not [n for n in nvcc.get("pip") or [] if (n or {}).get("release")]
     assert validate_image(runtime, "12.0").environment["nvcc"]["cuda_home_nvcc"]["release"] == "13.1"  # image unchanged
+    from cudastack.errors import UsageError
+    with pytest.raises(UsageError, match="no such folder in .*nothing would be hidden"):   # a typo hides nothing
+        validate_image(runtime, "12.0", hide=["/usr/local/cuda/bin", "/usr/local/cdua/bin"])
 
 
 @pytest.mark.parametrize("bad", ["usr/local/cuda/bin", "/", "/usr/../etc"])

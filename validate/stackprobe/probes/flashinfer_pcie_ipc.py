@@ -111,7 +111,7 @@ def _engine(ctx, eng) -> Verdict:
     ans.add(se.Gate(f"opt-in {OPT_IN}", on, f"sglang/{PCIE_FILE}:{fn.lineno} eligible_group; {where_env}", GATE_SETTING,
                     f"SGLang builds the PCIe IPC communicator only when {OPT_IN} is set (default {default}; "
                     f"here {value if value is not None else 'unset'})", LIFT_SETTING, f"{OPT_IN}=1 in the server's environment",
-                    value={"default": default, "here": value}))
+                    value={"default": default, "here": value}, flag=OPT_IN, opt_in=not on))
     ans.add(se.Gate("world size > 1", ctx.world_size > 1, f"sglang/{PCIE_FILE}:{fn.lineno} eligible_group", GATE_PYTHON,
                     "a single GPU has no peers", LIFT_NONE_NEEDED, value=ctx.world_size))
     tree = eng.tree(PCIE_FILE)
@@ -126,6 +126,8 @@ def _engine(ctx, eng) -> Verdict:
     for what, value, where in _conditions(ctx, tree, fn, short):
         v.add(what, value, where)
         v.warnings.append(f"{what}: {value} ({where})")
+        if what == "message-size cap":
+            v.cause += f"; once on, {value} ({where})"
     return v
 
 
@@ -162,15 +164,44 @@ def _conditions(ctx, tree, eligible, short: str) -> list[tuple[str, str, str]]:
         if bf16 is not None:
             out.append(("dtype", "bf16 only: other dtypes stay on NCCL", f"{short}:{bf16.lineno} should_pcie_ipc_ar"))
     ensure = fns.get("_ensure_workspace")
+    cap = _size_cap(ensure, should)
+    if cap is not None:
+        out.append(("message-size cap", cap[0], f"{short}:{cap[1]}"))
     if ensure is not None:
         h = next((h for n in ast.walk(ensure) if isinstance(n, ast.Try) for h in n.handlers
                   if "self.disabled = True" in ast.unparse(h)), None)
         if h is not None:
-            nvcc = effective_nvcc(ctx.env)
-            out.append(("workspace build failure", "a failed FlashInfer workspace (its kernels JIT-build at first use: "
-                        "nvcc or a flashinfer-jit-cache needed) disables it and reductions silently stay on NCCL"
-                        + ("" if nvcc else "; this environment has no nvcc"), f"{short}:{h.lineno} _ensure_workspace"))
+            aot = fi.aot_module("gen_pcie_ipc_comm_module", ctx.target)
+            if aot["covers"]:
+                how = (f"its module is provided ahead of time ({aot['file']} in {fi.JIT_CACHE_DIST} "
+                       f"{aot['dist_version']}), so no JIT build is involved")
+            else:
+                how = ("its kernels JIT-build at first use: nvcc or a flashinfer-jit-cache needed"
+                       + ("" if effective_nvcc(ctx.env) else "; this environment has no nvcc"))
+            out.append(("workspace build failure", f"a failed FlashInfer workspace disables it and reductions silently "
+                        f"stay on NCCL ({how})", f"{short}:{h.lineno} _ensure_workspace"))
     return out
+
+
+def _size_cap(ensure, should) -> tuple[str, str] | None:
+    """(text, "L1-L2, :L3") of the decode-width cap, read from SGLang 0.5.23's ``_ensure_workspace`` (the
+    workspace is sized ``max_numel = width * hidden`` from the decode width, or the environment override
+    ``SGLANG_PCIE_IPC_MAX_NUMEL``) and ``should_pcie_ipc_ar`` (``inp.numel() > self.max_numel`` returns False):
+    reductions larger than that (prefill) stay on NCCL. None when either part is not found."""
+    import ast
+
+    if ensure is None or should is None:
+        return None
+    env = next((n for n in ast.walk(ensure) if isinstance(n, ast.Attribute) and n.attr.endswith("_MAX_NUMEL")), None)
+    width = next((n for n in ast.walk(ensure) if isinstance(n, ast.Assign) and "max_numel" in ast.unparse(n.targets[0])
+                  and "hidden" in ast.unparse(n.value)), None)
+    cmp = next((n for n in ast.walk(should) if isinstance(n, ast.Compare) and "numel()" in ast.unparse(n.left)
+                and "max_numel" in ast.unparse(n.comparators[0])), None)
+    if env is None or width is None or cmp is None:
+        return None
+    return (f"only reductions up to the decode width x hidden elements use it (`{ast.unparse(width)}`; "
+            f"{env.attr} overrides); larger ones, prefill's, stay on NCCL",
+            f"{env.lineno}-{width.lineno} _ensure_workspace, :{cmp.lineno} should_pcie_ipc_ar `{ast.unparse(cmp)}`")
 
 
 def probe(ctx) -> list[Verdict]:

@@ -186,7 +186,12 @@ def _engine(ctx, eng) -> Verdict:
     ans = se.EngineAnswer(BACKENDS[0], eng, ctx)
     # 1. the server argument, read from the installed release (0.5.23: the arg-group field
     #    flashinfer_allreduce_fusion_backend; 0.5.9: add_argument("--enable-flashinfer-allreduce-fusion"))
-    ans.add(se.server_argument_gate(eng, FUSION_FLAGS))
+    arg = se.server_argument(eng, FUSION_FLAGS)
+    opt = ans.add(se.server_argument_gate(eng, FUSION_FLAGS, set_to="auto" if arg["flag"].endswith("-backend") else ""))
+    auto = _auto_enable(eng, arg["dest"])
+    if auto is not None and opt.opt_in:
+        opt.cause += (f"; SGLang's auto-enable turns it on only for listed models on compute-capability majors "
+                      f"{auto['majors']} ({' or '.join(auto['predicates'])}), not {ctx.target.cc} ({auto['where']})")
     # 2. the platform checks: the one that raises at start-up (0.5.23: _resolve_backend) and the per-call one
     #    (0.5.23: flashinfer_ar_fusion_applies; 0.5.9: apply_flashinfer_allreduce_fusion); at least one must be found
     table = se.platform_majors(eng)
@@ -253,11 +258,41 @@ def _engine(ctx, eng) -> Verdict:
                         + _trtllm_without_multicast(), value=f"topology {ctx.topology} ({ctx.topology_source})"))
     v = ans.verdict(f"SGLang {eng.version} admits compute capability {ctx.target.cc} and the {ctx.topology} host "
                     f"passes its workspace preflight; enable it with {ans.gates[0].flag}")
+    if auto is not None:
+        v.add("auto-enable (listed models only)", {"majors": auto["majors"], "predicates": auto["predicates"],
+                                                   "admits target": ctx.target.major in auto["majors"]}, auto["where"])
     if v.status == BLOCKED:
         extra = _library_lifts(ctx)
         if extra:
             v.lift_detail = "; ".join([v.lift_detail] + extra) if v.lift_detail else "; ".join(extra)
     return v
+
+
+def _auto_enable(eng, dest: str) -> dict | None:
+    """SGLang's own auto-enable of fusion, read from its argument files: the first ``if`` whose test reads the
+    fusion field ``dest`` and calls platform predicates (0.5.9 ``srt/server_args.py``: ``not
+    self.enable_flashinfer_allreduce_fusion and model_arch in [...] and (is_sm90_supported() or
+    is_sm100_supported())``; 0.5.23 ``srt/arg_groups/overrides.py``: ``view.flashinfer_allreduce_fusion_backend is
+    None and ... (get_platform().is_sm90 or get_platform().is_sm100)``). Returns {"majors", "predicates",
+    "where": "sglang/FILE:L1-L2"} or None when no such ``if`` exists (evidence only: the flag is the lift)."""
+    import ast
+
+    table = se.platform_majors(eng)
+    for path in se._arg_sources(eng):
+        try:
+            tree = source.parse(path)
+        except (SyntaxError, ValueError, OSError):
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.If):
+                continue
+            if not any(isinstance(n, ast.Attribute) and n.attr == dest for n in ast.walk(node.test)):
+                continue
+            names, majors = se.predicate_majors(node.test, table)
+            if names:
+                return {"majors": majors, "predicates": list(dict.fromkeys(names)),
+                        "where": f"{se.short(path)}:{node.lineno}-{node.test.end_lineno}"}
+    return None
 
 
 def _trtllm_without_multicast() -> str:

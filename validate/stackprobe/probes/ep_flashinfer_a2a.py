@@ -24,7 +24,7 @@ import ast
 from .. import source
 from ..env import effective_nvcc
 from ..verdict import (BLOCKED, GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_SETTING,
-                       GATE_TOOLCHAIN, LIFT_CUDA, LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_SETTING, LIFT_UNKNOWN,
+                       GATE_TOOLCHAIN, LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_SETTING, LIFT_UNKNOWN,
                        SCOPE_ENGINE, SCOPE_LIBRARY, SKIPPED, Verdict)
 from . import flashinfer_common as fi
 from . import sglang_engine as se

@@ -22,7 +22,7 @@ from __future__ import annotations
 import ast
 
 from .. import source
-from ..env import effective_nvcc
+from ..env import all_nvccs, effective_nvcc
 from ..verdict import (BLOCKED, GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_SETTING,
                        GATE_TOOLCHAIN, LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_SETTING, LIFT_UNKNOWN,
                        SCOPE_ENGINE, SCOPE_LIBRARY, SKIPPED, Verdict)
@@ -244,6 +244,8 @@ def library_gate(ctx) -> list[Verdict]:
         return [v]
     handles = _fd_fallback()
     v.add("MnnvlMemory handle types", handles[0], handles[1])
+    v.add("every nvcc in reach", all_nvccs(ctx.env) or "none (PATH, CUDA_HOME, /usr/local/cuda, PyPI toolkit folders)",
+          "environment")
     blocker = compiler_blocker(ctx, [k for k in a2a if k not in refused])
     if blocker is not None:
         v.status, v.gate, v.lift = BLOCKED, GATE_TOOLCHAIN, LIFT_PACKAGE

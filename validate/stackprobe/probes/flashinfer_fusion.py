@@ -36,7 +36,7 @@ import os
 
 from .. import source
 from ..coverage import SASS_LEVELS
-from ..env import effective_nvcc
+from ..env import all_nvccs, effective_nvcc
 from ..verdict import (BLOCKED, ERROR, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_TOOLCHAIN,
                        GATE_TOPOLOGY, LIFT_CUDA,
                        LIFT_NONE_NEEDED, LIFT_NOTHING, LIFT_PACKAGE, LIFT_SETTING, LIFT_UNKNOWN, SCOPE_LIBRARY, SKIPPED, Verdict)
@@ -125,19 +125,25 @@ def library_gate(ctx) -> list[Verdict]:
     nvcc = effective_nvcc(ctx.env)
     jit_cache = ctx.coverage.get("flashinfer-jit-cache")
     v.add("nvcc for the JIT", (nvcc or {}).get("path") and f"{nvcc['path']} (CUDA {nvcc.get('release')})", "environment")
+    v.add("every nvcc in reach", all_nvccs(ctx.env) or "none (PATH, CUDA_HOME, /usr/local/cuda, PyPI toolkit folders)",
+          "environment")
     if jit_cache is not None:
         v.add("flashinfer-jit-cache coverage", jit_cache.level, "static coverage")
     aot = fi.aot_module(MODULE_FN, target)
     v.add("AOT module", {k: aot.get(k) for k in ("module", "file", "dist_version", "version_ok", "sass", "level", "covers",
                                    "resolved_by_flashinfer")},
           f"flashinfer-jit-cache; module name from {aot['where'] or MODULE_FN}")
-    v.add("JIT needed", "no: FlashInfer loads the AOT module" if aot["covers"] else f"yes: {aot['cause']}",
+    order, order_where = fi.aot_load_order()
+    v.add("JIT needed", f"no: {order or 'FlashInfer loads the AOT module'}" if aot["covers"] else f"yes: {aot['cause']}",
+          f"flashinfer-jit-cache layout <name>/<name>.so + version rule; {order_where}" if order_where else
           "flashinfer-jit-cache layout <name>/<name>.so + version rule")
     if not nvcc and not aot["covers"]:
-        v.status, v.gate, v.lift = BLOCKED, GATE_TOOLCHAIN, LIFT_CUDA
-        v.cause = ("the gate admits the target, but this environment has no nvcc to JIT-compile the module and no "
+        # a missing package, not the CUDA release: nvcc (a devel base) or the module ahead of time (see ep-flashinfer-a2a)
+        v.status, v.gate, v.lift = BLOCKED, GATE_TOOLCHAIN, LIFT_PACKAGE
+        v.cause = ("the gate admits the target, but this environment has no nvcc in reach (PATH, CUDA_HOME, the PyPI "
+                   "toolkit folders) to JIT-compile the module and no "
                    f"ahead-of-time build of it for the target ({aot['cause']})")
-        v.lift_detail = ("a CUDA toolkit with nvcc (>= 12.8 for sm_120a, >= 12.9 for sm_120f), or a flashinfer-jit-cache "
+        v.lift_detail = ("install nvcc (a CUDA devel base image; >= 12.8 for sm_120a, >= 12.9 for sm_120f), or a flashinfer-jit-cache "
                          f"holding {aot['module'] or 'the module'} with SASS for {target.cc} (the flashinfer node's "
                          "method aot)")
         return [v]
@@ -160,7 +166,8 @@ def library_gate(ctx) -> list[Verdict]:
             v.cause = f"compiled objects lack SASS for {target.cc}: {bad}"
             return [v]
     v.cause = (f"FlashInfer admits major {target.major} for the allreduce-fusion module and targets {' '.join(eff)} "
-               + (f"here; its module is compiled ahead of time ({aot['cause']}), no JIT needed "
+               + (f"here; its module is compiled ahead of time ({aot['cause']}) and "
+                  + (f"{order} ({order_where}), whatever nvcc is in reach: no JIT needed " if order else "no JIT is needed ")
                   if aot["covers"] else "here ")
                + "(the library's answer; SGLang's own gates are the engine answer)")
     return [v]

@@ -13,8 +13,8 @@ whose lift names the variable.
 from __future__ import annotations
 
 from .. import source
-from ..env import effective_nvcc
-from ..verdict import (BLOCKED, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_SETTING, GATE_TOOLCHAIN, LIFT_CUDA,
+from ..env import all_nvccs, effective_nvcc
+from ..verdict import (BLOCKED, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_SETTING, GATE_TOOLCHAIN,
                        LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_SETTING, SCOPE_LIBRARY, SKIPPED, Verdict)
 from . import flashinfer_common as fi
 from . import sglang_engine as se
@@ -64,17 +64,23 @@ def _library(ctx) -> Verdict:
     v.add("AOT module", {k: aot.get(k) for k in ("module", "file", "dist_version", "version_ok", "sass", "level", "covers",
                                    "resolved_by_flashinfer")},
           f"flashinfer-jit-cache; module name from {aot['where'] or 'gen_pcie_ipc_comm_module'}")
-    v.add("JIT needed", "no: FlashInfer loads the AOT module" if aot["covers"] else f"yes: {aot['cause']}",
+    order, order_where = fi.aot_load_order()
+    v.add("JIT needed", f"no: {order or 'FlashInfer loads the AOT module'}" if aot["covers"] else f"yes: {aot['cause']}",
+          f"flashinfer-jit-cache layout <name>/<name>.so + version rule; {order_where}" if order_where else
           "flashinfer-jit-cache layout <name>/<name>.so + version rule")
+    v.add("every nvcc in reach", all_nvccs(ctx.env) or "none (PATH, CUDA_HOME, /usr/local/cuda, PyPI toolkit folders)",
+          "environment")
     if not effective_nvcc(ctx.env) and not aot["covers"]:
-        v.status, v.gate, v.lift = BLOCKED, GATE_TOOLCHAIN, LIFT_CUDA
-        v.cause = f"its kernels are JIT-compiled and this environment has no nvcc and no ahead-of-time build ({aot['cause']})"
-        v.lift_detail = (f"a CUDA toolkit with nvcc >= 12.8 in the image, or a flashinfer-jit-cache holding "
+        v.status, v.gate, v.lift = BLOCKED, GATE_TOOLCHAIN, LIFT_PACKAGE
+        v.cause = (f"its kernels are JIT-compiled and this environment has no nvcc in reach (PATH, CUDA_HOME, the PyPI "
+                   f"toolkit folders) and no ahead-of-time build ({aot['cause']})")
+        v.lift_detail = (f"install nvcc (a CUDA devel base image, CUDA >= 12.8), or a flashinfer-jit-cache holding "
                          f"{aot['module'] or 'the module'} with SASS for {ctx.target.cc} (the flashinfer node's method aot)")
         return v
     if aot["covers"]:
-        v.cause = (f"FlashInfer has it, no arch restriction, compiled ahead of time ({aot['cause']}): no JIT needed; "
-                   "a PCIe-native candidate (the library's answer)")
+        v.cause = (f"FlashInfer has it, no arch restriction, compiled ahead of time ({aot['cause']})"
+                   + (f"; {order} ({order_where}), whatever nvcc is in reach" if order else "")
+                   + ": no JIT needed; a PCIe-native candidate (the library's answer)")
     else:
         v.cause = "FlashInfer has it, no arch restriction, nvcc available: a PCIe-native candidate (the library's answer)"
     return v

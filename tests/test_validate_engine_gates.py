@@ -147,8 +147,11 @@ def test_c14_a_table_with_key_12_is_still_blocked_by_multicast_on_pcie(venv, sgl
     assert v["status"] == "blocked" and v["gate"] == "topology" and v["lift"] == "nothing-on-this-topology"
     assert "multicast" in v["cause"] and "multicast_ptr == 0" in evidence(v, "engine gate: multicast pointer check")["source"]
     assert "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES" in v["lift_detail"] and "multicast" in v["lift_detail"]   # both named
-    # on NVLink (multicast) the same copy passes, and at a world size the table lacks it blocks again
-    assert verdict(run_suite(venv, [sglang_key12], ["--backend", SYMM, "--topology", "nvlink"])[0], SYMM, "engine")["status"] == "gate-passes"
+    # on NVLink (multicast) every gate of the same copy admits but its default-off flag, and at a world size the
+    # table lacks it blocks again
+    nv = verdict(run_suite(venv, [sglang_key12], ["--backend", SYMM, "--topology", "nvlink"])[0], SYMM, "engine")
+    assert nv["status"] == "blocked" and nv["gate"] == "setting" and nv["lift"] == "setting"
+    assert nv["lift_detail"] == "--enable-torch-symm-mem (off by default in sglang 0.5.23)"
     v6 = verdict(run_suite(venv, [sglang_key12], ["--backend", SYMM, "--topology", "nvlink", "--world-size", "6"])[0],
                  SYMM, "engine")
     assert v6["status"] == "blocked" and "world size 6" in v6["cause"]

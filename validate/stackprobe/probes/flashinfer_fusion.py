@@ -18,7 +18,10 @@ the installed SGLang, FACTS "SGLang 0.5.23's own gates"; case C13):
 
 1. the server argument, read from the installed release (:func:`sglang_engine.server_argument`):
    ``--flashinfer-allreduce-fusion-backend`` (0.5.23, an arg-group field; auto-enabled only for listed models)
-   or ``--enable-flashinfer-allreduce-fusion`` (0.5.9, ``srt/server_args.py:4107``);
+   or ``--enable-flashinfer-allreduce-fusion`` (0.5.9, ``srt/server_args.py:4107``). Both are off by default,
+   so the flag is part of every lift (:func:`sglang_engine.server_argument_gate`); SGLang's own auto-enable
+   (:func:`_auto_enable`: 0.5.9 ``srt/server_args.py:1680``, 0.5.23 ``srt/arg_groups/overrides.py:987``) admits
+   listed models on SM90/SM100 only and is cited as evidence;
 2. ``_resolve_backend`` in ``srt/layers/flashinfer_comm_fusion.py`` raises unless the GPU passes its
    platform predicates (0.5.23: ``is_sm90 or is_sm100``, majors 9 and 10, from ``srt/utils/common.py``);
    ``flashinfer_ar_fusion_applies`` repeats that per call;

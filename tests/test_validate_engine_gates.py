@@ -542,7 +542,7 @@ def test_ep_a2a_0_5_23_moe_runner_gate_and_fabric_probe(real, venv, sglang, fi, 
 
 def test_custom_allreduce_v2_gate_and_jit_build_on_0_5_23(real, venv, sglang, kern, tmp_path):
     eng = verdict(real, CAR, "engine")
-    g = evidence(eng, "engine gate: CustomAllReduceV2 NVLink rule")
+    g = evidence(eng, "CustomAllReduceV2 NVLink rule")
     assert g["value"]["admits"] is False
     assert g["source"] == (f"{COMM}/custom_all_reduce_v2.py:591-597 `return full_nvlink is True`; chosen at "
                            f"{COMM}/custom_all_reduce.py:387-395 (sglang/srt/environ.py:1532 EnvBool(True))")
@@ -554,7 +554,7 @@ def test_custom_allreduce_v2_gate_and_jit_build_on_0_5_23(real, venv, sglang, ke
     # switched off, the V2 gate is not on the path; its rule gone is an error
     r = run_suite(venv, [sglang], ["--backend", CAR], extra_env={"SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2": "0"})[0]
     with pytest.raises(KeyError):
-        evidence(verdict(r, CAR, "engine"), "engine gate: CustomAllReduceV2 NVLink rule")
+        evidence(verdict(r, CAR, "engine"), "CustomAllReduceV2 NVLink rule")
     copy = engine_copy(sglang, tmp_path / "sg", {f"{COMM}/custom_all_reduce_v2.py": ("    return full_nvlink is True",
                                                                                     "    return True")})
     v = verdict(run_suite(venv, [copy], ["--backend", CAR])[0], CAR, "engine")

@@ -194,18 +194,23 @@ def _engine(ctx, eng) -> Verdict:
                         GATE_TOPOLOGY, "should_custom_ar sends nothing through it unless world_size == 2 or full NVLink",
                         LIFT_NOTHING, value="world_size == 2 or full_nvlink" if "full_nvlink" in txt else "read"))
     v2 = v2_path(eng)
+    v = ans.verdict(f"SGLang {eng.version} admits world size {ctx.world_size} on {ctx.topology} "
+                    "(custom allreduce is on by default)")
     if v2 is not None:
         import os
         val = os.environ.get("SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2")
         on = se.env_truthy(val) if val is not None else bool(v2["default"])
         if on:
-            ans.add(se.Gate("CustomAllReduceV2 NVLink rule", ctx.topology == "nvlink",
-                            f"{v2['rule']}; chosen at {v2['dispatch']} ({v2['env']})", GATE_TOPOLOGY,
-                            "its default CUDA path, CustomAllReduceV2, is admitted on one node only with full NVLink "
-                            f"(can_use_custom_all_reduce_v2); on {ctx.topology} it falls back to the legacy kernels",
-                            LIFT_NOTHING, value="full NVLink required"))
-    return ans.verdict(f"SGLang {eng.version} admits world size {ctx.world_size} on {ctx.topology} "
-                       "(custom allreduce is on by default)")
+            # not a gate of its own: when can_use_custom_all_reduce_v2 refuses, SGLang falls back to the legacy
+            # CustomAllreduce, whose gates are the ones above
+            nvl = ctx.topology == "nvlink"
+            where = f"{v2['rule']}; chosen at {v2['dispatch']} ({v2['env']})"
+            v.add("CustomAllReduceV2 NVLink rule", {"admits": nvl, "value": "full NVLink required on one node; "
+                  "otherwise SGLang falls back to the legacy CustomAllreduce"}, where)
+            v.cause += (f"; its default CUDA path, CustomAllReduceV2 (JIT-built), is admitted on one node only with full "
+                        f"NVLink ({where}), " + ("so it runs here" if nvl else
+                                                 f"so on {ctx.topology} SGLang uses the legacy CustomAllreduce and its rules"))
+    return v
 
 
 def probe(ctx) -> list[Verdict]:

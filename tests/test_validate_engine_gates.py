@@ -84,7 +84,10 @@ def test_c13_on_an_admitted_arch_the_preflight_alone_blocks_on_pcie_and_passes_o
     _engine_cites(v, "flashinfer_comm_fusion.py:300 _flashinfer_trtllm_workspace_allocation_sizes")
     r = run_suite(venv, [sglang, fi], ["--backend", FUSION, "--target-arch", "9.0", "--topology", "nvlink"],
                   path_first=[nvcc131])[0]
-    assert verdict(r, FUSION, "engine")["status"] == "gate-passes"
+    # every gate past the flag admits 9.0 on NVLink; the flag is still off by default: blocked (setting), the flag the lift
+    v = verdict(r, FUSION, "engine")
+    assert v["status"] == "blocked" and v["gate"] == "setting" and v["lift"] == "setting"
+    assert v["lift_detail"] == "--flashinfer-allreduce-fusion-backend auto (off by default in sglang 0.5.23)"
 
 
 def test_c13_fails_closed_when_the_platform_checks_moved(venv, sglang, tmp_path):
@@ -144,8 +147,11 @@ def test_c14_a_table_with_key_12_is_still_blocked_by_multicast_on_pcie(venv, sgl
     assert v["status"] == "blocked" and v["gate"] == "topology" and v["lift"] == "nothing-on-this-topology"
     assert "multicast" in v["cause"] and "multicast_ptr == 0" in evidence(v, "engine gate: multicast pointer check")["source"]
     assert "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES" in v["lift_detail"] and "multicast" in v["lift_detail"]   # both named
-    # on NVLink (multicast) the same copy passes, and at a world size the table lacks it blocks again
-    assert verdict(run_suite(venv, [sglang_key12], ["--backend", SYMM, "--topology", "nvlink"])[0], SYMM, "engine")["status"] == "gate-passes"
+    # on NVLink (multicast) every gate of the same copy admits but its default-off flag, and at a world size the
+    # table lacks it blocks again
+    nv = verdict(run_suite(venv, [sglang_key12], ["--backend", SYMM, "--topology", "nvlink"])[0], SYMM, "engine")
+    assert nv["status"] == "blocked" and nv["gate"] == "setting" and nv["lift"] == "setting"
+    assert nv["lift_detail"] == "--enable-torch-symm-mem (off by default in sglang 0.5.23)"
     v6 = verdict(run_suite(venv, [sglang_key12], ["--backend", SYMM, "--topology", "nvlink", "--world-size", "6"])[0],
                  SYMM, "engine")
     assert v6["status"] == "blocked" and "world size 6" in v6["cause"]
@@ -202,7 +208,8 @@ def test_c15_an_importable_mscclpp_opens_that_gate(venv, sglang, tmp_path):
     (fake / "mscclpp" / "__init__.py").write_text("")
     v = verdict(run_suite(venv, [sglang, fake], ["--backend", MSCCLPP])[0], MSCCLPP, "engine")
     assert evidence(v, "engine gate: import mscclpp")["value"]["admits"] is True
-    assert v["status"] == "gate-passes"          # world size 8 is in (4, 8, 16, 32, 64)
+    # world size 8 is in (4, 8, 16, 32, 64): only the default-off flag is left
+    assert v["status"] == "blocked" and v["gate"] == "setting" and v["lift_detail"].startswith("--enable-mscclpp (off by default")
     v2 = verdict(run_suite(venv, [sglang, fake], ["--backend", MSCCLPP, "--world-size", "2"])[0], MSCCLPP, "engine")
     assert v2["status"] == "blocked" and "not 2" in v2["cause"]
 
@@ -221,7 +228,11 @@ def test_mscclpp_in_sglang_0_5_9_runs_sgl_kernels_bundled_ops(venv, tmp_path):
     assert v["status"] == "blocked" and v["gate"] == "not-installed" and "not installed: sgl-kernel" in v["cause"]
     kern = pip_target("sglang-kernel==0.4.10")
     v = verdict(run_suite(venv, [sg, kern], ["--backend", MSCCLPP])[0], MSCCLPP, "engine")
-    assert v["status"] == "gate-passes" and "bundled MSCCL++ ops" in v["cause"]
+    assert evidence(v, "engine gate: sgl-kernel's MSCCL++ ops")["value"]["admits"] is True
+    # every gate admits but --enable-mscclpp is off by default (server_args.py:594): blocked (setting), the flag the lift
+    assert v["status"] == "blocked" and v["gate"] == "setting" and v["lift"] == "setting"
+    assert v["lift_detail"] == "--enable-mscclpp (off by default in sglang 0.5.9)"
+    assert "default False at sglang/srt/server_args.py:594" in v["cause"]
     assert evidence(v, "engine gate: PyMscclppCommunicator supported world sizes")["value"]["value"] == [8, 16]
     cap = evidence(v, "runs only inside CUDA-graph capture")
     assert cap["source"] == (f"{COMM}/pymscclpp.py:228 `self.disabled = True`; sglang/srt/distributed/parallel_state.py:525 "
@@ -353,7 +364,8 @@ def test_ep_a2a_on_0_5_9_is_a_setting_with_the_flashinfer_cutlass_runner(venv, s
     r = run_suite(venv, [sglang059, fi063], ["--backend", EP], extra_env={"CUDA_HOME": "/nonexistent-cuda"})[0]
     eng, lib = verdict(r, EP, "engine"), verdict(r, EP, "library")
     assert eng["status"] == "blocked" and eng["gate"] == "setting" and eng["lift"] == "setting"
-    assert eng["lift_detail"] == "--moe-a2a-backend flashinfer --moe-runner-backend flashinfer_cutlass"
+    assert eng["lift_detail"].startswith("--moe-a2a-backend flashinfer (off by default in sglang 0.5.9); "
+                                         "--moe-runner-backend flashinfer_cutlass; ")
     s = evidence(eng, "engine gate: required setting: MoE runner")
     assert s["source"].startswith("sglang/srt/server_args.py:2214 `assert self.moe_runner_backend in ['flashinfer_cutlass']`")
     tok = evidence(eng, "engine gate: dispatch tokens per rank")
@@ -414,3 +426,150 @@ def test_nccl_tree_notes_that_sglang_sets_it_under_deterministic_inference(venv,
     v = verdict(run_suite(venv, [copy], ["--backend", "nccl-tree"])[0], "nccl-tree")
     with pytest.raises(KeyError):
         evidence(v, "SGLang sets NCCL_ALGO itself")
+
+
+# --- review of the committed reports (CUDA 12.8: sglang 0.5.9 / flashinfer 0.6.3; CUDA 13.1: 0.5.23 / 0.7.2) ----------
+@pytest.fixture(scope="module")
+def kern():
+    return pip_target("sglang-kernel==0.4.10")
+
+
+def test_mscclpp_library_on_0_5_9_is_sgl_kernels_bundled_ops_not_the_standalone_package(venv, sglang059, kern, real, tmp_path):
+    lib = verdict(run_suite(venv, [sglang059, kern], ["--backend", MSCCLPP])[0], MSCCLPP, "library")
+    assert lib["status"] == "gate-passes" and lib["lift"] == "none-needed", lib["cause"]
+    assert (f"{COMM}/custom_all_reduce_ops.py:21 `import sgl_kernel.allreduce as _custom_ar` (ImportError at :22 clears "
+            f"IS_MSCCLPP_AR_AVAILABLE); {COMM}/pymscclpp.py:117 `ops.IS_MSCCLPP_AR_AVAILABLE`") in lib["cause"]
+    assert "not the standalone mscclpp package" in lib["cause"] and "mscclpp package" not in lib["lift_detail"]
+    # without sgl-kernel the bundled flavour is not installed (not "install mscclpp")
+    lib0 = verdict(run_suite(venv, [sglang059], ["--backend", MSCCLPP])[0], MSCCLPP, "library")
+    assert lib0["status"] == "skipped" and lib0["cause"].startswith("not installed: sgl-kernel")
+    # 0.5.23 imports the standalone package: still not installed
+    lib23 = verdict(real, MSCCLPP, "library")
+    assert lib23["status"] == "skipped" and lib23["cause"].startswith("not installed: mscclpp")
+    assert evidence(lib23, "MSCCL++ SGLang runs")["source"] == f"{COMM}/pymscclpp.py:1048"
+    # the flavour is read, never guessed: a guarded import that no longer clears the flag is an error (both scopes)
+    copy = engine_copy(sglang059, tmp_path / "sg", {f"{COMM}/custom_all_reduce_ops.py": (
+        "    IS_MSCCLPP_AR_AVAILABLE = False", "    IS_MSCCLPP_AR_AVAILABLE = _is_cuda")})
+    r = run_suite(venv, [copy, kern], ["--backend", MSCCLPP])[0]
+    for scope in ("library", "engine"):
+        v = verdict(r, MSCCLPP, scope)
+        assert v["status"] == "error" and v["cause"].startswith(
+            f"gate not found in sglang 0.5.9 at sglang/{MSCCLPP_REL}: neither an import of mscclpp"), (scope, v["cause"])
+
+
+def test_every_default_off_flag_is_blocked_setting_with_the_flag_in_the_lift(venv, sglang, sglang059, fi, fi063, kern,
+                                                                            nvcc131, tmp_path):
+    backends = [a for b in (FUSION, SYMM, CAR, PCIE, MSCCLPP, "ep-flashinfer-a2a") for a in ("--backend", b)]
+    seen = set()
+    for paths in ([sglang059, fi063, kern], [sglang, fi, kern]):
+        r = run_suite(venv, paths, backends, path_first=[nvcc131])[0]
+        for v in (x for x in r["verdicts"] if x.get("scope") == "engine" and x["tier"] == "static"):
+            for e in v["evidence"]:
+                if not e["what"].startswith("engine gate: server argument") and "opt-in" not in e["what"]:
+                    continue
+                val = e["value"]["value"]
+                off = "off by default" in str(val) or (isinstance(val, dict) and not val.get("default"))
+                flag = str(val).split(" ")[0] if isinstance(val, str) else e["what"].split("opt-in ")[1]
+                if off:
+                    seen.add(v["backend"])
+                    assert e["value"]["admits"] is False and v["status"] == "blocked", (v["backend"], v["status"])
+                    assert flag in v["lift_detail"] and flag in v["cause"], (v["backend"], v["lift_detail"])
+                else:      # on by default (custom allreduce): not a lift
+                    assert e["value"]["admits"] is True and flag not in v["lift_detail"]
+    assert seen >= {FUSION, SYMM, PCIE, MSCCLPP, "ep-flashinfer-a2a"}
+    # the rule follows the declared default: an sglang whose --enable-mscclpp defaults to True no longer names it
+    fake = tmp_path / "mscclpp_pkg"
+    (fake / "mscclpp").mkdir(parents=True)
+    (fake / "mscclpp" / "__init__.py").write_text("")
+    on = engine_copy(sglang, tmp_path / "sg", {"sglang/srt/arg_groups/fields/exec_.py": (
+        '"Enable MSCCL++ for tuned AllReduce and AllGather messages, with NCCL fallback.",\n    ] = False',
+        '"Enable MSCCL++ for tuned AllReduce and AllGather messages, with NCCL fallback.",\n    ] = True')})
+    v = verdict(run_suite(venv, [on, fake], ["--backend", MSCCLPP])[0], MSCCLPP, "engine")
+    assert v["status"] == "gate-passes" and v["lift"] == "none-needed"
+
+
+def test_fusion_engine_lift_names_the_flag_and_cites_the_sm90_sm100_auto_enable(venv, sglang, sglang059, fi, fi063, nvcc131):
+    for paths, flag, auto in (([sglang059, fi063], "--enable-flashinfer-allreduce-fusion",
+                               "sglang/srt/server_args.py:1680-1695"),
+                              ([sglang, fi], "--flashinfer-allreduce-fusion-backend auto",
+                               "sglang/srt/arg_groups/overrides.py:987-995")):
+        v = verdict(run_suite(venv, paths, ["--backend", FUSION], path_first=[nvcc131])[0], FUSION, "engine")
+        assert v["status"] == "blocked" and v["gate"] == "python-table" and v["lift"] == "package-upgrade"
+        assert v["lift_detail"].startswith(f"{flag} (off by default in sglang ")
+        assert "an sglang release whose" in v["lift_detail"]          # and still the arch-list releases
+        a = evidence(v, "auto-enable (listed models only)")
+        assert a["source"] == auto and a["value"]["majors"] == [9, 10] and a["value"]["admits target"] is False
+        assert f"auto-enable turns it on only for listed models on compute-capability majors [9, 10]" in v["cause"]
+
+
+def test_ep_a2a_0_5_9_library_lift_is_nvcc_or_jit_cache_and_the_engine_lift_names_it(venv, sglang059, fi063, nvcc131):
+    r = run_suite(venv, [sglang059, fi063], ["--backend", EP], extra_env={"CUDA_HOME": "/nonexistent-cuda"})[0]
+    lib, eng = verdict(r, EP, "library"), verdict(r, EP, "engine")
+    assert lib["status"] == "blocked" and lib["gate"] == "toolchain" and lib["lift"] == "package-upgrade"
+    assert lib["lift_detail"].startswith("install nvcc (a CUDA devel base image; CUDA >= 12.8 compiles sm_120a")
+    assert "or a flashinfer-jit-cache holding mnnvl_moe_alltoall with SASS for 12.0" in lib["lift_detail"]
+    assert evidence(lib, "every nvcc in reach")["value"].startswith("none")
+    # 0.6.3 chooses the handle type by CPU type, not by fabric availability
+    h = evidence(lib, "MnnvlMemory handle types")
+    assert h["value"].startswith("FABRIC on aarch64 CPUs, POSIX file descriptors otherwise: chosen by CPU type")
+    assert h["source"] == "flashinfer/comm/mnnvl.py:408-415 get_allocation_prop"
+    # the engine lift carries the library blocker
+    assert eng["lift_detail"].endswith(lib["lift_detail"]) and "and install nvcc" in eng["lift_detail"]
+    assert evidence(eng, "library blocker: a2a module build")["value"] == lib["cause"]
+    r2 = run_suite(venv, [sglang059, fi063], ["--backend", EP], path_first=[nvcc131],
+                   extra_env={"CUDA_HOME": "/nonexistent-cuda"})[0]
+    assert "install nvcc" not in verdict(r2, EP, "engine")["lift_detail"]
+
+
+def test_ep_a2a_0_5_23_moe_runner_gate_and_fabric_probe(real, venv, sglang, fi, tmp_path):
+    eng, lib = verdict(real, EP, "engine"), verdict(real, EP, "library")
+    g = evidence(eng, "engine gate: required setting: MoE runner")
+    assert g["source"].startswith("sglang/srt/arg_groups/moe_hook.py:531-541 `assert resolved_view(server_args).moe_runner_backend in [")
+    assert g["value"]["admits"] is False and g["value"]["value"]["default"] == "auto"
+    assert g["value"]["value"]["runners"] == ["flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_trtllm",
+                                              "flashinfer_trtllm_routed", "deep_gemm"]
+    assert g["value"]["value"]["auto"]["where"] == "sglang/srt/arg_groups/overrides.py:1513-1518"
+    assert g["value"]["value"]["auto"]["quantization"] == "modelopt_fp4"
+    assert "--moe-runner-backend flashinfer_cutlass (for models other than modelopt_fp4" in eng["lift_detail"]
+    h = evidence(lib, "MnnvlMemory handle types")
+    assert h["value"].startswith("FABRIC when the GPU supports fabric handles") and h["source"].startswith("flashinfer/comm/mnnvl.py:327-334")
+    rel = "sglang/srt/arg_groups/moe_hook.py"
+    copy = engine_copy(sglang, tmp_path / "sg", {rel: ("assert resolved_view(server_args).moe_runner_backend in [",
+                                                       "assert resolved_view(server_args).moe_runner in [")})
+    v = verdict(run_suite(venv, [copy, fi], ["--backend", EP])[0], EP, "engine")
+    assert v["status"] == "error" and v["cause"].startswith(f"gate not found in sglang 0.5.23 at {rel}: no `assert ...moe_runner_backend")
+
+
+def test_custom_allreduce_v2_gate_and_jit_build_on_0_5_23(real, venv, sglang, kern, tmp_path):
+    eng = verdict(real, CAR, "engine")
+    g = evidence(eng, "CustomAllReduceV2 NVLink rule")
+    assert g["value"]["admits"] is False
+    assert g["source"] == (f"{COMM}/custom_all_reduce_v2.py:591-597 `return full_nvlink is True`; chosen at "
+                           f"{COMM}/custom_all_reduce.py:387-395 (sglang/srt/environ.py:1532 EnvBool(True))")
+    assert "CustomAllReduceV2" in eng["cause"] and eng["lift"] == "nothing-on-this-topology"
+    lib = verdict(run_suite(venv, [sglang, kern], ["--backend", CAR])[0], CAR, "library")
+    assert lib["status"] == "gate-passes" and "sm_120a" in lib["cause"]
+    assert "CustomAllReduceV2, JIT-built at first use (sglang/kernels/ops/communication/all_reduce.py:50 load_jit" in lib["cause"]
+    assert "it needs nvcc in the image" in lib["cause"]
+    # switched off, the V2 gate is not on the path; its rule gone is an error
+    r = run_suite(venv, [sglang], ["--backend", CAR], extra_env={"SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2": "0"})[0]
+    with pytest.raises(KeyError):
+        evidence(verdict(r, CAR, "engine"), "CustomAllReduceV2 NVLink rule")
+    copy = engine_copy(sglang, tmp_path / "sg", {f"{COMM}/custom_all_reduce_v2.py": ("    return full_nvlink is True",
+                                                                                    "    return True")})
+    v = verdict(run_suite(venv, [copy], ["--backend", CAR])[0], CAR, "engine")
+    assert v["status"] == "error" and "can_use_custom_all_reduce_v2" in v["cause"] and "0.5.23" in v["cause"]
+
+
+def test_pcie_ipc_engine_notes_the_decode_width_cap(real, venv, sglang, tmp_path):
+    eng = verdict(real, PCIE, "engine")
+    cap = evidence(eng, "message-size cap")
+    assert cap["source"] == (f"{COMM}/pcie_ipc_ar.py:259-276 _ensure_workspace, :402 should_pcie_ipc_ar "
+                             "`inp.numel() > self.max_numel`")
+    assert "SGLANG_PCIE_IPC_MAX_NUMEL overrides" in cap["value"] and "prefill's, stay on NCCL" in eng["cause"]
+    # read, not assumed: without the per-call comparison there is no note
+    copy = engine_copy(sglang, tmp_path / "sg", {f"{COMM}/pcie_ipc_ar.py": ("if inp.numel() > self.max_numel:",
+                                                                           "if inp.numel() > 0 and False:")})
+    v = verdict(run_suite(venv, [copy], ["--backend", PCIE])[0], PCIE, "engine")
+    with pytest.raises(KeyError):
+        evidence(v, "message-size cap")

@@ -90,3 +90,28 @@ def test_topology_matrix_parsing():
     pcie = H200_TOPO.replace("NV18", "SYS")
     p = envmod.parse_topology(pcie)
     assert p["pairs"] == 2 and p["nvlink_pairs"] == 0 and not p["full_nvlink"]
+
+
+def test_every_nvcc_in_reach_is_listed_path_cuda_home_and_pypi_folders(cuda13, tmp_path, monkeypatch):
+    """A "no nvcc" claim must rest on nothing being found: each nvcc on PATH (not only the first), CUDA_HOME's
+    (the real PyPI 13.1 toolkit) and PyPI toolkit folders on sys.path (nvidia/cu13/bin, nvidia/cuda_nvcc/bin)."""
+    import sys
+
+    a = fake_nvcc(tmp_path / "a" / "bin", "12.8", "12.8.93")
+    b = fake_nvcc(tmp_path / "b" / "bin", "12.9", "12.9.86")
+    site = tmp_path / "site"
+    pip = fake_nvcc(site / "nvidia" / "cuda_nvcc" / "bin", "12.8", "12.8.61")
+    monkeypatch.setenv("PATH", f"{a.parent}:{b.parent}:/usr/bin:/bin")
+    monkeypatch.setenv("CUDA_HOME", str(cuda13))
+    monkeypatch.setattr(sys, "path", [str(site)] + sys.path)
+    found = envmod.all_nvccs({"nvcc": envmod.find_nvccs()})
+    by = {n["path"]: (n["found_by"], n["release"]) for n in found}
+    assert by[str(a)] == (["PATH"], "12.8") and by[str(b)] == (["PATH"], "12.9")
+    assert by[str(cuda13 / "bin" / "nvcc")] == (["CUDA_HOME"], "13.1")
+    assert by[str(pip)] == (["PyPI toolkit"], "12.8")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setenv("CUDA_HOME", "/nonexistent-cuda")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(site)])
+    # none of those left (this interpreter's own site-packages may still hold a PyPI toolkit)
+    left = envmod.all_nvccs({"nvcc": envmod.find_nvccs()})
+    assert not [n for n in left if n["found_by"] != ["PyPI toolkit"] or n["path"] == str(pip)], left

@@ -115,3 +115,39 @@ def test_without_a_jit_cache_or_nvcc_both_stay_blocked(reports):
     for backend in (FUSION, PCIE):
         v = verdict(reports["none"], backend, "library")
         assert v["status"] == "blocked" and "not installed" in evidence(v, "JIT needed")["value"]
+
+
+def test_aot_claim_rests_on_flashinfers_load_order_not_on_a_hidden_nvcc(tmp_path):
+    """An nvcc in reach (here a stand-in in a PyPI-toolkit folder, site-packages/nvidia/cu13/bin, the layout of the
+    CUDA 13 nvcc wheel) does not change the answer: FlashInfer's build_and_load loads the AOT module first. The suite
+    lists that nvcc, and cites FlashInfer's own load order (flashinfer/jit/core.py, read from the installed wheel)."""
+    from validate_support import fake_nvcc
+
+    venv, fi = suite_venv(), pip_target("flashinfer-python==0.7.4")
+    site = jit_cache("sm120f", "arch=compute_120f,code=sm_120f", "0.7.4+cu131")
+    nv = tmp_path / "nvsite"
+    fake_nvcc(nv / "nvidia" / "cu13" / "bin", "13.1", "13.1.80")
+    r = run_suite(venv, [fi, site, nv], ["--backend", FUSION, "--backend", PCIE],
+                  extra_env={"CUDA_HOME": "/nonexistent-cuda", "FLASHINFER_CUDA_ARCH_LIST": "12.0f"})[0]
+    for backend in (FUSION, PCIE):
+        v = verdict(r, backend, "library")
+        found = evidence(v, "every nvcc in reach")["value"]
+        assert [n["path"] for n in found] == [str(nv / "nvidia" / "cu13" / "bin" / "nvcc")], found
+        assert found[0]["found_by"] == ["PyPI toolkit"] and found[0]["release"] == "13.1"
+        jit = evidence(v, "JIT needed")
+        assert jit["value"] == "no: FlashInfer's build_and_load calls try_load, which loads the AOT module, before any build"
+        assert "flashinfer/jit/core.py:" in jit["source"] and "build_and_load" in jit["source"] and "try_load" in jit["source"]
+        assert v["status"] == "gate-passes" and "whatever nvcc is in reach" in v["cause"]
+
+
+def test_pcie_ipc_engine_note_drops_jit_wording_when_the_module_is_ahead_of_time():
+    venv, fi, sg = suite_venv(), pip_target("flashinfer-python==0.7.4"), pip_target("sglang==0.5.23")
+    no_nvcc = {"CUDA_HOME": "/nonexistent-cuda", "FLASHINFER_CUDA_ARCH_LIST": "12.0f"}
+    site = jit_cache("sm120f", "arch=compute_120f,code=sm_120f", "0.7.4+cu131")
+    fb = evidence(verdict(run_suite(venv, [sg, fi, site], ["--backend", PCIE], extra_env=no_nvcc)[0], PCIE, "engine"),
+                  "workspace build failure")["value"]
+    assert "provided ahead of time (flashinfer_jit_cache/jit_cache/pcie_ipc_comm/pcie_ipc_comm.so" in fb
+    assert "JIT-build" not in fb and "silently stay on NCCL" in fb
+    fb0 = evidence(verdict(run_suite(venv, [sg, fi], ["--backend", PCIE], extra_env=no_nvcc)[0], PCIE, "engine"),
+                   "workspace build failure")["value"]
+    assert "JIT-build at first use" in fb0 and "this environment has no nvcc" in fb0

@@ -104,7 +104,9 @@ def test_c11_a_table_with_key_12_passes_on_nvlink_and_the_value_is_read_not_assu
     v = verdict(report, SYMM, "engine")
     assert evidence(v, "engine gate: TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES keys")["value"]["value"] == [9, 10, 12]
     assert evidence(v, "engine gate: TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES[12] world sizes")["value"]["value"] == [2, 8]
-    assert v["status"] == "gate-passes"
+    # every gate past the flag admits; the flag is off by default, so the answer is that setting
+    assert v["status"] == "blocked" and v["gate"] == "setting" and v["lift"] == "setting"
+    assert v["lift_detail"] == "--enable-torch-symm-mem (off by default in sglang 0.0.1)"
     # and for a world size the table lacks, the same table blocks
     v6 = verdict(run_suite(venv, [root], ["--backend", SYMM, "--world-size", "6", "--topology", "nvlink"])[0], SYMM, "engine")
     assert v6["status"] == "blocked" and "world size 6" in v6["cause"]

@@ -70,22 +70,44 @@ def nvcc_version(path: str) -> dict:
 
 
 def pip_toolkit_roots() -> list[str]:
-    """CUDA toolkits installed from PyPI wheels (``site-packages/nvidia/cu13`` and the like, CUDA 13
-    layout; CUDA 12 wheels carry no nvcc: FACTS, measured with nvidia-cuda-nvcc-cu12 12.8.93)."""
+    """CUDA toolkits installed from PyPI wheels: ``site-packages/nvidia/cu13`` and the like (CUDA 13 layout) and
+    ``site-packages/nvidia/cuda_nvcc`` (the older per-component layout), each only when its ``bin/nvcc`` exists
+    (CUDA 12 wheels carry no nvcc: FACTS, measured with nvidia-cuda-nvcc-cu12 12.8.93)."""
     roots = []
     for entry in sys.path:
         base = Path(entry) / "nvidia"
         if not base.is_dir():
             continue
         for sub in sorted(base.glob("cu*")):
-            if (sub / "bin" / "nvcc").is_file():
+            if (sub / "bin" / "nvcc").is_file() and str(sub) not in roots:
                 roots.append(str(sub))
     return roots
 
 
+def all_nvccs(env: dict) -> list[dict]:
+    """Every nvcc :func:`find_nvccs` saw (``env["nvcc"]``): CUDA_HOME's, each on PATH, each PyPI toolkit's, one
+    entry per real file, each {"path", "found_by", "release"}. A "no nvcc" claim must rest on this list being empty."""
+    n = env.get("nvcc", {}) or {}
+    out: dict = {}
+    cands = [("CUDA_HOME" if n.get("cuda_home_source") != "default /usr/local/cuda" else "/usr/local/cuda",
+              n.get("cuda_home_nvcc"))]
+    cands += [("PATH", i) for i in (n.get("on_path") or ([n["path"]] if n.get("path") else []))]
+    cands += [("PyPI toolkit", i) for i in n.get("pip") or []]
+    for label, info in cands:
+        if not info or not info.get("path"):
+            continue
+        key = info.get("realpath") or info["path"]
+        if key in out:
+            out[key]["found_by"].append(label)
+        else:
+            out[key] = {"path": info["path"], "found_by": [label], "release": info.get("release")}
+    return list(out.values())
+
+
 def find_nvccs() -> dict:
-    """Every nvcc in reach: ``path`` (first on PATH), ``cuda_home`` (CUDA_HOME/CUDA_PATH, else
-    /usr/local/cuda), ``pip`` (PyPI toolkit roots). Each value: :func:`nvcc_version` or None."""
+    """Every nvcc in reach: ``path`` (first on PATH), ``on_path`` (every one on PATH, list), ``cuda_home``
+    (CUDA_HOME/CUDA_PATH, else /usr/local/cuda), ``pip`` (PyPI toolkit roots: ``nvidia/cu*``, ``nvidia/cuda_nvcc``
+    under each sys.path entry). Each value: :func:`nvcc_version` or None."""
     out: dict = {}
     on_path = shutil.which("nvcc")
     out["path"] = nvcc_version(on_path) if on_path else None
@@ -96,6 +118,12 @@ def find_nvccs() -> dict:
     cand = Path(home) / "bin" / "nvcc"
     out["cuda_home_nvcc"] = nvcc_version(str(cand)) if cand.is_file() else None
     out["pip"] = [nvcc_version(str(Path(r) / "bin" / "nvcc")) for r in pip_toolkit_roots()]
+    seen, out["on_path"] = set(), []
+    for d in os.environ.get("PATH", "").split(os.pathsep):
+        cand = Path(d or ".") / "nvcc"
+        if d and cand.is_file() and os.access(cand, os.X_OK) and os.path.realpath(cand) not in seen:
+            seen.add(os.path.realpath(cand))
+            out["on_path"].append(nvcc_version(str(cand)))
     return out
 
 

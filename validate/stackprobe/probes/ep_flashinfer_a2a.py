@@ -1,26 +1,30 @@
 """Expert parallelism over FlashInfer all-to-all (SGLang ``--moe-a2a-backend flashinfer``).
 
 No topology gate exists on this path in SGLang 0.5.9 / 0.5.23 or FlashInfer 0.6.3 / 0.7.2: ``MoeAlltoAll``
-allocates through ``MnnvlMemory``, which on x86_64 without an NVLink fabric exports POSIX file-descriptor
-handles (0.6.3 ``flashinfer/comm/mnnvl.py:404-415``; 0.7.2 ``mnnvl.py:321-334``). Whether it then works over
-PCIe (peer access, ``SYS_PTRACE`` for the fd exchange) is a runtime question.
+allocates through ``MnnvlMemory``, whose handle type is read from the installed source (:func:`_fd_fallback`):
+0.6.3 picks FABRIC on aarch64 and POSIX file descriptors otherwise, by CPU type (``flashinfer/comm/mnnvl.py:404-414``);
+0.7.2 probes fabric support (``mnnvl.py:327-334``). Whether POSIX handles then work over PCIe (peer access,
+``SYS_PTRACE`` for the fd exchange) is a runtime question.
 
 Engine answer (read from the installed SGLang): the server argument ``--moe-a2a-backend`` (default
 ``none``) and the settings it requires: 0.5.9 asserts the ``flashinfer_cutlass`` MoE runner under
 ``if self.moe_a2a_backend == "flashinfer"`` (``srt/server_args.py:2214``); 0.5.23 asserts
 ``_flashinfer_a2a_topology_is_supported`` (``srt/arg_groups/moe_hook.py``: DP attention with attn_dp_size ==
-tp_size), run here with its own code. Also the FlashInfer names SGLang's dispatcher imports, and the a2a JIT
-modules' arch lists. Library answer: the a2a JIT modules' arch lists, then a compiler for the JIT
-(``toolchain`` without nvcc or flashinfer-jit-cache), else ``needs-runtime``.
+tp_size), run here with its own code, and asserts the MoE runner is one of its FlashInfer / DeepGEMM runners
+(``moe_hook.py``; the default ``auto`` resolves to ``flashinfer_cutlass`` on SM120 only for ``modelopt_fp4``,
+``overrides.py``). Also the FlashInfer names SGLang's dispatcher imports; a blocked engine answer's lift also
+names the library blocker (no nvcc and no flashinfer-jit-cache: the a2a module cannot build). Library answer:
+the a2a JIT modules' arch lists, then a compiler for the JIT (``toolchain``, lift ``package-upgrade``: nvcc or a
+flashinfer-jit-cache, see :func:`compiler_blocker`), else ``needs-runtime``.
 """
 from __future__ import annotations
 
 import ast
 
 from .. import source
-from ..env import effective_nvcc
+from ..env import all_nvccs, effective_nvcc
 from ..verdict import (BLOCKED, GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_SETTING,
-                       GATE_TOOLCHAIN, LIFT_CUDA, LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_SETTING, LIFT_UNKNOWN,
+                       GATE_TOOLCHAIN, LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_SETTING, LIFT_UNKNOWN,
                        SCOPE_ENGINE, SCOPE_LIBRARY, SKIPPED, Verdict)
 from . import flashinfer_common as fi
 from . import sglang_engine as se
@@ -64,7 +68,7 @@ def _engine(ctx, eng) -> Verdict:
         return se.not_integrated(BACKENDS[0], eng, ("MoeAlltoAll", "moe_a2a_backend"), ctx)
     root, fv, w = eng.root, fi.version(), ctx.world_size
     ans = se.EngineAnswer(BACKENDS[0], eng, ctx)
-    arg = ans.add(se.server_argument_gate(eng, ("--moe-a2a-backend",)))
+    arg = ans.add(se.server_argument_gate(eng, ("--moe-a2a-backend",), set_to="flashinfer"))
     # the settings --moe-a2a-backend flashinfer requires
     setting = None
     found = source.find_files_containing(root, f"def {PRECONDITION}")
@@ -84,11 +88,12 @@ def _engine(ctx, eng) -> Verdict:
         where = f"{short(found[0])}:{line} {PRECONDITION}" + (f", asserted at :{asserted}" if asserted else "")
         dp = se.server_argument(eng, ("--enable-dp-attention",))["flag"]
         dps = se.server_argument(eng, ("--dp-size",))["flag"]
-        detail = f"{arg.flag} flashinfer with DP attention: {dp} {dps} {w} (attn_dp_size == tp_size == {w})"
+        detail = f"DP attention: {dp} {dps} {w} (attn_dp_size == tp_size == {w})"
         setting = se.Gate("required setting: DP attention", plain, where, GATE_SETTING if dpa else GATE_PYTHON,
                           f"--moe-a2a-backend flashinfer requires DP attention with attn_dp_size == tp_size "
                           f"({PRECONDITION}(tp={w}, ep={w}) is {plain} without it, {dpa} with dp={w})",
                           LIFT_SETTING if dpa else LIFT_PACKAGE, detail if dpa else "", value=[plain, dpa])
+        runner_gate = _runner_gate_0523(eng, found[0], tree, ctx)
     else:                                       # 0.5.9: the flashinfer_cutlass MoE runner
         rel = "srt/server_args.py"
         node = _assert_under(eng.tree(rel), "moe_a2a_backend", "flashinfer", "moe_runner_backend")
@@ -100,12 +105,15 @@ def _engine(ctx, eng) -> Verdict:
                    and c.value != "flashinfer"]
         runner = se.server_argument(eng, ("--moe-runner-backend",))
         ok = runner["default"] in runners
-        detail = f"{arg.flag} flashinfer {runner['flag']} {runners[0] if runners else '?'}"
+        detail = f"{runner['flag']} {runners[0] if runners else '?'}"
+        runner_gate = None
         setting = se.Gate("required setting: MoE runner", ok, f"sglang/{rel}:{node.lineno} `assert {ast.unparse(node.test)}`",
                           GATE_SETTING, f"--moe-a2a-backend flashinfer asserts the MoE runner is one of {runners} "
                           f"(default {runner['default']!r} at {runner['default_where']})", LIFT_SETTING, detail,
                           value={"runners": runners, "default": runner["default"]})
     ans.add(setting)
+    if runner_gate is not None:
+        ans.add(runner_gate)
     # the names SGLang's dispatcher imports from flashinfer
     moe = root / "srt" / "layers" / "moe"
     needed = []
@@ -129,10 +137,89 @@ def _engine(ctx, eng) -> Verdict:
                 break
     v = ans.verdict(f"SGLang {eng.version} builds the FlashInfer a2a dispatcher with these settings; no topology gate "
                     "on this path: PCIe viability is for the runtime tier")
-    v.warnings.append("no topology gate in SGLang or FlashInfer on this path (MnnvlMemory falls back to POSIX "
-                      "file-descriptor handles without a fabric); over PCIe it needs peer access and SYS_PTRACE "
-                      "for the fd exchange: a runtime question")
+    handles = _fd_fallback()
+    v.warnings.append(f"no topology gate in SGLang or FlashInfer on this path (MnnvlMemory handle type: {handles[0]}, "
+                      f"{handles[1]}); over PCIe it needs peer access and SYS_PTRACE for the fd exchange: a runtime "
+                      "question")
+    if v.status == BLOCKED:
+        # the library side too: without nvcc or a flashinfer-jit-cache the a2a module cannot build (library answer)
+        blocker = compiler_blocker(ctx, _a2a_modules(ctx))
+        if blocker is not None:
+            v.add("library blocker: a2a module build", blocker[0], "library answer (ep-flashinfer-a2a)")
+            v.lift_detail = "; ".join(x for x in (v.lift_detail, "and " + blocker[1]) if x)
     return v
+
+
+def _a2a_modules(ctx) -> list[str]:
+    """The ``gen_*`` a2a module functions of the installed flashinfer/jit/comm.py that admit the target."""
+    try:
+        table = fi.all_module_majors()
+    except (source.SourceNotFound, SyntaxError):
+        return []
+    return [k for k, val in table.items() if "alltoall" in k and ("moe" in k or "nvlink" in k)
+            and (val is None or ctx.target.major in val)]
+
+
+def _runner_gate_0523(eng, hook, tree, ctx) -> se.Gate:
+    """SGLang 0.5.23's second condition on ``--moe-a2a-backend flashinfer`` (``srt/arg_groups/moe_hook.py``): under
+    ``if a2a_now == "flashinfer":`` it asserts ``resolved_view(server_args).moe_runner_backend in [...]`` (the
+    flashinfer_cutlass / cutedsl / trtllm(_routed) / deep_gemm runners). The default ``auto`` resolves to
+    ``flashinfer_cutlass`` on SM120 only for ``--quantization modelopt_fp4`` (``srt/arg_groups/overrides.py``, read
+    when found), so other models need ``--moe-runner-backend flashinfer_cutlass``. Raises GateNotFound when the
+    assert is not found (fails closed)."""
+    node = None
+    for n in ast.walk(tree):
+        if (isinstance(n, ast.If) and isinstance(n.test, ast.Compare) and "a2a" in ast.unparse(n.test.left)
+                and any(isinstance(c, ast.Constant) and c.value == "flashinfer" for c in n.test.comparators)):
+            node = next((a for a in ast.walk(n) if isinstance(a, ast.Assert) and isinstance(a.test, ast.Compare)
+                         and "moe_runner_backend" in ast.unparse(a.test.left) and isinstance(a.test.ops[0], ast.In)
+                         and isinstance(a.test.comparators[0], (ast.List, ast.Tuple, ast.Set))), None)
+            if node is not None:
+                break
+    if node is None:
+        raise se.GateNotFound(f"gate not found in sglang {eng.version} at {short(hook)}: no `assert ...moe_runner_backend "
+                              "in [...]` under `if <a2a backend> == \"flashinfer\"`")
+    runners = [c.value for c in node.test.comparators[0].elts if isinstance(c, ast.Constant)]
+    runner = se.server_argument(eng, ("--moe-runner-backend",))
+    want = "flashinfer_cutlass" if "flashinfer_cutlass" in runners else runners[0]
+    auto = _auto_runner(eng, runner["default"], runners, ctx.target.major)
+    note = (f"; default {runner['default']!r} becomes {auto['to']!r} only for --quantization {auto['quantization']} "
+            f"on {' / '.join(auto['predicates'])} ({auto['where']})") if auto else ""
+    where = f"{short(hook)}:{node.lineno}-{node.end_lineno} `assert {ast.unparse(node.test)}`"
+    return se.Gate("required setting: MoE runner", runner["default"] in runners, where, GATE_SETTING,
+                   f"--moe-a2a-backend flashinfer asserts the MoE runner is one of {runners} (default "
+                   f"{runner['default']!r} at {runner['default_where']}){note}", LIFT_SETTING,
+                   f"{runner['flag']} {want}" + (f" (for models other than {auto['quantization']}; SGLang picks it "
+                                                  f"itself for {auto['quantization']} on this GPU)" if auto else ""),
+                   value={"runners": runners, "default": runner["default"], "auto": auto})
+
+
+def _auto_runner(eng, default, runners, major: int) -> dict | None:
+    """Where SGLang resolves the default MoE runner to one of ``runners`` by quantization and platform on the target
+    (compute-capability ``major``): the first ``if moe_runner_backend == <default> and ....quantization == Q and
+    (<platform predicates admitting major>)`` under srt/arg_groups whose body assigns a runner of ``runners``.
+    Returns {"to", "quantization", "predicates", "majors", "where"} or None."""
+    table = se.platform_majors(eng)
+    for path in se._arg_sources(eng):
+        try:
+            tree = source.parse(path)
+        except (SyntaxError, ValueError, OSError):
+            continue
+        for n in ast.walk(tree):
+            if not (isinstance(n, ast.If) and isinstance(n.test, ast.BoolOp)):
+                continue
+            t = ast.unparse(n.test)
+            if f"moe_runner_backend == {default!r}" not in t or "quantization ==" not in t:
+                continue
+            to = next((a.value.value for a in n.body if isinstance(a, ast.Assign) and isinstance(a.value, ast.Constant)
+                       and "moe_runner_backend" in ast.unparse(a.targets[0]) and a.value.value in runners), None)
+            quant = next((c.comparators[0].value for c in ast.walk(n.test) if isinstance(c, ast.Compare)
+                          and "quantization" in ast.unparse(c.left) and isinstance(c.comparators[0], ast.Constant)), None)
+            names, majors = se.predicate_majors(n.test, table)
+            if to and quant and names and major in majors:
+                return {"to": to, "quantization": quant, "predicates": names, "majors": majors,
+                        "where": f"{se.short(path)}:{n.lineno}-{n.body[0].end_lineno}"}
+    return None
 
 
 def library_gate(ctx) -> list[Verdict]:
@@ -157,31 +244,75 @@ def library_gate(ctx) -> list[Verdict]:
         return [v]
     handles = _fd_fallback()
     v.add("MnnvlMemory handle types", handles[0], handles[1])
-    jit_cache = ctx.coverage.get("flashinfer-jit-cache")
-    if not effective_nvcc(ctx.env) and (jit_cache is None or jit_cache.level in ("none", "no-cuda-code")):
-        v.status, v.gate, v.lift = BLOCKED, GATE_TOOLCHAIN, LIFT_CUDA
-        v.cause = (f"no nvcc here and no flashinfer-jit-cache for {ctx.target.cc}: FlashInfer JIT-builds the a2a module "
-                   f"({', '.join(a2a) or 'its MoE all-to-all module'}) at first use "
-                   "(moe_a2a_get_workspace_size_per_rank)")
-        v.lift_detail = "a CUDA toolkit with nvcc (>= 12.8 for sm_120a) or a flashinfer-jit-cache built for the target"
+    v.add("every nvcc in reach", all_nvccs(ctx.env) or "none (PATH, CUDA_HOME, /usr/local/cuda, PyPI toolkit folders)",
+          "environment")
+    blocker = compiler_blocker(ctx, [k for k in a2a if k not in refused])
+    if blocker is not None:
+        v.status, v.gate, v.lift = BLOCKED, GATE_TOOLCHAIN, LIFT_PACKAGE
+        v.cause, v.lift_detail = blocker
         return [v]
     v.status, v.gate, v.lift = SKIPPED, GATE_NEEDS_RUNTIME, LIFT_UNKNOWN
-    v.cause = (f"FlashInfer's a2a modules admit {ctx.target.cc} and no topology gate exists ({handles[0]}); whether it "
+    v.cause = (f"FlashInfer's a2a modules admit {ctx.target.cc} and no topology gate exists (handle type: {handles[0]}, "
+               f"{handles[1]}); whether it "
                f"works over {ctx.topology} (peer access, SYS_PTRACE for the fd exchange) is for the runtime tier")
     return [v]
 
 
+def compiler_blocker(ctx, modules: list[str]) -> tuple[str, str] | None:
+    """(cause, lift_detail) when FlashInfer cannot get the a2a module here: no nvcc in reach
+    (:func:`stackprobe.env.effective_nvcc`: CUDA_HOME, PATH, the PyPI toolkit folders) for its JIT build and no
+    flashinfer-jit-cache holding one of ``modules`` (``gen_*`` names of flashinfer/jit/comm.py) with SASS for the
+    target (:func:`flashinfer_common.aot_module`); None when either is present.
+
+    The lift is ``package-upgrade``, not ``cuda-upgrade``: the installed CUDA release is not the problem (12.8
+    already compiles sm_120a); what is missing is a package in the image: nvcc (a CUDA *devel* base image; CUDA 12
+    PyPI wheels carry no nvcc, CUDA 13's nvidia-cuda-nvcc does) or a flashinfer-jit-cache built with the module."""
+    if effective_nvcc(ctx.env):
+        return None
+    aots = {m: fi.aot_module(m, ctx.target) for m in modules}
+    if any(a["covers"] for a in aots.values()):
+        return None
+    names = ", ".join(a["module"] or m for m, a in aots.items()) or "its MoE all-to-all module"
+    why = "; ".join(dict.fromkeys(a["cause"] for a in aots.values() if a["cause"])) or "no flashinfer-jit-cache"
+    cause = (f"no nvcc in reach for FlashInfer's JIT (PATH, CUDA_HOME, the PyPI toolkit folders) and no ahead-of-time "
+             f"build of the a2a module for {ctx.target.cc} ({why}): FlashInfer JIT-builds {names} at first use "
+             "(moe_a2a_get_workspace_size_per_rank), so the MoE all-to-all cannot build here")
+    lift = (f"install nvcc (a CUDA devel base image; CUDA >= 12.8 compiles sm_{ctx.target.number}a, so the installed "
+            f"CUDA release suffices) or a flashinfer-jit-cache holding {names} with SASS for {ctx.target.cc}")
+    return cause, lift
+
+
 def _fd_fallback() -> tuple[str, str]:
-    """Where the installed FlashInfer's MnnvlMemory uses POSIX fd handles (the no-fabric path)."""
+    """How the installed FlashInfer's ``MnnvlMemory`` picks its memory handle type, read from
+    ``flashinfer/comm/mnnvl.py`` (``ast``): 0.6.3 picks FABRIC on aarch64 CPUs and POSIX file descriptors
+    otherwise, by ``platform.machine()`` (``mnnvl.py:404-414``); 0.7.2 probes whether the GPU supports fabric
+    handles (``_probe_fabric_supported``, ``mnnvl.py:321-334``). Returns (text, "flashinfer/comm/mnnvl.py:L1-L2")."""
+    import ast
+
     try:
         path = source.module_file("flashinfer.comm.mnnvl")
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except (source.SourceNotFound, OSError):
+        tree = source.parse(path)
+    except (source.SourceNotFound, OSError, SyntaxError):
         return "flashinfer/comm/mnnvl.py unreadable", ""
-    hits = [i for i, ln in enumerate(lines, 1) if "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR" in ln]
-    if not hits:
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        choice = next((n for n in ast.walk(fn) if isinstance(n, ast.If)
+                       and "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR" in ast.unparse(n)
+                       and "CU_MEM_HANDLE_TYPE_FABRIC" in ast.unparse(n) and "requestedHandleTypes" in ast.unparse(n)), None)
+        if choice is None:
+            continue
+        text = ast.unparse(fn)
+        where = f"{fi._short(path)}:{choice.lineno}-{choice.end_lineno} {fn.name}"
+        if "platform.machine" in text or "aarch64" in text:
+            return ("FABRIC on aarch64 CPUs, POSIX file descriptors otherwise: chosen by CPU type "
+                    "(platform.machine()), not by whether a fabric exists"), where
+        if "fabric_supported" in text.lower():
+            return "FABRIC when the GPU supports fabric handles (probed), else POSIX file descriptors", where
+        return f"FABRIC or POSIX file descriptors, chosen by `{ast.unparse(choice.test)}`", where
+    if "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR" not in path.read_text(encoding="utf-8", errors="replace"):
         return "no POSIX fd fallback found: fabric only", f"{fi._short(path)}"
-    return "FABRIC when a fabric exists, else POSIX file descriptors", f"{fi._short(path)}:{hits[0]}"
+    return "POSIX file descriptors (no FABRIC/POSIX choice found)", f"{fi._short(path)}"
 
 def probe(ctx) -> list[Verdict]:
     return library_gate(ctx) + engine_gate(ctx)

@@ -159,6 +159,45 @@ def jit_cache_version_accepted(cache_version: str, fi_version: str) -> bool:
 _AOT_SEEN: dict = {}
 
 
+def aot_load_order(root: Path | None = None) -> tuple[str, str]:
+    """How the installed FlashInfer prefers an ahead-of-time module over a JIT build, read with ``ast`` from
+    ``flashinfer/jit/core.py`` (under ``root`` when given): ``JitSpec.build_and_load`` calls ``self.try_load()``
+    (0.7.x: ``build_and_load`` at :337-346 and ``try_load`` at :535-568 in 0.7.2) or tests ``self.is_aot`` and
+    returns ``self.load(self.aot_path)`` (0.6.x) before any build, so an AOT module is used whatever nvcc is in reach.
+    Returns (text, "flashinfer/jit/core.py:L1-L2 ..."); ("", "") when neither form is found (then no claim is made)."""
+    import ast
+
+    try:
+        path = (Path(root) / "flashinfer" / "jit" / "core.py") if root is not None else source.module_file("flashinfer.jit.core")
+        fns = source.functions(source.parse(path))
+    except (source.SourceNotFound, SyntaxError, OSError):
+        return "", ""
+    bal = fns.get("build_and_load")
+    if bal is None or not bal.body:
+        return "", ""
+    body = [st for st in bal.body if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant))]
+    first = body[0] if body else None
+    text = ast.unparse(first) if first is not None else ""
+    if "self.try_load()" in text:
+        last = bal.lineno
+        for node in ast.walk(bal):     # each `x = self.try_load()` and the `if` right after it that returns x
+            for field in ("body", "orelse", "finalbody"):
+                stmts = getattr(node, field, None) or []
+                for i, st in enumerate(stmts):
+                    if isinstance(st, ast.stmt) and "self.try_load()" in ast.unparse(st) and not isinstance(st, (ast.With, ast.If, ast.Try)):
+                        nxt = stmts[i + 1] if i + 1 < len(stmts) and isinstance(stmts[i + 1], ast.If) else st
+                        last = max(last, nxt.end_lineno)
+        # the concrete try_load: the longest definition (a base class may declare an abstract one)
+        tls = [n for n in ast.walk(source.parse(path)) if isinstance(n, ast.FunctionDef) and n.name == "try_load"]
+        tl = max(tls, key=lambda n: n.end_lineno - n.lineno) if tls else None
+        where = f"{_short(path)}:{bal.lineno}-{last} build_and_load" + (f", :{tl.lineno}-{tl.end_lineno} try_load" if tl else "")
+        return "FlashInfer's build_and_load calls try_load, which loads the AOT module, before any build", where
+    if isinstance(first, ast.If) and "aot" in ast.unparse(first.test) and any(isinstance(b, ast.Return) for b in first.body):
+        return ("FlashInfer's build_and_load returns the AOT module (`" + ast.unparse(first.test) + "`) before any build",
+                f"{_short(path)}:{first.lineno}-{first.end_lineno} build_and_load")
+    return "", ""
+
+
 def aot_module(fn_name: str, target, root: Path | None = None, *, resolve: bool = True) -> dict:
     """Is the module of ``flashinfer.jit.comm.<fn_name>`` available compiled ahead of time for ``target``
     (an :class:`stackprobe.archs.Arch`), so the installed FlashInfer loads it without a JIT build?

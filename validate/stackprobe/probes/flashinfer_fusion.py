@@ -18,7 +18,10 @@ the installed SGLang, FACTS "SGLang 0.5.23's own gates"; case C13):
 
 1. the server argument, read from the installed release (:func:`sglang_engine.server_argument`):
    ``--flashinfer-allreduce-fusion-backend`` (0.5.23, an arg-group field; auto-enabled only for listed models)
-   or ``--enable-flashinfer-allreduce-fusion`` (0.5.9, ``srt/server_args.py:4107``);
+   or ``--enable-flashinfer-allreduce-fusion`` (0.5.9, ``srt/server_args.py:4107``). Both are off by default,
+   so the flag is part of every lift (:func:`sglang_engine.server_argument_gate`); SGLang's own auto-enable
+   (:func:`_auto_enable`: 0.5.9 ``srt/server_args.py:1680``, 0.5.23 ``srt/arg_groups/overrides.py:987``) admits
+   listed models on SM90/SM100 only and is cited as evidence;
 2. ``_resolve_backend`` in ``srt/layers/flashinfer_comm_fusion.py`` raises unless the GPU passes its
    platform predicates (0.5.23: ``is_sm90 or is_sm100``, majors 9 and 10, from ``srt/utils/common.py``);
    ``flashinfer_ar_fusion_applies`` repeats that per call;
@@ -36,7 +39,7 @@ import os
 
 from .. import source
 from ..coverage import SASS_LEVELS
-from ..env import effective_nvcc
+from ..env import all_nvccs, effective_nvcc
 from ..verdict import (BLOCKED, ERROR, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_TOOLCHAIN,
                        GATE_TOPOLOGY, LIFT_CUDA,
                        LIFT_NONE_NEEDED, LIFT_NOTHING, LIFT_PACKAGE, LIFT_SETTING, LIFT_UNKNOWN, SCOPE_LIBRARY, SKIPPED, Verdict)
@@ -125,19 +128,25 @@ def library_gate(ctx) -> list[Verdict]:
     nvcc = effective_nvcc(ctx.env)
     jit_cache = ctx.coverage.get("flashinfer-jit-cache")
     v.add("nvcc for the JIT", (nvcc or {}).get("path") and f"{nvcc['path']} (CUDA {nvcc.get('release')})", "environment")
+    v.add("every nvcc in reach", all_nvccs(ctx.env) or "none (PATH, CUDA_HOME, /usr/local/cuda, PyPI toolkit folders)",
+          "environment")
     if jit_cache is not None:
         v.add("flashinfer-jit-cache coverage", jit_cache.level, "static coverage")
     aot = fi.aot_module(MODULE_FN, target)
     v.add("AOT module", {k: aot.get(k) for k in ("module", "file", "dist_version", "version_ok", "sass", "level", "covers",
                                    "resolved_by_flashinfer")},
           f"flashinfer-jit-cache; module name from {aot['where'] or MODULE_FN}")
-    v.add("JIT needed", "no: FlashInfer loads the AOT module" if aot["covers"] else f"yes: {aot['cause']}",
+    order, order_where = fi.aot_load_order()
+    v.add("JIT needed", f"no: {order or 'FlashInfer loads the AOT module'}" if aot["covers"] else f"yes: {aot['cause']}",
+          f"flashinfer-jit-cache layout <name>/<name>.so + version rule; {order_where}" if order_where else
           "flashinfer-jit-cache layout <name>/<name>.so + version rule")
     if not nvcc and not aot["covers"]:
-        v.status, v.gate, v.lift = BLOCKED, GATE_TOOLCHAIN, LIFT_CUDA
-        v.cause = ("the gate admits the target, but this environment has no nvcc to JIT-compile the module and no "
+        # a missing package, not the CUDA release: nvcc (a devel base) or the module ahead of time (see ep-flashinfer-a2a)
+        v.status, v.gate, v.lift = BLOCKED, GATE_TOOLCHAIN, LIFT_PACKAGE
+        v.cause = ("the gate admits the target, but this environment has no nvcc in reach (PATH, CUDA_HOME, the PyPI "
+                   "toolkit folders) to JIT-compile the module and no "
                    f"ahead-of-time build of it for the target ({aot['cause']})")
-        v.lift_detail = ("a CUDA toolkit with nvcc (>= 12.8 for sm_120a, >= 12.9 for sm_120f), or a flashinfer-jit-cache "
+        v.lift_detail = ("install nvcc (a CUDA devel base image; >= 12.8 for sm_120a, >= 12.9 for sm_120f), or a flashinfer-jit-cache "
                          f"holding {aot['module'] or 'the module'} with SASS for {target.cc} (the flashinfer node's "
                          "method aot)")
         return [v]
@@ -160,7 +169,8 @@ def library_gate(ctx) -> list[Verdict]:
             v.cause = f"compiled objects lack SASS for {target.cc}: {bad}"
             return [v]
     v.cause = (f"FlashInfer admits major {target.major} for the allreduce-fusion module and targets {' '.join(eff)} "
-               + (f"here; its module is compiled ahead of time ({aot['cause']}), no JIT needed "
+               + (f"here; its module is compiled ahead of time ({aot['cause']}) and "
+                  + (f"{order} ({order_where}), whatever nvcc is in reach: no JIT needed " if order else "no JIT is needed ")
                   if aot["covers"] else "here ")
                + "(the library's answer; SGLang's own gates are the engine answer)")
     return [v]
@@ -186,7 +196,12 @@ def _engine(ctx, eng) -> Verdict:
     ans = se.EngineAnswer(BACKENDS[0], eng, ctx)
     # 1. the server argument, read from the installed release (0.5.23: the arg-group field
     #    flashinfer_allreduce_fusion_backend; 0.5.9: add_argument("--enable-flashinfer-allreduce-fusion"))
-    ans.add(se.server_argument_gate(eng, FUSION_FLAGS))
+    arg = se.server_argument(eng, FUSION_FLAGS)
+    opt = ans.add(se.server_argument_gate(eng, FUSION_FLAGS, set_to="auto" if arg["flag"].endswith("-backend") else ""))
+    auto = _auto_enable(eng, arg["dest"])
+    if auto is not None and opt.opt_in:
+        opt.cause += (f"; SGLang's auto-enable turns it on only for listed models on compute-capability majors "
+                      f"{auto['majors']} ({' or '.join(auto['predicates'])}), not {ctx.target.cc} ({auto['where']})")
     # 2. the platform checks: the one that raises at start-up (0.5.23: _resolve_backend) and the per-call one
     #    (0.5.23: flashinfer_ar_fusion_applies; 0.5.9: apply_flashinfer_allreduce_fusion); at least one must be found
     table = se.platform_majors(eng)
@@ -253,11 +268,41 @@ def _engine(ctx, eng) -> Verdict:
                         + _trtllm_without_multicast(), value=f"topology {ctx.topology} ({ctx.topology_source})"))
     v = ans.verdict(f"SGLang {eng.version} admits compute capability {ctx.target.cc} and the {ctx.topology} host "
                     f"passes its workspace preflight; enable it with {ans.gates[0].flag}")
+    if auto is not None:
+        v.add("auto-enable (listed models only)", {"majors": auto["majors"], "predicates": auto["predicates"],
+                                                   "admits target": ctx.target.major in auto["majors"]}, auto["where"])
     if v.status == BLOCKED:
         extra = _library_lifts(ctx)
         if extra:
             v.lift_detail = "; ".join([v.lift_detail] + extra) if v.lift_detail else "; ".join(extra)
     return v
+
+
+def _auto_enable(eng, dest: str) -> dict | None:
+    """SGLang's own auto-enable of fusion, read from its argument files: the first ``if`` whose test reads the
+    fusion field ``dest`` and calls platform predicates (0.5.9 ``srt/server_args.py``: ``not
+    self.enable_flashinfer_allreduce_fusion and model_arch in [...] and (is_sm90_supported() or
+    is_sm100_supported())``; 0.5.23 ``srt/arg_groups/overrides.py``: ``view.flashinfer_allreduce_fusion_backend is
+    None and ... (get_platform().is_sm90 or get_platform().is_sm100)``). Returns {"majors", "predicates",
+    "where": "sglang/FILE:L1-L2"} or None when no such ``if`` exists (evidence only: the flag is the lift)."""
+    import ast
+
+    table = se.platform_majors(eng)
+    for path in se._arg_sources(eng):
+        try:
+            tree = source.parse(path)
+        except (SyntaxError, ValueError, OSError):
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.If):
+                continue
+            if not any(isinstance(n, ast.Attribute) and n.attr == dest for n in ast.walk(node.test)):
+                continue
+            names, majors = se.predicate_majors(node.test, table)
+            if names:
+                return {"majors": majors, "predicates": list(dict.fromkeys(names)),
+                        "where": f"{se.short(path)}:{node.lineno}-{node.test.end_lineno}"}
+    return None
 
 
 def _trtllm_without_multicast() -> str:

@@ -13,8 +13,8 @@ whose lift names the variable.
 from __future__ import annotations
 
 from .. import source
-from ..env import effective_nvcc
-from ..verdict import (BLOCKED, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_SETTING, GATE_TOOLCHAIN, LIFT_CUDA,
+from ..env import all_nvccs, effective_nvcc
+from ..verdict import (BLOCKED, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_SETTING, GATE_TOOLCHAIN,
                        LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_SETTING, SCOPE_LIBRARY, SKIPPED, Verdict)
 from . import flashinfer_common as fi
 from . import sglang_engine as se
@@ -64,17 +64,23 @@ def _library(ctx) -> Verdict:
     v.add("AOT module", {k: aot.get(k) for k in ("module", "file", "dist_version", "version_ok", "sass", "level", "covers",
                                    "resolved_by_flashinfer")},
           f"flashinfer-jit-cache; module name from {aot['where'] or 'gen_pcie_ipc_comm_module'}")
-    v.add("JIT needed", "no: FlashInfer loads the AOT module" if aot["covers"] else f"yes: {aot['cause']}",
+    order, order_where = fi.aot_load_order()
+    v.add("JIT needed", f"no: {order or 'FlashInfer loads the AOT module'}" if aot["covers"] else f"yes: {aot['cause']}",
+          f"flashinfer-jit-cache layout <name>/<name>.so + version rule; {order_where}" if order_where else
           "flashinfer-jit-cache layout <name>/<name>.so + version rule")
+    v.add("every nvcc in reach", all_nvccs(ctx.env) or "none (PATH, CUDA_HOME, /usr/local/cuda, PyPI toolkit folders)",
+          "environment")
     if not effective_nvcc(ctx.env) and not aot["covers"]:
-        v.status, v.gate, v.lift = BLOCKED, GATE_TOOLCHAIN, LIFT_CUDA
-        v.cause = f"its kernels are JIT-compiled and this environment has no nvcc and no ahead-of-time build ({aot['cause']})"
-        v.lift_detail = (f"a CUDA toolkit with nvcc >= 12.8 in the image, or a flashinfer-jit-cache holding "
+        v.status, v.gate, v.lift = BLOCKED, GATE_TOOLCHAIN, LIFT_PACKAGE
+        v.cause = (f"its kernels are JIT-compiled and this environment has no nvcc in reach (PATH, CUDA_HOME, the PyPI "
+                   f"toolkit folders) and no ahead-of-time build ({aot['cause']})")
+        v.lift_detail = (f"install nvcc (a CUDA devel base image, CUDA >= 12.8), or a flashinfer-jit-cache holding "
                          f"{aot['module'] or 'the module'} with SASS for {ctx.target.cc} (the flashinfer node's method aot)")
         return v
     if aot["covers"]:
-        v.cause = (f"FlashInfer has it, no arch restriction, compiled ahead of time ({aot['cause']}): no JIT needed; "
-                   "a PCIe-native candidate (the library's answer)")
+        v.cause = (f"FlashInfer has it, no arch restriction, compiled ahead of time ({aot['cause']})"
+                   + (f"; {order} ({order_where}), whatever nvcc is in reach" if order else "")
+                   + ": no JIT needed; a PCIe-native candidate (the library's answer)")
     else:
         v.cause = "FlashInfer has it, no arch restriction, nvcc available: a PCIe-native candidate (the library's answer)"
     return v
@@ -111,7 +117,7 @@ def _engine(ctx, eng) -> Verdict:
     ans.add(se.Gate(f"opt-in {OPT_IN}", on, f"sglang/{PCIE_FILE}:{fn.lineno} eligible_group; {where_env}", GATE_SETTING,
                     f"SGLang builds the PCIe IPC communicator only when {OPT_IN} is set (default {default}; "
                     f"here {value if value is not None else 'unset'})", LIFT_SETTING, f"{OPT_IN}=1 in the server's environment",
-                    value={"default": default, "here": value}))
+                    value={"default": default, "here": value}, flag=OPT_IN, opt_in=not on))
     ans.add(se.Gate("world size > 1", ctx.world_size > 1, f"sglang/{PCIE_FILE}:{fn.lineno} eligible_group", GATE_PYTHON,
                     "a single GPU has no peers", LIFT_NONE_NEEDED, value=ctx.world_size))
     tree = eng.tree(PCIE_FILE)
@@ -126,6 +132,8 @@ def _engine(ctx, eng) -> Verdict:
     for what, value, where in _conditions(ctx, tree, fn, short):
         v.add(what, value, where)
         v.warnings.append(f"{what}: {value} ({where})")
+        if what == "message-size cap":
+            v.cause += f"; once on, {value} ({where})"
     return v
 
 
@@ -162,15 +170,44 @@ def _conditions(ctx, tree, eligible, short: str) -> list[tuple[str, str, str]]:
         if bf16 is not None:
             out.append(("dtype", "bf16 only: other dtypes stay on NCCL", f"{short}:{bf16.lineno} should_pcie_ipc_ar"))
     ensure = fns.get("_ensure_workspace")
+    cap = _size_cap(ensure, should)
+    if cap is not None:
+        out.append(("message-size cap", cap[0], f"{short}:{cap[1]}"))
     if ensure is not None:
         h = next((h for n in ast.walk(ensure) if isinstance(n, ast.Try) for h in n.handlers
                   if "self.disabled = True" in ast.unparse(h)), None)
         if h is not None:
-            nvcc = effective_nvcc(ctx.env)
-            out.append(("workspace build failure", "a failed FlashInfer workspace (its kernels JIT-build at first use: "
-                        "nvcc or a flashinfer-jit-cache needed) disables it and reductions silently stay on NCCL"
-                        + ("" if nvcc else "; this environment has no nvcc"), f"{short}:{h.lineno} _ensure_workspace"))
+            aot = fi.aot_module("gen_pcie_ipc_comm_module", ctx.target)
+            if aot["covers"]:
+                how = (f"its module is provided ahead of time ({aot['file']} in {fi.JIT_CACHE_DIST} "
+                       f"{aot['dist_version']}), so no JIT build is involved")
+            else:
+                how = ("its kernels JIT-build at first use: nvcc or a flashinfer-jit-cache needed"
+                       + ("" if effective_nvcc(ctx.env) else "; this environment has no nvcc"))
+            out.append(("workspace build failure", f"a failed FlashInfer workspace disables it and reductions silently "
+                        f"stay on NCCL ({how})", f"{short}:{h.lineno} _ensure_workspace"))
     return out
+
+
+def _size_cap(ensure, should) -> tuple[str, str] | None:
+    """(text, "L1-L2, :L3") of the decode-width cap, read from SGLang 0.5.23's ``_ensure_workspace`` (the
+    workspace is sized ``max_numel = width * hidden`` from the decode width, or the environment override
+    ``SGLANG_PCIE_IPC_MAX_NUMEL``) and ``should_pcie_ipc_ar`` (``inp.numel() > self.max_numel`` returns False):
+    reductions larger than that (prefill) stay on NCCL. None when either part is not found."""
+    import ast
+
+    if ensure is None or should is None:
+        return None
+    env = next((n for n in ast.walk(ensure) if isinstance(n, ast.Attribute) and n.attr.endswith("_MAX_NUMEL")), None)
+    width = next((n for n in ast.walk(ensure) if isinstance(n, ast.Assign) and "max_numel" in ast.unparse(n.targets[0])
+                  and "hidden" in ast.unparse(n.value)), None)
+    cmp = next((n for n in ast.walk(should) if isinstance(n, ast.Compare) and "numel()" in ast.unparse(n.left)
+                and "max_numel" in ast.unparse(n.comparators[0])), None)
+    if env is None or width is None or cmp is None:
+        return None
+    return (f"only reductions up to the decode width x hidden elements use it (`{ast.unparse(width)}`; "
+            f"{env.attr} overrides); larger ones, prefill's, stay on NCCL",
+            f"{env.lineno}-{width.lineno} _ensure_workspace, :{cmp.lineno} should_pcie_ipc_ar `{ast.unparse(cmp)}`")
 
 
 def probe(ctx) -> list[Verdict]:

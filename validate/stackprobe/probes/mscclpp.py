@@ -1,7 +1,14 @@
 """MSCCL++ as SGLang uses it (case C15).
 
-Library gate: a standalone ``mscclpp`` distribution (what SGLang's communicator imports), and, as
-evidence, the MSCCL++ libraries bundled in installed wheels (sgl-kernel) and their arch coverage.
+Which MSCCL++ SGLang runs depends on the release, read from its source (:func:`flavour`): 0.5.23's
+``pymscclpp.py`` imports the standalone ``mscclpp`` package inside ``try/except ImportError``; 0.5.9's calls
+sgl-kernel's bundled MSCCL++ ops (``custom_all_reduce_ops.py`` imports ``sgl_kernel.allreduce`` and clears
+``IS_MSCCLPP_AR_AVAILABLE`` on ImportError; ``pymscclpp.py`` returns disabled when it is False). Neither found:
+an error (the suite does not guess).
+
+Library gate: for the standalone flavour (or without SGLang), the ``mscclpp`` distribution and its import;
+for the bundled flavour, sgl-kernel's ``common_ops`` (where those ops live) carrying SASS for the target (the
+standalone package is then not needed). As evidence, the MSCCL++ libraries bundled in installed wheels.
 
 Engine gate (SGLang 0.5.23, ``srt/distributed/device_communicators/pymscclpp.py``): ``--enable-mscclpp``
 (default off); ``PyMscclppCommunicator.__init__`` imports ``mscclpp`` (``importlib.import_module``) and
@@ -14,8 +21,8 @@ from .. import source
 from ..coverage import SASS_LEVELS
 from ..env import dist_version
 from ..isolate import run_task
-from ..verdict import (ERROR, GATE_BINARY, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, LIFT_NONE_NEEDED, LIFT_PACKAGE,
-                       SCOPE_LIBRARY, SKIPPED, Verdict)
+from ..verdict import (BLOCKED, ERROR, GATE_BINARY, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, LIFT_NONE_NEEDED,
+                       LIFT_PACKAGE, LIFT_REBUILD, SCOPE_LIBRARY, SKIPPED, Verdict)
 from . import sglang_engine as se
 
 
@@ -24,10 +31,80 @@ RUNTIME = {"library": (), "engine": ("sglang-mscclpp",)}
 MSCCLPP_FILE = "srt/distributed/device_communicators/pymscclpp.py"
 
 
+def flavour(eng) -> dict:
+    """Which MSCCL++ the installed SGLang runs, read from its source: ``{"kind": "standalone" | "bundled",
+    "where": "sglang/FILE:LINE ...", "node": the guarded try (standalone)}``. Standalone: a ``try`` in
+    ``pymscclpp.py`` importing ``mscclpp`` with an ``except ImportError`` (0.5.23). Bundled: ``pymscclpp.py`` reads
+    ``IS_MSCCLPP_AR_AVAILABLE`` and a module under ``srt/distributed/device_communicators`` imports ``sgl_kernel``
+    in a ``try`` whose ImportError handler sets it False (0.5.9). Raises :class:`sglang_engine.GateNotFound`."""
+    import ast
+
+    path = eng.file(MSCCLPP_FILE)
+    tree = eng.tree(MSCCLPP_FILE)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(isinstance(h.type, ast.Name) and h.type.id == "ImportError" for h in node.handlers):
+            body = ast.unparse(ast.Module(body=node.body, type_ignores=[]))
+            if "'mscclpp'" in body or '"mscclpp"' in body or "import mscclpp" in body:
+                return {"kind": "standalone", "node": node, "where": f"{se.short(path)}:{_import_line(node)}"}
+    use = next((n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "IS_MSCCLPP_AR_AVAILABLE"), None)
+    if use is not None:
+        for p in sorted(path.parent.glob("*.py")):
+            if "IS_MSCCLPP_AR_AVAILABLE" not in p.read_text(encoding="utf-8", errors="replace"):
+                continue
+            for node in ast.walk(source.parse(p)):
+                if not isinstance(node, ast.Try):
+                    continue
+                imp = next((n for b in node.body for n in ast.walk(b)
+                            if (isinstance(n, ast.Import) and any(a.name.split(".")[0] == "sgl_kernel" for a in n.names))
+                            or (isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "sgl_kernel")), None)
+                clear = next((h for h in node.handlers if "IS_MSCCLPP_AR_AVAILABLE = False" in ast.unparse(h)), None)
+                if imp is not None and clear is not None:
+                    return {"kind": "bundled", "node": None,
+                            "where": f"{se.short(p)}:{imp.lineno} `{ast.unparse(imp)}` (ImportError at :{clear.lineno} "
+                                     f"clears IS_MSCCLPP_AR_AVAILABLE); {se.short(path)}:{use.lineno} "
+                                     f"`{ast.unparse(use)}`"}
+    raise se.GateNotFound(f"gate not found in sglang {eng.version} at sglang/{MSCCLPP_FILE}: neither an import of "
+                          "mscclpp guarded by `except ImportError` nor sgl-kernel's IS_MSCCLPP_AR_AVAILABLE set by a "
+                          "guarded import of sgl_kernel")
+
+
+def _bundled_library(ctx, v: Verdict, eng, fl: dict) -> Verdict:
+    """The library answer when SGLang runs sgl-kernel's bundled MSCCL++ ops: their binary, common_ops."""
+    from .sglang_custom_ar import kernel_coverage
+
+    v.add("MSCCL++ SGLang runs", f"sgl-kernel's bundled ops (sglang {eng.version})", fl["where"])
+    dist, _, ops = kernel_coverage(ctx)
+    if not ops:
+        v.status, v.gate, v.lift = SKIPPED, GATE_NOT_INSTALLED, LIFT_PACKAGE
+        v.cause = (f"not installed: sgl-kernel (SGLang {eng.version} runs MSCCL++ through sgl-kernel's bundled ops, "
+                   f"{fl['where']})")
+        v.lift_detail = "pip install the sgl-kernel release SGLang pins"
+        return v
+    if not any(f.level in SASS_LEVELS for f in ops):
+        v.status, v.gate, v.lift = BLOCKED, GATE_BINARY, LIFT_REBUILD
+        v.cause = (f"SGLang {eng.version} runs MSCCL++ through {dist}'s bundled ops ({fl['where']}); its common_ops "
+                   f"carries no SASS for {ctx.target.cc}: {[(f.path, f.level) for f in ops]}")
+        v.lift_detail = f"{dist} built with sm_{ctx.target.number} (its arch list)"
+        return v
+    v.cause = (f"SGLang {eng.version} runs MSCCL++ through {dist}'s bundled ops ({fl['where']}), not the standalone "
+               f"mscclpp package; {dist}'s common_ops carries SASS for {ctx.target.cc} "
+               f"({', '.join(sorted({f.level for f in ops if f.level in SASS_LEVELS}))})")
+    return v
+
+
 def _library(ctx) -> Verdict:
     from .sglang_custom_ar import kernel_coverage
 
     v = Verdict("mscclpp", GATE_PASSES, lift=LIFT_NONE_NEEDED, scope=SCOPE_LIBRARY)
+    eng = se.installed()
+    fl = None
+    if eng is not None and eng.references("mscclpp"):
+        try:
+            fl = flavour(eng)
+        except se.GateNotFound as e:
+            v.status, v.cause = ERROR, str(e)
+            v.lift_detail = "teach this suite where the gate lives in this sglang release (it refuses to guess)"
+            return v
     dv = dist_version("mscclpp")
     bundled = [f for c in ctx.coverage.values() for f in c.files if "mscclpp" in f.path]
     if bundled:
@@ -41,6 +118,10 @@ def _library(ctx) -> Verdict:
     dist, _, ops = kernel_coverage(ctx)
     if ops:
         v.add(f"{dist} common_ops coverage", [(f.path, f.level) for f in ops], "static coverage (fatbin)")
+    if fl is not None and fl["kind"] == "bundled":
+        return _bundled_library(ctx, v, eng, fl)
+    if fl is not None:
+        v.add("MSCCL++ SGLang runs", f"the standalone mscclpp package (sglang {eng.version})", fl["where"])
     if dv is None and source.package_dir("mscclpp") is None:
         v.status, v.gate, v.lift = SKIPPED, GATE_NOT_INSTALLED, LIFT_PACKAGE
         v.cause = "not installed: mscclpp (the standalone package SGLang's communicator imports)"
@@ -72,17 +153,10 @@ def _engine(ctx, eng) -> Verdict:
     if not eng.references("mscclpp"):
         return se.not_integrated(BACKENDS[0], eng, ("mscclpp",), ctx)
     path = eng.file(MSCCLPP_FILE)
-    tree = eng.tree(MSCCLPP_FILE)
-    imp = None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Try) and any(isinstance(h.type, ast.Name) and h.type.id == "ImportError" for h in node.handlers):
-            body = ast.unparse(ast.Module(body=node.body, type_ignores=[]))
-            if "'mscclpp'" in body or '"mscclpp"' in body or "import mscclpp" in body:
-                imp = node
-                break
+    fl = flavour(eng)
+    imp = fl["node"]
     ans = se.EngineAnswer(BACKENDS[0], eng, ctx)
     ans.add(se.server_argument_gate(eng, ("--enable-mscclpp",)))
-    bundled = "IS_MSCCLPP_AR_AVAILABLE" in path.read_text(encoding="utf-8", errors="replace")
     if imp is not None:          # 0.5.23: the standalone package
         try:
             found = importlib.util.find_spec("mscclpp") is not None
@@ -95,18 +169,15 @@ def _engine(ctx, eng) -> Verdict:
                         "on ImportError: not installed: mscclpp (sgl-kernel's bundled MSCCL++ binaries do not count)",
                         LIFT_PACKAGE, "install the mscclpp Python package (microsoft/mscclpp) built for the target",
                         value="importable" if found else "not importable"))
-    elif bundled:                # 0.5.9: sgl-kernel's bundled MSCCL++ ops
+    else:                        # 0.5.9: sgl-kernel's bundled MSCCL++ ops
         from .sglang_custom_ar import kernel_coverage
         dist, _, ops = kernel_coverage(ctx)
         ok = bool(ops) and any(f.level in SASS_LEVELS for f in ops)
-        ans.add(se.Gate("sgl-kernel's MSCCL++ ops (IS_MSCCLPP_AR_AVAILABLE)", ok, f"{se.short(path)} (ops.IS_MSCCLPP_AR_AVAILABLE)",
+        ans.add(se.Gate("sgl-kernel's MSCCL++ ops (IS_MSCCLPP_AR_AVAILABLE)", ok, fl["where"],
                         GATE_NOT_INSTALLED if not ops else GATE_BINARY,
                         "its communicator runs sgl-kernel's bundled MSCCL++ ops: "
                         + ("not installed: sgl-kernel" if not ops else f"{dist}'s common_ops has no SASS for {ctx.target.cc}"),
                         LIFT_PACKAGE, "sgl-kernel built for the target", value=[(f.path, f.level) for f in ops]))
-    else:
-        raise se.GateNotFound(f"gate not found in sglang {eng.version} at sglang/{MSCCLPP_FILE}: neither an import of "
-                              "mscclpp guarded by `except ImportError` nor sgl-kernel's IS_MSCCLPP_AR_AVAILABLE")
     try:
         try:
             sizes, line = source.module_assignment(path, "_SUPPORTED_WORLD_SIZES")

@@ -9,7 +9,12 @@ Engine gate (:func:`engine_gate`, read from the installed SGLang with ``ast``; F
 2. ``CustomAllreduce._SUPPORTED_WORLD_SIZES``;
 3. the init rule ``if world_size > N and not full_nvlink`` (``custom_all_reduce_utils.py`` in 0.5.23):
    disabled on PCIe beyond N GPUs; SGLang's JIT "v2" path needs full NVLink outright;
-4. the per-call check ``should_custom_ar`` (``world_size == 2 or full_nvlink``).
+4. the per-call check ``should_custom_ar`` (``world_size == 2 or full_nvlink``);
+5. SGLang 0.5.23's default CUDA path, ``CustomAllReduceV2`` (:func:`v2_path`): ``custom_all_reduce.py`` picks it
+   while ``SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2`` (``srt/environ.py``, default True) is on and
+   ``can_use_custom_all_reduce_v2`` admits the group, which on one node needs full NVLink
+   (``full_nvlink is True``); its kernels are built at run time by SGLang's ``load_jit`` (nvcc in the image),
+   which the library answer reports beside the legacy kernels' SASS.
 Its one-shot kernel writes to all peers at once, which is why it is disabled on PCIe beyond two GPUs:
 nothing on this topology lifts it; PCIe-native designs (FlashInfer PCIe IPC allreduce, b12x) are the way
 out. A rule that cannot be found (e.g. rewritten with ``self.world_size``) is an error (C17).
@@ -88,8 +93,70 @@ def library_gate(ctx) -> list[Verdict]:
         v.status, v.gate, v.lift = BLOCKED, GATE_BINARY, LIFT_REBUILD
         v.cause = f"{dist}'s common_ops carries no SASS for {ctx.target.cc}: {[f.path for f in ops]}"
         return [v]
-    v.cause = f"{dist}'s common_ops carries SASS for {ctx.target.cc}"
+    sass = sorted({a for f in ops if f.level in SASS_LEVELS for a in (f.sass or [])})
+    v.cause = f"{dist}'s common_ops (the legacy CustomAllreduce kernels) carries SASS for {ctx.target.cc} ({', '.join(sass)})"
+    eng = se.installed()
+    if eng is not None:
+        try:
+            v2 = v2_path(eng)
+        except se.GateNotFound as e:
+            v.status, v.cause = ERROR, str(e)
+            return [v]
+        if v2 is not None:
+            from ..env import effective_nvcc
+            nvcc = effective_nvcc(ctx.env)
+            v.add("CustomAllReduceV2 kernels", f"built at run time by load_jit (default {v2['default']})", v2["jit"])
+            v.add("nvcc for SGLang's JIT", (nvcc or {}).get("path") or "none found", "environment")
+            v.cause += (f"; SGLang {eng.version}'s default CUDA path is CustomAllReduceV2, JIT-built at first use "
+                        f"({v2['jit']}; {v2['dispatch']}; {v2['env']}): it needs nvcc in the image ("
+                        + (f"here: {nvcc['path']}, CUDA {nvcc.get('release')}" if nvcc else "none found here") + ")")
+            if not nvcc:
+                v.warnings.append("no nvcc in reach: where SGLang selects CustomAllReduceV2 (full NVLink) its JIT build "
+                                  "fails; on PCIe it is not selected and the legacy kernels apply")
     return [v]
+
+
+def v2_path(eng) -> dict | None:
+    """SGLang's JIT custom allreduce (0.5.23 ``CustomAllReduceV2``), read from its source, or None when the release
+    has none (0.5.9). Returns {"dispatch": "sglang/...custom_all_reduce.py:L1-L2" (the ``if`` on
+    ``SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2`` that returns it), "env": declaration, "default": its EnvBool default,
+    "rule": "sglang/...custom_all_reduce_v2.py:L1-L2 ..." (``can_use_custom_all_reduce_v2``'s single-node NVLink rule:
+    ``full_nvlink = can_use_custom_all_reduce_with_nvlink(...)`` ... ``return full_nvlink is True``), "jit":
+    "sglang/...:L load_jit" (where its kernels are compiled)}. Raises GateNotFound when the dispatcher names V2
+    but its rule or its kernel loader cannot be found."""
+    name = "SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2"
+    path = eng.file(CA_FILE)
+    disp = next((n for n in ast.walk(eng.tree(CA_FILE)) if isinstance(n, ast.If) and name in ast.unparse(n.test)), None)
+    if disp is None:
+        return None
+    default, env_where = se.env_flag(eng, name)
+    v2_rel = CA_FILE.replace("custom_all_reduce.py", "custom_all_reduce_v2.py")
+    fn = eng.function(v2_rel, "can_use_custom_all_reduce_v2")
+    assign = next((n for n in ast.walk(fn) if isinstance(n, ast.Assign) and "nvlink" in ast.unparse(n.targets[0])
+                   and isinstance(n.value, ast.Call) and "nvlink" in ast.unparse(n.value.func)), None)
+    ret = next((n for n in ast.walk(fn) if isinstance(n, ast.Return) and n.value is not None and assign is not None
+                and ast.unparse(assign.targets[0]) in ast.unparse(n.value)), None)
+    if assign is None or ret is None:
+        raise se.GateNotFound(f"gate not found in sglang {eng.version} at sglang/{v2_rel}: can_use_custom_all_reduce_v2 "
+                              "has no `full_nvlink = can_use_custom_all_reduce_with_nvlink(...)` ... `return full_nvlink ...`")
+    jit = None
+    for imp in (n for n in ast.walk(eng.tree(v2_rel)) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("sglang.")):
+        try:
+            mod = eng.root.joinpath(*imp.module.split(".")[1:]).with_suffix(".py")
+        except ValueError:
+            continue
+        if not mod.is_file():
+            continue
+        call = next((c for c in ast.walk(source.parse(mod)) if isinstance(c, ast.Call)
+                     and getattr(c.func, "id", getattr(c.func, "attr", "")) == "load_jit"), None)
+        if call is not None:
+            jit = f"{short(mod)}:{call.lineno} load_jit"
+            break
+    if jit is None:
+        raise se.GateNotFound(f"gate not found in sglang {eng.version} at sglang/{v2_rel}: no module it imports from "
+                              "calls load_jit (where CustomAllReduceV2's kernels are built)")
+    return {"dispatch": f"{short(path)}:{disp.lineno}-{disp.end_lineno}", "env": env_where, "default": default,
+            "rule": f"{short(eng.file(v2_rel))}:{assign.lineno}-{ret.lineno} `{ast.unparse(ret)}`", "jit": jit}
 
 
 def engine_gate(ctx) -> list[Verdict]:
@@ -126,8 +193,24 @@ def _engine(ctx, eng) -> Verdict:
         ans.add(se.Gate("per-call check should_custom_ar", ok, f"{short(path)}:{per_call.lineno} should_custom_ar",
                         GATE_TOPOLOGY, "should_custom_ar sends nothing through it unless world_size == 2 or full NVLink",
                         LIFT_NOTHING, value="world_size == 2 or full_nvlink" if "full_nvlink" in txt else "read"))
-    return ans.verdict(f"SGLang {eng.version} admits world size {ctx.world_size} on {ctx.topology} "
-                       "(custom allreduce is on by default)")
+    v2 = v2_path(eng)
+    v = ans.verdict(f"SGLang {eng.version} admits world size {ctx.world_size} on {ctx.topology} "
+                    "(custom allreduce is on by default)")
+    if v2 is not None:
+        import os
+        val = os.environ.get("SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2")
+        on = se.env_truthy(val) if val is not None else bool(v2["default"])
+        if on:
+            # not a gate of its own: when can_use_custom_all_reduce_v2 refuses, SGLang falls back to the legacy
+            # CustomAllreduce, whose gates are the ones above
+            nvl = ctx.topology == "nvlink"
+            where = f"{v2['rule']}; chosen at {v2['dispatch']} ({v2['env']})"
+            v.add("CustomAllReduceV2 NVLink rule", {"admits": nvl, "value": "full NVLink required on one node; "
+                  "otherwise SGLang falls back to the legacy CustomAllreduce"}, where)
+            v.cause += (f"; its default CUDA path, CustomAllReduceV2 (JIT-built), is admitted on one node only with full "
+                        f"NVLink ({where}), " + ("so it runs here" if nvl else
+                                                 f"so on {ctx.topology} SGLang uses the legacy CustomAllreduce and its rules"))
+    return v
 
 
 def probe(ctx) -> list[Verdict]:

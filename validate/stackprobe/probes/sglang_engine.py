@@ -10,10 +10,15 @@ own conditions with the helpers here and answers with a :class:`~stackprobe.verd
 * a gate whose source cannot be found or parsed: ``error`` naming the package, its version and the file
   (case C17: "gate not found in sglang X at FILE"), never gate-passes;
 * a backend the installed SGLang never references: ``blocked (not-integrated)``;
-* a default-off opt-in: a gate of kind ``setting`` with lift ``setting`` and the exact variable.
+* a default-off opt-in (a server argument off by default, an environment variable unset): one rule for every
+  backend. The question is "will SGLang, as installed, enable it", so an opt-in that is off is a *closed*
+  gate (``opt_in=True``, kind ``setting``, lift ``setting``) naming the exact flag or variable: alone it makes
+  the verdict ``blocked (setting)``; beside other closed gates its flag is still part of the lift.
 
-Several closed gates: the first on SGLang's path is the verdict's gate; the others are listed in the
-cause; the lift is the hardest of them (``nothing-on-this-topology`` wins over a package upgrade).
+Several closed gates: the first on SGLang's path that is not an opt-in is the verdict's gate (the opt-in when it
+is the only one); the others are listed in the cause; the lift is the hardest of them
+(``nothing-on-this-topology`` wins over a package upgrade) and ``lift_detail`` names every closed gate's lift
+in path order, the opt-in's flag first.
 """
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ from pathlib import Path
 
 from .. import source
 from ..env import dist_version
-from ..verdict import (BLOCKED, ERROR, GATE_NOT_INSTALLED, GATE_NOT_INTEGRATED, GATE_PASSES, LIFT_NONE_NEEDED,
+from ..verdict import (BLOCKED, ERROR, GATE_NOT_INSTALLED, GATE_NOT_INTEGRATED, GATE_PASSES, GATE_SETTING, LIFT_NONE_NEEDED,
                        LIFT_NOTHING, LIFT_PACKAGE, LIFT_SETTING, SCOPE_ENGINE, SKIPPED, Verdict)
 
 DIST = "sglang"
@@ -143,17 +148,18 @@ class EngineAnswer:
         closed = [g for g in self.gates if not g.admits]
         if not closed:
             v.cause = passes_cause
-            opt_in = [g.flag for g in self.gates if g.opt_in and g.flag]
-            if opt_in:   # every gate admits, but only once the user turns it on: the lift names that setting (C16)
-                v.lift, v.lift_detail = LIFT_SETTING, f"set {' and '.join(opt_in)} (off by default in sglang {self.engine.version})"
             return v
-        first = closed[0]
+        # the verdict's gate: the first closed gate that is not a default-off opt-in (the real obstacle), else the
+        # opt-in; the opt-in stays in the cause and its flag in the lift either way
+        first = next((g for g in closed if not g.opt_in), closed[0])
+        closed = [first] + [g for g in closed if g is not first]
         hardest = min(closed, key=lambda g: _LIFT_ORDER.index(g.lift) if g.lift in _LIFT_ORDER else len(_LIFT_ORDER))
         v.status, v.gate, v.lift = BLOCKED, first.kind, hardest.lift
         v.cause = f"SGLang {self.engine.version}: {first.cause} ({first.where})"
         if len(closed) > 1:
             v.cause += "; also " + "; ".join(f"{g.cause} ({g.where})" for g in closed[1:])
-        v.lift_detail = "; ".join(dict.fromkeys(g.lift_detail for g in closed if g.lift_detail))
+        ordered = [g for g in self.gates if not g.admits]      # path order: the opt-in's flag first
+        v.lift_detail = "; ".join(dict.fromkeys(g.lift_detail for g in ordered if g.lift_detail))
         return v
 
 
@@ -367,11 +373,19 @@ def server_argument(engine: Engine, flags: tuple[str, ...]) -> dict:
                        f"(searched add_argument calls and arg-group fields in {', '.join(searched)})")
 
 
-def server_argument_gate(engine: Engine, flags: tuple[str, ...], *, on_when: object = True) -> Gate:
+def server_argument_gate(engine: Engine, flags: tuple[str, ...], *, on_when: object = True,
+                         set_to: str = "") -> Gate:
     """The server-argument gate: ``flags`` read by :func:`server_argument` (GateNotFound when none is declared).
-    The gate admits (the user can turn the backend on with that flag); its value names the flag and its default,
-    and whether the backend is on by default (``default == on_when``)."""
+    On by default (``default == on_when``): the gate admits. Off by default: SGLang as installed does not enable
+    the backend, so the gate is closed, an opt-in of kind ``setting`` whose lift is the flag (``set_to``: the
+    value to pass, e.g. ``flashinfer`` for ``--moe-a2a-backend``; empty for a store_true flag). Its value names
+    the flag, its default and where the default is declared."""
     a = server_argument(engine, flags)
-    state = "on by default" if a["default"] == on_when else "off by default"
-    return Gate("server argument", True, a["where"], flag=a["flag"], opt_in=a["default"] != on_when,
+    on = a["default"] == on_when
+    state = "on by default" if on else "off by default"
+    setting = f"{a['flag']} {set_to}".strip()
+    return Gate("server argument", on, a["where"], GATE_SETTING,
+                f"{a['flag']} is off by default (default {a['default']!r} at {a['default_where']}): SGLang as installed "
+                "does not enable it", LIFT_SETTING,
+                f"{setting} (off by default in sglang {engine.version})", flag=a["flag"], opt_in=not on,
                 value=f"{a['flag']} (default {a['default']!r} at {a['default_where']}: {state})")

@@ -151,3 +151,13 @@ def test_pcie_ipc_engine_note_drops_jit_wording_when_the_module_is_ahead_of_time
     fb0 = evidence(verdict(run_suite(venv, [sg, fi], ["--backend", PCIE], extra_env=no_nvcc)[0], PCIE, "engine"),
                    "workspace build failure")["value"]
     assert "JIT-build at first use" in fb0 and "this environment has no nvcc" in fb0
+
+
+def test_fusion_no_nvcc_warning_only_when_no_aot_module_serves_the_target():
+    venv, fi = suite_venv(), pip_target("flashinfer-python==0.7.4")
+    no_nvcc = {"CUDA_HOME": "/nonexistent-cuda", "FLASHINFER_CUDA_ARCH_LIST": "12.0f"}
+    site = jit_cache("sm120f", "arch=compute_120f,code=sm_120f", "0.7.4+cu131")
+    served = verdict(run_suite(venv, [fi, site], ["--backend", FUSION], extra_env=no_nvcc)[0], FUSION, "library")
+    assert not [w for w in served.get("warnings") or [] if "JIT-compiles this module at first use" in w], served
+    bare = verdict(run_suite(venv, [fi], ["--backend", FUSION], extra_env=no_nvcc)[0], FUSION, "library")
+    assert [w for w in bare.get("warnings") or [] if "JIT-compiles this module at first use" in w], bare

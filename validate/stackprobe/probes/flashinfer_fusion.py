@@ -67,7 +67,7 @@ def library_gate(ctx) -> list[Verdict]:
         v.status, v.cause = ERROR, f"cannot read {MODULE_FN} from the installed flashinfer: {e}"
         return [v]
     v.add(f"{MODULE_FN} supported majors", majors, where)
-    if not effective_nvcc(ctx.env):
+    if not effective_nvcc(ctx.env) and not fi.aot_module(MODULE_FN, target)["covers"]:
         v.warnings.append("no nvcc in this environment: FlashInfer JIT-compiles this module at first use, so even "
                           "with its gates open it cannot build here; only prebuilt kernels (flashinfer-jit-cache, "
                           "flashinfer-cubin) can serve the target")

@@ -226,3 +226,12 @@ def test_full_stack_images_verdicts_follow_the_evidence(client):
         _check_verdicts_follow_evidence(r, r.options["ran_in"]["image"])
     if len(reports) > 1:
         assert md.count("\n| ") >= 9
+
+
+def test_markdown_names_hidden_folders_and_set_variables():
+    from stackprobe.report import Report
+
+    r = Report(target_arch="12.0", label="img")
+    assert "ran with:" not in r.to_markdown()
+    r.options["ran_in"] = {"hidden": ["/usr/local/cuda/bin"], "env": {"CUDA_HOME": "/nonexistent"}}
+    assert "ran with: folders hidden: /usr/local/cuda/bin; environment set: CUDA_HOME=/nonexistent" in r.to_markdown()

@@ -221,6 +221,12 @@ class Report:
         lines = [f"# stackprobe report{': ' + self.label if self.label else ''}", "",
                  f"{self.headline()}  ", f"tiers: {', '.join(self.tiers)}; created {self.created}; schema {self.schema}  ",
                  f"provenance: {_provenance(self.provenance)}", ""]
+        ran_in = (self.options or {}).get("ran_in") or {}
+        if ran_in.get("hidden") or ran_in.get("env"):     # how the container differed from the image as shipped
+            extra = [f"folders hidden: {', '.join(ran_in['hidden'])}" if ran_in.get("hidden") else "",
+                     f"environment set: {', '.join(f'{k}={v}' for k, v in ran_in['env'].items())}"
+                     if ran_in.get("env") else ""]
+            lines += [f"ran with: {'; '.join(e for e in extra if e)}", ""]
         differs = self.host_differs()
         if differs:
             lines += [f"**The host differs from the target**: runtime verdicts here were measured on {differs}; they are "

@@ -81,19 +81,11 @@ def fetch_sdist(package: str, version: str, cache_dir: Path, *, index: str = "",
 def unpack_patched(archive: Path, dest: Path, patches: list[dict]) -> None:
     """Unpack an sdist (its single top folder becomes ``dest``) and apply literal ``patches``
     ({file, replace, with}); a patch that matches nothing raises BuildError naming it."""
-    import tarfile
-    import zipfile
+    from cudastack.sources import unpack
 
-    tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=dest.parent))
+    root = unpack(archive, dest.parent)
+    tmp = root if root.name.startswith(".unpack-") else root.parent     # the temporary folder unpack made
     try:
-        if archive.name.endswith(".zip"):
-            with zipfile.ZipFile(archive) as z:
-                z.extractall(tmp)
-        else:
-            with tarfile.open(archive) as t:
-                t.extractall(tmp, filter="data")
-        tops = list(tmp.iterdir())
-        root = tops[0] if len(tops) == 1 and tops[0].is_dir() else tmp
         for pt in patches:
             target = root / pt["file"]
             if not target.is_file():

@@ -146,12 +146,16 @@ def unpack(archive: Path, dest_parent: Path) -> Path:
     """Unpack ``archive`` under a fresh temporary folder in ``dest_parent``; return its single top folder
     (or the folder itself when the archive has several entries at the top)."""
     tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=dest_parent))
-    if archive.name.endswith(".zip"):
-        with zipfile.ZipFile(archive) as z:
-            z.extractall(tmp)
-    else:
-        with tarfile.open(archive) as t:
-            t.extractall(tmp, filter="data")
+    try:
+        if archive.name.endswith(".zip"):
+            with zipfile.ZipFile(archive) as z:
+                z.extractall(tmp)
+        else:
+            with tarfile.open(archive) as t:
+                t.extractall(tmp, filter="data")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)     # nothing half-unpacked is left behind
+        raise
     tops = list(tmp.iterdir())
     return tops[0] if len(tops) == 1 and tops[0].is_dir() else tmp
 

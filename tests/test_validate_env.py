@@ -115,3 +115,25 @@ def test_every_nvcc_in_reach_is_listed_path_cuda_home_and_pypi_folders(cuda13, t
     # none of those left (this interpreter's own site-packages may still hold a PyPI toolkit)
     left = envmod.all_nvccs({"nvcc": envmod.find_nvccs()})
     assert not [n for n in left if n["found_by"] != ["PyPI toolkit"] or n["path"] == str(pip)], left
+
+
+def test_nccl_tree_lift_is_the_setting_and_sglangs_own_switch():
+    """Tree is turned on by a setting (the lift), and its speed is the runtime tier's question (the status)."""
+    from stackprobe.probes import nccl
+    from stackprobe.verdict import LIFT_SETTING
+
+    class Ctx:
+        env = {"torch": {"nccl_error": "no NCCL here"}}
+
+    ring, tree = nccl.library_gate(Ctx())
+    assert tree.status == "skipped"           # no NCCL at all: not installed, nothing to set
+    import os
+    from unittest import mock
+    with mock.patch.object(nccl, "_nccl_version", return_value=("2.30.7", "test")), \
+            mock.patch.object(nccl.gates, "nccl_library_gate", lambda *a, **k: None), \
+            mock.patch.object(nccl, "_sglang_sets_tree", return_value="sglang/srt/server_args.py:2791"), \
+            mock.patch.dict(os.environ, {"NCCL_ALGO": ""}):
+        _, tree = nccl.library_gate(Ctx())
+    assert tree.status == "skipped" and tree.gate == "needs-runtime" and tree.lift == LIFT_SETTING
+    assert tree.lift_detail.startswith("NCCL_ALGO=allreduce:tree in the server's environment")
+    assert "--enable-deterministic-inference, which sets it (sglang/srt/server_args.py:2791)" in tree.lift_detail

@@ -279,3 +279,19 @@ def _aot_module(fn_name, target, root, resolve, SASS_LEVELS, dist_files) -> dict
             else:
                 out["cause"] += "; FlashInfer resolves and loads it"
     return out
+
+
+def add_aot_evidence(v, module_fn: str, target) -> tuple[dict, str, str]:
+    """Add to verdict ``v`` the evidence of the ahead-of-time module of generator ``module_fn`` for ``target``
+    (:func:`aot_module`: file, SASS, whether FlashInfer's loader resolves it) and whether a JIT build is needed
+    (:func:`aot_load_order`: FlashInfer loads an AOT module before it would build one). Returns the
+    :func:`aot_module` dict and the load order's text and source."""
+    aot = aot_module(module_fn, target)
+    v.add("AOT module", {k: aot.get(k) for k in ("module", "file", "dist_version", "version_ok", "sass", "level", "covers",
+                                                 "resolved_by_flashinfer")},
+          f"flashinfer-jit-cache; module name from {aot['where'] or module_fn}")
+    order, order_where = aot_load_order()
+    layout = "flashinfer-jit-cache layout <name>/<name>.so + version rule"
+    v.add("JIT needed", f"no: {order or 'FlashInfer loads the AOT module'}" if aot["covers"] else f"yes: {aot['cause']}",
+          f"{layout}; {order_where}" if order_where else layout)
+    return aot, order, order_where

@@ -132,14 +132,7 @@ def library_gate(ctx) -> list[Verdict]:
           "environment")
     if jit_cache is not None:
         v.add("flashinfer-jit-cache coverage", jit_cache.level, "static coverage")
-    aot = fi.aot_module(MODULE_FN, target)
-    v.add("AOT module", {k: aot.get(k) for k in ("module", "file", "dist_version", "version_ok", "sass", "level", "covers",
-                                   "resolved_by_flashinfer")},
-          f"flashinfer-jit-cache; module name from {aot['where'] or MODULE_FN}")
-    order, order_where = fi.aot_load_order()
-    v.add("JIT needed", f"no: {order or 'FlashInfer loads the AOT module'}" if aot["covers"] else f"yes: {aot['cause']}",
-          f"flashinfer-jit-cache layout <name>/<name>.so + version rule; {order_where}" if order_where else
-          "flashinfer-jit-cache layout <name>/<name>.so + version rule")
+    aot, order, order_where = fi.add_aot_evidence(v, MODULE_FN, target)
     if not nvcc and not aot["covers"]:
         # a missing package, not the CUDA release: nvcc (a devel base) or the module ahead of time (see ep-flashinfer-a2a)
         v.status, v.gate, v.lift = BLOCKED, GATE_TOOLCHAIN, LIFT_PACKAGE

@@ -60,14 +60,7 @@ def _library(ctx) -> Verdict:
             return v
     except source.SourceNotFound as e:
         v.add("gen_pcie_ipc_comm_module", None, str(e))
-    aot = fi.aot_module("gen_pcie_ipc_comm_module", ctx.target)
-    v.add("AOT module", {k: aot.get(k) for k in ("module", "file", "dist_version", "version_ok", "sass", "level", "covers",
-                                   "resolved_by_flashinfer")},
-          f"flashinfer-jit-cache; module name from {aot['where'] or 'gen_pcie_ipc_comm_module'}")
-    order, order_where = fi.aot_load_order()
-    v.add("JIT needed", f"no: {order or 'FlashInfer loads the AOT module'}" if aot["covers"] else f"yes: {aot['cause']}",
-          f"flashinfer-jit-cache layout <name>/<name>.so + version rule; {order_where}" if order_where else
-          "flashinfer-jit-cache layout <name>/<name>.so + version rule")
+    aot, order, order_where = fi.add_aot_evidence(v, "gen_pcie_ipc_comm_module", ctx.target)
     v.add("every nvcc in reach", all_nvccs(ctx.env) or "none (PATH, CUDA_HOME, /usr/local/cuda, PyPI toolkit folders)",
           "environment")
     if not effective_nvcc(ctx.env) and not aot["covers"]:

@@ -45,14 +45,17 @@ def library_gate(ctx) -> list[Verdict]:
     out = []
     ring = Verdict("nccl-ring", GATE_PASSES, lift=LIFT_NONE_NEEDED,
                    cause="NCCL is present; Ring is the baseline every other backend is measured against.")
-    tree = Verdict("nccl-tree", SKIPPED, gate=GATE_NEEDS_RUNTIME, lift=LIFT_UNKNOWN,
+    # Tree is switched on by a setting; whether it is worth it is the runtime tier's measurement
+    tree = Verdict("nccl-tree", SKIPPED, gate=GATE_NEEDS_RUNTIME, lift=LIFT_SETTING,
                    cause="Tree's speed on one node (a chain, not a tree) is a measurement; "
                          "the static tier only checks the setting's form.",
-                   lift_detail="NCCL_ALGO=allreduce:tree (per-collective form) leaves AllGather/ReduceScatter on their own algorithms")
+                   lift_detail="NCCL_ALGO=allreduce:tree in the server's environment (the per-collective form leaves "
+                               "AllGather/ReduceScatter on their own algorithms), then measure it against Ring")
     sg = _sglang_sets_tree()
     if sg is not None:
         tree.add("SGLang sets NCCL_ALGO itself", "--enable-deterministic-inference with TP > 1 sets "
                  "NCCL_ALGO=allreduce:tree in the server process", sg)
+        tree.lift_detail += f"; or --enable-deterministic-inference, which sets it ({sg})"
     if version is None:
         err = ctx.env.get("torch", {}).get("nccl_error") or ctx.env.get("torch", {}).get("import_error", "")
         for v in (ring, tree):

@@ -122,6 +122,10 @@ def noshell_image(docker_engine_scratch) -> str:
 @pytest.mark.docker
 def test_exit_code_6_build_failed(fixture_copy, tmp_path, noshell_image):
     _with_nvidia_base(fixture_copy, noshell_image)
+    for f in ("base.yaml", "cuda-ext.yaml", "runtime.yaml"):   # the build must start on a nearly full host too:
+        d = yaml.safe_load((fixture_copy / f).read_text())     # the disk check (exit 5) is not what is tested here
+        d["est_disk_gib"] = 0
+        (fixture_copy / f).write_text(yaml.safe_dump(d, sort_keys=False))
     p = _invoke("build", "--cuda", "13.1", "--base", "nvidia", "--recipes", str(fixture_copy),
                 "--prefix", "cudastack-test", "--state-dir", str(tmp_path / "state"))
     assert p.returncode == 6, p.stderr[-2000:]

@@ -75,7 +75,9 @@ def sent(node, scope: str) -> bool:
         raise UsageError(f"--builder-nodes {scope}: use 'source' (the nodes that compile: source and aot builds) or 'all'.")
     if node.kind.startswith("base"):
         return False
-    return scope == "all" or node.method in ("source", "aot")
+    from cudastack.recipes import COMPILING_METHODS
+
+    return scope == "all" or node.method in COMPILING_METHODS
 
 
 def _image_on_context(docker: str, context: str, tag: str) -> bool:

@@ -357,7 +357,7 @@ def cost_lines(node, resources, state_dir: str | Path = ".stack") -> list[str]:
     the source on this builder (an aot node: its generators' sources in the pinned FlashInfer wheel,
     :mod:`cudastack.costs_aot`); until it is here, from the recipe's ``units_reference`` when it has one."""
     info = getattr(node, "cost", None) or {}
-    if getattr(node, "method", "") not in ("source", "aot") or not info:
+    if getattr(node, "method", "") not in ("source", "aot") or not info:   # recipes.COMPILING_METHODS (it imports us)
         return []
     flags = arch_flags(info["style"], info.get("value", ""), info.get("separator", ";"), tuple(info.get("fixed", ())))
     jobs = next((int(k.value) for k in node.knobs if k.name in info.get("jobs_knobs", ())), 1)

@@ -200,25 +200,20 @@ def _auto_runner(eng, default, runners, major: int) -> dict | None:
     (<platform predicates admitting major>)`` under srt/arg_groups whose body assigns a runner of ``runners``.
     Returns {"to", "quantization", "predicates", "majors", "where"} or None."""
     table = se.platform_majors(eng)
-    for path in se._arg_sources(eng):
-        try:
-            tree = source.parse(path)
-        except (SyntaxError, ValueError, OSError):
+    for path, n in se.arg_ifs(eng):
+        if not isinstance(n.test, ast.BoolOp):
             continue
-        for n in ast.walk(tree):
-            if not (isinstance(n, ast.If) and isinstance(n.test, ast.BoolOp)):
-                continue
-            t = ast.unparse(n.test)
-            if f"moe_runner_backend == {default!r}" not in t or "quantization ==" not in t:
-                continue
-            to = next((a.value.value for a in n.body if isinstance(a, ast.Assign) and isinstance(a.value, ast.Constant)
-                       and "moe_runner_backend" in ast.unparse(a.targets[0]) and a.value.value in runners), None)
-            quant = next((c.comparators[0].value for c in ast.walk(n.test) if isinstance(c, ast.Compare)
-                          and "quantization" in ast.unparse(c.left) and isinstance(c.comparators[0], ast.Constant)), None)
-            names, majors = se.predicate_majors(n.test, table)
-            if to and quant and names and major in majors:
-                return {"to": to, "quantization": quant, "predicates": names, "majors": majors,
-                        "where": f"{se.short(path)}:{n.lineno}-{n.body[0].end_lineno}"}
+        t = ast.unparse(n.test)
+        if f"moe_runner_backend == {default!r}" not in t or "quantization ==" not in t:
+            continue
+        to = next((a.value.value for a in n.body if isinstance(a, ast.Assign) and isinstance(a.value, ast.Constant)
+                   and "moe_runner_backend" in ast.unparse(a.targets[0]) and a.value.value in runners), None)
+        quant = next((c.comparators[0].value for c in ast.walk(n.test) if isinstance(c, ast.Compare)
+                      and "quantization" in ast.unparse(c.left) and isinstance(c.comparators[0], ast.Constant)), None)
+        names, majors = se.predicate_majors(n.test, table)
+        if to and quant and names and major in majors:
+            return {"to": to, "quantization": quant, "predicates": names, "majors": majors,
+                    "where": f"{se.short(path)}:{n.lineno}-{n.body[0].end_lineno}"}
     return None
 
 

@@ -281,20 +281,13 @@ def _auto_enable(eng, dest: str) -> dict | None:
     import ast
 
     table = se.platform_majors(eng)
-    for path in se._arg_sources(eng):
-        try:
-            tree = source.parse(path)
-        except (SyntaxError, ValueError, OSError):
+    for path, node in se.arg_ifs(eng):
+        if not any(isinstance(n, ast.Attribute) and n.attr == dest for n in ast.walk(node.test)):
             continue
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.If):
-                continue
-            if not any(isinstance(n, ast.Attribute) and n.attr == dest for n in ast.walk(node.test)):
-                continue
-            names, majors = se.predicate_majors(node.test, table)
-            if names:
-                return {"majors": majors, "predicates": list(dict.fromkeys(names)),
-                        "where": f"{se.short(path)}:{node.lineno}-{node.test.end_lineno}"}
+        names, majors = se.predicate_majors(node.test, table)
+        if names:
+            return {"majors": majors, "predicates": list(dict.fromkeys(names)),
+                    "where": f"{se.short(path)}:{node.lineno}-{node.test.end_lineno}"}
     return None
 
 

@@ -282,6 +282,19 @@ def _arg_sources(engine: Engine) -> list[Path]:
     return out
 
 
+def arg_ifs(engine: Engine):
+    """Every ``if`` statement in SGLang's argument files (:data:`ARG_FILES`), as (path, ast.If) in file order;
+    a file that does not parse is left out (the callers' gates then report "not found")."""
+    for path in _arg_sources(engine):
+        try:
+            tree = source.parse(path)
+        except (SyntaxError, ValueError, OSError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If):
+                yield path, node
+
+
 def _field_default(trees: dict[Path, ast.Module], dest: str) -> tuple[object, str] | None:
     """The class-level ``dest: T = default`` (ServerArgs' dataclass field, or an arg group's field) and file:line."""
     for path, tree in trees.items():

@@ -21,8 +21,20 @@ FASTER = "faster"
 PARITY = "parity"
 SLOWER = "slower"
 INCONCLUSIVE = "inconclusive"
+# engine answers in a user's words (what the user gets on the target with the configuration asked about)
+ON_BY_DEFAULT = "on-by-default"          # the engine uses it with no flag set
+OPT_IN = "opt-in"                        # integrated and admitted on the target once the named flag/variable is set
+ON_AS_CONFIGURED = "on-as-configured"    # the configuration asked about sets it, and it serves
+STARTUP_FAILURE = "startup-failure-if-set"  # setting the flag makes the server fail at start-up (the raise and its path)
+FALLS_BACK = "falls-back-if-set"         # setting the flag is accepted, a check declines, the tensor goes elsewhere
+PREEMPTED = "preempted"                  # an earlier path of the engine's dispatch claims the tensor first
+NOT_INTEGRATED = "not-integrated"        # the installed engine never references it
+NOT_INSTALLED = "not-installed"          # a package it needs is absent
+NOT_ASSESSED = "not-assessed"            # a path the engine ships that this suite does not judge (say why)
+USER_STATUSES = (ON_BY_DEFAULT, OPT_IN, ON_AS_CONFIGURED, STARTUP_FAILURE, FALLS_BACK, PREEMPTED, NOT_INTEGRATED,
+                 NOT_INSTALLED, NOT_ASSESSED)
 STATUSES = (UNBLOCKED, GATE_PASSES, WORKS_SLOWER, BLOCKED, SKIPPED, ERROR, BASELINE, FASTER, PARITY, SLOWER,
-            INCONCLUSIVE)
+            INCONCLUSIVE) + USER_STATUSES
 
 # kinds of gate (why something is blocked)
 GATE_TOOLCHAIN = "toolchain"          # nvcc too old / missing, arch not supported by the toolkit
@@ -39,9 +51,10 @@ GATE_NOT_INSTALLED = "not-installed"
 GATE_DRIVER = "driver"                # the host's CUDA driver is below the stack's CUDA floor (R580 for 13.x)
 GATE_KNOWN_BAD = "known-bad-release"  # an installed release is listed in stackprobe/data/known_bad.toml
 GATE_NOT_INTEGRATED = "not-integrated"  # the installed engine never references the backend
+GATE_BROKEN_INSTALL = "broken-install"  # a package it needs is installed but does not load (import error, unmet pin)
 GATE_KINDS = (GATE_TOOLCHAIN, GATE_PYTHON, GATE_BINARY, GATE_TOPOLOGY, GATE_CUDA_GRAPH, GATE_SETTING,
               GATE_CRASH, GATE_HANG, GATE_WRONG, GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED, GATE_DRIVER,
-              GATE_KNOWN_BAD, GATE_NOT_INTEGRATED)
+              GATE_KNOWN_BAD, GATE_NOT_INTEGRATED, GATE_BROKEN_INSTALL)
 
 # scope of an answer: does the library admit the target, or will the engine enable it on the target host
 SCOPE_LIBRARY = "library"

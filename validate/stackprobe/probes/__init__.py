@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..archs import Arch
+from ..serverconfig import NO_FLAGS, ServerConfig
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Context:
     ``world_size``: the tensor-parallel size the verdicts are for (GPUs per node, default 8).
     ``topology``: "pcie" | "nvlink"; ``topology_source`` says whether it was detected or assumed.
     ``jit_compile``: run compile-only JIT builds (minutes; cached by content under ``cache_dir``).
+    ``server_config``: the engine flags and variables the verdicts are for (:data:`NO_FLAGS`: change nothing).
     """
 
     target: Arch
@@ -42,6 +44,7 @@ class Context:
     jit_compile: bool = False
     cache_dir: Path = field(default_factory=lambda: Path(os.environ.get("STACKPROBE_CACHE", Path.home() / ".cache" / "stackprobe")))
     timeout: float = 180.0
+    server_config: ServerConfig = NO_FLAGS
 
 
 def _load():

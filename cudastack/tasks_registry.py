@@ -181,6 +181,8 @@ def cluster_job(c, cuda="13.1", scheduler=None, gpus=None, nodes=1, image=None, 
     try:
         if scheduler not in ("slurm", "kubernetes"):
             raise UsageError("--scheduler must be 'slurm' or 'kubernetes'.")
+        if scheduler == "kubernetes":
+            cluster.require_kubernetes_validator()      # before any work: the Job is written checked or not at all
         try:
             n_gpus, n_nodes = int(gpus), int(nodes)
         except (TypeError, ValueError):

@@ -7,9 +7,10 @@ default this checkout's ``validate/`` folder is mounted read-only and put on PYT
 needs no image rebuild (the suite is not part of the runtime image's hash); ``image_suite=True`` runs the
 copy the image carries instead (when it has one). Every report gets ``provenance``: the digest of the suite
 that ran (computed by that suite), the image's id, repo digests, the plan hash and node from its labels,
-and the lockfile entry whose outputs or push record that image id. Errors (all
-:class:`cudastack.errors.ValidationError`, exit code 9): the image does not exist, it has no Python, the
-suite failed in it.
+and the lockfile entry whose outputs or push record that image id. Errors:
+:class:`cudastack.errors.ValidationError` (exit code 9) when the image does not exist, it has no Python, or the
+suite failed in it; :class:`cudastack.errors.EnvironmentError_` (exit 5, as for build) when no Docker engine
+answers (the client is :func:`cudastack.docker_engine.docker_client`, bound to the CLI's engine).
 """
 from __future__ import annotations
 
@@ -62,14 +63,9 @@ def validate_here(target_arch: str = "12.0", *, python: str | None = None, timeo
 def _client(client=None):
     if client is not None:
         return client
-    import docker
+    from cudastack.docker_engine import docker_client
 
-    try:
-        c = docker.from_env()
-        c.ping()
-        return c
-    except Exception as e:  # noqa: BLE001 - any failure to reach the daemon
-        raise ValidationError(f"cannot reach the Docker engine ({e}): start dockerd or set DOCKER_HOST.") from e
+    return docker_client()       # EnvironmentError_ (exit 5) when no engine answers, as for build
 
 
 def _run(client, image: str, cmd: list[str], *, volumes: dict | None = None, env: dict | None = None,

@@ -33,8 +33,8 @@ FIXTURES = ROOT / "tests" / "fixtures"
 
 @pytest.fixture(scope="module")
 def client():
-    import docker
-    c = docker.from_env()
+    from cudastack.docker_engine import docker_client
+    c = docker_client()
     c.ping()
     return c
 

@@ -27,6 +27,7 @@ import tempfile
 import time
 from typing import Callable
 
+from .docker_engine import docker_client
 from .errors import EnvironmentError_, UsageError
 
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
@@ -41,21 +42,6 @@ _PER_PACKAGE = ("I: Retrieving ", "I: Validating ", "I: Extracting ", "I: Unpack
 def _say(progress: Progress | None, msg: str) -> None:
     if progress is not None:
         progress(msg)
-
-
-def _docker_client():
-    """A docker SDK client that answers, or EnvironmentError_ saying how to start a daemon."""
-    import docker  # local import: the unit tests of this module's pure parts need no daemon
-
-    try:
-        client = docker.from_env()
-        client.ping()
-    except Exception as exc:  # docker.errors.DockerException, requests' ConnectionError, ...
-        raise EnvironmentError_(
-            f"No Docker daemon answers ({exc.__class__.__name__}: {exc}). Start one (`sudo dockerd &` or "
-            "`sudo systemctl start docker`) or point DOCKER_HOST at a running engine, then retry."
-        ) from exc
-    return client
 
 
 def _image_id(client, tag: str) -> str | None:
@@ -161,7 +147,7 @@ def bootstrap_os_image(
     """
     if not suite or "/" in suite or " " in suite:
         raise UsageError(f"Suite {suite!r} is not a Debian suite name; pass a codename such as 'bookworm'.")
-    client = _docker_client()
+    client = docker_client()
     rel = None
     if tag is None:  # the default tag names the mirror's snapshot date: one small download to know it
         rel = release_info(suite, mirror)
@@ -259,7 +245,7 @@ def os_image_record(tag: str) -> dict:
 
     Raises EnvironmentError_ when no daemon answers and UsageError when ``tag`` does not exist.
     """
-    client = _docker_client()
+    client = docker_client()
     import docker
 
     try:

@@ -345,9 +345,9 @@ def dry_run(plan: BuildPlan, *, state_dir: str | Path = ".stack", engine: Engine
     note = ""
     export: set[str] = set()
     try:
-        from cudastack.engine import connect_sdk
+        from cudastack.docker_engine import docker_client
 
-        engine = engine or Engine(None, connect_sdk())  # type: ignore[arg-type]  (no builds: no BuildKit needed)
+        engine = engine or Engine(None, docker_client())  # type: ignore[arg-type]  (no builds: no BuildKit needed)
         cached = cached_map(engine, Wheelhouse(Path(state_dir).resolve() / plan.wheelhouse), plan)
         export = {n.name for n in plan.nodes if n.kind == "wheels" and not cached[n.name] and engine.exists(n.tag)}
     except EnvironmentError_ as exc:

@@ -176,10 +176,11 @@ def wheels_locked(closure_text: str, names: list[str], wheelhouse: "Wheelhouse",
     does not name, i.e. wheels built from source; the digest is the one recorded when the wheel node exported
     it. Wheels the closure names are installed by ``name==version`` with the lock's hash (pip finds them in
     /wheelhouse through --find-links), so their bytes must be the locked ones."""
+    from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
-    in_closure = {canonicalize_name(ln.split("==", 1)[0]) for ln in closure_text.splitlines()
-                  if "==" in ln and not ln.lstrip().startswith("#")}
+    in_closure = {canonicalize_name(Requirement(ln.split()[0]).name) for ln in closure_text.splitlines()
+                  if "==" in ln and not ln.lstrip().startswith(("#", "--"))}
     recorded: dict[str, str] = {}
     for p in node.parents:
         if plan.node(p).kind == "wheels":

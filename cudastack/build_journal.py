@@ -4,6 +4,11 @@ killer, a lost machine) is rewritten as "interrupted", and the ``.export-<node>-
 /proc/<pid>/stat, proc(5), so a recycled pid is not taken for the run). The journal itself is written by
 :func:`cudastack.build.run_build`; the record's format is in :mod:`cudastack.build`'s docstring, and callers
 may import these names from there.
+
+Why pid + start time and not an ``flock``: a lock file the run holds for its whole life (flock(2): the
+kernel drops it when the holder dies, SIGKILL included, with no recycled-pid question) is the better answer
+and the one to move to; today the record, the export folders and the secrets folders are all keyed by pid,
+and moving the three to one lock file is a change of its own (not made yet).
 """
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ from typing import Iterable, Optional
 
 import yaml
 
-from cudastack.errors import UsageError
+from cudastack.errors import EnvironmentError_, UsageError
 from stackprobe.atomic import write_atomic
 from cudastack.reference import parse_reference
 
@@ -267,10 +267,27 @@ def kubernetes_job(image: str, *, gpus: int, nodes: int = 1, toolchain: str = ""
     }
 
 
+def require_kubernetes_validator() -> None:
+    """Raise EnvironmentError_ (exit 5), in one paragraph, when ``kubernetes-validate`` (the ``kubernetes``
+    extra of this project) cannot be imported: ``--scheduler kubernetes`` checks every Job against the
+    Kubernetes schema before writing it, and refuses to write an unchecked one."""
+    try:
+        import kubernetes_validate  # noqa: F401
+    except ImportError as exc:
+        import sys
+
+        raise EnvironmentError_(
+            f"`cluster-job --scheduler kubernetes` checks the Job against the Kubernetes schema with "
+            f"kubernetes-validate, which this Python ({sys.executable}) cannot import ({exc}). Install the "
+            "project's kubernetes extra (pip install -e '.[kubernetes]', or pip install 'kubernetes-validate>=1.28'), "
+            "or write a Slurm script with --scheduler slurm.") from None
+
+
 def validate_kubernetes(manifest: dict, version: Optional[str] = None) -> str:
     """Validate ``manifest`` against the Kubernetes OpenAPI schema bundled with ``kubernetes-validate``
     (strict: unknown fields are errors), offline. Returns the schema version used. Raises UsageError with
-    the validator's message."""
+    the validator's message, EnvironmentError_ when the validator is not installed."""
+    require_kubernetes_validator()
     import kubernetes_validate
     from kubernetes_validate.utils import latest_version
 

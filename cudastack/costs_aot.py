@@ -21,8 +21,12 @@ CU, CPP = (".cu",), (".cc", ".cpp", ".cxx", ".c")     # as cudastack.costs count
 def _find_wheel(packages: list[str], state_dir: str | Path) -> Path | None:
     """The flashinfer-python wheel pinned in ``packages`` ("flashinfer-python==0.7.2") in any wheelhouse of
     ``state_dir``; None when none is there."""
-    version = next((p.split("==", 1)[1] for p in packages if p.split("==")[0].replace("-", "_") == _WHEEL_PACKAGE
-                    and "==" in p), "")
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    version = next((s.version for r in map(Requirement, packages)
+                    if canonicalize_name(r.name) == canonicalize_name(_WHEEL_PACKAGE)
+                    for s in r.specifier if s.operator == "=="), "")
     if not version:
         return None
     found = sorted(Path(state_dir).glob(f"wheelhouse/*/{_WHEEL_PACKAGE}-{version}-*.whl"))

@@ -17,10 +17,11 @@ from __future__ import annotations
 import re
 from typing import Callable, Optional
 
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
 from cudastack.errors import LockError
 from stackprobe.archs import cuda_wheel_release
-
-_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 #: the runtime whose release anchors the others (CUDA 13 name, then the CUDA 12 one)
 ANCHORS = ("nvidia-cuda-runtime", "nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime-cu11")
 
@@ -64,28 +65,32 @@ def requirers(name: str, requires: dict, specs: list[str], unbounded_only: bool 
     upper bound or exact pin (the ones that let pip pick a newer release)."""
     out: list[str] = []
     for s in specs:
-        m = _NAME.match(s)
-        if m and _canon(m.group(1)) == name and not (unbounded_only and _bounded(s)):
+        r = _requirement(s)
+        if r is not None and canonicalize_name(r.name) == name and not (unbounded_only and _bounded(r)):
             out.append(f"requested: {s}")
     for owner, info in sorted(requires.items()):
         for text in info.get("requires_dist", []):
-            req, _, marker = text.partition(";")
-            m = _NAME.match(req)
-            if not m or _canon(m.group(1)) != name or (unbounded_only and _bounded(req)):
+            r = _requirement(text)
+            if r is None or canonicalize_name(r.name) != name or (unbounded_only and _bounded(r)):
                 continue
-            extra = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", marker)
-            line = f"{owner}{f' (extra {extra.group(1)})' if extra else ''} requires {req.strip()}"
+            extra = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", str(r.marker or ""))
+            req = text.partition(";")[0].strip()
+            line = f"{owner}{f' (extra {extra.group(1)})' if extra else ''} requires {req}"
             if line not in out:
                 out.append(line)
     return out
 
 
-def _bounded(req: str) -> bool:
-    return "==" in req or "<" in req or "~=" in req
+def _requirement(text: str) -> Requirement | None:
+    try:
+        return Requirement(text)
+    except InvalidRequirement:
+        return None
 
 
-def _canon(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+def _bounded(req: Requirement) -> bool:
+    """An exact pin or an upper bound (``==``, ``===``, ``<``, ``<=``, ``~=``): pip cannot pick a newer release."""
+    return any(s.operator in ("==", "===", "<", "<=", "~=") for s in req.specifier)
 
 
 def cohere(pkgs: list[dict], requires: dict, specs: list[str],

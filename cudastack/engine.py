@@ -40,13 +40,12 @@ from pathlib import Path
 from typing import Callable
 
 from cudastack.credentials import scrub
+from cudastack.docker_engine import docker_client
 from cudastack.engine_progress import BuildDisplay, Say, _fmt_s, _Progress
 from cudastack.errors import BuildError, EnvironmentError_, UsageError
 
 SYSTEM_CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt",
                      "/etc/ssl/cert.pem", "/etc/ssl/ca-bundle.pem")
-DAEMON_HINT = ("Start one: `sudo dockerd &` (or `sudo systemctl start docker`), or point DOCKER_HOST at a "
-               "running engine. On Debian/Ubuntu `sudo apt-get install docker.io` installs one.")
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
@@ -183,7 +182,7 @@ class Engine:
     def connect(cls, buildkit: BuildKitPath | None = None) -> "Engine":
         """Ping the daemon through the SDK (EnvironmentError_ with how to start one) and find a
         BuildKit path (EnvironmentError_ with what to install)."""
-        client = connect_sdk()
+        client = docker_client()
         return cls(buildkit or find_buildkit(), client)
 
     def info(self) -> dict:
@@ -332,15 +331,3 @@ def _build_error(name: str, dur: float, rc: int, log_path: Path, prog: _Progress
     return err
 
 
-def connect_sdk():
-    """A docker SDK client that answers ping, or EnvironmentError_ saying how to start a daemon."""
-    try:
-        import docker
-    except ImportError as exc:  # pragma: no cover - a declared dependency
-        raise EnvironmentError_("The docker SDK is not installed: pip install docker.") from exc
-    try:
-        client = docker.from_env(timeout=120)
-        client.ping()
-    except Exception as exc:  # DockerException, requests ConnectionError, FileNotFoundError ...
-        raise EnvironmentError_(f"No Docker daemon answers ({exc.__class__.__name__}: {exc}). {DAEMON_HINT}") from exc
-    return client

@@ -26,6 +26,12 @@ than PEP 691 JSON, or a download's sha256 differs from the index's; :class:`Usag
 project. Sources: PEP 503, PEP 691 (JSON simple API), PEP 658/714 (``core-metadata``), PEP 427 (wheel
 file names), the zip format (APPNOTE) as Python's ``zipfile`` reads it. Reading a wheel's zip over ranges, its
 METADATA member, and the tags/markers an interpreter accepts live in :mod:`cudastack.wheelmeta`.
+
+Why our own client and not ``pypi-simple`` (PyPI, 1.8: it parses PEP 691 pages, fetches PEP 658 metadata and
+checks a download's digest): what this module adds around those reads would stay ours (the cache keyed by
+sha256, the project-page TTL with a stale copy when the index is down, METADATA and a shared object's header
+read over HTTP ranges when an index has no PEP 658 file, the unpack guard), so only the page parsing would
+move; that swap, and the dependency it adds, are not made yet.
 """
 from __future__ import annotations
 

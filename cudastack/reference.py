@@ -38,11 +38,6 @@ class ImageReference:
     digest: Optional[str] = None
 
     @property
-    def api_host(self) -> str:
-        """Host[:port] that serves the HTTP API (Docker Hub's API lives on registry-1.docker.io)."""
-        return DOCKER_HUB_API if self.registry == DOCKER_HUB else self.registry
-
-    @property
     def name(self) -> str:
         """``registry/repository``: what the docker engine calls the repository."""
         return f"{self.registry}/{self.repository}"

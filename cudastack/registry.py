@@ -62,8 +62,9 @@ from cudastack.reference import (  # noqa: F401 - re-exported: callers import th
 from cudastack.registry_digest import (  # noqa: F401 - re-exported: callers import them from here
     _GONE_WORDS, _LOGIN_WORDS, _checked, _hide, _read_failure, _says, engine_digest, resolve_digest,
     skopeo_digest)
+from cudastack.docker_engine import docker_client  # noqa: F401 - re-exported: callers import it from here
 from cudastack.registry_login import (  # noqa: F401 - re-exported: callers import them from here
-    _login_url_ok, check_login_destination, checked_login, docker_client, ping, registry_credentials,
+    _login_url_ok, check_login_destination, checked_login, ping, registry_credentials,
     registry_url)
 
 

@@ -18,7 +18,8 @@ from typing import Optional
 
 from cudastack.errors import EnvironmentError_, RegistryError
 from cudastack.reference import _DIGEST_RE, ImageReference, is_loopback, parse_reference
-from cudastack.registry_login import checked_login, docker_client
+from cudastack.docker_engine import docker_client
+from cudastack.registry_login import checked_login
 
 
 # --------------------------------------------------------------------------------------------- digests

@@ -2,7 +2,7 @@
 for a registry (read through the docker SDK's ``docker.auth``), the registry's HTTP base URL, :func:`ping`
 (one credential-free ``GET /v2/``, Distribution spec "API version check"), :func:`check_login_destination`
 (credentials go only over https or to this machine, the rule of :mod:`cudastack.credentials`),
-:func:`checked_login` (the two together) and :func:`docker_client`. Why this is our own code and not a
+:func:`checked_login` (the two together); the engine's client is :func:`cudastack.docker_engine.docker_client`. Why this is our own code and not a
 maintained client's is in :mod:`cudastack.registry`'s docstring; callers import these names from there.
 """
 from __future__ import annotations
@@ -115,17 +115,3 @@ def checked_login(registry: str, *, timeout: float = 30.0) -> Optional[dict]:
 
 
 # --------------------------------------------------------------------------------------------- engine side
-def docker_client():
-    """A docker SDK client from the environment (DOCKER_HOST, DOCKER_CONFIG); EnvironmentError_ if no engine."""
-    import docker
-    import docker.errors
-
-    try:
-        client = docker.from_env()
-        client.ping()
-        return client
-    except docker.errors.DockerException as exc:
-        raise EnvironmentError_(
-            f"No Docker engine answers ({type(exc).__name__}). Start the daemon (e.g. `sudo dockerd &`) or set "
-            "DOCKER_HOST."
-        ) from None

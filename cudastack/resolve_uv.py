@@ -62,8 +62,9 @@ def uv_binary() -> str:
         found = shutil.which("uv")
         if found:
             return found
-    raise EnvironmentError_("uv is not installed, so `invoke lock --resolver uv` cannot run. Install it with "
-                            "`pip install uv` (or `pip install cudastack[lock-uv]`), or lock with --resolver pip.")
+    raise EnvironmentError_("uv is not installed, so `invoke lock --resolver uv` cannot run. It is a dependency of "
+                            "this project: reinstall it (`pip install -e .`) or `pip install uv`, or lock with "
+                            "--resolver pip.")
 
 
 def uv_version(uv: Optional[str] = None) -> str:

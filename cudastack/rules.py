@@ -45,18 +45,6 @@ def parse_target_archs(specs: str | list[str]) -> list[Arch]:
     return archs
 
 
-def toolchains_supporting(recipes: RecipeSet, arch: Arch) -> list[str]:
-    """Names of the toolchains in ``recipes`` that accept ``arch`` (suffix included)."""
-    out = []
-    for tc in recipes.toolchains.values():
-        try:
-            check_arch(recipes, tc, arch)
-        except ArchError:
-            continue
-        out.append(tc.name)
-    return out
-
-
 def check_arch(recipes: RecipeSet, tc: Toolchain, arch: Arch, name_others: bool = True) -> None:
     """Refuse one target arch that ``tc``'s nvcc cannot compile (C1, C2, C3). Raises ArchError; with
     ``name_others`` its message names the other toolchains that can (never nested: two toolchains refusing the

@@ -134,15 +134,12 @@ def push(c, cuda="13.1", registry=None, node="runtime", all_nodes=False, arch=No
 
 
 @task(help={"cuda": _PLAN_HELP["cuda"], "lockfiles": _PLAN_HELP["lockfiles"],
-            "locked": "Pull exactly the digest the lockfile records (the default and only mode).",
             "node": "Node whose pushed image to pull (default runtime)."}, auto_shortflags=False)
-def pull(c, cuda="13.1", locked=True, node="runtime", lockfiles=None):
-    """Pull the image the lockfile records by digest and verify it (registry digest, RepoDigests, image id)."""
+def pull(c, cuda="13.1", node="runtime", lockfiles=None):
+    """Pull the image the lockfile records by digest (the only mode: a cluster runs what was validated) and verify it (registry digest, RepoDigests, image id)."""
     from cudastack import lock as L
 
     try:
-        if not locked:
-            raise UsageError("pull only works from the lockfile (--locked): a cluster must run what was validated.")
         path = L.lock_path(str(cuda), lockfiles)
         image = L.pull_locked(path, node=node, progress=_say)
         print(f"{image.attrs.get('RepoDigests')[0] if image.attrs.get('RepoDigests') else image.id} -> {image.id}")
@@ -181,6 +178,8 @@ def cluster_job(c, cuda="13.1", scheduler=None, gpus=None, nodes=1, image=None, 
     try:
         if scheduler not in ("slurm", "kubernetes"):
             raise UsageError("--scheduler must be 'slurm' or 'kubernetes'.")
+        if scheduler == "kubernetes":
+            cluster.require_kubernetes_validator()      # before any work: the Job is written checked or not at all
         try:
             n_gpus, n_nodes = int(gpus), int(nodes)
         except (TypeError, ValueError):

@@ -22,7 +22,6 @@ _HELP = {
     "jit_compile": "Also compile FlashInfer's allreduce-fusion module for the target (minutes; cached by content).",
     "world_size": "Tensor-parallel size the verdicts are for (default 8).",
     "topology": "GPU interconnect of the target host: auto (detected with GPUs, else PCIe), pcie or nvlink.",
-    "mount_suite": "Run this checkout's suite (mounted read-only): the default; kept for older scripts.",
     "image_suite": "Run the suite copy the image carries instead of this checkout's (reports name its digest either way).",
     "env": "K=V set in the image's container (repeatable), e.g. --env CUDA_HOME=/nonexistent --env "
            "PATH=/opt/venv/bin:/usr/bin:/bin to validate as a host with no nvcc would run the image.",
@@ -34,7 +33,7 @@ _HELP = {
 
 @task(help=_HELP, iterable=["image", "env", "hide"], auto_shortflags=False)
 def validate(c, image=None, target_arch="12.0", out=DEFAULT_OUT, markdown=None, jit_compile=False,
-             world_size=8, topology="auto", mount_suite=False, image_suite=False, order="toolchain", env=None,
+             world_size=8, topology="auto", image_suite=False, order="toolchain", env=None,
              hide=None):
     """Validate images (or this environment): which allreduce backends can work for the target arch, and why."""
     from cudastack.validate_images import validate_many
@@ -61,8 +60,7 @@ def validate(c, image=None, target_arch="12.0", out=DEFAULT_OUT, markdown=None, 
         _, text = validate_many(list(image or []), str(target_arch), out_dir=out, order=str(order),
                                 jit_compile=bool(jit_compile),
                                 world_size=ws, topology=topology, say=lambda m: print(m, file=sys.stderr),
-                                **({"mount_suite": True} if mount_suite else {}),
-                                **({"image_suite": True} if image_suite and not mount_suite else {}),
+                                **({"image_suite": True} if image_suite else {}),
                                 **({"extra_env": extra_env} if extra_env else {}),
                                 **({"hide": hidden} if hidden else {}))
     except StackError as exc:

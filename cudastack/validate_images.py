@@ -7,9 +7,10 @@ default this checkout's ``validate/`` folder is mounted read-only and put on PYT
 needs no image rebuild (the suite is not part of the runtime image's hash); ``image_suite=True`` runs the
 copy the image carries instead (when it has one). Every report gets ``provenance``: the digest of the suite
 that ran (computed by that suite), the image's id, repo digests, the plan hash and node from its labels,
-and the lockfile entry whose outputs or push record that image id. Errors (all
-:class:`cudastack.errors.ValidationError`, exit code 9): the image does not exist, it has no Python, the
-suite failed in it.
+and the lockfile entry whose outputs or push record that image id. Errors:
+:class:`cudastack.errors.ValidationError` (exit code 9) when the image does not exist, it has no Python, or the
+suite failed in it; :class:`cudastack.errors.EnvironmentError_` (exit 5, as for build) when no Docker engine
+answers (the client is :func:`cudastack.docker_engine.docker_client`, bound to the CLI's engine).
 """
 from __future__ import annotations
 
@@ -62,14 +63,9 @@ def validate_here(target_arch: str = "12.0", *, python: str | None = None, timeo
 def _client(client=None):
     if client is not None:
         return client
-    import docker
+    from cudastack.docker_engine import docker_client
 
-    try:
-        c = docker.from_env()
-        c.ping()
-        return c
-    except Exception as e:  # noqa: BLE001 - any failure to reach the daemon
-        raise ValidationError(f"cannot reach the Docker engine ({e}): start dockerd or set DOCKER_HOST.") from e
+    return docker_client()       # EnvironmentError_ (exit 5) when no engine answers, as for build
 
 
 def _run(client, image: str, cmd: list[str], *, volumes: dict | None = None, env: dict | None = None,
@@ -161,13 +157,13 @@ def check_hidden(folders) -> list[str]:
 
 
 def validate_image(image: str, target_arch: str = "12.0", *, client=None, timeout: float = 1800,
-                   image_suite: bool = False, mount_suite: bool | None = None, extra_env: dict | None = None,
+                   image_suite: bool = False, extra_env: dict | None = None,
                    hide: list[str] | None = None, **kw):
     """Run the static suite inside ``image`` (``docker run --rm``, no network) and return its Report.
 
     Mounts this checkout's ``validate/`` read-only (ahead of any copy in the image) unless ``image_suite``,
     which uses the image's own suite when ``import stackprobe`` works there (and mounts the checkout's when
-    it does not). ``mount_suite`` is the older spelling of the default. ``extra_env``: variables set in the
+    it does not). ``extra_env``: variables set in the
     container on top of the image's (e.g. ``CUDA_HOME=/nonexistent`` and a ``PATH`` without the toolkit, to
     validate the image as a host without nvcc would run it); recorded in the report's options. ``hide``: folders
     covered with an empty read-only tmpfs in the container (e.g. every ``bin`` folder holding an nvcc, so the
@@ -184,7 +180,7 @@ def validate_image(image: str, target_arch: str = "12.0", *, client=None, timeou
         raise ValidationError(f"image {image} does not exist on this Docker engine: build it (`invoke build --cuda 13.1`) "
                               "or pull it, then pass its tag or digest to --image.") from None
     py = find_python(client, image)
-    use_image = image_suite and not mount_suite
+    use_image = image_suite
     rc, _, _ = _run(client, image, [py, "-c", "import stackprobe"], timeout=120) if use_image else (1, "", "")
     volumes, env, how = {}, {}, "image's own suite"
     if rc != 0:
@@ -258,7 +254,6 @@ def validate_many(images: list[str], target_arch: str = "12.0", *, out_dir: str 
         raise UsageError(f"--order {order!r}: use toolchain (older to newer) or given (as the images are listed).")
     from stackprobe.report import comparison_markdown
 
-    mount = kw.pop("mount_suite", None)
     image_suite = kw.pop("image_suite", False)
     if not images:
         say("validating the current environment")
@@ -267,7 +262,7 @@ def validate_many(images: list[str], target_arch: str = "12.0", *, out_dir: str 
         reports = []
         for img in images:
             say(f"validating {img}")
-            reports.append(validate_image(img, target_arch, mount_suite=mount, image_suite=image_suite, **kw))
+            reports.append(validate_image(img, target_arch, image_suite=image_suite, **kw))
     if out_dir:
         out = Path(out_dir)
         for r, name in zip(reports, images or ["current-environment"]):

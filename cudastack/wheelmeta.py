@@ -93,16 +93,37 @@ def read_metadata_member(z: zipfile.ZipFile) -> bytes | None:
 
 
 # ----------------------------------------------------------------------------------- tags
+MIN_MANYLINUX_MINOR = 5         # manylinux1 == manylinux_2_5 (PEP 600)
+
+
+def manylinux_platforms(glibc: str, machine: str = "x86_64") -> list[str]:
+    """Every manylinux platform tag a system with ``glibc`` ("2.36") satisfies, newest first: PEP 600
+    ``manylinux_2_Y_<machine>`` for Y down to 5 plus the legacy aliases manylinux2014 (2.17), manylinux2010
+    (2.12) and manylinux1 (2.5) (PEP 599, 571, 513). pip's ``--platform`` takes exact tags only. Our own code:
+    ``packaging.tags`` builds this list only for the running interpreter's glibc (its ``_manylinux`` module is
+    private), and the target here is an image's. Raises UsageError for a glibc not of the form 2.N."""
+    import re
+
+    from cudastack.errors import UsageError
+
+    m = re.fullmatch(r"2\.(\d+)", glibc.strip())
+    if not m:
+        raise UsageError(f"glibc version {glibc!r} is not of the form 2.N (e.g. 2.36).")
+    minor = int(m.group(1))
+    tags = [f"manylinux_2_{y}_{machine}" for y in range(minor, MIN_MANYLINUX_MINOR - 1, -1)]
+    for alias, y in (("manylinux2014", 17), ("manylinux2010", 12), ("manylinux1", 5)):
+        if minor >= y:
+            tags.append(f"{alias}_{machine}")
+    return tags
+
+
 def supported_tags(python: str, glibc: tuple[int, int] = (2, 28), machine: str = "x86_64") -> list[Tag]:
     """Wheel tags an interpreter ``python`` ("3.11") on Linux ``machine`` with ``glibc`` accepts, best
     first (CPython, abi3, py3-none; manylinux_2_5 .. glibc plus the legacy aliases; linux_<machine>)."""
     from packaging import tags as T
 
     major, minor = (int(x) for x in python.split(".")[:2])
-    plats = [f"manylinux_{glibc[0]}_{m}_{machine}" for m in range(glibc[1], 4, -1)]
-    legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
-    plats += [f"{legacy[m]}_{machine}" for m in (17, 12, 5) if glibc[1] >= m]
-    plats.append(f"linux_{machine}")
+    plats = manylinux_platforms(f"{glibc[0]}.{glibc[1]}", machine) + [f"linux_{machine}"]
     out = list(T.cpython_tags((major, minor), platforms=plats))
     out += list(T.compatible_tags((major, minor), f"cp{major}{minor}", platforms=plats))
     return out

@@ -51,14 +51,14 @@ if [ ! -x .venv/bin/python ]; then
   log "creating .venv"
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c 'import cudastack, stackprobe, invoke, docker, yaml, pytest' 2>/dev/null \
+if ! .venv/bin/python -c 'import cudastack, stackprobe, invoke, docker, yaml, pytest, pytest_timeout, mypy, ruff' 2>/dev/null \
    || [ pyproject.toml -nt .venv/.installed ]; then
   log "installing the project into .venv"
   .venv/bin/pip install -q --upgrade pip >/dev/null
   # The tests need torch only for CPU work (gloo process groups, reading torch's arch list); pin one
   # release so the resolver does not pick the newest CUDA build. Override with CUDASTACK_TEST_TORCH.
   .venv/bin/python -c 'import torch' 2>/dev/null || .venv/bin/pip install -q "torch==${CUDASTACK_TEST_TORCH:-2.13.0}"
-  .venv/bin/pip install -q -e ".[test]"
+  .venv/bin/pip install -q -e ".[dev]"
   touch .venv/.installed
 fi
 export PATH="$ROOT/.venv/bin:$PATH"

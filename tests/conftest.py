@@ -23,9 +23,11 @@ def recipes_copy(tmp_path):
 def docker_engine_scratch():
     """``(client, made)``: a docker SDK client to a live engine (skip when none answers) and a list the test
     appends image references to; every reference in it is removed afterwards."""
-    docker = pytest.importorskip("docker")
+    pytest.importorskip("docker")
+    from cudastack.docker_engine import docker_client
+
     try:
-        c = docker.from_env()
+        c = docker_client()
         c.ping()
     except Exception as exc:  # noqa: BLE001
         pytest.skip(f"no Docker engine: {exc}")

@@ -1,30 +1,51 @@
-"""A small package index on 127.0.0.1 for the radar's failing cases: real HTTP, real wheels (zip files
-with a dist-info), PEP 691 JSON project pages. It ignores ``Range`` (answers 200 with the whole file),
-so the client's fall-back from range reads to a full download is exercised too."""
+"""A small package index on 127.0.0.1 for the radar's tests: real HTTP, real wheels (zip files with a
+dist-info) and sdists, PEP 691 JSON project pages. It honours ``Range: bytes=A-B`` (206 with
+``Content-Range``, as PyPI's file host does), so range reads run without the network; ``ranges=False``
+makes it ignore ``Range`` (200 with the whole file), so the client's fall-back to a full download is
+exercised too. :func:`check_torch_held_by_engine` and friends are the relations the radar's answers must
+keep, against PyPI and against a local index whose newest releases move forward."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import re
+import tarfile
 import threading
 import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 
-def make_wheel(out: Path, name: str, version: str, requires: list[str] = (), files: dict[str, str] | None = None,
-               tag: str = "py3-none-any") -> Path:
+def make_wheel(out: Path, name: str, version: str, requires: tuple[str, ...] | list[str] = (),
+               files: dict[str, str | bytes] | None = None, tag: str = "py3-none-any") -> Path:
     """A wheel ``<name>-<version>-<tag>.whl`` with METADATA (Requires-Dist lines) and ``files``."""
     dist = name.replace("-", "_")
     path = Path(out) / f"{dist}-{version}-{tag}.whl"
-    meta = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"] + [f"Requires-Dist: {r}" for r in requires]
+    meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"] + [f"Requires-Dist: {r}" for r in requires]
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
         for rel, text in (files or {}).items():
             z.writestr(rel, text)
         z.writestr(f"{dist}-{version}.dist-info/METADATA", "\n".join(meta) + "\n")
         z.writestr(f"{dist}-{version}.dist-info/WHEEL", f"Wheel-Version: 1.0\nTag: {tag}\n")
         z.writestr(f"{dist}-{version}.dist-info/RECORD", "")
+    return path
+
+
+def make_sdist(out: Path, name: str, version: str, requires: tuple[str, ...] | list[str] = ()) -> Path:
+    """An sdist ``<name>-<version>.tar.gz`` holding only ``<name>-<version>/PKG-INFO``."""
+    dist = name.replace("-", "_")
+    path = Path(out) / f"{dist}-{version}.tar.gz"
+    meta = "\n".join(["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+                     + [f"Requires-Dist: {r}" for r in requires]).encode() + b"\n"
+    with tarfile.open(path, "w:gz") as t:
+        info = tarfile.TarInfo(f"{dist}-{version}/PKG-INFO")
+        info.size = len(meta)
+        t.addfile(info, io.BytesIO(meta))
     return path
 
 
@@ -36,16 +57,20 @@ def comm_py(majors: list[int] | None, extra: str = "") -> str:
 
 
 class FakeIndex:
-    """``with FakeIndex(folder) as ix: ix.url`` serves every ``*.whl`` in ``folder``. ``bad_hash``: file
-    names listed with a wrong sha256; ``html``: answer project pages as PEP 503 HTML only."""
+    """``with FakeIndex(folder) as ix: ix.url`` serves every ``*.whl`` and ``*.tar.gz`` in ``folder`` (read
+    at each request: files added inside the block are listed at once). ``bad_hash``: file names listed with a
+    wrong sha256; ``html``: answer project pages as PEP 503 HTML only; ``ranges``: honour ``Range``.
+    ``requests``: every path asked for; ``range_requests``: (path, Range header) of each range read."""
 
-    def __init__(self, folder: Path, bad_hash: set[str] = frozenset(), html: bool = False):
-        self.folder, self.bad_hash, self.html = Path(folder), set(bad_hash), html
+    def __init__(self, folder: Path, bad_hash: set[str] | frozenset[str] = frozenset(), html: bool = False,
+                 ranges: bool = True):
+        self.folder, self.bad_hash, self.html, self.ranges = Path(folder), set(bad_hash), html, ranges
         self.requests: list[str] = []
+        self.range_requests: list[tuple[str, str]] = []
 
     def _page(self, project: str) -> dict | None:
         files = []
-        for p in sorted(self.folder.glob("*.whl")):
+        for p in sorted([*self.folder.glob("*.whl"), *self.folder.glob("*.tar.gz")]):
             if canonicalize_name(p.name.split("-")[0]) != project:
                 continue
             sha = hashlib.sha256(p.read_bytes()).hexdigest()
@@ -82,7 +107,21 @@ class FakeIndex:
                 else:
                     self.send_error(404)
                     return
-                self.send_response(200)
+                status, rng = 200, self.headers.get("Range", "")
+                m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng.strip())
+                if outer.ranges and ctype == "application/octet-stream" and m:
+                    outer.range_requests.append((self.path, rng))
+                    start = int(m.group(1))
+                    end = min(int(m.group(2)) if m.group(2) else len(body) - 1, len(body) - 1)
+                    if start >= len(body):
+                        self.send_response(416)
+                        self.send_header("Content-Range", f"bytes */{len(body)}")
+                        self.end_headers()
+                        return
+                    status, total, body = 206, len(body), body[start:end + 1]
+                self.send_response(status)
+                if status == 206:
+                    self.send_header("Content-Range", f"bytes {start}-{end}/{total}")
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -97,3 +136,47 @@ class FakeIndex:
     def __exit__(self, *exc):
         self.server.shutdown()
         self.server.server_close()
+
+
+# ------------------------------------------------------------------------------------ relations that stay true
+# What the radar must answer whatever upstream publishes next: each check reads the radar's JSON rows
+# (cudastack.radar.to_json) and asserts relations (the newest is at least a release known to exist; the
+# engine's pin holds a component at its pin; the first release that lifts a gate), never which release is
+# newest today.
+def radar_row(data: list[dict], tc: str, component: str) -> dict:
+    t = next(t for t in data if t["toolchain"] == tc)
+    return next(r for r in t["rows"] if r["component"] == component)
+
+
+def check_held_by_engine(data: list[dict], tc: str, component: str, pin: str, known_newer: str) -> dict:
+    """``component`` of ``tc`` is pinned at ``pin``, the engine's ``Requires-Dist `<component>==<pin>``` holds
+    it there, and the index's newest is at least ``known_newer`` (a release known to exist past the pin)."""
+    r = radar_row(data, tc, component)
+    assert r["pinned"] == pin, r
+    assert Version(r["newest"]) >= Version(known_newer) > Version(pin), r
+    assert r["newest_allowed"] == pin, r
+    assert any(_pins(h, component, pin) for h in r["held_back_by"]), r["held_back_by"]
+    return r
+
+
+def _pins(text: str, component: str, pin: str) -> bool:
+    """``text`` quotes a ``Requires-Dist `<component>==<pin>``` (the name as the metadata spells it)."""
+    for spec in re.findall(r"Requires-Dist `([^`]+)`", text):
+        req = Requirement(spec)
+        if canonicalize_name(req.name) == component and str(req.specifier) == f"=={pin}":
+            return True
+    return False
+
+
+def check_gate_lift(row: dict, gate: str, before: str, first: str) -> None:
+    """The row's move names ``gate`` blocking with ``before`` at the pin, admitting at the newest (whatever
+    its list then reads) and the first release that lifts it."""
+    pat = re.escape(f"{gate} blocks ({before}) -> admits (") + r"\[[^\]]*\]\) " + re.escape(f"(first in {first})")
+    assert re.search(pat, row["move"]), row["move"]
+
+
+def check_engine_refuses(data: list[dict], tc: str, engine: str, requirement: str, component: str) -> None:
+    """The engine's ``Requires-Dist `requirement``` refuses ``tc``'s pin of ``component`` moved alone."""
+    conflicts = next(t for t in data if t["toolchain"] == tc)["conflicts"]
+    assert any(c.startswith(engine) and f"Requires-Dist `{requirement}`" in c
+               and f"moving {component} alone is refused" in c for c in conflicts), conflicts

@@ -50,9 +50,9 @@ def buildx_config(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def second_engine(buildx_config):
-    """A second dockerd (own socket, data root, exec root, containerd namespace and bridge) and a docker context
-    for it; yields (context name, socket). Everything is removed afterwards."""
+def second_dockerd():
+    """A second dockerd (own socket, data root, exec root, containerd namespace and bridge); yields (a short
+    name for it, socket). Everything is removed afterwards."""
     if os.geteuid() != 0 or not shutil.which("dockerd") or not shutil.which("ip"):
         pytest.skip("needs root, dockerd and ip to start a second engine")
     # Its own bridge, never `--bridge none`: a dockerd started with the bridge disabled deletes the host's
@@ -79,10 +79,8 @@ def second_engine(buildx_config):
             time.sleep(1)
         else:
             pytest.fail(f"the second dockerd did not start: {(root / 'dockerd.log').read_text()[-2000:]}")
-        _sh("docker", "context", "create", tag, "--docker", f"host=unix://{sock}")
         yield tag, sock
     finally:
-        _sh("docker", "context", "rm", "-f", tag, check=False)
         if proc is not None:
             proc.terminate()
             try:
@@ -95,6 +93,58 @@ def second_engine(buildx_config):
         if had_docker0:
             assert _sh("ip", "link", "show", "docker0", check=False).returncode == 0, \
                 "the second engine removed the host's docker0 bridge"
+
+
+@pytest.fixture(scope="module")
+def second_engine(buildx_config, second_dockerd):
+    """The second dockerd and a docker context for it (in buildx_config's DOCKER_CONFIG); yields (context name,
+    socket)."""
+    tag, sock = second_dockerd
+    _sh("docker", "context", "create", tag, "--docker", f"host=unix://{sock}")
+    try:
+        yield tag, sock
+    finally:
+        _sh("docker", "context", "rm", "-f", tag, check=False)
+
+
+def test_docker_context_use_moves_build_and_inspect_together(second_dockerd, tmp_path, monkeypatch):
+    """`docker context use` to the second engine (in a DOCKER_CONFIG of this test's own, so no other docker
+    client on the host is moved): the build (docker CLI) and the cache check / inspect (docker SDK, through
+    cudastack.docker_engine) both land there; `docker context use default` brings both back."""
+    from cudastack.docker_engine import engine_endpoint
+    from cudastack.engine import Engine
+
+    name, sock = second_dockerd
+    cfg = tmp_path / "dockercfg"
+    plugins = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker") / "cli-plugins"
+    if plugins.is_dir():
+        shutil.copytree(plugins, cfg / "cli-plugins")      # the buildx plugin, where the host's CLI has one
+    cfg.mkdir(exist_ok=True)
+    monkeypatch.setenv("DOCKER_CONFIG", str(cfg))
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    monkeypatch.delenv("DOCKER_CONTEXT", raising=False)
+    _sh("docker", "context", "create", name, "--docker", f"host=unix://{sock}")
+    _sh("docker", "context", "use", name)
+    assert engine_endpoint().url == f"unix://{sock}" and f"docker context '{name}'" in engine_endpoint().source
+
+    src = tmp_path / "ctx"
+    src.mkdir()
+    (src / "marker").write_text(f"{name}\n")
+    (src / "Dockerfile").write_text("FROM scratch\nCOPY marker /marker\n")
+    tag = f"{PREFIX}/context-agree:{name}"
+    engine = Engine.connect()
+    assert not engine.exists(tag)
+    engine.build(name="context-agree", log_path=tmp_path / "build.log", context=str(src),
+                 dockerfile=str(src / "Dockerfile"), tag=tag, say=lambda s: None)
+    # the SDK sees what the CLI built, on the second engine, and the CLI agrees on its id
+    cli_id = _sh("docker", "image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
+    assert engine.exists(tag) and engine.inspect(tag)["id"] == cli_id
+    assert _sh("docker", "-H", f"unix://{sock}", "image", "inspect", tag, check=False).returncode == 0
+    # the host's default engine was not touched
+    _sh("docker", "context", "use", "default")
+    back = Engine.connect()
+    assert not back.exists(tag), "the build landed on the default engine"
+    assert _sh("docker", "image", "inspect", tag, check=False).returncode != 0
 
 
 def test_unknown_builder_is_a_usage_error_before_any_build(buildx_config):

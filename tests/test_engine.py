@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from cudastack.build import Wheelhouse, _preflight_disk, sha256_file, unpack_patched
-from cudastack.engine import BuildKitPath, Engine, _Progress, connect_sdk, find_buildkit, resolve_ca_bundle
+from cudastack.docker_engine import docker_client
+from cudastack.engine import BuildKitPath, Engine, _Progress, find_buildkit, resolve_ca_bundle
 from cudastack.engine_progress import BuildDisplay
 from cudastack.errors import BuildError, EnvironmentError_, UsageError
 from cudastack.plan import make_plan
@@ -82,7 +83,7 @@ def test_ca_bundle_resolution(tmp_path):
 def test_no_daemon_says_how_to_start_one(monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     with pytest.raises(EnvironmentError_) as e:
-        connect_sdk()
+        docker_client()
     assert "dockerd" in str(e.value) and "systemctl start docker" in str(e.value)
 
 
@@ -293,3 +294,35 @@ def test_build_network_comes_from_the_environment_only_when_set(monkeypatch):
     monkeypatch.setenv("CUDASTACK_BUILD_NETWORK", "host")
     cmd, _ = eng.build_command(context="/ctx", dockerfile="/f", tag="t:1")
     assert cmd[cmd.index("--network") + 1] == "host"
+
+
+def test_engine_endpoint_follows_the_cli_order(tmp_path, monkeypatch):
+    """DOCKER_HOST, then DOCKER_CONTEXT, then config.json's currentContext, then the default context: the
+    order the docker CLI uses, read from a DOCKER_CONFIG written here (context metadata as the CLI stores it)."""
+    import hashlib
+    import json
+
+    from cudastack.docker_engine import engine_endpoint
+    from cudastack.errors import EnvironmentError_
+
+    for name, sock in (("one", "/tmp/one.sock"), ("two", "/tmp/two.sock")):
+        meta = tmp_path / "contexts" / "meta" / hashlib.sha256(name.encode()).hexdigest()
+        meta.mkdir(parents=True)
+        (meta / "meta.json").write_text(json.dumps({"Name": name, "Metadata": {},
+                                                    "Endpoints": {"docker": {"Host": f"unix://{sock}"}}}))
+    (tmp_path / "config.json").write_text(json.dumps({"currentContext": "one"}))
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    monkeypatch.delenv("DOCKER_CONTEXT", raising=False)
+    assert engine_endpoint().url == "unix:///tmp/one.sock"
+    monkeypatch.setenv("DOCKER_CONTEXT", "two")
+    assert engine_endpoint().url == "unix:///tmp/two.sock" and "DOCKER_CONTEXT" in engine_endpoint().source
+    monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:2375")
+    assert engine_endpoint().source == "DOCKER_HOST=tcp://127.0.0.1:2375"
+    monkeypatch.delenv("DOCKER_HOST")
+    monkeypatch.setenv("DOCKER_CONTEXT", "gone")
+    with pytest.raises(EnvironmentError_, match="docker context 'gone'.*docker context ls"):
+        engine_endpoint()
+    monkeypatch.delenv("DOCKER_CONTEXT")
+    (tmp_path / "config.json").write_text("{}")
+    assert engine_endpoint().kwargs == {} and engine_endpoint().source == "the default context"

@@ -89,6 +89,13 @@ def test_exit_code(code, fixture_copy, tmp_path):
         assert "No idea what '--x' is!" in p.stderr
 
 
+def test_no_engine_is_exit_5_from_build_and_validate_alike(tmp_path):
+    """One code for "no Docker engine answers", whichever command meets it first."""
+    p = _invoke("validate", "--image", "cudastack-test/no-such-image:never", "--out", str(tmp_path), env=_no_engine())
+    assert p.returncode == 5, p.stderr[-1500:]
+    assert "No Docker engine answers at unix:///nonexistent/docker.sock (DOCKER_HOST=" in p.stderr, p.stderr
+
+
 def test_exit_code_3_recipe_error(fixture_copy):
     (fixture_copy / "base.yaml").write_text((fixture_copy / "base.yaml").read_text() + "bogus_key: 1\n")
     p = _invoke("build", "--cuda", "13.1", "--recipes", str(fixture_copy), "--dry-run")

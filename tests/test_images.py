@@ -203,9 +203,9 @@ def _docker_bin() -> str:
 
 
 def _client():
-    import docker
+    from cudastack.docker_engine import docker_client
 
-    return docker.from_env()
+    return docker_client()
 
 
 def _run(image: str, script: str, *, volumes: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:

@@ -3,6 +3,7 @@ under $CUDASTACK_TEST_CACHE/radar), and each check failing on bad input through 
 127.0.0.1."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,7 +17,8 @@ from cudastack import scan as S
 from cudastack.errors import RegistryError, UsageError
 from cudastack.pkgindex import Index
 from cudastack.recipes import load_recipes
-from radar_support import FakeIndex, comm_py, make_wheel
+from radar_support import (FakeIndex, check_engine_refuses, check_gate_lift, check_held_by_engine, comm_py,
+                           make_sdist, make_wheel)
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("CUDASTACK_TEST_CACHE", Path.home() / ".cache" / "cudastack-tests")) / "radar"
@@ -31,17 +33,31 @@ def invoke(*args, env=None, timeout=1800) -> subprocess.CompletedProcess:
 
 # ------------------------------------------------------------------------------------ real index
 @pytest.mark.network
-def test_scan_flashinfer_finds_the_first_release_admitting_12_for_fusion():
-    r = invoke("scan", "--package", "flashinfer-python", "--versions", "0.6.10..", "--target-arch", "12.0")
+def test_scan_flashinfer_finds_the_first_release_admitting_12_for_fusion(tmp_path):
+    # an open range: the answer must stay true when FlashInfer publishes a release (relations, not today's newest)
+    r = invoke("scan", "--package", "flashinfer-python", "--versions", "0.6.10..", "--target-arch", "12.0",
+               "--json-out", str(tmp_path / "scan.json"))
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout
+    rep = json.loads((tmp_path / "scan.json").read_text())
+    newest = Version(rep["versions"][-1])
+    assert newest >= Version("0.7.4")                   # a release known to exist
     # read from each release's own flashinfer/jit/comm.py (FACTS: [9, 10] through 0.6.16, [9, 10, 12] from 0.6.17)
-    assert "fusion: first release that lifts it: 0.6.17 ([9, 10, 12]" in out, out
-    assert "0.6.16.post4 before it: [9, 10]" in out
-    assert "0.6.18 after it: [9, 10, 12]" in out
+    fusion = rep["lifts"]["fusion"]
+    assert fusion["state"] == "lifted-in-range" and fusion["first"] == "0.6.17" and fusion["monotone"], fusion
+    before, after = Version(fusion["before"]), Version(fusion["after"])
+    assert Version("0.6.16") <= before < Version("0.6.17") < after <= newest
+    gate = lambda v, g="fusion": rep["scans"][str(v)]["gates"][g]["value"]  # noqa: E731
+    assert gate(before) == [9, 10] and 12 in gate("0.6.17") and 12 in gate(after)
+    assert f"fusion: first release that lifts it: 0.6.17 ([9, 10, 12]" in out, out
     assert "Assumption: each gate is monotone" in out
-    assert "NOT MONOTONE" not in out.split("jit:")[0]
-    assert "jit:gen_trtllm_mnnvl_comm_module: no release in range lifts it; newest 0.7.4 reads [9, 10]" in out
+    # the MNNVL module: blocked through 0.7.4; a later release may lift it, and then it is named as the first
+    mnnvl = rep["lifts"]["jit:gen_trtllm_mnnvl_comm_module"]
+    if mnnvl["state"] == "never-lifted":
+        assert 12 not in gate(newest, "jit:gen_trtllm_mnnvl_comm_module")
+        assert f"no release in range lifts it; newest {newest} reads [9, 10" in out
+    else:
+        assert mnnvl["state"] == "lifted-in-range" and Version(mnnvl["first"]) > Version("0.7.4"), mnnvl
     # a second run reads every scan from the cache: no download
     r2 = invoke("scan", "--package", "flashinfer-python", "--versions", "0.6.10..")
     assert r2.returncode == 0 and "'downloads': 0" in r2.stderr and r2.stdout == out
@@ -79,17 +95,18 @@ def test_torch_metadata_is_read_with_range_requests_not_a_download(tmp_path):
 def test_outdated_names_the_pins_that_hold_each_toolchain(tmp_path):
     r = invoke("outdated", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
-    md = {tc: (tmp_path / f"cu{tc}.md").read_text() for tc in ("12.8", "13.1", "13.2")}
-    # 13.1: torch 2.15.0 is newest, but sglang 0.5.23 pins 2.14.1 and 2.15.0 is a CUDA 13.2 build
-    row = next(line for line in md["13.1"].splitlines() if line.startswith("| torch |"))
-    assert "| 2.14.1 (locked) | 2.15.0 | 2.14.1 |" in row and "Requires-Dist `torch==2.14.1`" in row
-    assert "CUDA 13.2" in row
+    data = json.loads((tmp_path / "radar.json").read_text())
+    # 13.1: sglang 0.5.23 pins torch 2.14.1; every newer torch (2.15.0 at least) is refused, 2.15.0 being a CUDA 13.2 build
+    row = check_held_by_engine(data, "13.1", "torch", "2.14.1", known_newer="2.15.0")
+    assert row["locked"] == "2.14.1"
+    assert any(h.startswith("cuda-variant: torch ") and "CUDA 13." in h for h in row["held_back_by"]), row
+    md = (tmp_path / "cu13.1.md").read_text()
+    assert "Requires-Dist `torch==2.14.1`" in next(ln for ln in md.splitlines() if ln.startswith("| torch |"))
     # 13.2: torch moved alone is refused, naming the engine's pin
-    assert "sglang 0.5.23" in md["13.2"] and "Requires-Dist `torch==2.14.1`" in md["13.2"]
-    assert "moving torch alone is refused" in md["13.2"]
+    check_engine_refuses(data, "13.2", "sglang 0.5.23", "torch==2.14.1", "torch")
     # 12.8: FlashInfer held at 0.6.3 by sglang 0.5.9; moving it would open the fusion gate from 0.6.17
-    fi = next(line for line in md["12.8"].splitlines() if line.startswith("| flashinfer-python |"))
-    assert "flashinfer_python==0.6.3" in fi and "fusion blocks ([9, 10]) -> admits ([9, 10, 12]) (first in 0.6.17)" in fi
+    fi = check_held_by_engine(data, "12.8", "flashinfer-python", "0.6.3", known_newer="0.7.4")
+    check_gate_lift(fi, "fusion", "[9, 10]", first="0.6.17")
 
 
 @pytest.mark.network
@@ -199,7 +216,7 @@ def test_an_index_without_pep691_json_and_an_unknown_project_are_clear_errors(tm
 def test_metadata_falls_back_to_a_download_when_ranges_are_ignored_and_is_cached_by_hash(tmp_path):
     (tmp_path / "w").mkdir()
     make_wheel(tmp_path / "w", "sglang", "1.0", ["torch==2.14.1"])
-    with FakeIndex(tmp_path / "w") as fx:
+    with FakeIndex(tmp_path / "w", ranges=False) as fx:
         ix = Index(fx.url, cache=tmp_path / "c")
         f = ix.project("sglang").files[Version("1.0")][0]
         assert [str(r) for r in ix.requires(f)] == ["torch==2.14.1"]
@@ -236,3 +253,75 @@ def test_python_tag_and_cuda_variant_hold_releases_back(tmp_path):
         assert ck.reasons("torch", Version("2.14.1"), {}, "", "wheel") == []
         ck12 = R.Checker(ck.index, recipes, recipes.toolchain("12.8"))
         assert ck12.reasons("torch", Version("2.14.1"), {}, "", "wheel")[0].startswith("cuda-variant")
+
+
+# ------------------------------------------------------------------------------------ range reads, moved releases
+def _kernel_so(major: int) -> bytes:
+    """Bytes standing for a kernel's shared object: a dynamic-section string naming libcudart.so.<major>."""
+    return b"\x7fELF" + b"\0" * 4096 + f"libcudart.so.{major}".encode() + b"\0" * 4096
+
+
+def test_metadata_and_the_cudart_soname_are_read_with_range_requests_on_a_local_index(tmp_path):
+    (tmp_path / "w").mkdir()
+    big = {f"sgl_kernel/blob{i}.bin": os.urandom(300_000) for i in range(4)}     # > 1 MiB: ranges must pay off
+    make_wheel(tmp_path / "w", "sglang-kernel", "0.4.10", ["torch"], tag="cp310-abi3-manylinux2014_x86_64",
+               files={**big, "sgl_kernel/common_ops.so": _kernel_so(13)})
+    with FakeIndex(tmp_path / "w") as fx:
+        ix = Index(fx.url, cache=tmp_path / "c")
+        f = ix.project("sglang-kernel").files[Version("0.4.10")][0]
+        assert [str(r) for r in ix.requires(f)] == ["torch"]
+        assert ix.cuda_runtime_major(f) == (13, f"{f.filename}: sgl_kernel/common_ops.so needs libcudart.so.13")
+        assert ix.stats["downloads"] == 0 and ix.stats["metadata_fetched"] == 1
+        assert fx.range_requests and all(p.endswith(f.filename) for p, _ in fx.range_requests)
+        fetched = sum(int(b) - int(a) + 1 for _, rng in fx.range_requests
+                      for a, b in [rng.split("=")[1].split("-")])
+        assert fetched < f.size            # not the whole wheel
+
+
+def _stack_13x(w: Path, forward: bool) -> None:
+    """A local index holding what the radar reads for CUDA 13.1 and 13.2 (as PyPI had it when the pins were
+    written); ``forward``: upstream has since published a newer torch (a CUDA 13.3 build), FlashInfer, kernel,
+    toolkit and an engine that pins them."""
+    w.mkdir(exist_ok=True)
+    cu = lambda v: [f"cuda-toolkit[cudart]=={v}"]  # noqa: E731
+    torch = {"2.14.1": cu("13.0.3"), "2.15.0": cu("13.2.2")}
+    fi = {"0.7.2": [9, 10], "0.7.3": [9, 10, 12], "0.7.4": [9, 10, 12]}
+    engines = {"0.5.23": ["torch==2.14.1", "sglang-kernel==0.4.10", "flashinfer-python==0.7.2"]}
+    kernels, toolkits = ["0.4.10"], ["13.1.1", "13.2.2"]
+    if forward:
+        torch["2.16.0"] = cu("13.3.0")
+        fi["0.8.0"] = [9, 10, 12, 13]
+        engines["0.5.24"] = ["torch==2.16.0", "sglang-kernel==0.5.0", "flashinfer-python==0.8.0"]
+        kernels.append("0.5.0")
+        toolkits.append("13.3.0")
+    for v, req in torch.items():
+        make_wheel(w, "torch", v, req, tag="cp311-cp311-manylinux_2_28_x86_64")
+    _fake_flashinfer(w, fi)
+    for v, req in engines.items():
+        make_wheel(w, "sglang", v, req)
+    for v in kernels:
+        make_wheel(w, "sglang-kernel", v, ["torch"], tag="cp310-abi3-manylinux2014_x86_64",
+                   files={"sgl_kernel/common_ops.so": _kernel_so(13)})
+    for v in toolkits:
+        make_wheel(w, "cuda-toolkit", v, tag="py3-none-manylinux_2_28_x86_64")
+    make_sdist(w, "flash-attn", "2.8.3.post2", ["torch"])
+
+
+@pytest.mark.parametrize("forward", [False, True], ids=["as-pinned", "newest-moved-forward"])
+def test_radar_relations_hold_when_the_newest_release_moves_forward(tmp_path, forward):
+    """The relations the live test asserts, on a local index, before and after upstream publishes newer
+    releases: the same checks pass both times, and the newest column did move."""
+    _stack_13x(tmp_path / "w", forward)
+    recipes = load_recipes()
+    with FakeIndex(tmp_path / "w") as fx:
+        ix = Index(fx.url, cache=tmp_path / "c")
+        data = [R.to_json(R.radar(tc, index=ix, recipes=recipes)) for tc in ("13.1", "13.2")]
+    row = check_held_by_engine(data, "13.1", "torch", "2.14.1", known_newer="2.15.0")
+    assert row["newest"] == ("2.16.0" if forward else "2.15.0")
+    assert any(h.startswith("cuda-variant: torch ") for h in row["held_back_by"]), row
+    check_engine_refuses(data, "13.2", "sglang 0.5.23", "torch==2.14.1", "torch")
+    fi = check_held_by_engine(data, "13.1", "flashinfer-python", "0.7.2", known_newer="0.7.4")
+    assert fi["newest"] == ("0.8.0" if forward else "0.7.4")
+    check_gate_lift(fi, "fusion", "[9, 10]", first="0.7.3")
+    # the exact strings the live test used to assert are what a moved index breaks
+    assert ("fusion blocks ([9, 10]) -> admits ([9, 10, 12]) (first in 0.7.3)" in fi["move"]) is not forward

@@ -96,8 +96,8 @@ def test_bake_targets_build(tmp_path):
             built.append(name)
         dest = out / data["target"]["ext"]["output"][0].split("dest=", 1)[1]
         assert (dest / "ext-1.0-py3-none-any.whl").read_text() == "ext"
-        import docker
-        client = docker.from_env()
+        from cudastack.docker_engine import docker_client
+        client = docker_client()
         app = client.images.get(plan.nodes[1].tag)
         assert app.labels.get("msg") == "hello"
         c = client.containers.create(app.id, command=["none"])

@@ -189,7 +189,7 @@ def test_registry_down(engine, registry_server, docker_config):
 @pytest.mark.docker
 @pytest.mark.registry
 def test_auth_registry(engine, auth_registry_server, docker_config):
-    import docker
+    from cudastack.docker_engine import docker_client
 
     client, made = engine
     host = auth_registry_server.host
@@ -200,20 +200,20 @@ def test_auth_registry(engine, auth_registry_server, docker_config):
 
     # no credentials at all: push and digest reads say what to do
     with pytest.raises(RegistryError, match="has no login for it.*docker login"):
-        reg.push_image(f"{name}:src", f"{host}/ci/tiny:v1", client=docker.from_env())
-    for kw in ({}, {"client": docker.from_env()}):
+        reg.push_image(f"{name}:src", f"{host}/ci/tiny:v1", client=docker_client())
+    for kw in ({}, {"client": docker_client()}):
         with pytest.raises(RegistryError, match="credential store has none for it.*docker login"):
             reg.resolve_digest(f"{host}/ci/tiny:v1", **kw)
 
     # wrong credentials: the push and both digest reads are refused; no message carries the password
     docker_config(host, user, "wrong-password-123")
     with pytest.raises(RegistryError, match="refused the login from the Docker credential store") as exc:
-        reg.push_image(f"{name}:src", f"{host}/ci/tiny:v1", client=docker.from_env())
+        reg.push_image(f"{name}:src", f"{host}/ci/tiny:v1", client=docker_client())
     assert "wrong-password-123" not in str(exc.value)
 
     # right credentials from the credential store: push, then read the digest through engine and skopeo
     docker_config(host, user, password)
-    right = docker.from_env()
+    right = docker_client()
     pushed = reg.push_image(f"{name}:src", f"{host}/ci/tiny:v1", client=right)
     assert pushed.digest == _served_digest(host, "ci/tiny", "v1", auth=(user, password))
     assert reg.resolve_digest(f"{host}/ci/tiny@{pushed.digest}") == pushed.digest
@@ -222,10 +222,10 @@ def test_auth_registry(engine, auth_registry_server, docker_config):
     image_id = right.images.get(f"{host}/ci/tiny:v1").id            # pulled back with the same login
     right.images.remove(image_id, force=True)
     made.append(pushed.reference)
-    assert reg.pull_by_digest(pushed.enroot, expected_image_id=image_id, client=docker.from_env()).id == image_id
+    assert reg.pull_by_digest(pushed.enroot, expected_image_id=image_id, client=docker_client()).id == image_id
 
     docker_config(host, user, "nope-" + password[::-1])
-    for kw in ({}, {"client": docker.from_env()}):
+    for kw in ({}, {"client": docker_client()}):
         with pytest.raises(RegistryError, match="refused the credentials from the Docker credential store") as exc:
             reg.resolve_digest(f"{host}/ci/tiny:v1", **kw)
         assert "nope-" not in str(exc.value) and password not in str(exc.value)

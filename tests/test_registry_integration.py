@@ -118,18 +118,18 @@ def test_registry_down_leaves_lock(locked_chain, registry_server, docker_config)
 
 def test_push_refused_wrong_credentials_leaves_lock(locked_chain, auth_registry_server, docker_config):
     client, made, plan, path, _, _ = locked_chain
-    import docker
+    from cudastack.docker_engine import docker_client
     before = path.read_bytes()
     host = auth_registry_server.host
     made.append(R.push_target(plan.nodes[0].tag, f"{host}/ci"))
     docker_config(host, auth_registry_server.username, "not-the-password")
     with pytest.raises(RegistryError, match="refused the push"):
-        L.push_locked(plan, path, f"{host}/ci", client=docker.from_env())
+        L.push_locked(plan, path, f"{host}/ci", client=docker_client())
     assert path.read_bytes() == before
 
     # with the right credentials from the credential store it works, and no credential lands in the lock
     docker_config(host, auth_registry_server.username, auth_registry_server.password)
-    pushed = L.push_locked(plan, path, f"{host}/ci", client=docker.from_env())["runtime"]
+    pushed = L.push_locked(plan, path, f"{host}/ci", client=docker_client())["runtime"]
     text = path.read_text()
     assert pushed.reference in text
     assert auth_registry_server.password not in text and auth_registry_server.username not in text

@@ -55,6 +55,27 @@ def test_cluster_job_task(tmp_path):
     assert not (tmp_path / "j.sbatch").exists()
 
 
+def test_cluster_job_without_the_kubernetes_validator_says_so_in_one_paragraph(tmp_path):
+    """The task run for real in a Python where ``import kubernetes_validate`` fails (blocked in sys.modules,
+    as when the extra is not installed): exit 5, one paragraph naming the extra, and no file written."""
+    out = tmp_path / "job.k8s.yaml"
+    code = ("import sys; sys.modules['kubernetes_validate'] = None; from invoke.main import program; "
+            "program.run(sys.argv)")
+    r = subprocess.run([sys.executable, "-c", code, "-r", str(ROOT), "cluster-job", "--scheduler", "kubernetes",
+                        "--gpus", "8", "--image", f"r.io/x@{DIGEST}", "--output", str(out)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 5, r.stderr
+    msg = r.stderr.strip()
+    assert "Traceback" not in msg and len(msg.splitlines()) == 1, msg
+    assert "kubernetes-validate" in msg and "'.[kubernetes]'" in msg and "--scheduler slurm" in msg
+    assert not out.exists()
+    # Slurm needs no validator
+    r = subprocess.run([sys.executable, "-c", code, "-r", str(ROOT), "cluster-job", "--scheduler", "slurm",
+                        "--gpus", "8", "--image", f"r.io/x@{DIGEST}", "--output", str(tmp_path / "j.sbatch")],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
+
+
 def test_cluster_job_from_lock_without_push(tmp_path):
     from cudastack import lock as L
     from test_lock_io import _lock

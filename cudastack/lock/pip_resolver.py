@@ -24,29 +24,13 @@ from packaging.utils import canonicalize_name
 
 from cudastack.errors import LockError, UsageError
 from cudastack.lock.model import DEFAULT_INDEX
-
-
-MIN_MANYLINUX_MINOR = 5         # manylinux1 == manylinux_2_5 (PEP 600)
+# the one builder of the manylinux tag list (also behind the radar's wheel tags), re-exported
+from cudastack.wheelmeta import MIN_MANYLINUX_MINOR, manylinux_platforms  # noqa: F401
 
 #: glibc of well-known base distributions (Ubuntu/Debian package pages for libc6), used when the base
 #: image is not on this host to ask it directly.
 KNOWN_GLIBC = {"ubuntu24.04": "2.39", "ubuntu22.04": "2.35", "ubuntu20.04": "2.31", "bookworm": "2.36",
                "trixie": "2.41", "bullseye": "2.31"}
-
-
-def manylinux_platforms(glibc: str, machine: str = "x86_64") -> list[str]:
-    """Every manylinux platform tag a system with ``glibc`` ("2.36") satisfies, newest first: PEP 600
-    ``manylinux_2_Y_<machine>`` for Y down to 5 plus the legacy aliases manylinux2014 (2.17), manylinux2010
-    (2.12) and manylinux1 (2.5) (PEP 599, 571, 513). pip's ``--platform`` takes exact tags only."""
-    m = re.fullmatch(r"2\.(\d+)", glibc.strip())
-    if not m:
-        raise UsageError(f"glibc version {glibc!r} is not of the form 2.N (e.g. 2.36).")
-    minor = int(m.group(1))
-    tags = [f"manylinux_2_{y}_{machine}" for y in range(minor, MIN_MANYLINUX_MINOR - 1, -1)]
-    for alias, y in (("manylinux2014", 17), ("manylinux2010", 12), ("manylinux1", 5)):
-        if minor >= y:
-            tags.append(f"{alias}_{machine}")
-    return tags
 
 
 def target_for_plan(plan, *, glibc: Optional[str] = None, client=None) -> dict:

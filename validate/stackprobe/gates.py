@@ -15,7 +15,6 @@ import re
 from importlib import metadata
 
 from . import known_bad
-from .coverage import SASS_LEVELS
 from .verdict import (BLOCKED, GATE_BINARY, GATE_KNOWN_BAD, GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED, GATE_PASSES,
                       LIFT_PACKAGE, SKIPPED)
 
@@ -167,8 +166,3 @@ def apply_missing_dependency(verdicts: list, dists: list[str] | tuple) -> list:
                    f"importing it fails with No module named '{found['module']}')")
         v.lift_detail = f"pip install '{found['requirement']}'"
     return verdicts
-
-
-def sass_runs(level: str) -> bool:
-    """Whether a coverage level means SASS that runs on the target (no JIT): :data:`SASS_LEVELS`."""
-    return level in SASS_LEVELS

@@ -202,9 +202,6 @@ class Report:
     def write_json(self, path: str | Path) -> None:
         write_atomic(path, json.dumps(self.to_json(), indent=2, default=str) + "\n")
 
-    def write_markdown(self, path: str | Path) -> None:
-        write_atomic(path, self.to_markdown())
-
     # --- Markdown --------------------------------------------------------------------------------
     def headline(self) -> str:
         env = self.environment

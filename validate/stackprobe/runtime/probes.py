@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import traceback
 
 from .bench import Harness, Op, short_error
 
@@ -668,7 +667,3 @@ def __getattr__(attr: str):
             if name.replace("-", "_") == want:
                 return group_lead(name)
     raise AttributeError(attr)
-
-
-def format_exc_tail(limit: int = 3000) -> str:
-    return traceback.format_exc()[-limit:]

@@ -328,3 +328,14 @@ def _fi_supports(st: _State):
 
 
 from .sglang_dispatch_walk import read_dispatch, walk  # noqa: E402,F401 - the walk lives beside the state
+
+
+def custom_ar_per_call(engine: se.Engine, ctx, workload=None) -> tuple[object, str]:
+    """Case C48: ``CustomAllreduce.should_custom_ar`` run from its own code for the decode tensor on the target host
+    (world size, full NVLink or not), as if the init rule had admitted the group (``self.disabled`` False), so the
+    answer never borrows the init rule's. Returns (True / False / UNKNOWN, "sglang/FILE:LINE should_custom_ar
+    (after `deciding test` -> value)")."""
+    st = _State(engine, ctx, ctx.server_config, DecodeTensor.from_workload(workload))
+    mod, cls, check = COMMUNICATORS["ca_comm"][1:]
+    return _per_call(st, f"{COMM_DIR}/{mod}", cls, check, {"self.disabled": False, "self.world_size": st.ws,
+                                                            "self.full_nvlink": st.nvlink, "self.max_size": 8 * 1024 * 1024})

@@ -67,9 +67,10 @@ class Outcome:
 class Evaluator:
     """Evaluate expressions with ``resolve(text) -> value`` (raise :class:`Unbound` when unknown) and locals."""
 
-    def __init__(self, resolve: Callable[[str], Any]):
+    def __init__(self, resolve: Callable[[str], Any], lenient: bool = False):
         self.resolve = resolve
         self.locals: dict[str, Any] = {}
+        self.lenient = lenient   # unknown names read UNKNOWN; an undecided ``if`` is skipped (for side effects)
 
     def value(self, node: ast.AST) -> Any:
         if isinstance(node, ast.Constant):
@@ -119,6 +120,8 @@ class Evaluator:
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _BUILTINS:
                 args = [self.value(a) for a in node.args]
                 return UNKNOWN if any(a is UNKNOWN for a in args) else _BUILTINS[node.func.id](*args)
+            if self.lenient:
+                return UNKNOWN
             raise Unbound(text, getattr(node, "lineno", 0)) from None
 
     def run(self, body: list, out: Outcome | None = None) -> Outcome:
@@ -136,6 +139,8 @@ class Evaluator:
                 t = self.value(st.test)
                 out.trace.append((st.lineno, ast.unparse(st.test), t))
                 if t is UNKNOWN:
+                    if self.lenient:
+                        continue
                     out.value, out.line, out.returned = UNKNOWN, st.lineno, True
                     return out
                 if self.run(st.body if t else st.orelse, out).returned:

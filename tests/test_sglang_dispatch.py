@@ -210,3 +210,21 @@ def test_cli_records_config_dispatch_and_launch_environment(venv_suite, sg23, fi
     plain, _ = run_suite(venv_suite, [sg23, fi], ["--backend", "nccl-ring"])
     assert plain["dispatch"]["serves"] == "nccl-ring"
     assert plain["launch_environment"]["NCCL_CUMEM_ENABLE"]["value"] == "0"
+
+
+def test_invoke_validate_passes_server_args_and_env_to_the_suite(venv_suite, sg23, fi, monkeypatch):
+    import os
+
+    from cudastack.errors import UsageError
+    from cudastack.validate_images import SUITE_DIR, suite_args, validate_here
+    args = suite_args(server_args="--enable-symm-mem", server_env={"A": "1"})
+    assert "--server-args=--enable-symm-mem" in args and args[args.index("--env") + 1] == "A=1"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(map(str, (SUITE_DIR, sg23, fi))))
+    r = validate_here("12.0", python=str(venv_suite), topology="pcie", server_args="--enable-symm-mem",
+                      server_env={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"}, extra=["--backend", "nccl-ring"])
+    assert r.server_config["args"] == {"--enable-symm-mem": True}
+    assert r.dispatch["serves"] == "nccl-symm-mem" and r.dispatch["preempted"] == {PCIE: "nccl-symm-mem"}
+    assert any(e["what"] == "row bound" for e in r.dispatch["pcie_ipc_admission"])
+    assert "SGLang's dispatch for a decode allreduce" in r.to_markdown()
+    with pytest.raises(UsageError, match="--enable-symm-memory is not a server flag"):
+        validate_here("12.0", python=str(venv_suite), server_args="--enable-symm-memory")

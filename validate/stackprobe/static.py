@@ -215,6 +215,10 @@ def engine_sections(report: Report, ctx) -> None:
         return
     try:
         report.dispatch = read_dispatch(eng, ctx).to_json()
+        from .probes.sglang_dispatch import DecodeTensor
+        from .probes.sglang_pcie_ipc import pcie_ipc_admission
+        report.dispatch["pcie_ipc_admission"] = [e.to_json() for e in pcie_ipc_admission(
+            eng, ctx.server_config, DecodeTensor.from_workload(), ctx.world_size)]
     except (DispatchError, se.GateNotFound) as e:
         report.dispatch = {"sglang": eng.version, "error": str(e), "unknown": getattr(e, "unknown", ""),
                            "where": getattr(e, "where", "")}

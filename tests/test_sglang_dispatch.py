@@ -228,3 +228,13 @@ def test_invoke_validate_passes_server_args_and_env_to_the_suite(venv_suite, sg2
     assert "SGLang's dispatch for a decode allreduce" in r.to_markdown()
     with pytest.raises(UsageError, match="--enable-symm-memory is not a server flag"):
         validate_here("12.0", python=str(venv_suite), server_args="--enable-symm-memory")
+
+
+def test_a_step_to_an_unknown_call_is_an_error_never_a_pass(sg23, fi, tmp_path):
+    copy = engine_copy(sg23, tmp_path / "sg", {PS: (
+        "        if self._can_use_flashinfer_allreduce(input_):\n            return flashinfer_allreduce(",
+        "        if self._can_use_ring(input_):\n            return ring_allreduce(input_)\n"
+        "        if self._can_use_flashinfer_allreduce(input_):\n            return flashinfer_allreduce(")})
+    with pytest.raises(DispatchError, match=r"`self._can_use_ring\(input_\)` hands the tensor to a path this reader "
+                                            "cannot map"):
+        _dispatch(_eng(copy), env=PCIE_ON)

@@ -324,7 +324,7 @@ def dispatch_markdown(d: dict) -> list[str]:
     lines += [f"Decode tensor {t.get('dtype')} {t.get('shape')} ({t.get('bytes')} bytes). Serves: **{d.get('serves') or '-'}**"
               + (f"; undecided: {d['undecided']}" if d.get("undecided") else "")
               + ("; preempted: " + ", ".join(f"{k} by {v}" for k, v in d["preempted"].items()) if d.get("preempted") else ""),
-              "", "| # | step | built | per-call admits | claims | where |", "| --- | --- | --- | --- | --- | --- |"]
+              "", "| # | step | built | per-call admits | its condition holds | where |", "| --- | --- | --- | --- | --- | --- |"]
     for i, s in enumerate(d.get("steps") or [], 1):
         lines.append(f"| {i} | {s['backend']} | {s['built']} | {s['admits']} | {s['claims']} | {s['where']} |")
     return lines

@@ -152,7 +152,6 @@ class _State:
         return self.comms[attr]
 
     def resolve(self, text: str):
-        t = self.tensor
         fixed = {"self.world_size": self.ws, "input_.is_cpu": False, "torch.compiler.is_compiling()": False,
                  "is_hip()": False, "_is_hip": False, "is_in_tc_piecewise_cuda_graph()": False,
                  "is_in_piecewise_cuda_graph()": False, "self.is_symmetric_memory_enabled()": self.flag("--enable-symm-mem")[0],
@@ -171,7 +170,6 @@ class _State:
                 return c["disabled"]
             if m.group(3) and m.group(2) == c.get("check"):
                 return c["admits"]
-        del t
         raise Unbound(text)
 
     def fi_allreduce_only(self) -> bool:
@@ -245,7 +243,7 @@ def _build(st: _State, attr: str) -> dict:
                                   "`world_size > N and not full_nvlink` rule")
         disabled = st.ws > rule[0] and not st.nvlink
         vals = {"self.disabled": disabled, "self.world_size": st.ws, "self.full_nvlink": st.nvlink,
-                "self.max_size": 8 * 1024 * 1024}
+                "self.max_size": _car_max_size(eng, rel)}
         admits, why = _per_call(st, rel, cls, check, vals)
         return {"obj": _BUILT, "disabled": disabled, "check": check, "admits": admits,
                 "why": f"built; {'disabled at init by ' + rule[1] if disabled else 'enabled at init'}; per call {why}"}
@@ -300,6 +298,19 @@ def _build(st: _State, attr: str) -> dict:
     raise DispatchError(f"no rule for communicator {attr}")
 
 
+def _car_max_size(engine: se.Engine, rel: str):
+    """CustomAllreduce's default ``max_size``: the first ``_MAX_CAR_SIZE = ...`` in ``rel`` (the CUDA one; the
+    later ones are ROCm's), evaluated; UNKNOWN when absent."""
+    node = next((n for n in ast.walk(engine.tree(rel)) if isinstance(n, ast.Assign)
+                 and any(isinstance(t, ast.Name) and t.id == "_MAX_CAR_SIZE" for t in n.targets)), None)
+    if node is None:
+        return UNKNOWN
+    try:
+        return Evaluator(lambda t: (_ for _ in ()).throw(Unbound(t))).value(node.value)
+    except Unbound:
+        return UNKNOWN
+
+
 def _fi_has_workspace() -> bool:
     """Whether the installed FlashInfer exports ``PcieIpcAllReduceWorkspace`` (the communicator imports it)."""
     try:
@@ -338,4 +349,5 @@ def custom_ar_per_call(engine: se.Engine, ctx, workload=None) -> tuple[object, s
     st = _State(engine, ctx, ctx.server_config, DecodeTensor.from_workload(workload))
     mod, cls, check = COMMUNICATORS["ca_comm"][1:]
     return _per_call(st, f"{COMM_DIR}/{mod}", cls, check, {"self.disabled": False, "self.world_size": st.ws,
-                                                            "self.full_nvlink": st.nvlink, "self.max_size": 8 * 1024 * 1024})
+                                                            "self.full_nvlink": st.nvlink,
+                                                            "self.max_size": _car_max_size(engine, f"{COMM_DIR}/{mod}")})

@@ -24,7 +24,10 @@ _HELP = {
     "topology": "GPU interconnect of the target host: auto (detected with GPUs, else PCIe), pcie or nvlink.",
     "image_suite": "Run the suite copy the image carries instead of this checkout's (reports name its digest either way).",
     "env": "K=V set in the image's container (repeatable), e.g. --env CUDA_HOME=/nonexistent --env "
-           "PATH=/opt/venv/bin:/usr/bin:/bin to validate as a host with no nvcc would run the image.",
+           "PATH=/opt/venv/bin:/usr/bin:/bin to validate as a host with no nvcc would run the image; also the SGLang "
+           "server's environment the verdicts are for (e.g. --env SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1).",
+    "server_args": "The SGLang server flags the verdicts are for, one quoted string (default: none), e.g. "
+                   "--server-args \"--enable-symm-mem\"; checked against the installed SGLang's own flags.",
     "hide": "Folder of the image covered with an empty read-only one in the validation container (repeatable), "
             "e.g. --hide /usr/local/cuda/bin --hide /opt/venv/lib/python3.11/site-packages/nvidia/cu13/bin to run "
             "the suite with no nvcc at all; the image itself is not changed.",
@@ -34,7 +37,7 @@ _HELP = {
 @task(help=_HELP, iterable=["image", "env", "hide"], auto_shortflags=False)
 def validate(c, image=None, target_arch="12.0", out=DEFAULT_OUT, markdown=None, jit_compile=False,
              world_size=8, topology="auto", image_suite=False, order="toolchain", env=None,
-             hide=None):
+             hide=None, server_args=""):
     """Validate images (or this environment): which allreduce backends can work for the target arch, and why."""
     from cudastack.validate_images import validate_many
 
@@ -51,8 +54,6 @@ def validate(c, image=None, target_arch="12.0", out=DEFAULT_OUT, markdown=None, 
             if not sep or not k or not k.replace("_", "").isalnum():
                 raise UsageError(f"--env {item!r}: write NAME=VALUE, e.g. --env CUDA_HOME=/nonexistent.")
             extra_env[k] = v
-        if extra_env and not image:
-            raise UsageError("--env applies to --image runs (set variables in your shell for this environment).")
         from cudastack.validate_images import check_hidden
         hidden = check_hidden(hide)
         if hidden and not image:
@@ -61,7 +62,9 @@ def validate(c, image=None, target_arch="12.0", out=DEFAULT_OUT, markdown=None, 
                                 jit_compile=bool(jit_compile),
                                 world_size=ws, topology=topology, say=lambda m: print(m, file=sys.stderr),
                                 **({"image_suite": True} if image_suite else {}),
-                                **({"extra_env": extra_env} if extra_env else {}),
+                                **({"extra_env": extra_env} if extra_env and image else {}),
+                                **({"server_env": extra_env} if extra_env else {}),
+                                **({"server_args": str(server_args)} if server_args else {}),
                                 **({"hide": hidden} if hidden else {}))
     except StackError as exc:
         raise Exit(f"error: {exc}", code=exc.exit_code)

@@ -52,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "report; each keeps the host it was measured on and replaces the target's verdict only when that "
                         "host matches the target (repeatable)")
     p.add_argument("--compare", nargs="+", metavar="REPORT", help="compare JSON reports (first = before) and exit")
+    p.add_argument("--server-args", default="", metavar="FLAGS",
+                   help="the SGLang server flags the verdicts are for, one shell-quoted string (default: none), "
+                        "checked against the installed SGLang's own flags")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="an environment variable of the SGLang server the verdicts are for (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     return p
 
@@ -82,8 +87,22 @@ def merge_runtime(report: Report, path: str) -> int:
     return n
 
 
+def _glue_server_args(argv: list[str]) -> list[str]:
+    """``--server-args "--enable-symm-mem"`` as ``--server-args=--enable-symm-mem``: argparse would read a value that
+    starts with ``--`` as a flag of its own."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--server-args" and i + 1 < len(argv):
+            out.append(f"--server-args={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_glue_server_args(list(sys.argv[1:] if argv is None else argv)))
     if args.compare:
         try:
             reports = [Report.load(p) for p in args.compare]
@@ -96,11 +115,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.world_size < 1:
         print("stackprobe: --world-size must be at least 1 (the number of GPUs one tensor-parallel group spans).", file=sys.stderr)
         return EXIT_USAGE
+    from .probes import sglang_engine
+    from .probes.sglang_flags import ConfigError, parse_server_config
+    try:
+        config = parse_server_config(args.server_args, args.env, sglang_engine.installed())
+    except (ConfigError, sglang_engine.GateNotFound) as e:
+        print(f"stackprobe: {e}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         report = run_static(args.target_arch, jit_compile=args.jit_compile, cache_dir=args.cache_dir,
                             coverage_reader=args.coverage_reader, world_size=args.world_size, topology=args.topology,
                             backends=args.backends, label=args.label, timeout=args.timeout,
-                            scan_dists=args.scan_dist, quiet=args.quiet)
+                            scan_dists=args.scan_dist, quiet=args.quiet, server_config=config)
     except TargetArchError as e:
         print(f"stackprobe: {e}", file=sys.stderr)
         return EXIT_USAGE

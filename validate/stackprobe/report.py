@@ -93,6 +93,12 @@ class Report:
     schema: int = REPORT_SCHEMA_VERSION
     suite_version: str = __version__
     provenance: dict = field(default_factory=lambda: {"suite_digest": suite_digest()})
+    # the engine sections (stackprobe.static.engine_sections): the flags asked about, SGLang's dispatch of a decode
+    # allreduce (Dispatch.to_json), the not-assessed paths (Verdict JSON) and the engine's launch environment
+    server_config: dict = field(default_factory=dict)
+    dispatch: dict = field(default_factory=dict)
+    paths: list = field(default_factory=list)
+    launch_environment: dict = field(default_factory=dict)
 
     # --- access ----------------------------------------------------------------------------------
     def add(self, verdict: Verdict) -> None:
@@ -176,8 +182,12 @@ class Report:
             "schema": self.schema, "suite_version": self.suite_version, "created": self.created, "label": self.label,
             "target_arch": self.target_arch, "tiers": list(self.tiers), "options": self.options,
             "provenance": self.provenance, "environment": self.environment, "coverage": self.coverage,
-            "verdicts": [v.to_json() for v in self.verdicts],
+            "verdicts": [v.to_json() for v in self.verdicts], **self._engine_json(),
         }
+
+    def _engine_json(self) -> dict:
+        return {"server_config": self.server_config, "dispatch": self.dispatch, "paths": self.paths,
+                "launch_environment": self.launch_environment}
 
     @classmethod
     def from_json(cls, d: dict) -> "Report":
@@ -190,7 +200,9 @@ class Report:
                    verdicts=[Verdict.from_json(v) for v in d["verdicts"]], tiers=d.get("tiers", ["static"]),
                    options=d.get("options", {}), label=d.get("label", ""), created=d.get("created", ""),
                    schema=d["schema"], suite_version=d.get("suite_version", ""),
-                   provenance=d.get("provenance") or {"suite_digest": "unknown (report schema 1)"})
+                   provenance=d.get("provenance") or {"suite_digest": "unknown (report schema 1)"},
+                   server_config=d.get("server_config") or {}, dispatch=d.get("dispatch") or {},
+                   paths=d.get("paths") or [], launch_environment=d.get("launch_environment") or {})
 
     @classmethod
     def load(cls, path: str | Path) -> "Report":
@@ -262,6 +274,7 @@ class Report:
                              if r is not v) or "-"
             lines.append(f"| {b} | {_status(v)} | {_status(a['library'])} | {_status(a['engine'])} | {_cell(here)} | "
                          f"{v.gate or '-'} | {_cell(v.cause)} | {_cell(lift)} |")
+        lines += dispatch_markdown(self.dispatch)
         lines += ["", "## Arch coverage", "", "| package | version | level | SASS | files without the target |",
                   "| --- | --- | --- | --- | --- |"]
         for c in self.coverage:
@@ -293,6 +306,25 @@ class Report:
         hosts = {host_label(v.host or {}) for v in self.verdicts
                  if v.tier == "runtime" and not self.host_matches_target(v.host or {})}
         return "; ".join(sorted(hosts))
+
+
+def dispatch_markdown(d: dict) -> list[str]:
+    """"SGLang's dispatch for a decode allreduce": the flags asked about, step order, the served path and the
+    preempted ones (from ``Report.dispatch``); [] without one."""
+    if not d:
+        return []
+    cfg = (d.get("config") or {}).get("describe") or "no flags"
+    lines = ["", f"## SGLang's dispatch for a decode allreduce (sglang {d.get('sglang')}, {cfg})", ""]
+    if d.get("error"):
+        return lines + [f"**error**: {d['error']}"]
+    t = d.get("tensor") or {}
+    lines += [f"Decode tensor {t.get('dtype')} {t.get('shape')} ({t.get('bytes')} bytes). Serves: **{d.get('serves') or '-'}**"
+              + (f"; undecided: {d['undecided']}" if d.get("undecided") else "")
+              + ("; preempted: " + ", ".join(f"{k} by {v}" for k, v in d["preempted"].items()) if d.get("preempted") else ""),
+              "", "| # | step | built | per-call admits | its condition holds | where |", "| --- | --- | --- | --- | --- | --- |"]
+    for i, s in enumerate(d.get("steps") or [], 1):
+        lines.append(f"| {i} | {s['backend']} | {s['built']} | {s['admits']} | {s['claims']} | {s['where']} |")
+    return lines
 
 
 def _status(v: Verdict | None) -> str:

@@ -70,14 +70,16 @@ def _log(msg: str, quiet: bool) -> None:
 def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, cache_dir: str | Path | None = None,
                coverage_reader: str = "auto", world_size: int = 8, topology: str = "auto",
                backends: list[str] | None = None, label: str = "", timeout: float = 180.0,
-               scan_dists: list[str] | tuple = (), quiet: bool = True) -> Report:
+               scan_dists: list[str] | tuple = (), quiet: bool = True, server_config=None) -> Report:
     """Run the static tier for ``target_arch`` in this environment and return the Report.
 
     ``jit_compile``: also compile FlashInfer's fusion module for the target (minutes, cached by content
     in ``cache_dir``, default ``$STACKPROBE_CACHE`` or ``~/.cache/stackprobe``). ``coverage_reader``:
     "auto" | "elf" | "cuobjdump". ``world_size``: the TP size verdicts are for. ``topology``: "auto"
     (detected with GPUs present, else the target host's PCIe assumed), "pcie" or "nvlink".
-    ``backends``: restrict to these backend names. ``scan_dists``: more distributions to cover. Raises TargetArchError for a bad target.
+    ``backends``: restrict to these backend names. ``scan_dists``: more distributions to cover. ``server_config``: the
+    engine flags and variables the verdicts are for (:class:`~stackprobe.serverconfig.ServerConfig`; default: none).
+    Raises TargetArchError for a bad target.
     A probe that crashes gives an ``error`` verdict with the exception, not an exception here.
     """
     target = parse_target(target_arch)
@@ -117,6 +119,8 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
     ctx = Context(target=target, env=environment, coverage={c.package: c for c in coverage_list},
                   world_size=world_size, topology=topo, topology_source=topo_source, jit_compile=jit_compile,
                   timeout=timeout)
+    if server_config is not None:
+        ctx.server_config = server_config
     if cache_dir:
         ctx.cache_dir = Path(cache_dir)
     report = Report(target_arch=str(target), environment=environment, coverage=[c.to_json() for c in coverage_list],
@@ -153,6 +157,7 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
             if not backends or v.backend in backends:
                 report.add(v)
     post_pass(report.verdicts, environment, target, topo, floor, too_new)
+    engine_sections(report, ctx)
     report.options["seconds"] = round(time.time() - t0, 1)
     return report
 
@@ -194,3 +199,34 @@ def torch_lacks_target(environment: dict, target: Arch, coverage=None) -> str:
         return ""
     return (f"torch {t.get('version')} carries no kernel image for {target.cc}: its arch list is {archs} "
             f"(torch.cuda.get_arch_list())")
+
+
+def engine_sections(report: Report, ctx) -> None:
+    """The report's ``server_config``, ``dispatch`` (SGLang's dispatch of a decode allreduce, or ``{"error": ...}``),
+    ``paths`` (not-assessed paths, engine-scope verdicts as JSON) and ``launch_environment`` sections; the findings for
+    an unknown communication path (C39). Nothing but ``server_config`` without SGLang."""
+    from .probes import sglang_engine as se
+    from .probes.sglang_dispatch import DispatchError, read_dispatch
+    from .probes.sglang_paths import findings, launch_environment, paths
+
+    report.server_config = ctx.server_config.to_json()
+    eng = se.installed()
+    if eng is None:
+        return
+    try:
+        report.dispatch = read_dispatch(eng, ctx).to_json()
+        from .probes.sglang_dispatch import DecodeTensor
+        from .probes.sglang_pcie_ipc import pcie_ipc_admission
+        report.dispatch["pcie_ipc_admission"] = [e.to_json() for e in pcie_ipc_admission(
+            eng, ctx.server_config, DecodeTensor.from_workload(), ctx.world_size)]
+    except (DispatchError, se.GateNotFound) as e:
+        report.dispatch = {"sglang": eng.version, "error": str(e), "unknown": getattr(e, "unknown", ""),
+                           "where": getattr(e, "where", "")}
+        if getattr(e, "unknown", ""):
+            report.environment.setdefault("findings", []).append({"case": "C39", "level": "error", "message": str(e)})
+    try:
+        report.paths = [v.to_json() for v in paths(eng, ctx)]
+        report.environment.setdefault("findings", []).extend(findings(eng))
+        report.launch_environment = launch_environment(eng, ctx.server_config)
+    except se.GateNotFound as e:
+        report.launch_environment = {"error": str(e)}

@@ -186,13 +186,14 @@ def _engine(ctx, eng) -> Verdict:
                     f"{ctx.world_size} on {ctx.topology} its one-shot kernel would write to every peer across PCIe",
                     LIFT_NOTHING, f"nothing on PCIe beyond {n} GPUs: use a PCIe-native design (FlashInfer PCIe IPC "
                     f"allreduce, b12x) or TP<={n}", value=f"disabled when world_size > {n} without full NVLink"))
-    fns = source.functions(eng.tree(CA_FILE))
-    per_call = fns.get("should_custom_ar")
-    if per_call is not None:
-        txt = ast.unparse(per_call)
-        ans.add(se.Gate("per-call check should_custom_ar", ok, f"{short(path)}:{per_call.lineno} should_custom_ar",
-                        GATE_TOPOLOGY, "should_custom_ar sends nothing through it unless world_size == 2 or full NVLink",
-                        LIFT_NOTHING, value="world_size == 2 or full_nvlink" if "full_nvlink" in txt else "read"))
+    # C48: the per-call check answers from its own code, never from the init rule above
+    from .sglang_dispatch import UNKNOWN, custom_ar_per_call
+    admits, why = custom_ar_per_call(eng, ctx)
+    ans.add(se.Gate("per-call check should_custom_ar", admits is True, why, GATE_TOPOLOGY,
+                    ("should_custom_ar's outcome for the decode tensor is decided at run time" if admits is UNKNOWN else
+                     f"should_custom_ar {'admits' if admits else 'declines'} the decode tensor at world size "
+                     f"{ctx.world_size} on {ctx.topology}"), LIFT_NOTHING,
+                    value="unknown (decided at run time)" if admits is UNKNOWN else bool(admits)))
     v2 = v2_path(eng)
     v = ans.verdict(f"SGLang {eng.version} admits world size {ctx.world_size} on {ctx.topology} "
                     "(custom allreduce is on by default)")

@@ -68,7 +68,7 @@ def _engine(ctx, eng) -> Verdict:
         return se.not_integrated(BACKENDS[0], eng, ("MoeAlltoAll", "moe_a2a_backend"), ctx)
     root, fv, w = eng.root, fi.version(), ctx.world_size
     ans = se.EngineAnswer(BACKENDS[0], eng, ctx)
-    arg = ans.add(se.server_argument_gate(eng, ("--moe-a2a-backend",), set_to="flashinfer"))
+    arg = ans.add(se.server_argument_gate(eng, ("--moe-a2a-backend",), ctx=ctx, set_to="flashinfer", equals="flashinfer"))
     # the settings --moe-a2a-backend flashinfer requires
     setting = None
     found = source.find_files_containing(root, f"def {PRECONDITION}")

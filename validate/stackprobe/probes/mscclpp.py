@@ -156,7 +156,7 @@ def _engine(ctx, eng) -> Verdict:
     fl = flavour(eng)
     imp = fl["node"]
     ans = se.EngineAnswer(BACKENDS[0], eng, ctx)
-    ans.add(se.server_argument_gate(eng, ("--enable-mscclpp",)))
+    ans.add(se.server_argument_gate(eng, ("--enable-mscclpp",), ctx=ctx))
     if imp is not None:          # 0.5.23: the standalone package
         try:
             found = importlib.util.find_spec("mscclpp") is not None

@@ -20,6 +20,7 @@ flashinfer-jit-cache, see :func:`compiler_blocker`), else ``needs-runtime``.
 from __future__ import annotations
 
 import ast
+import re
 
 from .. import source
 from ..env import all_nvccs, effective_nvcc
@@ -111,9 +112,9 @@ def _engine(ctx, eng) -> Verdict:
                           GATE_SETTING, f"--moe-a2a-backend flashinfer asserts the MoE runner is one of {runners} "
                           f"(default {runner['default']!r} at {runner['default_where']})", LIFT_SETTING, detail,
                           value={"runners": runners, "default": runner["default"]})
-    ans.add(setting)
-    if runner_gate is not None:
-        ans.add(runner_gate)
+    for g in (setting, runner_gate):
+        if g is not None:
+            ans.add(_required(ctx, arg, g))
     # the names SGLang's dispatcher imports from flashinfer
     moe = root / "srt" / "layers" / "moe"
     needed = []
@@ -158,6 +159,28 @@ def _a2a_modules(ctx) -> list[str]:
         return []
     return [k for k, val in table.items() if "alltoall" in k and ("moe" in k or "nvlink" in k)
             and (val is None or ctx.target.major in val)]
+
+
+def _required(ctx, arg: se.Gate, g: se.Gate) -> se.Gate:
+    """A setting ``--moe-a2a-backend flashinfer`` requires (DP attention, the MoE runner), asserted by SGLang while
+    it resolves its arguments. Closed with the a2a backend configured: an ``AssertionError`` at start-up
+    (``on_fail="raise"``). Closed without it: one more opt-in to set beside the flag (the flags its lift names,
+    admitted when the configuration gives them)."""
+    if g.admits or g.kind != GATE_SETTING:
+        return g
+    flags = [w for w in g.lift_detail.replace(":", " ").split() if w.startswith("--")]
+    given = bool(flags) and all(se.configured(ctx, f) for f in flags)
+    if given:
+        g.admits = True
+        g.value = {"required": g.value, "configured": flags}
+        return g
+    if arg.configured:
+        g.on_fail = "raise"
+        g.raises = f"AssertionError while SGLang resolves its arguments: {g.cause}"
+        return g
+    typed = re.search(r"--[^()]*", g.lift_detail)
+    g.opt_in, g.flag = True, typed.group(0).strip() if typed else g.lift_detail
+    return g
 
 
 def _runner_gate_0523(eng, hook, tree, ctx) -> se.Gate:

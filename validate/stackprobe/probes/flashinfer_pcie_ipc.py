@@ -135,7 +135,7 @@ def _engine(ctx, eng) -> Verdict:
     for what, value, where in _conditions(ctx, tree, fn, short):
         v.add(what, value, where)
         v.warnings.append(f"{what}: {value} ({where})")
-        if what == "message-size cap":
+        if what == "message-size cap" and v.is_open:
             v.cause += f"; once on, {value} ({where})"
     for claim in pcie_det.upstream_claims(eng.file(PCIE_FILE), tree):
         v.add(f"upstream's claim: {claim['context'][:90]}", {k: claim[k] for k in ("header", "rows", "context")},

@@ -31,7 +31,12 @@ def _envs_read(fn: ast.AST) -> list[tuple[str, str, int]]:
         if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("is_set", "get")
                 and isinstance(n.func.value, ast.Attribute) and getattr(n.func.value.value, "id", "") == "envs"):
             out.append((n.func.value.attr, n.func.attr, n.lineno))
-    return sorted(dict.fromkeys(out), key=lambda t: t[2])
+    out.sort(key=lambda t: t[2])
+    seen: dict[str, tuple[str, str, int]] = {}
+    for var, how, line in out:      # one entry per variable: is_set() wins (its get() is the same variable's value)
+        if var not in seen or how == "is_set":
+            seen[var] = (var, how, seen[var][2] if var in seen else line)
+    return sorted(seen.values(), key=lambda t: t[2])
 
 
 def _arg_group_line(eng, pred) -> str:

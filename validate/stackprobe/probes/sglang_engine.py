@@ -163,6 +163,7 @@ def configured(ctx, flag: str, equals: str | None = None) -> bool:
 
 
 def _flags(gates) -> str:
+    """The flags and variables of ``gates`` as a user types them: ``--flag value`` or ``NAME=1``."""
     return ", ".join(dict.fromkeys(f"{g.flag} {g.set_to}".strip() if g.flag.startswith("--") else f"{g.flag}=1"
                                    for g in gates if g.flag))
 

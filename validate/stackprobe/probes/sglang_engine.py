@@ -243,42 +243,32 @@ class EngineAnswer:
 
 
 def apply_preemption(v: Verdict, ctx, engine: Engine) -> Verdict:
-    """Hook for the dispatch reader (:mod:`stackprobe.probes.sglang_dispatch`, ``read_dispatch(engine, ctx,
-    workload)``): a path that would serve (``on-as-configured``, ``on-by-default``) but that an earlier path of
-    SGLang's TP allreduce dispatch claims first becomes ``preempted``, naming that path. Without the reader (not
-    installed in this suite) the verdict is returned unchanged with evidence saying the dispatch was not read."""
+    """A path that would serve (``on-as-configured``, ``on-by-default``) but that an earlier path of SGLang's TP
+    allreduce dispatch claims first (:func:`stackprobe.probes.sglang_dispatch.read_dispatch`, ``Dispatch.preempted``:
+    {backend: the earlier backend}) becomes ``preempted``, naming that path and where it is tried. A dispatch the
+    reader cannot map is an ``error`` (never a pass). The dispatch's ``serves`` is recorded as evidence."""
     if v.status not in (ON_AS_CONFIGURED, ON_BY_DEFAULT):
         return v
+    from . import sglang_dispatch as sd
+
     try:
-        from . import sglang_dispatch as sd   # provided by the dispatch reader
-    except ImportError:
-        v.add("TP allreduce dispatch order", "not read: this suite has no dispatch reader", "stackprobe")
+        d = sd.read_dispatch(engine, ctx)
+    except (GateNotFound, sd.DispatchError) as e:
+        v.add("verdict before the dispatch order", f"{v.status}: {v.cause}", "engine gates")
+        v.status, v.gate, v.cause = ERROR, "", f"the TP allreduce dispatch of sglang {engine.version} cannot be read: {e}"
         return v
-    try:
-        d = sd.read_dispatch(engine, ctx, getattr(sd, "DEFAULT_WORKLOAD", None))
-    except GateNotFound as e:
-        v.status, v.cause = ERROR, str(e)
-        return v
-    by = _preempted_by(getattr(d, "preempted", None), v.backend)
+    v.add("TP allreduce dispatch: the path a decode-step allreduce takes", d.serves or f"undecided ({d.undecided})",
+          f"sglang/{sd.PS_FILE} GroupCoordinator.all_reduce")
+    by = (d.preempted or {}).get(v.backend)
     if by:
+        step = d.step(by)
+        where = f" ({step.where}: `{step.condition}`)" if step is not None else ""
+        v.add("verdict before the dispatch order", f"{v.status}: {v.cause}", "engine gates")
         v.status, v.gate, v.lift = PREEMPTED, GATE_SETTING, LIFT_SETTING
-        v.cause = f"SGLang {engine.version}: preempted by {by[0]}: {by[1]}"
-        v.lift_detail = f"leave the earlier path off ({by[0]})"
+        v.cause = (f"SGLang {engine.version}: preempted by {by}: the TP allreduce dispatch tries {by} first{where} and "
+                   f"it claims the decode-step tensor, so it never reaches {v.backend}")
+        v.lift_detail = f"leave {by} off (its flag or variable unset) to let {v.backend} serve"
     return v
-
-
-def _preempted_by(preempted, backend: str):
-    """(who, why) when ``preempted`` (a mapping backend -> who/why, or items with ``backend``/``by``) names
-    ``backend``, else None."""
-    if not preempted:
-        return None
-    items = preempted.items() if isinstance(preempted, dict) else ((getattr(p, "backend", None), p) for p in preempted)
-    for name, info in items:
-        if name == backend:
-            who = getattr(info, "by", None) or (info.get("by") if isinstance(info, dict) else str(info))
-            why = getattr(info, "where", "") or (info.get("where", "") if isinstance(info, dict) else "")
-            return who, why or "an earlier path of the TP allreduce dispatch claims the tensor"
-    return None
 
 
 def answer(backend: str, ctx, decide) -> list[Verdict]:

@@ -127,6 +127,8 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
                                           "reader_error": reader_error, "world_size": world_size,
                                           "topology": topo, "topology_source": topo_source,
                                           "server_config": ctx.server_config.to_json()})
+    from .userwords import engine_pins
+    environment["engine_pins"] = engine_pins(environment)
     torch_gap = torch_lacks_target(environment, target, next((c for c in coverage_list if c.package == "torch"), None))
     if torch_gap:
         environment.setdefault("findings", []).append({"case": "C19", "level": "error", "message": torch_gap})

@@ -195,6 +195,8 @@ class EngineAnswer:
         opt = [g for g in self.gates if g.opt_in]
         unset = [g for g in opt if not g.admits]
         closed = [g for g in self.gates if not g.admits and not g.opt_in]
+        if opt:
+            v.add("user setting", _flags(opt), "the opt-in gates on its path, as a user types them")
         if not closed:
             if not opt:
                 v.cause = passes_cause

@@ -24,7 +24,7 @@ import re
 
 from .. import source
 from ..env import all_nvccs, effective_nvcc
-from ..verdict import (BLOCKED, GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_SETTING,
+from ..verdict import (FALLS_BACK, OPT_IN, STARTUP_FAILURE, BLOCKED, GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_SETTING,
                        GATE_TOOLCHAIN, LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_SETTING, LIFT_UNKNOWN,
                        SCOPE_ENGINE, SCOPE_LIBRARY, SKIPPED, Verdict)
 from . import flashinfer_common as fi
@@ -142,7 +142,7 @@ def _engine(ctx, eng) -> Verdict:
     v.warnings.append(f"no topology gate in SGLang or FlashInfer on this path (MnnvlMemory handle type: {handles[0]}, "
                       f"{handles[1]}); over PCIe it needs peer access and SYS_PTRACE for the fd exchange: a runtime "
                       "question")
-    if v.status == BLOCKED:
+    if v.status in (BLOCKED, OPT_IN, FALLS_BACK, STARTUP_FAILURE):
         # the library side too: without nvcc or a flashinfer-jit-cache the a2a module cannot build (library answer)
         blocker = compiler_blocker(ctx, _a2a_modules(ctx))
         if blocker is not None:

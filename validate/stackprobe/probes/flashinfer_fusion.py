@@ -40,7 +40,7 @@ import os
 from .. import source
 from ..coverage import SASS_LEVELS
 from ..env import all_nvccs, effective_nvcc
-from ..verdict import (BLOCKED, ERROR, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_TOOLCHAIN,
+from ..verdict import (FALLS_BACK, OPT_IN, STARTUP_FAILURE, BLOCKED, ERROR, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_TOOLCHAIN,
                        GATE_TOPOLOGY, LIFT_CUDA,
                        LIFT_NONE_NEEDED, LIFT_NOTHING, LIFT_PACKAGE, LIFT_SETTING, LIFT_UNKNOWN, SCOPE_LIBRARY, SKIPPED, Verdict)
 from . import flashinfer_common as fi
@@ -295,7 +295,7 @@ def _engine(ctx, eng) -> Verdict:
     if auto is not None:
         v.add("auto-enable (listed models only)", {"majors": auto["majors"], "predicates": auto["predicates"],
                                                    "admits target": ctx.target.major in auto["majors"]}, auto["where"])
-    if v.status == BLOCKED:
+    if v.status in (BLOCKED, OPT_IN, FALLS_BACK, STARTUP_FAILURE):
         extra = _library_lifts(ctx)
         if extra:
             v.lift_detail = "; ".join([v.lift_detail] + extra) if v.lift_detail else "; ".join(extra)

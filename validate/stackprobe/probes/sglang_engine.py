@@ -239,6 +239,8 @@ class EngineAnswer:
         others = [g for g in rest if not g.opt_in]
         if others:
             v.cause += "; also " + "; ".join(f"{g.cause} ({g.where})" for g in others)
+        if unset:
+            v.cause += "; the setting itself: " + "; ".join(f"{g.cause} ({g.where})" for g in unset)
         ordered = [g for g in self.gates if not g.admits]      # path order: an unset opt-in's flag first
         v.lift_detail = "; ".join(dict.fromkeys(g.lift_detail for g in ordered if g.lift_detail))
         return v

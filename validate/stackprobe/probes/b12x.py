@@ -14,9 +14,9 @@ from pathlib import Path
 from .. import source
 from ..env import dist_version
 from ..isolate import run_task
-from ..verdict import (NOT_ASSESSED, BLOCKED, ERROR, GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON,
+from ..verdict import (BLOCKED, ERROR, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON,
                        GATE_TOOLCHAIN, LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_UNKNOWN, SCOPE_ENGINE, SCOPE_LIBRARY,
-                       SKIPPED, Verdict)
+                       NOT_ASSESSED, SKIPPED, Verdict)
 from . import flashinfer_common as fi
 from . import sglang_engine as se
 

@@ -87,7 +87,9 @@ def test_comparison_names_what_changed_and_why(report_files):
     if a.verdict("torch-symm-mem").status != BLOCKED:
         assert changes["torch-symm-mem"].changed and "measured refusal" in changes["torch-symm-mem"].why
     md = comparison_markdown([a, b], ["before", "after"])
-    assert md.startswith("| backend | before | after | changed | why |")
+    # schema 3: the comparison opens with what each image gives a user, then the matrix
+    assert md.startswith("## What each image gives a user\n\n- **before**: ")
+    assert "\n| backend | before | after | changed | why |\n" in md
 
 
 def test_a_crashing_probe_is_an_error_verdict(monkeypatch):

@@ -18,6 +18,8 @@ PCIE = "flashinfer-pcie-ipc-allreduce"
 MSCCLPP = "mscclpp"
 COMM = "sglang/srt/distributed/device_communicators"
 MSCCLPP_REL = "srt/distributed/device_communicators/pymscclpp.py"
+# what a default-off flag reads as, by what setting it does on the target (schema 3; schema 2 said blocked (setting))
+OFF_BY_DEFAULT = ("opt-in", "falls-back-if-set", "startup-failure-if-set", "not-installed")
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +57,11 @@ def _engine_cites(v: dict, *needles: str) -> None:
 def test_c13_fusion_engine_answer_cites_sglangs_own_gates(real):
     lib, eng = verdict(real, FUSION, "library"), verdict(real, FUSION, "engine")
     assert lib["status"] == "gate-passes"                     # FlashInfer 0.7.2 admits major 12 ...
-    assert eng["status"] == "blocked"                         # ... SGLang 0.5.23 will not enable it here
+    assert eng["status"] == "startup-failure-if-set"          # ... SGLang 0.5.23 raises at start-up if set (C35)
     # first on SGLang's path: its platform check, read from the installed source (majors 9 and 10)
     plat = evidence(eng, "engine gate: platform check")
-    assert plat["value"] == {"admits": False, "value": [9, 10]}
+    assert plat["value"]["admits"] is False and plat["value"]["value"]["majors"] == [9, 10]
+    assert plat["value"]["value"]["raises"].startswith("ValueError(")
     assert plat["source"].startswith("sglang/srt/layers/flashinfer_comm_fusion.py:") and "_resolve_backend" in plat["source"]
     assert eng["gate"] == "python-table"
     # and the multicast preflight, which nothing on PCIe lifts: the lift is the hardest of the two
@@ -80,13 +83,13 @@ def test_c13_on_an_admitted_arch_the_preflight_alone_blocks_on_pcie_and_passes_o
     r = run_suite(venv, [sglang, fi], ["--backend", FUSION, "--target-arch", "9.0", "--topology", "pcie"],
                   path_first=[nvcc131])[0]
     v = verdict(r, FUSION, "engine")
-    assert v["status"] == "blocked" and v["gate"] == "topology" and v["lift"] == "package-upgrade"
+    assert v["status"] == "falls-back-if-set" and v["gate"] == "topology" and v["lift"] == "package-upgrade"
     _engine_cites(v, "flashinfer_comm_fusion.py:300 _flashinfer_trtllm_workspace_allocation_sizes")
     r = run_suite(venv, [sglang, fi], ["--backend", FUSION, "--target-arch", "9.0", "--topology", "nvlink"],
                   path_first=[nvcc131])[0]
     # every gate past the flag admits 9.0 on NVLink; the flag is still off by default: blocked (setting), the flag the lift
     v = verdict(r, FUSION, "engine")
-    assert v["status"] == "blocked" and v["gate"] == "setting" and v["lift"] == "setting"
+    assert v["status"] == "opt-in" and v["gate"] == "setting" and v["lift"] == "setting"
     assert v["lift_detail"] == "--flashinfer-allreduce-fusion-backend auto (off by default in sglang 0.5.23)"
 
 
@@ -101,13 +104,13 @@ def test_c13_fails_closed_when_the_platform_checks_moved(venv, sglang, tmp_path)
     # one of the two is enough to decide
     copy2 = engine_copy(sglang, tmp_path / "sg2", {rel: ("def _resolve_backend(", "def _resolve_fusion_backend(")})
     v2 = verdict(run_suite(venv, [copy2], ["--backend", FUSION])[0], FUSION, "engine")
-    assert v2["status"] == "blocked" and "flashinfer_ar_fusion_applies admits majors [9, 10]" in v2["cause"]
+    assert v2["status"] == "falls-back-if-set" and "flashinfer_ar_fusion_applies admits majors [9, 10]" in v2["cause"]
 
 
 def test_c13_sglang_0_5_9_per_call_check_and_no_multicast_preflight(venv, fi, nvcc131):
     v = verdict(run_suite(venv, [pip_target("sglang==0.5.9"), fi], ["--backend", FUSION], path_first=[nvcc131])[0],
                 FUSION, "engine")
-    assert v["status"] == "blocked" and v["gate"] == "python-table"
+    assert v["status"] == "falls-back-if-set" and v["gate"] == "python-table"
     assert "sglang/srt/layers/communicator.py:91 apply_flashinfer_allreduce_fusion" in v["cause"]
     pre = evidence(v, "engine gate: workspace preflight (multicast)")
     assert pre["value"] == {"admits": True, "value": "none in this release: it builds the older CUDA-IPC workspace"}
@@ -125,7 +128,7 @@ def test_c13_fails_closed_when_the_preflight_is_gone(venv, sglang, tmp_path):
 def test_c11_c14_symm_mem_engine_answer_on_the_real_release(real):
     lib, eng = verdict(real, SYMM, "library"), verdict(real, SYMM, "engine")
     assert lib["status"] == "gate-passes"                      # torch has the ops
-    assert eng["status"] == "blocked" and eng["gate"] == "python-table"
+    assert eng["status"] == "falls-back-if-set" and eng["gate"] == "python-table"
     keys = evidence(eng, "engine gate: TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES keys")
     assert keys["value"] == {"admits": False, "value": [9, 10]}
     assert keys["source"].startswith(f"{COMM}/all_reduce_utils.py:3 (ast); lookup get at {COMM}/torch_symm_mem.py:80")
@@ -144,17 +147,17 @@ def sglang_key12(sglang, tmp_path_factory):
 def test_c14_a_table_with_key_12_is_still_blocked_by_multicast_on_pcie(venv, sglang_key12):
     v = verdict(run_suite(venv, [sglang_key12], ["--backend", SYMM])[0], SYMM, "engine")
     assert evidence(v, "engine gate: TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES keys")["value"] == {"admits": True, "value": [9, 10, 12]}
-    assert v["status"] == "blocked" and v["gate"] == "topology" and v["lift"] == "nothing-on-this-topology"
+    assert v["status"] == "falls-back-if-set" and v["gate"] == "topology" and v["lift"] == "nothing-on-this-topology"
     assert "multicast" in v["cause"] and "multicast_ptr == 0" in evidence(v, "engine gate: multicast pointer check")["source"]
     assert "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES" in v["lift_detail"] and "multicast" in v["lift_detail"]   # both named
     # on NVLink (multicast) every gate of the same copy admits but its default-off flag, and at a world size the
     # table lacks it blocks again
     nv = verdict(run_suite(venv, [sglang_key12], ["--backend", SYMM, "--topology", "nvlink"])[0], SYMM, "engine")
-    assert nv["status"] == "blocked" and nv["gate"] == "setting" and nv["lift"] == "setting"
+    assert nv["status"] == "opt-in" and nv["gate"] == "setting" and nv["lift"] == "setting"
     assert nv["lift_detail"] == "--enable-torch-symm-mem (off by default in sglang 0.5.23)"
     v6 = verdict(run_suite(venv, [sglang_key12], ["--backend", SYMM, "--topology", "nvlink", "--world-size", "6"])[0],
                  SYMM, "engine")
-    assert v6["status"] == "blocked" and "world size 6" in v6["cause"]
+    assert v6["status"] == "blocked" and "world size 6" in v6["cause"]     # what SGLang does there is not read
 
 
 def test_c17_symm_mem_table_moved_into_a_class_is_an_error(venv, sglang, tmp_path):
@@ -195,7 +198,7 @@ def test_c17_custom_allreduce_rule_written_with_self_world_size_is_an_error(venv
 # --- C15 -------------------------------------------------------------------------------------------
 def test_c15_mscclpp_without_the_standalone_package_is_not_installed_whatever_sgl_kernel_carries(real):
     eng, lib = verdict(real, MSCCLPP, "engine"), verdict(real, MSCCLPP, "library")
-    assert eng["status"] == "blocked" and eng["gate"] == "not-installed" and "not installed: mscclpp" in eng["cause"]
+    assert eng["status"] == "not-installed" and eng["gate"] == "not-installed" and "not installed: mscclpp" in eng["cause"]
     imp = evidence(eng, "engine gate: import mscclpp")
     assert imp["value"] == {"admits": False, "value": "not importable"}
     assert imp["source"].startswith(f"{COMM}/pymscclpp.py:1048 (ImportError caught at :1051")
@@ -209,9 +212,9 @@ def test_c15_an_importable_mscclpp_opens_that_gate(venv, sglang, tmp_path):
     v = verdict(run_suite(venv, [sglang, fake], ["--backend", MSCCLPP])[0], MSCCLPP, "engine")
     assert evidence(v, "engine gate: import mscclpp")["value"]["admits"] is True
     # world size 8 is in (4, 8, 16, 32, 64): only the default-off flag is left
-    assert v["status"] == "blocked" and v["gate"] == "setting" and v["lift_detail"].startswith("--enable-mscclpp (off by default")
+    assert v["status"] == "opt-in" and v["gate"] == "setting" and v["lift_detail"].startswith("--enable-mscclpp (off by default")
     v2 = verdict(run_suite(venv, [sglang, fake], ["--backend", MSCCLPP, "--world-size", "2"])[0], MSCCLPP, "engine")
-    assert v2["status"] == "blocked" and "not 2" in v2["cause"]
+    assert v2["status"] == "blocked" and "not 2" in v2["cause"]          # what SGLang does there is not read
 
 
 def test_c15_fails_closed_when_the_guarded_import_is_gone(venv, sglang, tmp_path):
@@ -225,12 +228,12 @@ def test_mscclpp_in_sglang_0_5_9_runs_sgl_kernels_bundled_ops(venv, tmp_path):
     """0.5.9 (the CUDA 12.8 image's pin) had no standalone import: its gate is sgl-kernel's bundled ops."""
     sg = pip_target("sglang==0.5.9")
     v = verdict(run_suite(venv, [sg], ["--backend", MSCCLPP])[0], MSCCLPP, "engine")
-    assert v["status"] == "blocked" and v["gate"] == "not-installed" and "not installed: sgl-kernel" in v["cause"]
+    assert v["status"] == "not-installed" and v["gate"] == "not-installed" and "not installed: sgl-kernel" in v["cause"]
     kern = pip_target("sglang-kernel==0.4.10")
     v = verdict(run_suite(venv, [sg, kern], ["--backend", MSCCLPP])[0], MSCCLPP, "engine")
     assert evidence(v, "engine gate: sgl-kernel's MSCCL++ ops")["value"]["admits"] is True
     # every gate admits but --enable-mscclpp is off by default (server_args.py:594): blocked (setting), the flag the lift
-    assert v["status"] == "blocked" and v["gate"] == "setting" and v["lift"] == "setting"
+    assert v["status"] == "opt-in" and v["gate"] == "setting" and v["lift"] == "setting"
     assert v["lift_detail"] == "--enable-mscclpp (off by default in sglang 0.5.9)"
     assert "default False at sglang/srt/server_args.py:594" in v["cause"]
     assert evidence(v, "engine gate: PyMscclppCommunicator supported world sizes")["value"]["value"] == [8, 16]
@@ -250,15 +253,18 @@ def test_mscclpp_in_sglang_0_5_9_runs_sgl_kernels_bundled_ops(venv, tmp_path):
 # --- C16 -------------------------------------------------------------------------------------------
 def test_c16_pcie_ipc_is_a_default_off_setting_named_exactly(real, venv, sglang, fi, nvcc131):
     eng = verdict(real, PCIE, "engine")
-    assert eng["status"] == "blocked" and eng["gate"] == "setting" and eng["lift"] == "setting"
+    assert eng["status"] == "opt-in" and eng["gate"] == "setting" and eng["lift"] == "setting"
     assert eng["lift_detail"] == "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 in the server's environment"
     opt = evidence(eng, "engine gate: opt-in SGLANG_ENABLE_PCIE_IPC_ALLREDUCE")
-    assert opt["value"] == {"admits": False, "value": {"default": False, "here": None}}
+    assert opt["value"] == {"admits": False, "value": {"default": False, "configured": None}}
     assert "sglang/srt/environ.py:1539" in opt["source"] and f"{COMM}/pcie_ipc_ar.py:98 eligible_group" in opt["source"]
     assert verdict(real, PCIE, "library")["status"] == "gate-passes"
     r = run_suite(venv, [sglang, fi], ["--backend", PCIE], path_first=[nvcc131],
                   extra_env={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"})[0]
-    assert verdict(r, PCIE, "engine")["status"] == "gate-passes"
+    # the suite's own environment is not the server configuration asked about: still opt-in, the variable noted
+    e = verdict(r, PCIE, "engine")
+    assert e["status"] == "opt-in"
+    assert evidence(e, "engine gate: opt-in")["value"]["value"]["this process"] == "1"
 
 
 def test_c16_fails_closed_when_the_opt_in_is_renamed(venv, sglang, tmp_path):
@@ -273,7 +279,7 @@ def test_c16_fails_closed_when_the_opt_in_is_renamed(venv, sglang, tmp_path):
 # --- b12x -----------------------------------------------------------------------------------------
 def test_b12x_is_not_integrated_in_sglang_0_5_23(real):
     v = verdict(real, "b12x", "engine")
-    assert v["status"] == "blocked" and v["gate"] == "not-integrated" and "sglang 0.5.23" in v["cause"]
+    assert v["status"] == "not-integrated" and v["gate"] == "not-integrated" and "sglang 0.5.23" in v["cause"]
 
 
 def test_b12x_referenced_by_an_engine_is_not_called_not_integrated(venv, sglang, tmp_path):
@@ -345,7 +351,7 @@ def test_server_argument_gone_is_an_error_naming_version_and_files(venv, sglang,
 def test_fusion_on_0_5_9_lift_names_sglang_flashinfer_and_a_compiler(venv, sglang059, fi063, nvcc131):
     r = run_suite(venv, [sglang059, fi063], ["--backend", FUSION], extra_env={"CUDA_HOME": "/nonexistent-cuda"})[0]
     v = verdict(r, FUSION, "engine")
-    assert v["status"] == "blocked" and v["gate"] == "python-table" and v["lift"] == "package-upgrade"
+    assert v["status"] == "falls-back-if-set" and v["gate"] == "python-table" and v["lift"] == "package-upgrade"
     d = v["lift_detail"]
     assert "an sglang release whose apply_flashinfer_allreduce_fusion admits major 12" in d
     assert "flashinfer-python 0.6.3 admits [9, 10] at flashinfer/jit/comm.py:59" in d
@@ -363,7 +369,7 @@ EP = "ep-flashinfer-a2a"
 def test_ep_a2a_on_0_5_9_is_a_setting_with_the_flashinfer_cutlass_runner(venv, sglang059, fi063, nvcc131):
     r = run_suite(venv, [sglang059, fi063], ["--backend", EP], extra_env={"CUDA_HOME": "/nonexistent-cuda"})[0]
     eng, lib = verdict(r, EP, "engine"), verdict(r, EP, "library")
-    assert eng["status"] == "blocked" and eng["gate"] == "setting" and eng["lift"] == "setting"
+    assert eng["status"] == "opt-in" and eng["gate"] == "setting" and eng["lift"] == "setting"
     assert eng["lift_detail"].startswith("--moe-a2a-backend flashinfer (off by default in sglang 0.5.9); "
                                          "--moe-runner-backend flashinfer_cutlass; ")
     s = evidence(eng, "engine gate: required setting: MoE runner")
@@ -406,7 +412,7 @@ def test_pcie_ipc_conditions_read_from_sglang_0_5_23(real, venv, sglang, fi, nvc
     r = run_suite(venv, [sglang, fi], ["--backend", PCIE, "--world-size", "6"], path_first=[nvcc131],
                   extra_env={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"})[0]
     v = verdict(r, PCIE, "engine")
-    assert v["status"] == "blocked" and v["gate"] == "python-table" and "not 6" in v["cause"]
+    assert v["status"] == "falls-back-if-set" and v["gate"] == "python-table" and "not 6" in v["cause"]
 
 
 def test_pcie_ipc_world_sizes_gone_is_an_error(venv, sglang, tmp_path):
@@ -457,7 +463,7 @@ def test_mscclpp_library_on_0_5_9_is_sgl_kernels_bundled_ops_not_the_standalone_
             f"gate not found in sglang 0.5.9 at sglang/{MSCCLPP_REL}: neither an import of mscclpp"), (scope, v["cause"])
 
 
-def test_every_default_off_flag_is_blocked_setting_with_the_flag_in_the_lift(venv, sglang, sglang059, fi, fi063, kern,
+def test_every_default_off_flag_reads_what_setting_it_does_with_the_flag_in_the_lift(venv, sglang, sglang059, fi, fi063, kern,
                                                                             nvcc131, tmp_path):
     backends = [a for b in (FUSION, SYMM, CAR, PCIE, MSCCLPP, "ep-flashinfer-a2a") for a in ("--backend", b)]
     seen = set()
@@ -472,7 +478,7 @@ def test_every_default_off_flag_is_blocked_setting_with_the_flag_in_the_lift(ven
                 flag = str(val).split(" ")[0] if isinstance(val, str) else e["what"].split("opt-in ")[1]
                 if off:
                     seen.add(v["backend"])
-                    assert e["value"]["admits"] is False and v["status"] == "blocked", (v["backend"], v["status"])
+                    assert e["value"]["admits"] is False and v["status"] in OFF_BY_DEFAULT, (v["backend"], v["status"])
                     assert flag in v["lift_detail"] and flag in v["cause"], (v["backend"], v["lift_detail"])
                 else:      # on by default (custom allreduce): not a lift
                     assert e["value"]["admits"] is True and flag not in v["lift_detail"]
@@ -485,7 +491,7 @@ def test_every_default_off_flag_is_blocked_setting_with_the_flag_in_the_lift(ven
         '"Enable MSCCL++ for tuned AllReduce and AllGather messages, with NCCL fallback.",\n    ] = False',
         '"Enable MSCCL++ for tuned AllReduce and AllGather messages, with NCCL fallback.",\n    ] = True')})
     v = verdict(run_suite(venv, [on, fake], ["--backend", MSCCLPP])[0], MSCCLPP, "engine")
-    assert v["status"] == "gate-passes" and v["lift"] == "none-needed"
+    assert v["status"] == "on-by-default" and v["lift"] == "none-needed"
 
 
 def test_fusion_engine_lift_names_the_flag_and_cites_the_sm90_sm100_auto_enable(venv, sglang, sglang059, fi, fi063, nvcc131):
@@ -494,7 +500,9 @@ def test_fusion_engine_lift_names_the_flag_and_cites_the_sm90_sm100_auto_enable(
                               ([sglang, fi], "--flashinfer-allreduce-fusion-backend auto",
                                "sglang/srt/arg_groups/overrides.py:987-995")):
         v = verdict(run_suite(venv, paths, ["--backend", FUSION], path_first=[nvcc131])[0], FUSION, "engine")
-        assert v["status"] == "blocked" and v["gate"] == "python-table" and v["lift"] == "package-upgrade"
+        # 0.5.9: the per-call check declines (falls back); 0.5.23: _resolve_backend raises at warmup (C35)
+        assert v["status"] in ("falls-back-if-set", "startup-failure-if-set") and v["gate"] == "python-table"
+        assert v["lift"] == "package-upgrade"
         assert v["lift_detail"].startswith(f"{flag} (off by default in sglang ")
         assert "an sglang release whose" in v["lift_detail"]          # and still the arch-list releases
         a = evidence(v, "auto-enable (listed models only)")

@@ -42,7 +42,7 @@ def test_c11_real_sglang_table_has_no_key_12(real):
     keys = evidence(v, "engine gate: TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES keys")
     assert keys["value"] == {"admits": False, "value": [9, 10]}
     assert keys["source"].startswith("sglang/srt/distributed/device_communicators/") and "(ast)" in keys["source"]
-    assert v["status"] == "blocked" and v["gate"] == "python-table"
+    assert v["status"] == "falls-back-if-set" and v["gate"] == "python-table"
     assert "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES" in v["cause"] and "major 12" in v["cause"]
     assert "no CUDA upgrade" in v["cause"] and v["lift"] != "cuda-upgrade"
     # 0.5.23 looks the major up with .get(): the KeyError became a clean disable
@@ -105,7 +105,7 @@ def test_c11_a_table_with_key_12_passes_on_nvlink_and_the_value_is_read_not_assu
     assert evidence(v, "engine gate: TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES keys")["value"]["value"] == [9, 10, 12]
     assert evidence(v, "engine gate: TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES[12] world sizes")["value"]["value"] == [2, 8]
     # every gate past the flag admits; the flag is off by default, so the answer is that setting
-    assert v["status"] == "blocked" and v["gate"] == "setting" and v["lift"] == "setting"
+    assert v["status"] == "opt-in" and v["gate"] == "setting" and v["lift"] == "setting"
     assert v["lift_detail"] == "--enable-torch-symm-mem (off by default in sglang 0.0.1)"
     # and for a world size the table lacks, the same table blocks
     v6 = verdict(run_suite(venv, [root], ["--backend", SYMM, "--world-size", "6", "--topology", "nvlink"])[0], SYMM, "engine")
@@ -122,8 +122,8 @@ def test_custom_allreduce_pcie_heuristic_from_the_installed_source(real):
     ops = evidence(verdict(real["tp8"], CAR, "library"), "sglang-kernel common_ops coverage")["value"]
     assert ops and all(level == "native" and "sm_120a" in sass for _, level, sass in ops)
     # at TP2, or on NVLink, the heuristic admits it and the kernels carry sm_120a
-    assert verdict(real["tp2"], CAR, "engine")["status"] == "gate-passes"
-    assert verdict(real["nvlink"], CAR, "engine")["status"] == "gate-passes"
+    assert verdict(real["tp2"], CAR, "engine")["status"] == "on-by-default"
+    assert verdict(real["nvlink"], CAR, "engine")["status"] == "on-by-default"
     assert verdict(real["tp2"], CAR, "library")["status"] == "gate-passes"
 
 
@@ -132,9 +132,11 @@ def test_ep_flashinfer_a2a_preconditions_and_api_match(venv, sglang):
     r16 = run_suite(venv, [sglang, fi16], ["--backend", EP])[0]
     r74 = run_suite(venv, [sglang, fi74], ["--backend", EP])[0]
     v16, v74 = verdict(r16, EP, "engine"), verdict(r74, EP, "engine")
+    # no topology gate on this path: with FlashInfer 0.6.16 only settings remain (opt-in: the a2a backend, DP attention
+    # with dp == tp, the MoE runner); with 0.7.4 the names its dispatcher imports are missing (blocked, python-table)
+    assert v16["status"] == "opt-in" and v16["gate"] == "setting"
+    assert v74["status"] == "blocked" and v74["gate"] == "python-table"
     for v in (v16, v74):
-        # no topology gate on this path: the first closed gate is the setting (DP attention, dp == tp)
-        assert v["status"] == "blocked" and v["gate"] == "setting"
         pre = evidence(v, "engine gate: required setting: DP attention")
         assert pre["value"] == {"admits": False, "value": [False, True]}
         assert pre["source"].startswith("sglang/srt/arg_groups/moe_hook.py:43 _flashinfer_a2a_topology_is_supported")
@@ -151,7 +153,7 @@ def test_c11_older_real_sglang_raises_keyerror_12(venv):
     v = verdict(run_suite(venv, [pip_target("sglang==0.5.9")], ["--backend", SYMM])[0], SYMM, "engine")
     keys = evidence(v, "engine gate: TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES keys")
     assert keys["value"]["value"] == [9, 10] and "lookup subscript at" in keys["source"]
-    assert v["status"] == "blocked" and v["gate"] == "python-table" and "`KeyError: 12`" in v["cause"]
+    assert v["status"] == "startup-failure-if-set" and v["gate"] == "python-table" and "`KeyError: 12`" in v["cause"]
 
 
 def test_mscclpp_world_sizes_from_sglang_and_kernels_from_sglang_kernel(venv, sglang):
@@ -161,4 +163,4 @@ def test_mscclpp_world_sizes_from_sglang_and_kernels_from_sglang_kernel(venv, sg
     sizes = evidence(v8, "engine gate: PyMscclppCommunicator supported world sizes")
     assert 8 in sizes["value"]["value"] and "pymscclpp.py" in sizes["source"]
     assert all(level == "native" for _, level in evidence(verdict(r8, "mscclpp", "library"), "sglang-kernel common_ops")["value"])
-    assert v8["status"] == "blocked" and v8["gate"] == "not-installed"        # C15: no standalone mscclpp
+    assert v8["status"] == "not-installed" and v8["gate"] == "not-installed"        # C15: no standalone mscclpp

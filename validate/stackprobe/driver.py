@@ -224,7 +224,7 @@ def apply_ptx_driver(verdicts: list, too_new: list[dict]) -> list:
                 continue
             msg = (f"{pkg}: {p['path']} is PTX-only with PTX ISA {p['ptx_isa']} (CUDA {p['needs_cuda']}); this driver "
                    f"JITs up to CUDA {p['driver_cuda']}: loading it fails with cudaErrorUnsupportedPtxVersion")
-            if v.status == GATE_PASSES or (v.status == SKIPPED and v.gate == GATE_NEEDS_RUNTIME):
+            if v.is_open:
                 v.status, v.gate, v.cause, v.lift = BLOCKED, GATE_DRIVER, msg, LIFT_DRIVER
                 v.lift_detail = ptx_requirement(p["ptx_isa"]).split(": ", 1)[1]
             else:

@@ -28,7 +28,7 @@ def _norm(name: str) -> str:
 
 def _open(v) -> bool:
     """A verdict a library gate may still close: passing, or waiting for the runtime tier."""
-    return v.status == GATE_PASSES or (v.status == SKIPPED and v.gate == GATE_NEEDS_RUNTIME)
+    return v.is_open
 
 
 def nccl_library_gate(ctx, verdicts: list, version: str | None) -> list:

@@ -12,6 +12,11 @@ Schema 2 adds ``provenance`` (``suite_digest``: sha256 over the suite's own file
 id, repo digests, plan hash and lock entry when run inside an image) and, per verdict, ``scope``
 ("library" / "engine") and ``host`` (where it was judged or measured).
 
+Schema 3 gives engine answers the statuses a user acts on (on by default, opt-in, on as configured, start-up
+failure if set, falls back if set, preempted, not integrated, not installed: :mod:`stackprobe.verdict`),
+``options.server_config`` (the flags they are for) and ``environment.engine_pins``; a schema-2 report is read
+through :func:`stackprobe.userwords.translate_v2` (or refused, never misread).
+
 Two answers per backend: the library's (does FlashInfer / torch / NCCL admit the target) and the
 engine's (will the installed SGLang enable it on the target host). :meth:`Report.verdict` returns the
 headline: a runtime verdict measured on a host that matches the target (compute capability, topology,
@@ -190,12 +195,21 @@ class Report:
                 "launch_environment": self.launch_environment}
 
     @classmethod
-    def from_json(cls, d: dict) -> "Report":
+    def from_json(cls, d: dict, name: str = "report") -> "Report":
+        """Raises ReportError for a file that is not a report, a newer schema, or a schema-2 report whose engine
+        answers cannot be translated (:func:`stackprobe.userwords.translate_v2`)."""
         if not isinstance(d, dict) or "verdicts" not in d or "schema" not in d:
             raise ReportError("not a stackprobe report: it has no 'schema' and 'verdicts' keys")
         if d["schema"] > REPORT_SCHEMA_VERSION:
             raise ReportError(f"report schema {d['schema']} is newer than this suite's {REPORT_SCHEMA_VERSION}: "
                               "upgrade stackprobe to read it")
+        if d["schema"] == 2:
+            from .userwords import SchemaError, translate_v2
+            try:
+                d = translate_v2(json.loads(json.dumps(d)), name)
+            except SchemaError as e:
+                raise ReportError(str(e)) from e
+            d.setdefault("options", {})["read_from_schema"] = 2
         return cls(target_arch=d["target_arch"], environment=d.get("environment", {}), coverage=d.get("coverage", []),
                    verdicts=[Verdict.from_json(v) for v in d["verdicts"]], tiers=d.get("tiers", ["static"]),
                    options=d.get("options", {}), label=d.get("label", ""), created=d.get("created", ""),
@@ -207,7 +221,7 @@ class Report:
     @classmethod
     def load(cls, path: str | Path) -> "Report":
         try:
-            return cls.from_json(json.loads(Path(path).read_text()))
+            return cls.from_json(json.loads(Path(path).read_text()), str(path))
         except json.JSONDecodeError as e:
             raise ReportError(f"{path} is not JSON: {e}") from e
 
@@ -230,6 +244,13 @@ class Report:
         lines = [f"# stackprobe report{': ' + self.label if self.label else ''}", "",
                  f"{self.headline()}  ", f"tiers: {', '.join(self.tiers)}; created {self.created}; schema {self.schema}  ",
                  f"provenance: {_provenance(self.provenance)}", ""]
+        from .userwords import headline_line, pins_line
+        lines += [f"**What SGLang does here**: {headline_line(self)}.", ""]
+        if pins_line(self):
+            lines += [f"Engine pins: {pins_line(self)}.", ""]
+        if (self.options or {}).get("read_from_schema"):
+            lines += [f"(read from a schema-{self.options['read_from_schema']} report: statuses translated, see each "
+                      "verdict's warnings)", ""]
         ran_in = (self.options or {}).get("ran_in") or {}
         if ran_in.get("hidden") or ran_in.get("env"):     # how the container differed from the image as shipped
             extra = [f"folders hidden: {', '.join(ran_in['hidden'])}" if ran_in.get("hidden") else "",
@@ -457,6 +478,18 @@ def comparison_markdown(reports: list[Report], labels: list[str] | None = None) 
     if len(digests) > 1:
         lines += [f"> **warning**: these reports were made by different suites ({', '.join(sorted(map(str, digests)))}); "
                   "a verdict may differ because the suite changed, not the image.", ""]
+    from .userwords import cuda_tie, headline_line, moved_by, pins_line
+    lines += ["## What each image gives a user", ""]
+    lines += [f"- **{lab}**: {headline_line(r)}." + (f" Pins: {pins_line(r)}." if pins_line(r) else "")
+              for lab, r in zip(labels, reports)]
+    moves = [(c.backend, moved_by(reports[0], reports[-1], c.backend)) for c in compare(reports, labels) if c.changed]
+    moves = [(b, m) for b, m in moves if m]
+    if moves:
+        lines += ["", f"Which release moved which verdict ({labels[0]} -> {labels[-1]}):", ""]
+        lines += [f"- {b}: {m}" for b, m in moves]
+    if len(reports) > 1 and cuda_tie(reports[0], reports[-1]):
+        lines += ["", f"Why: {cuda_tie(reports[0], reports[-1])}."]
+    lines += [""]
     lines += ["| backend | " + " | ".join(labels) + " | changed | why |",
              "| --- | " + " | ".join("---" for _ in labels) + " | --- | --- |"]
     for c in compare(reports, labels):

@@ -18,6 +18,7 @@ from .probes import Context, probes
 from .report import Report
 import re
 
+from .serverconfig import NO_FLAGS
 from .verdict import (BLOCKED, ERROR, GATE_BINARY, GATE_PASSES, LIFT_PACKAGE, SCOPE_ENGINE, SCOPE_LIBRARY,
                       Verdict)
 
@@ -77,9 +78,9 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
     in ``cache_dir``, default ``$STACKPROBE_CACHE`` or ``~/.cache/stackprobe``). ``coverage_reader``:
     "auto" | "elf" | "cuobjdump". ``world_size``: the TP size verdicts are for. ``topology``: "auto"
     (detected with GPUs present, else the target host's PCIe assumed), "pcie" or "nvlink".
-    ``backends``: restrict to these backend names. ``scan_dists``: more distributions to cover. ``server_config``: the
-    engine flags and variables the verdicts are for (:class:`~stackprobe.serverconfig.ServerConfig`; default: none).
-    Raises TargetArchError for a bad target.
+    ``backends``: restrict to these backend names. ``scan_dists``: more distributions to cover.
+    ``server_config``: the engine flags and variables the verdicts are for (a :class:`ServerConfig`; None: no flags),
+    recorded in ``options.server_config``. Raises TargetArchError for a bad target.
     A probe that crashes gives an ``error`` verdict with the exception, not an exception here.
     """
     target = parse_target(target_arch)
@@ -118,15 +119,16 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
             topo, topo_source = "pcie", "assumed: no GPUs here; the target host is PCIe (pass --topology nvlink to change)"
     ctx = Context(target=target, env=environment, coverage={c.package: c for c in coverage_list},
                   world_size=world_size, topology=topo, topology_source=topo_source, jit_compile=jit_compile,
-                  timeout=timeout)
-    if server_config is not None:
-        ctx.server_config = server_config
+                  timeout=timeout, server_config=server_config or NO_FLAGS)
     if cache_dir:
         ctx.cache_dir = Path(cache_dir)
     report = Report(target_arch=str(target), environment=environment, coverage=[c.to_json() for c in coverage_list],
                     label=label, options={"jit_compile": jit_compile, "coverage_reader": coverage_reader,
                                           "reader_error": reader_error, "world_size": world_size,
-                                          "topology": topo, "topology_source": topo_source})
+                                          "topology": topo, "topology_source": topo_source,
+                                          "server_config": ctx.server_config.to_json()})
+    from .userwords import engine_pins
+    environment["engine_pins"] = engine_pins(environment)
     torch_gap = torch_lacks_target(environment, target, next((c for c in coverage_list if c.package == "torch"), None))
     if torch_gap:
         environment.setdefault("findings", []).append({"case": "C19", "level": "error", "message": torch_gap})
@@ -150,7 +152,7 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
         for v in verdicts:
             if not v.host:
                 v.host = dict(host)
-            if torch_gap and v.status == GATE_PASSES and not v.backend.startswith("nccl-"):
+            if torch_gap and v.is_open and not v.backend.startswith("nccl-"):
                 v.status, v.gate, v.lift = BLOCKED, GATE_BINARY, LIFT_PACKAGE
                 v.cause = f"{torch_gap} (case C19); this backend runs torch kernels"
                 v.lift_detail = f"a torch build whose arch list covers {target.cc} (TORCH_CUDA_ARCH_LIST={target.cc})"

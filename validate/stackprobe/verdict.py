@@ -35,6 +35,15 @@ USER_STATUSES = (ON_BY_DEFAULT, OPT_IN, ON_AS_CONFIGURED, STARTUP_FAILURE, FALLS
                  NOT_INSTALLED, NOT_ASSESSED)
 STATUSES = (UNBLOCKED, GATE_PASSES, WORKS_SLOWER, BLOCKED, SKIPPED, ERROR, BASELINE, FASTER, PARITY, SLOWER,
             INCONCLUSIVE) + USER_STATUSES
+#: statuses of a path that would run (a post-pass such as the driver floor or a known-bad release may still close it)
+OPEN_STATUSES = (GATE_PASSES, ON_BY_DEFAULT, OPT_IN, ON_AS_CONFIGURED)
+#: engine statuses of a path a decode-step tensor does not take, whatever the runtime tier measures of the kernel
+CLOSED_STATUSES = (BLOCKED, STARTUP_FAILURE, FALLS_BACK, PREEMPTED, NOT_INTEGRATED, NOT_INSTALLED)
+#: each status in a user's words, for headlines and comparisons
+USER_WORDS = {ON_BY_DEFAULT: "on by default", OPT_IN: "opt-in", ON_AS_CONFIGURED: "on as configured",
+              STARTUP_FAILURE: "start-up failure if set", FALLS_BACK: "falls back if set", PREEMPTED: "preempted",
+              NOT_INTEGRATED: "not integrated", NOT_INSTALLED: "not installed", NOT_ASSESSED: "not assessed",
+              BLOCKED: "blocked", GATE_PASSES: "gate passes", SKIPPED: "skipped", ERROR: "error"}
 
 # kinds of gate (why something is blocked)
 GATE_TOOLCHAIN = "toolchain"          # nvcc too old / missing, arch not supported by the toolkit
@@ -118,6 +127,11 @@ class Verdict:
             raise ValueError(f"unknown gate kind {self.gate!r}; one of {GATE_KINDS}")
         if self.scope not in SCOPES:
             raise ValueError(f"unknown verdict scope {self.scope!r}; one of {SCOPES}")
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the path would run as judged so far (:data:`OPEN_STATUSES`, or static and waiting for GPUs)."""
+        return self.status in OPEN_STATUSES or (self.status == SKIPPED and self.gate == GATE_NEEDS_RUNTIME)
 
     def add(self, what: str, value: Any, source: str = "") -> "Verdict":
         self.evidence.append(Evidence(what, value, source))

@@ -14,9 +14,9 @@ from pathlib import Path
 from .. import source
 from ..env import dist_version
 from ..isolate import run_task
-from ..verdict import (BLOCKED, ERROR, GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON,
+from ..verdict import (BLOCKED, ERROR, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON,
                        GATE_TOOLCHAIN, LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_UNKNOWN, SCOPE_ENGINE, SCOPE_LIBRARY,
-                       SKIPPED, Verdict)
+                       NOT_ASSESSED, SKIPPED, Verdict)
 from . import flashinfer_common as fi
 from . import sglang_engine as se
 
@@ -105,9 +105,9 @@ def engine_gate(ctx) -> list[Verdict]:
     refs = eng.references("b12x")
     if not refs:
         return [se.not_integrated(BACKENDS[0], eng, ("b12x",), ctx)]
-    v = Verdict(BACKENDS[0], SKIPPED, scope=SCOPE_ENGINE, gate=GATE_NEEDS_RUNTIME, lift=LIFT_UNKNOWN,
-                host=se.target_host(ctx),
-                cause=f"sglang {eng.version} references b12x ({refs[0]}), but this suite does not read its gates yet")
+    v = Verdict(BACKENDS[0], NOT_ASSESSED, scope=SCOPE_ENGINE, lift=LIFT_UNKNOWN, host=se.target_host(ctx),
+                cause=f"not assessed: sglang {eng.version} references b12x ({refs[0]}), but this suite does not read "
+                      "its gates yet")
     v.add("sglang references", refs, "sglang/**/*.py")
     return [v]
 

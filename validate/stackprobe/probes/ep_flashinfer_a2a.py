@@ -20,10 +20,11 @@ flashinfer-jit-cache, see :func:`compiler_blocker`), else ``needs-runtime``.
 from __future__ import annotations
 
 import ast
+import re
 
 from .. import source
 from ..env import all_nvccs, effective_nvcc
-from ..verdict import (BLOCKED, GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_SETTING,
+from ..verdict import (FALLS_BACK, OPT_IN, STARTUP_FAILURE, BLOCKED, GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_SETTING,
                        GATE_TOOLCHAIN, LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_SETTING, LIFT_UNKNOWN,
                        SCOPE_ENGINE, SCOPE_LIBRARY, SKIPPED, Verdict)
 from . import flashinfer_common as fi
@@ -68,7 +69,7 @@ def _engine(ctx, eng) -> Verdict:
         return se.not_integrated(BACKENDS[0], eng, ("MoeAlltoAll", "moe_a2a_backend"), ctx)
     root, fv, w = eng.root, fi.version(), ctx.world_size
     ans = se.EngineAnswer(BACKENDS[0], eng, ctx)
-    arg = ans.add(se.server_argument_gate(eng, ("--moe-a2a-backend",), set_to="flashinfer"))
+    arg = ans.add(se.server_argument_gate(eng, ("--moe-a2a-backend",), ctx=ctx, set_to="flashinfer", equals="flashinfer"))
     # the settings --moe-a2a-backend flashinfer requires
     setting = None
     found = source.find_files_containing(root, f"def {PRECONDITION}")
@@ -111,9 +112,9 @@ def _engine(ctx, eng) -> Verdict:
                           GATE_SETTING, f"--moe-a2a-backend flashinfer asserts the MoE runner is one of {runners} "
                           f"(default {runner['default']!r} at {runner['default_where']})", LIFT_SETTING, detail,
                           value={"runners": runners, "default": runner["default"]})
-    ans.add(setting)
-    if runner_gate is not None:
-        ans.add(runner_gate)
+    for g in (setting, runner_gate):
+        if g is not None:
+            ans.add(_required(ctx, arg, g))
     # the names SGLang's dispatcher imports from flashinfer
     moe = root / "srt" / "layers" / "moe"
     needed = []
@@ -141,7 +142,7 @@ def _engine(ctx, eng) -> Verdict:
     v.warnings.append(f"no topology gate in SGLang or FlashInfer on this path (MnnvlMemory handle type: {handles[0]}, "
                       f"{handles[1]}); over PCIe it needs peer access and SYS_PTRACE for the fd exchange: a runtime "
                       "question")
-    if v.status == BLOCKED:
+    if v.status in (BLOCKED, OPT_IN, FALLS_BACK, STARTUP_FAILURE):
         # the library side too: without nvcc or a flashinfer-jit-cache the a2a module cannot build (library answer)
         blocker = compiler_blocker(ctx, _a2a_modules(ctx))
         if blocker is not None:
@@ -158,6 +159,28 @@ def _a2a_modules(ctx) -> list[str]:
         return []
     return [k for k, val in table.items() if "alltoall" in k and ("moe" in k or "nvlink" in k)
             and (val is None or ctx.target.major in val)]
+
+
+def _required(ctx, arg: se.Gate, g: se.Gate) -> se.Gate:
+    """A setting ``--moe-a2a-backend flashinfer`` requires (DP attention, the MoE runner), asserted by SGLang while
+    it resolves its arguments. Closed with the a2a backend configured: an ``AssertionError`` at start-up
+    (``on_fail="raise"``). Closed without it: one more opt-in to set beside the flag (the flags its lift names,
+    admitted when the configuration gives them)."""
+    if g.admits or g.kind != GATE_SETTING:
+        return g
+    flags = [w for w in g.lift_detail.replace(":", " ").split() if w.startswith("--")]
+    given = bool(flags) and all(se.configured(ctx, f) for f in flags)
+    if given:
+        g.admits = True
+        g.value = {"required": g.value, "configured": flags}
+        return g
+    if arg.configured:
+        g.on_fail = "raise"
+        g.raises = f"AssertionError while SGLang resolves its arguments: {g.cause}"
+        return g
+    typed = re.search(r"--[^()]*", g.lift_detail)
+    g.opt_in, g.flag = True, typed.group(0).strip() if typed else g.lift_detail
+    return g
 
 
 def _runner_gate_0523(eng, hook, tree, ctx) -> se.Gate:

@@ -40,7 +40,7 @@ import os
 from .. import source
 from ..coverage import SASS_LEVELS
 from ..env import all_nvccs, effective_nvcc
-from ..verdict import (BLOCKED, ERROR, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_TOOLCHAIN,
+from ..verdict import (FALLS_BACK, OPT_IN, STARTUP_FAILURE, BLOCKED, ERROR, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_TOOLCHAIN,
                        GATE_TOPOLOGY, LIFT_CUDA,
                        LIFT_NONE_NEEDED, LIFT_NOTHING, LIFT_PACKAGE, LIFT_SETTING, LIFT_UNKNOWN, SCOPE_LIBRARY, SKIPPED, Verdict)
 from . import flashinfer_common as fi
@@ -173,6 +173,34 @@ FUSION_FILE = "srt/layers/flashinfer_comm_fusion.py"
 # the server argument, newest name first (0.5.23 arg-group field; 0.5.9 server_args.py:4107)
 FUSION_FLAGS = ("--flashinfer-allreduce-fusion-backend", "--enable-flashinfer-allreduce-fusion")
 PER_CALL_CHECKS = ("flashinfer_ar_fusion_applies", "apply_flashinfer_allreduce_fusion")
+UNFUSED = "the unfused allreduce (SGLang's TP allreduce dispatch) and a separate RMSNorm"
+
+
+def _start_up_consequence(eng, gate, check) -> None:
+    """Case C35: what SGLang does when ``_resolve_backend``'s platform check (``check``, an ``if not (...): raise``)
+    refuses the target. Reads the raise (exception and message) and the call path from a start-up root
+    (``warmup``) to ``_resolve_backend`` (:func:`sglang_raises.call_path`): uncaught, the gate is a start-up
+    failure (``on_fail="raise"``); caught on the way, a decline; no path found, left as it is (blocked)."""
+    import ast
+
+    from . import sglang_raises as sp
+
+    r = next((n for n in check.body if isinstance(n, ast.Raise)), None)
+    exc = r.exc.func.id if r is not None and isinstance(r.exc, ast.Call) and isinstance(r.exc.func, ast.Name) else ""
+    msg = next((a.value for a in getattr(r.exc, "args", []) if isinstance(a, ast.Constant)), "") if r is not None else ""
+    if not exc:
+        return
+    cp = sp.call_path(eng.root / "srt", "_resolve_backend", exc, se.short, roots=("warmup",))
+    gate.value = {"majors": gate.value, "raises": f"{exc}({msg!r})", "call path": cp.describe()}
+    if not cp.found:
+        return
+    raise_at = f"sglang/{FUSION_FILE}:{r.lineno}-{r.end_lineno}"
+    if cp.caught_at:
+        gate.on_fail, gate.falls_to = "decline", f"{UNFUSED} (the {exc} is caught at {cp.caught_at})"
+        return
+    gate.on_fail = "raise"
+    gate.raises = (f"_resolve_backend raises {exc}({msg!r}) at {raise_at}, reached at start-up and not caught: "
+                   f"{cp.describe()}")
 
 
 def engine_gate(ctx) -> list[Verdict]:
@@ -190,7 +218,7 @@ def _engine(ctx, eng) -> Verdict:
     # 1. the server argument, read from the installed release (0.5.23: the arg-group field
     #    flashinfer_allreduce_fusion_backend; 0.5.9: add_argument("--enable-flashinfer-allreduce-fusion"))
     arg = se.server_argument(eng, FUSION_FLAGS)
-    opt = ans.add(se.server_argument_gate(eng, FUSION_FLAGS, set_to="auto" if arg["flag"].endswith("-backend") else ""))
+    opt = ans.add(se.server_argument_gate(eng, FUSION_FLAGS, ctx=ctx, set_to="auto" if arg["flag"].endswith("-backend") else ""))
     auto = _auto_enable(eng, arg["dest"])
     if auto is not None and opt.opt_in:
         opt.cause += (f"; SGLang's auto-enable turns it on only for listed models on compute-capability majors "
@@ -207,10 +235,11 @@ def _engine(ctx, eng) -> Verdict:
     if check is not None:
         names, majors = se.predicate_majors(check.test, table)
         where = f"sglang/{FUSION_FILE}:{check.lineno} _resolve_backend `{ast.unparse(check.test)}`"
-        ans.add(se.Gate("platform check", ctx.target.major in majors, where, GATE_PYTHON,
-                        f"fusion requires compute-capability majors {majors} ({' or '.join(names)}); the target "
-                        f"{ctx.target.cc} is refused (ValueError)", se.LIFT_PACKAGE,
-                        f"an sglang release whose _resolve_backend admits major {ctx.target.major}", value=majors))
+        g = ans.add(se.Gate("platform check", ctx.target.major in majors, where, GATE_PYTHON,
+                            f"fusion requires compute-capability majors {majors} ({' or '.join(names)}); the target "
+                            f"{ctx.target.cc} is refused (ValueError)", se.LIFT_PACKAGE,
+                            f"an sglang release whose _resolve_backend admits major {ctx.target.major}", value=majors))
+        _start_up_consequence(eng, g, check)
         found += 1
     layers = eng.root / "srt" / "layers"
     for name in PER_CALL_CHECKS:
@@ -224,7 +253,8 @@ def _engine(ctx, eng) -> Verdict:
             ans.add(se.Gate("per-call check", ctx.target.major in a_majors, f"{se.short(path)}:{afn.lineno} {name}",
                             GATE_PYTHON, f"the per-call check {name} admits majors {a_majors} only "
                             f"({' or '.join(dict.fromkeys(a_names))})", se.LIFT_PACKAGE,
-                            f"an sglang release whose {name} admits major {ctx.target.major}", value=a_majors))
+                            f"an sglang release whose {name} admits major {ctx.target.major}", value=a_majors,
+                            on_fail="decline", falls_to=UNFUSED))
             found += 1
             break
     if not found:
@@ -258,13 +288,14 @@ def _engine(ctx, eng) -> Verdict:
                         f"(cuMulticastGetGranularity) and skips fusion when it fails; {ctx.topology} GPUs report "
                         "CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 0 (multicast needs NVSwitch)", LIFT_PACKAGE,
                         "an sglang release whose fusion workspace preflight does not require multicast"
-                        + _trtllm_without_multicast(), value=f"topology {ctx.topology} ({ctx.topology_source})"))
+                        + _trtllm_without_multicast(), value=f"topology {ctx.topology} ({ctx.topology_source})",
+                        on_fail="decline", falls_to=UNFUSED))
     v = ans.verdict(f"SGLang {eng.version} admits compute capability {ctx.target.cc} and the {ctx.topology} host "
                     f"passes its workspace preflight; enable it with {ans.gates[0].flag}")
     if auto is not None:
         v.add("auto-enable (listed models only)", {"majors": auto["majors"], "predicates": auto["predicates"],
                                                    "admits target": ctx.target.major in auto["majors"]}, auto["where"])
-    if v.status == BLOCKED:
+    if v.status in (BLOCKED, OPT_IN, FALLS_BACK, STARTUP_FAILURE):
         extra = _library_lifts(ctx)
         if extra:
             v.lift_detail = "; ".join([v.lift_detail] + extra) if v.lift_detail else "; ".join(extra)

@@ -7,8 +7,11 @@ its JIT. Built for hosts where every peer transfer crosses the CPU root complex.
 Engine gate (SGLang 0.5.23, ``srt/distributed/device_communicators/pcie_ipc_ar.py``): the group
 coordinator builds ``PcieIpcCommunicator`` only when ``eligible_group`` admits the group, which needs the
 opt-in environment variable ``SGLANG_ENABLE_PCIE_IPC_ALLREDUCE`` (declared in ``srt/environ.py``,
-default False), world size > 1 and the "tp" group. A default-off opt-in is a gate of kind ``setting``
-whose lift names the variable.
+default False), world size > 1 and the "tp" group, and deterministic collectives off (C38:
+``--enable-deterministic-inference`` or ``SGLANG_USE_1STAGE_ALLREDUCE=1``, :mod:`.pcie_ipc_engine`). With no flags
+the answer is ``opt-in`` naming the variable (C34); with it set in ``ctx.server_config``, ``on-as-configured``;
+a later check that declines makes it ``falls-back-if-set`` (the tensor stays on NCCL). Upstream's own figures,
+read from the module docstring of ``pcie_ipc_ar.py``, are evidence labelled "upstream's claim".
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from ..env import all_nvccs, effective_nvcc
 from ..verdict import (BLOCKED, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_SETTING, GATE_TOOLCHAIN,
                        LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_SETTING, SCOPE_LIBRARY, SKIPPED, Verdict)
 from . import flashinfer_common as fi
+from . import pcie_ipc_engine as pcie_det
 from . import sglang_engine as se
 
 
@@ -104,15 +108,18 @@ def _engine(ctx, eng) -> Verdict:
         raise se.GateNotFound(f"gate not found in sglang {eng.version} at sglang/{PCIE_FILE}: eligible_group no longer "
                               f"reads {OPT_IN}")
     default, where_env = se.env_flag(eng, OPT_IN)
-    value = os.environ.get(OPT_IN)
-    on = se.env_truthy(value) if value is not None else bool(default)
+    given = ctx.server_config.var(OPT_IN)
+    on = se.env_truthy(given) if given is not None else bool(default)
     ans = se.EngineAnswer(BACKENDS[0], eng, ctx)
     ans.add(se.Gate(f"opt-in {OPT_IN}", on, f"sglang/{PCIE_FILE}:{fn.lineno} eligible_group; {where_env}", GATE_SETTING,
                     f"SGLang builds the PCIe IPC communicator only when {OPT_IN} is set (default {default}; "
-                    f"here {value if value is not None else 'unset'})", LIFT_SETTING, f"{OPT_IN}=1 in the server's environment",
-                    value={"default": default, "here": value}, flag=OPT_IN, opt_in=not on))
+                    f"in the configuration asked about: {given if given is not None else 'unset'})", LIFT_SETTING,
+                    f"{OPT_IN}=1 in the server's environment", value={"default": default, "configured": given},
+                    flag=OPT_IN, opt_in=not bool(default), configured=on))
+    if os.environ.get(OPT_IN) is not None and given is None:
+        ans.gates[-1].value["this process"] = os.environ[OPT_IN]
     ans.add(se.Gate("world size > 1", ctx.world_size > 1, f"sglang/{PCIE_FILE}:{fn.lineno} eligible_group", GATE_PYTHON,
-                    "a single GPU has no peers", LIFT_NONE_NEEDED, value=ctx.world_size))
+                    "a single GPU has no peers", LIFT_NONE_NEEDED, value=ctx.world_size, on_fail="decline"))
     tree = eng.tree(PCIE_FILE)
     short = f"sglang/{PCIE_FILE}"
     sizes = _module_literal_strings_or_ints(tree, "_SUPPORTED_WORLD_SIZES")
@@ -120,13 +127,19 @@ def _engine(ctx, eng) -> Verdict:
         raise se.GateNotFound(f"gate not found in sglang {eng.version} at {short}: no module-level _SUPPORTED_WORLD_SIZES")
     ans.add(se.Gate("supported world sizes", ctx.world_size in sizes[0], f"{short}:{sizes[1]} _SUPPORTED_WORLD_SIZES",
                     GATE_PYTHON, f"the PCIe IPC communicator supports world sizes {sorted(sizes[0])}, not {ctx.world_size}",
-                    LIFT_PACKAGE, value=sorted(sizes[0])))
-    v = ans.verdict(f"{OPT_IN} is set: SGLang {eng.version} builds FlashInfer's PCIe IPC allreduce for the tp group")
+                    LIFT_PACKAGE, value=sorted(sizes[0]), on_fail="decline"))
+    det = pcie_det.deterministic_gate(ctx, eng, fn, tree)
+    if det is not None:
+        ans.add(det)
+    v = ans.verdict(f"SGLang {eng.version} builds FlashInfer's PCIe IPC allreduce for the tp group")
     for what, value, where in _conditions(ctx, tree, fn, short):
         v.add(what, value, where)
         v.warnings.append(f"{what}: {value} ({where})")
-        if what == "message-size cap":
+        if what == "message-size cap" and v.is_open:
             v.cause += f"; once on, {value} ({where})"
+    for claim in pcie_det.upstream_claims(eng.file(PCIE_FILE), tree):
+        v.add(f"upstream's claim: {claim['context'][:90]}", {k: claim[k] for k in ("header", "rows", "context")},
+              f"{short}:{claim['lines']} (module docstring; upstream's claim, not measured by this suite)")
     return v
 
 

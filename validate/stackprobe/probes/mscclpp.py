@@ -156,7 +156,7 @@ def _engine(ctx, eng) -> Verdict:
     fl = flavour(eng)
     imp = fl["node"]
     ans = se.EngineAnswer(BACKENDS[0], eng, ctx)
-    ans.add(se.server_argument_gate(eng, ("--enable-mscclpp",)))
+    ans.add(se.server_argument_gate(eng, ("--enable-mscclpp",), ctx=ctx))
     if imp is not None:          # 0.5.23: the standalone package
         try:
             found = importlib.util.find_spec("mscclpp") is not None
@@ -168,7 +168,8 @@ def _engine(ctx, eng) -> Verdict:
                         GATE_NOT_INSTALLED, "its communicator imports the standalone mscclpp package and disables itself "
                         "on ImportError: not installed: mscclpp (sgl-kernel's bundled MSCCL++ binaries do not count)",
                         LIFT_PACKAGE, "install the mscclpp Python package (microsoft/mscclpp) built for the target",
-                        value="importable" if found else "not importable"))
+                        value="importable" if found else "not importable", on_fail="decline",
+                        falls_to=se.NCCL_FALLBACK))
     else:                        # 0.5.9: sgl-kernel's bundled MSCCL++ ops
         from .sglang_custom_ar import kernel_coverage
         dist, _, ops = kernel_coverage(ctx)

@@ -166,7 +166,7 @@ def engine_gate(ctx) -> list[Verdict]:
 def _engine(ctx, eng) -> Verdict:
     ans = se.EngineAnswer(BACKENDS[0], eng, ctx)
     path = eng.file(CA_FILE)
-    ans.add(se.server_argument_gate(eng, ("--disable-custom-all-reduce",), on_when=False))
+    ans.add(se.server_argument_gate(eng, ("--disable-custom-all-reduce",), ctx=ctx, on_when=False))
     try:
         sizes, line = source.class_attribute(path, "CustomAllreduce", "_SUPPORTED_WORLD_SIZES")
     except (source.SourceNotFound, ValueError, SyntaxError) as e:

@@ -9,16 +9,22 @@ own conditions with the helpers here and answers with a :class:`~stackprobe.verd
   for the engine (case C18);
 * a gate whose source cannot be found or parsed: ``error`` naming the package, its version and the file
   (case C17: "gate not found in sglang X at FILE"), never gate-passes;
-* a backend the installed SGLang never references: ``blocked (not-integrated)``;
-* a default-off opt-in (a server argument off by default, an environment variable unset): one rule for every
-  backend. The question is "will SGLang, as installed, enable it", so an opt-in that is off is a *closed*
-  gate (``opt_in=True``, kind ``setting``, lift ``setting``) naming the exact flag or variable: alone it makes
-  the verdict ``blocked (setting)``; beside other closed gates its flag is still part of the lift.
+* a backend the installed SGLang never references: ``not-integrated``;
+* statuses say what a user gets with the server configuration asked about (``ctx.server_config``, default
+  :data:`~stackprobe.serverconfig.NO_FLAGS`: change nothing), one rule for every backend
+  (:meth:`EngineAnswer.verdict`). A gate off by default (a server argument, an environment variable) is an
+  *opt-in* (``Gate.opt_in``); it admits when the configuration sets it. With every other gate open the path is
+  ``on-by-default`` (no opt-in on its path), ``opt-in`` (the exact flag or variable is the lift) or
+  ``on-as-configured`` (the configuration sets every opt-in). Otherwise the first closed gate that is not an
+  opt-in decides, by what SGLang does there (``Gate.on_fail``): ``raise`` (an uncaught exception at start-up:
+  ``startup-failure-if-set``, naming the raise and the call path that reaches it), ``decline`` (the communicator
+  disables itself or is not built: ``falls-back-if-set`` on an opt-in path, naming the check and where the
+  tensor goes instead), a missing package (``not-installed``), else ``blocked`` (its kind: topology,
+  python-table, ...). An on-by-default path that declines is ``blocked`` (kind), as nothing is to be set.
 
-Several closed gates: the first on SGLang's path that is not an opt-in is the verdict's gate (the opt-in when it
-is the only one); the others are listed in the cause; the lift is the hardest of them
-(``nothing-on-this-topology`` wins over a package upgrade) and ``lift_detail`` names every closed gate's lift
-in path order, the opt-in's flag first.
+Several closed gates: the first on SGLang's path that is not an opt-in is the verdict's gate; the others are
+listed in the cause; the lift is the hardest of them (``nothing-on-this-topology`` wins over a package upgrade)
+and ``lift_detail`` names every closed gate's lift in path order, an unset opt-in's flag first.
 """
 from __future__ import annotations
 
@@ -29,8 +35,9 @@ from pathlib import Path
 
 from .. import source
 from ..env import dist_version
-from ..verdict import (BLOCKED, ERROR, GATE_NOT_INSTALLED, GATE_NOT_INTEGRATED, GATE_PASSES, GATE_SETTING, LIFT_NONE_NEEDED,
-                       LIFT_NOTHING, LIFT_PACKAGE, LIFT_SETTING, SCOPE_ENGINE, SKIPPED, Verdict)
+from ..verdict import (BLOCKED, ERROR, FALLS_BACK, GATE_NOT_INSTALLED, GATE_NOT_INTEGRATED, GATE_SETTING, LIFT_NONE_NEEDED,
+                       LIFT_NOTHING, LIFT_PACKAGE, LIFT_SETTING, NOT_INSTALLED, NOT_INTEGRATED, ON_AS_CONFIGURED,
+                       ON_BY_DEFAULT, OPT_IN, PREEMPTED, SCOPE_ENGINE, SKIPPED, STARTUP_FAILURE, Verdict)
 
 DIST = "sglang"
 # lifts, hardest first: what a user must do when several gates close
@@ -112,8 +119,14 @@ def target_host(ctx) -> dict:
 
 @dataclass
 class Gate:
-    """One condition on SGLang's path. ``admits``: True / False for the target host. ``kind``/``lift``
-    as in :mod:`stackprobe.verdict`; ``where``: ``sglang/FILE:LINE what``."""
+    """One condition on SGLang's path. ``admits``: True / False for the target host and the configuration asked
+    about. ``kind``/``lift`` as in :mod:`stackprobe.verdict`; ``where``: ``sglang/FILE:LINE what``.
+
+    ``opt_in``: the gate is a flag or variable off by default (``flag`` names it, ``set_to`` its value); it admits
+    when the configuration sets it (``configured``). ``on_fail``: what SGLang does when this gate closes on a path
+    that was asked for: ``"raise"`` (an exception nothing on the start-up path catches; ``raises`` names it and the
+    call path), ``"decline"`` (the communicator is not built or disables itself; ``falls_to`` says where the tensor
+    goes instead), or ``""`` (not characterised: the verdict says ``blocked``)."""
 
     name: str
     admits: bool
@@ -124,7 +137,35 @@ class Gate:
     lift_detail: str = ""
     value: object = None
     flag: str = ""
-    opt_in: bool = False   # a server argument that is off by default: SGLang as shipped does not turn it on
+    opt_in: bool = False
+    configured: bool = False
+    set_to: str = ""
+    on_fail: str = ""
+    falls_to: str = ""
+    raises: str = ""
+
+
+#: where a decode-step allreduce goes when an out-of-place path declines: SGLang's in-place NCCL call (pynccl)
+NCCL_FALLBACK = "NCCL (pynccl, SGLang's in-place fallback)"
+
+
+def configured(ctx, flag: str, equals: str | None = None) -> bool:
+    """Whether the server configuration asked about (``ctx.server_config``) sets ``flag``: a server argument
+    (``--enable-symm-mem``: given at all; with ``equals``, given with that value) or an environment variable
+    (``NAME``, truthy: 1/true/yes/on)."""
+    sc = getattr(ctx, "server_config", None)
+    if sc is None or not flag:
+        return False
+    if flag.startswith("--"):
+        got = sc.flag(flag)
+        return got is not None and (equals is None or str(got) == equals)
+    return env_truthy(sc.var(flag))
+
+
+def _flags(gates) -> str:
+    """The flags and variables of ``gates`` as a user types them: ``--flag value`` or ``NAME=1``."""
+    return ", ".join(dict.fromkeys(f"{g.flag} {g.set_to}".strip() if g.flag.startswith("--") else f"{g.flag}=1"
+                                   for g in gates if g.flag))
 
 
 @dataclass
@@ -141,37 +182,109 @@ class EngineAnswer:
         return gate
 
     def verdict(self, passes_cause: str) -> Verdict:
-        v = Verdict(self.backend, GATE_PASSES, scope=SCOPE_ENGINE, lift=LIFT_NONE_NEEDED, host=target_host(self.ctx))
-        v.add("sglang version", self.engine.version, "distribution metadata")
+        """The engine verdict by the module's rule (see the module docstring); ``passes_cause``: what SGLang
+        does once every gate admits."""
+        ver = self.engine.version
+        v = Verdict(self.backend, ON_BY_DEFAULT, scope=SCOPE_ENGINE, lift=LIFT_NONE_NEEDED, host=target_host(self.ctx))
+        v.add("sglang version", ver, "distribution metadata")
+        sc = getattr(self.ctx, "server_config", None)
+        v.add("server configuration asked about", sc.describe() if sc is not None else "no flags",
+              (sc.source if sc is not None and sc.source else "") or "default: change nothing")
         for g in self.gates:
             v.add(f"engine gate: {g.name}", {"admits": g.admits, "value": g.value}, g.where)
-        closed = [g for g in self.gates if not g.admits]
+        opt = [g for g in self.gates if g.opt_in]
+        unset = [g for g in opt if not g.admits]
+        closed = [g for g in self.gates if not g.admits and not g.opt_in]
+        if opt:
+            v.add("user setting", _flags(opt), "the opt-in gates on its path, as a user types them")
         if not closed:
-            v.cause = passes_cause
+            if not opt:
+                v.cause = passes_cause
+            elif unset:
+                v.status, v.gate, v.lift = OPT_IN, GATE_SETTING, LIFT_SETTING
+                v.cause = (f"SGLang {ver}: opt-in: set {_flags(unset)}; every other gate on its path admits the target "
+                           f"({'; '.join(f'{g.cause} ({g.where})' for g in unset)}). Once set: {passes_cause}")
+                v.lift_detail = "; ".join(dict.fromkeys(g.lift_detail for g in unset if g.lift_detail))
+            else:
+                v.status = ON_AS_CONFIGURED
+                v.cause = (f"SGLang {ver}: the configuration asked about sets {_flags(opt)} and every gate on its path "
+                           f"admits the target: {passes_cause}")
             return v
-        # the verdict's gate: the first closed gate that is not a default-off opt-in (the real obstacle), else the
-        # opt-in; the opt-in stays in the cause and its flag in the lift either way
-        first = next((g for g in closed if not g.opt_in), closed[0])
-        closed = [first] + [g for g in closed if g is not first]
-        hardest = min(closed, key=lambda g: _LIFT_ORDER.index(g.lift) if g.lift in _LIFT_ORDER else len(_LIFT_ORDER))
-        v.status, v.gate, v.lift = BLOCKED, first.kind, hardest.lift
-        v.cause = f"SGLang {self.engine.version}: {first.cause} ({first.where})"
-        if len(closed) > 1:
-            v.cause += "; also " + "; ".join(f"{g.cause} ({g.where})" for g in closed[1:])
-        ordered = [g for g in self.gates if not g.admits]      # path order: the opt-in's flag first
+        first = closed[0]
+        rest = [g for g in self.gates if not g.admits and g is not first]
+        hardest = min([first] + rest, key=lambda g: _LIFT_ORDER.index(g.lift) if g.lift in _LIFT_ORDER else len(_LIFT_ORDER))
+        v.gate, v.lift = first.kind, hardest.lift
+        said = f"{first.cause} ({first.where})"
+        asked = [g for g in opt if g.admits]
+        if first.kind == GATE_NOT_INSTALLED:
+            v.status = NOT_INSTALLED
+            v.cause = f"SGLang {ver}: {said}" + (f"; setting {_flags(opt)} then falls back to {first.falls_to}"
+                                                  if opt and first.falls_to else "")
+        elif first.on_fail == "raise":
+            v.status = STARTUP_FAILURE
+            who = (f"the configuration asked about sets {_flags(asked)}: the server fails at start-up"
+                   if asked and not unset else f"setting {_flags(opt) or 'it'} makes the server fail at start-up")
+            v.cause = f"SGLang {ver}: {who}: {first.raises or first.cause} ({first.where})"
+            if first.raises and first.cause:
+                v.cause += f"; why: {first.cause}"
+        elif first.on_fail == "decline" and opt:
+            v.status = FALLS_BACK
+            who = (f"the configuration asked about sets {_flags(asked)}" if asked and not unset
+                   else f"setting {_flags(opt)} is accepted")
+            v.cause = (f"SGLang {ver}: {who}, then the check {first.name} declines: {said}; the tensor goes to "
+                       f"{first.falls_to or NCCL_FALLBACK} instead")
+        else:
+            v.status = BLOCKED
+            v.cause = f"SGLang {ver}: {said}"
+        others = [g for g in rest if not g.opt_in]
+        if others:
+            v.cause += "; also " + "; ".join(f"{g.cause} ({g.where})" for g in others)
+        if unset:
+            v.cause += "; the setting itself: " + "; ".join(f"{g.cause} ({g.where})" for g in unset)
+        ordered = [g for g in self.gates if not g.admits]      # path order: an unset opt-in's flag first
         v.lift_detail = "; ".join(dict.fromkeys(g.lift_detail for g in ordered if g.lift_detail))
         return v
+
+
+def apply_preemption(v: Verdict, ctx, engine: Engine) -> Verdict:
+    """A path that would serve (``on-as-configured``, ``on-by-default``) but that an earlier path of SGLang's TP
+    allreduce dispatch claims first (:func:`stackprobe.probes.sglang_dispatch.read_dispatch`, ``Dispatch.preempted``:
+    {backend: the earlier backend}) becomes ``preempted``, naming that path and where it is tried. A dispatch the
+    reader cannot map is an ``error`` (never a pass). The dispatch's ``serves`` is recorded as evidence."""
+    if v.status not in (ON_AS_CONFIGURED, ON_BY_DEFAULT):
+        return v
+    from . import sglang_dispatch as sd
+
+    try:
+        d = sd.read_dispatch(engine, ctx)
+    except (GateNotFound, sd.DispatchError) as e:
+        v.add("verdict before the dispatch order", f"{v.status}: {v.cause}", "engine gates")
+        v.status, v.gate, v.cause = ERROR, "", f"the TP allreduce dispatch of sglang {engine.version} cannot be read: {e}"
+        return v
+    v.add("TP allreduce dispatch: the path a decode-step allreduce takes", d.serves or f"undecided ({d.undecided})",
+          f"sglang/{sd.PS_FILE} GroupCoordinator.all_reduce")
+    by = (d.preempted or {}).get(v.backend)
+    if by:
+        step = d.step(by)
+        where = f" ({step.where}: `{step.condition}`)" if step is not None else ""
+        v.add("verdict before the dispatch order", f"{v.status}: {v.cause}", "engine gates")
+        v.status, v.gate, v.lift = PREEMPTED, GATE_SETTING, LIFT_SETTING
+        v.cause = (f"SGLang {engine.version}: preempted by {by}: the TP allreduce dispatch tries {by} first{where} and "
+                   f"it claims the decode-step tensor, so it never reaches {v.backend}")
+        v.lift_detail = f"leave {by} off (its flag or variable unset) to let {v.backend} serve"
+    return v
 
 
 def answer(backend: str, ctx, decide) -> list[Verdict]:
     """The engine answer for ``backend``: ``decide(ctx, engine) -> Verdict`` over the installed SGLang;
     ``skipped (not installed: sglang)`` without one (C18) and an error naming the file when ``decide`` cannot
-    find a gate (C17, :class:`GateNotFound`): never a pass by default."""
+    find a gate (C17, :class:`GateNotFound`): never a pass by default. A path that would serve then meets the
+    dispatch order (:func:`apply_preemption`)."""
     eng = installed()
     if eng is None:
         return [not_installed(backend)]
     try:
-        return [decide(ctx, eng)]
+        return [apply_preemption(decide(ctx, eng), ctx, eng)]
     except GateNotFound as e:
         return [error(backend, eng, e, ctx)]
 
@@ -187,7 +300,7 @@ def error(backend: str, engine: Engine, exc: Exception, ctx=None) -> Verdict:
 
 def not_integrated(backend: str, engine: Engine, needles: tuple[str, ...], ctx=None) -> Verdict:
     """The installed SGLang never references the backend."""
-    return Verdict(backend, BLOCKED, scope=SCOPE_ENGINE, gate=GATE_NOT_INTEGRATED, lift=LIFT_PACKAGE,
+    return Verdict(backend, NOT_INTEGRATED, scope=SCOPE_ENGINE, gate=GATE_NOT_INTEGRATED, lift=LIFT_PACKAGE,
                    cause=f"not integrated in sglang {engine.version}: its source never references "
                          f"{' / '.join(needles)}, so no server argument enables it",
                    lift_detail="an sglang release that integrates it", host=target_host(ctx) if ctx else {}
@@ -386,19 +499,27 @@ def server_argument(engine: Engine, flags: tuple[str, ...]) -> dict:
                        f"(searched add_argument calls and arg-group fields in {', '.join(searched)})")
 
 
-def server_argument_gate(engine: Engine, flags: tuple[str, ...], *, on_when: object = True,
-                         set_to: str = "") -> Gate:
+def server_argument_gate(engine: Engine, flags: tuple[str, ...], *, ctx=None, on_when: object = True,
+                         set_to: str = "", equals: str | None = None) -> Gate:
     """The server-argument gate: ``flags`` read by :func:`server_argument` (GateNotFound when none is declared).
-    On by default (``default == on_when``): the gate admits. Off by default: SGLang as installed does not enable
-    the backend, so the gate is closed, an opt-in of kind ``setting`` whose lift is the flag (``set_to``: the
-    value to pass, e.g. ``flashinfer`` for ``--moe-a2a-backend``; empty for a store_true flag). Its value names
-    the flag, its default and where the default is declared."""
+    On by default (``default == on_when``): the gate admits unless the configuration asked about
+    (``ctx.server_config``) gives the flag that turns it off (``--disable-custom-all-reduce``). Off by default: an
+    opt-in (kind ``setting``, lift the flag; ``set_to``: the value to pass, e.g. ``flashinfer`` for
+    ``--moe-a2a-backend``; empty for a store_true flag) that admits when the configuration gives the flag. Its
+    value names the flag, its default, where the default is declared and what the configuration sets. ``equals``:
+    the value the configuration must give (``flashinfer`` for ``--moe-a2a-backend``); None: any value."""
     a = server_argument(engine, flags)
     on = a["default"] == on_when
+    given = configured(ctx, a["flag"], equals) if ctx is not None else False
     state = "on by default" if on else "off by default"
     setting = f"{a['flag']} {set_to}".strip()
-    return Gate("server argument", on, a["where"], GATE_SETTING,
-                f"{a['flag']} is off by default (default {a['default']!r} at {a['default_where']}): SGLang as installed "
-                "does not enable it", LIFT_SETTING,
-                f"{setting} (off by default in sglang {engine.version})", flag=a["flag"], opt_in=not on,
-                value=f"{a['flag']} (default {a['default']!r} at {a['default_where']}: {state})")
+    value = f"{a['flag']} (default {a['default']!r} at {a['default_where']}: {state})" + (
+        "; the configuration asked about sets it" if given else "")
+    if on:
+        return Gate("server argument", not given, a["where"], GATE_SETTING,
+                    f"the configuration asked about sets {a['flag']}, which turns it off", LIFT_SETTING,
+                    f"leave {a['flag']} unset", flag=a["flag"], value=value, configured=given)
+    return Gate("server argument", given, a["where"], GATE_SETTING,
+                f"{a['flag']} is off by default (default {a['default']!r} at {a['default_where']})", LIFT_SETTING,
+                f"{setting} (off by default in sglang {engine.version})", flag=a["flag"], opt_in=True,
+                configured=given, set_to=set_to, value=value)

@@ -74,7 +74,7 @@ def _engine(ctx, eng) -> Verdict:
     if not eng.references("TorchSymmMemCommunicator", "symm_mem"):
         return se.not_integrated(BACKENDS[0], eng, ("TorchSymmMemCommunicator",), ctx)
     ans = se.EngineAnswer(BACKENDS[0], eng, ctx)
-    ans.add(se.server_argument_gate(eng, ("--enable-torch-symm-mem",)))
+    ans.add(se.server_argument_gate(eng, ("--enable-torch-symm-mem",), ctx=ctx))
     base = eng.root / "srt" if (eng.root / "srt").is_dir() else eng.root
     try:
         path, table, line = source.find_assignment(base, TABLE)
@@ -90,10 +90,12 @@ def _engine(ctx, eng) -> Verdict:
     symptom = (f"`KeyError: {ctx.target.major}`" if style == "subscript" else
                "the communicator disables itself with a warning (it looks the major up with .get())"
                if style == "get" else f"the `KeyError: {ctx.target.major}` class")
-    ans.add(se.Gate(f"{TABLE} keys (compute-capability majors)", has_major, f"{where_t} (ast); lookup {style} at {where}",
-                    GATE_PYTHON, f"{TABLE} has keys {keys} only: no entry for major {ctx.target.major}, so {symptom}; "
-                    "no CUDA upgrade lifts a Python table", LIFT_PACKAGE,
-                    f"an sglang release whose {TABLE} has key {ctx.target.major}", value=keys))
+    g = ans.add(se.Gate(f"{TABLE} keys (compute-capability majors)", has_major,
+                        f"{where_t} (ast); lookup {style} at {where}", GATE_PYTHON,
+                        f"{TABLE} has keys {keys} only: no entry for major {ctx.target.major}, so {symptom}; "
+                        "no CUDA upgrade lifts a Python table", LIFT_PACKAGE,
+                        f"an sglang release whose {TABLE} has key {ctx.target.major}", value=keys))
+    _table_consequence(eng, g, style, ctx.target.major)
     if has_major:
         sizes = table[ctx.target.major]
         sizes_list = sorted(sizes) if isinstance(sizes, dict) else sizes
@@ -117,9 +119,51 @@ def _engine(ctx, eng) -> Verdict:
                     GATE_TOPOLOGY, f"the communicator disables itself when the symmetric-memory handle has no multicast "
                     f"pointer, before choosing a kernel; {ctx.topology} GPUs have no multicast", LIFT_NOTHING,
                     f"nothing on {ctx.topology}: past SGLang's {TABLE} table the communicator needs multicast "
-                    "(an NVSwitch/NVLink system); outside SGLang, torch's two_shot_all_reduce_ needs only P2P", value=f"topology {ctx.topology} ({ctx.topology_source})"))
+                    "(an NVSwitch/NVLink system); outside SGLang, torch's two_shot_all_reduce_ needs only P2P",
+                    value=f"topology {ctx.topology} ({ctx.topology_source})", on_fail="decline"))
     return ans.verdict(f"SGLang {eng.version}'s table admits major {ctx.target.major} at world size {ctx.world_size} "
                        "and the host has multicast; enable it with --enable-torch-symm-mem")
+
+
+def _table_consequence(eng, gate, style: str, major: int) -> None:
+    """Case C36: what SGLang does when the table has no entry for the target's major. A subscript (0.5.9
+    ``torch_symm_mem.py:83``) raises ``KeyError`` inside ``TorchSymmMemCommunicator.__init__``; when
+    ``GroupCoordinator`` constructs it outside a ``try`` that catches KeyError (0.5.9 ``parallel_state.py:384``),
+    that is a start-up failure (``on_fail="raise"``). A ``.get`` whose ``None`` is checked (0.5.23
+    ``torch_symm_mem.py:80-83``) leaves the communicator disabled: a decline naming that check."""
+    from . import sglang_raises as sp
+
+    comm = eng.file(COMM_FILE)
+    tree = eng.tree(COMM_FILE)
+    if style == "get":
+        var = next((n.targets[0].id for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                    and isinstance(n.targets[0], ast.Name) and isinstance(n.value, ast.Call)
+                    and isinstance(n.value.func, ast.Attribute) and n.value.func.attr == "get"
+                    and getattr(n.value.func.value, "id", "") == TABLE), None)
+        check = next((n for n in ast.walk(tree) if var and isinstance(n, ast.If)
+                      and ast.unparse(n.test) == f"{var} is None"), None)
+        if check is not None:
+            gate.on_fail = "decline"
+            gate.cause += (f"; the communicator then stays disabled at {se.short(comm)}:{check.lineno} "
+                           f"`if {ast.unparse(check.test)}: ... return`")
+        return
+    if style != "subscript":
+        return
+    sub = next((n for n in ast.walk(tree) if isinstance(n, ast.Subscript) and getattr(n.value, "id", "") == TABLE), None)
+    if sub is None:
+        return
+    state = eng.root / "srt" / "distributed" / "parallel_state.py"
+    site = sp.guarded_call(state, "TorchSymmMemCommunicator", "KeyError", se.short) if state.is_file() else None
+    if site is None:
+        return
+    call_at, caught = site
+    if caught:
+        gate.on_fail = "decline"
+        gate.cause += f"; the KeyError is caught at {caught}"
+        return
+    gate.on_fail = "raise"
+    gate.raises = (f"`KeyError: {major}` from `{ast.unparse(sub)}` at {se.short(comm)}:{sub.lineno} in "
+                   f"TorchSymmMemCommunicator.__init__, constructed at {call_at} outside any try that catches it")
 
 
 def probe(ctx) -> list[Verdict]:

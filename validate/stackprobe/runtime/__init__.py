@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from ..verdict import CLOSED_STATUSES
 
 # runtime backend -> the static tier's backend whose gate governs it
 STATIC_NAME = {
@@ -46,7 +47,7 @@ def static_skips(static_verdicts: list, target_arch: str, present_cc: str | None
     if not same:
         return {}
     blocked = {v.backend: v for v in static_verdicts
-               if getattr(v, "tier", "static") == "static" and v.status == "blocked" and v.gate in _BLOCKING_GATES}
+               if getattr(v, "tier", "static") == "static" and v.status in CLOSED_STATUSES and v.gate in _BLOCKING_GATES}
     return {rt: (blocked[st].gate, f"static gate ({blocked[st].gate}): {blocked[st].cause}")
             for rt, st in STATIC_NAME.items() if st in blocked}
 

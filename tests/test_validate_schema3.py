@@ -1,0 +1,87 @@
+"""Report schema 3: a schema-2 report is read in schema-3 statuses (translated) or refused with a message saying
+what to do, never misread; a comparison of an old and a new report then speaks one vocabulary."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stackprobe import REPORT_SCHEMA_VERSION
+from stackprobe.report import Report, ReportError, comparison_markdown
+from stackprobe.verdict import Verdict
+
+
+def _v2_opt_in(evidence_ok: bool = True) -> dict:
+    """A schema-2 engine answer as 0.5.23 with no flags wrote it for PCIe IPC: blocked (setting), the opt-in gate
+    closed with its default in the evidence."""
+    v = Verdict("flashinfer-pcie-ipc-allreduce", "blocked", gate="setting", lift="setting", scope="engine",
+                cause="SGLang 0.5.23: SGLang builds the PCIe IPC communicator only when SGLANG_ENABLE_PCIE_IPC_ALLREDUCE "
+                      "is set (default False; here unset)", lift_detail="SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1")
+    v.add("sglang version", "0.5.23", "distribution metadata")
+    if evidence_ok:
+        v.add("engine gate: opt-in SGLANG_ENABLE_PCIE_IPC_ALLREDUCE",
+              {"admits": False, "value": {"default": False, "here": None}}, "sglang/srt/environ.py:1539")
+    v.add("engine gate: supported world sizes", {"admits": True, "value": [2, 4, 8]}, "pcie_ipc_ar.py:76")
+    return v.to_json()
+
+
+def _report(schema: int, verdicts: list[dict], label: str) -> dict:
+    return {"schema": schema, "suite_version": "0.1.0", "created": "2026-11-30T00:00:00Z", "label": label,
+            "target_arch": "12.0", "tiers": ["static"], "options": {"topology": "pcie", "world_size": 8},
+            "provenance": {"suite_digest": "sha256:x"}, "environment": {"packages": {"sglang": "0.5.23"}},
+            "coverage": [], "verdicts": verdicts}
+
+
+def _write(tmp_path, name: str, d: dict):
+    p = tmp_path / name
+    p.write_text(json.dumps(d))
+    return p
+
+
+def test_schema_is_3():
+    assert REPORT_SCHEMA_VERSION == 3
+
+
+def test_a_schema_2_opt_in_reads_opt_in_with_the_old_status_in_a_warning(tmp_path):
+    nint = Verdict("b12x", "blocked", gate="not-integrated", scope="engine", cause="not integrated").to_json()
+    on = Verdict("sglang-custom-allreduce", "gate-passes", scope="engine", cause="admitted at ws 2").to_json()
+    lib = Verdict("flashinfer-pcie-ipc-allreduce", "gate-passes", scope="library", cause="lib").to_json()
+    r = Report.load(_write(tmp_path, "old.json", _report(2, [lib, _v2_opt_in(), nint, on], "old")))
+    eng = r.answers("flashinfer-pcie-ipc-allreduce")["engine"]
+    assert eng.status == "opt-in" and "read from a schema-2 report: blocked (setting) -> opt-in" in eng.warnings
+    assert r.answers("flashinfer-pcie-ipc-allreduce")["library"].status == "gate-passes"   # library words unchanged
+    assert r.verdict("b12x").status == "not-integrated"
+    assert r.verdict("sglang-custom-allreduce").status == "on-by-default"
+    assert r.options["read_from_schema"] == 2 and "read from a schema-2 report" in r.to_markdown()
+
+
+def test_a_schema_2_blocked_setting_without_its_opt_in_evidence_is_refused_not_guessed(tmp_path):
+    path = _write(tmp_path, "old.json", _report(2, [_v2_opt_in(evidence_ok=False)], "old"))
+    with pytest.raises(ReportError) as e:
+        Report.load(path)
+    msg = str(e.value)
+    assert str(path) in msg and "flashinfer-pcie-ipc-allreduce" in msg and "'blocked (setting)'" in msg
+    assert "Re-run the suite (schema 3) on that image" in msg
+
+
+def test_a_schema_2_blocked_of_another_kind_stays_blocked_and_says_why(tmp_path):
+    v = Verdict("flashinfer-allreduce-fusion", "blocked", gate="python-table", scope="engine", cause="majors [9, 10]")
+    r = Report.load(_write(tmp_path, "old.json", _report(2, [v.to_json()], "old")))
+    eng = r.verdict("flashinfer-allreduce-fusion")
+    assert eng.status == "blocked" and "did not tell a start-up failure from a fallback" in eng.warnings[-1]
+
+
+def test_comparing_an_old_and_a_new_report_speaks_one_vocabulary(tmp_path):
+    new = Verdict("flashinfer-pcie-ipc-allreduce", "on-as-configured", scope="engine", cause="set")
+    new.add("user setting", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1", "gates")
+    old = Report.load(_write(tmp_path, "old.json", _report(2, [_v2_opt_in()], "old")))
+    nr = Report.from_json(_report(3, [new.to_json()], "new"))
+    md = comparison_markdown([old, nr], ["old", "new"])
+    assert "| flashinfer-pcie-ipc-allreduce | **opt-in**" in md and "**on-as-configured**" in md
+    assert "opt-in, worth measuring on the target: flashinfer-pcie-ipc-allreduce (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1)" in md
+    assert "blocked" not in md.split("| backend |")[1].split("\n")[2]    # no old word in the new vocabulary's row
+
+
+def test_a_newer_schema_is_refused(tmp_path):
+    with pytest.raises(ReportError, match="newer than this suite's"):
+        Report.load(_write(tmp_path, "new.json", _report(REPORT_SCHEMA_VERSION + 1, [], "x")))

@@ -137,7 +137,16 @@ def bring_up(server_args: str, world_size: int = 1, rank: int = 0, backend: str 
         ps.init_distributed_environment(world_size=world_size, rank=rank, distributed_init_method=init_method,
                                         local_rank=rank, backend=backend)
         reset_context()
-        publish(sa, role="test", ranks=SpawnRanks(world_rank=rank))
+        try:
+            publish(sa, role="test", ranks=SpawnRanks(world_rank=rank))
+            rep["resolution"] = "SGLang's resolution pipeline ran (ServerArgs.resolve_once)"
+        except Exception as exc:  # noqa: BLE001 - no model here: publish the parsed record unresolved, and say so
+            rep["resolution"] = (f"not run: {type(exc).__name__}: {str(exc)[:300]} (the pipeline reads the model's "
+                                 "config); the parsed arguments were published unresolved")
+            sa, _ = parse_server_args(server_args, world_size)
+            sa._resolution_finished = True
+            reset_context()
+            publish(sa, role="test", ranks=SpawnRanks(world_rank=rank))
         get_parallel().override_permanently(world_group=ps._WORLD)
         rep["steps"].append("init_distributed_environment + publish")
         with captured_logs() as log:
@@ -159,6 +168,9 @@ def bring_up(server_args: str, world_size: int = 1, rank: int = 0, backend: str 
                     rep["served_in_graph_capture"] = served_by(tp, x)
             g.replay()
             torch.cuda.synchronize()
+        with contextlib.suppress(Exception):
+            ps.destroy_model_parallel()
+            ps.destroy_distributed_environment()
         rep["steps"].append("all_reduce observed")
         rep["shape"] = [rows, hidden]
     except Exception as exc:  # noqa: BLE001

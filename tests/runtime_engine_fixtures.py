@@ -86,3 +86,14 @@ class CpuEngineProbe(SglangEngineProbe):
 
     def _fake_untimed(self):
         return self._enabled("sglang-flashinfer-fusion-workspace")
+
+
+class CpuP2pGateProbe(CpuEngineProbe):
+    """The engine runner's own builders for the two peer-memory paths (custom allreduce, PCIe IPC) beside a
+    gloo baseline: with the P2P report the parent hands over (spec ``p2p``) saying off, both must be skipped
+    before SGLang is imported."""
+    name = "fixture-engine-p2p-gate"
+
+    def builders(self):
+        return [("sglang-pynccl", self._fake_pynccl), ("sglang-custom-allreduce", self._custom_ar),
+                ("sglang-pcie-ipc", self._pcie_ipc)]

@@ -134,3 +134,19 @@ class StaleUnderCaptureProbe(Probe):
                 comm.all_reduce(inp, out)
             return Op(inp, out, run)
         return [{"backend": self.name, "label": self.label, "kind": "backend", "info": info, "make": make}]
+
+
+class DetachScrubProbe(Probe):
+    """Case C49: every rank starts ``setsid env -i sleep 600`` (a new session and an empty environment: neither
+    the process group nor the run marker finds it), writes its pid to ``$STACKPROBE_TEST_PIDFILE.<rank>`` and
+    returns at once, so the run ends ``ok`` with the sleeper orphaned."""
+    name = "fixture-detach-scrub"
+    label = "leaves a detached, environment-scrubbed grandchild"
+    device = "cpu"
+
+    def run(self, ctx):
+        p = subprocess.Popen(["setsid", "env", "-i", "sleep", "600"])
+        with open(f"{os.environ['STACKPROBE_TEST_PIDFILE']}.{ctx.rank}", "w") as f:
+            f.write(f"{p.pid}\n")
+        time.sleep(0.5)       # setsid and env exec in place: the pid is the sleeper's
+        return {"baseline": None, "sweep": [], "backends": []}

@@ -101,6 +101,13 @@ def _alive(pid: int) -> bool:
     return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
 
 
+def _cmd(pid: int) -> str:
+    try:
+        return f"{pid} {' '.join(psutil.Process(pid).cmdline())}"
+    except psutil.Error:
+        return str(pid)
+
+
 def _guards() -> list[int]:
     out = []
     for p in psutil.process_iter(["pid", "cmdline"]):
@@ -118,16 +125,18 @@ def test_killing_the_suite_mid_probe_leaves_no_survivor(tmp_path, sig):
     process group and a grandchild in a new session (like a JIT compiler): the parent-death signal ends the
     ranks, the guard kills the group and every process carrying the run's marker."""
     pidfile = tmp_path / "pids"
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
     guards_before = set(_guards())
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent),
                                                        str(Path(__file__).resolve().parents[1] / "validate")]),
-               STACKPROBE_TEST_PIDFILE=str(pidfile))
+               STACKPROBE_TEST_PIDFILE=str(pidfile), TMPDIR=str(scratch))
     cmd = [sys.executable, "-m", "stackprobe.runtime", "run", "--device", "cpu", "--world-size", "2",
            "--probes", f"{FIX}:HangProbe", "--dtype", "float32", "--sizes", "4096", "--timeout", "300",
            "--out", str(tmp_path / "out")]
     parent = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300    # a loaded 2-core CI host needs minutes for the gloo group first
         files = [Path(f"{pidfile}.{r}") for r in (0, 1)]
         while time.monotonic() < deadline and not all(f.exists() and f.read_text().strip() for f in files):
             time.sleep(0.2)
@@ -143,7 +152,9 @@ def test_killing_the_suite_mid_probe_leaves_no_survivor(tmp_path, sig):
         while time.monotonic() < deadline and any(_alive(p) for p in pids + sorted(new_guards)):
             time.sleep(0.2)
         survivors = [p for p in pids + sorted(new_guards) if _alive(p)]
-        assert survivors == [], f"still running after the suite was killed: {survivors}"
+        assert survivors == [], f"still running after the suite was killed: {[_cmd(p) for p in survivors]}"
+        # the guard removed the run's scratch folder (spec, store, rank logs)
+        assert not list(scratch.glob("stackprobe-rt-*")), list(scratch.iterdir())
     finally:
         if parent.poll() is None:
             parent.kill()
@@ -171,3 +182,48 @@ def test_a_timed_out_build_leaves_no_compiler_running(tmp_path):
     assert not any(_alive(p) for p in pids), pids
     ok = run_in_session([sys.executable, "-c", "import sys; print(sys.stdin.read()[::-1])"], input="abc", timeout=30)
     assert (ok.returncode, ok.stdout.strip(), ok.timed_out) == (0, "cba", False)
+
+
+def _c49(tmp_path, monkeypatch, catch: bool):
+    """One run of DetachScrubProbe at world size 2; returns (run, the sleepers' pids, which are alive)."""
+    pidfile = tmp_path / f"c49-{catch}"
+    monkeypatch.setenv("STACKPROBE_TEST_PIDFILE", str(pidfile))
+    run = run_probe(f"{FIX}:DetachScrubProbe", 2, CFG, device="cpu", timeout=120, catch_orphans=catch)
+    pids = [int(Path(f"{pidfile}.{r}").read_text()) for r in (0, 1)]
+    deadline = time.monotonic() + 5
+    while catch and time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    return run, pids, [p for p in pids if _alive(p)]
+
+
+def test_c49_a_detached_environment_scrubbed_grandchild_is_caught_and_named(tmp_path, monkeypatch):
+    """Case C49. With the catch (the suite is the ranks' child subreaper) the sleepers are killed and named;
+    with it turned off, the same run leaves both running and names neither: the marker scan and the process
+    group miss them, so the catch is what finds them."""
+    run, pids, alive = _c49(tmp_path, monkeypatch, catch=True)
+    assert run.status == "ok", run.tail
+    assert alive == [] and set(pids) <= set(run.detached_pids) and set(pids) <= set(run.killed_pids)
+    assert run.leftover_pids == []
+    off, pids_off, alive_off = _c49(tmp_path, monkeypatch, catch=False)
+    try:
+        assert off.status == "ok"
+        assert sorted(alive_off) == sorted(pids_off), "with the catch off the sleepers survive"
+        assert not set(pids_off) & set(off.killed_pids + off.leftover_pids + off.detached_pids)
+    finally:
+        for p in pids_off:
+            with __import__("contextlib").suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+
+
+def test_a_child_hook_resolves_prctl_before_the_fork():
+    """The pre-exec hook calls only what was looked up in the parent: no import, no find_library."""
+    import dis
+
+    from stackprobe.runtime.children import die_with_parent
+    hook = die_with_parent(signal.SIGTERM)
+    ops = {i.opname for i in dis.get_instructions(hook)}
+    names = {i.argval for i in dis.get_instructions(hook) if i.opname in ("LOAD_GLOBAL", "LOAD_ATTR", "LOAD_METHOD")}
+    assert "IMPORT_NAME" not in ops and not names & {"ctypes", "find_library", "util", "os"}, names
+    p = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], preexec_fn=hook,
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0 and p.stdout.strip().isdigit()

@@ -62,3 +62,12 @@ def test_no_work_against_the_floor():
     assert stats.no_work([1.21, 1.19, 1.22, 1.2], floor)          # the graph holds only the harness's writes
     assert not stats.no_work([9.0, 9.1, 8.9, 9.05], floor)        # a real collective
     assert stats.net([9.0, 9.1], [1.0, 1.1]) == pytest.approx([8.0, 8.0])
+
+
+def test_a_status_on_too_few_pairs_is_inconclusive():
+    """Issue "statistics on four points": the same clearly-faster interval gives a status from MIN_PAIRS pairs
+    on, and inconclusive below it."""
+    from stackprobe.runtime.stats import FASTER, INCONCLUSIVE, MIN_PAIRS, status
+    assert status(0.5, 0.6, 0.05) == FASTER
+    assert status(0.5, 0.6, 0.05, n=MIN_PAIRS) == FASTER
+    assert status(0.5, 0.6, 0.05, n=4) == INCONCLUSIVE

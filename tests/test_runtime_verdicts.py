@@ -120,7 +120,8 @@ EXPECTED = {
     "nccl-tree": ("blocked", [(1.076, 1.078), (1.071, 1.077), (1.068, 1.075), (1.073, 1.075), (1.071, 1.077)]),
     "nccl-allreduce-tree": ("slower", [(1.062, 1.065), (1.056, 1.062), (1.072, 1.079), (1.059, 1.062),
                                        (1.069, 1.075)]),
-    "nccl-graph-mixing-off": ("faster", [(0.824, 0.829), (0.824, 0.828), (0.826, 0.830), (0.821, 0.829),
+    # a process-wide row: 4 alternated process groups per run, below stats.MIN_PAIRS, so no status is read
+    "nccl-graph-mixing-off": ("inconclusive", [(0.824, 0.829), (0.824, 0.828), (0.826, 0.830), (0.821, 0.829),
                                          (0.824, 0.831)]),
 }
 

@@ -322,10 +322,23 @@ class SglangEngineProbe(Probe):
         info["why"] = "" if info["enabled"] else (info.get("exception") or _why_from_log(log))
         return comm if info["enabled"] else None
 
+    def _p2p_skip(self, row: dict) -> bool:
+        """P2P first (:mod:`stackprobe.runtime.p2p`): a peer-memory path is not built where P2P is off or
+        unknown-and-risky between the group's GPUs; the row then says so (``info["p2p_skip"]``)."""
+        from . import p2p
+        report = self.ctx.spec.get("p2p") or p2p.host_report()
+        why = p2p.skip_reason(report, list(range(self.ctx.world_size)))
+        if why:
+            row["info"].update(why=why, p2p_skip=True, p2p={"iommu": report["iommu"]["mode"],
+                                                           "risks": p2p.risks(report)})
+        return bool(why)
+
     def _custom_ar(self) -> dict:
+        row = _row("sglang-custom-allreduce", "CustomAllreduce as dispatch_custom_allreduce picks it")
+        if self._p2p_skip(row):
+            return row
         from sglang.srt.distributed.device_communicators import custom_all_reduce as ca_mod
 
-        row = _row("sglang-custom-allreduce", "CustomAllreduce as dispatch_custom_allreduce picks it")
         info = row["info"]
         def make():
             cls = ca_mod.dispatch_custom_allreduce(group=self.cpu_group, device=self.device)
@@ -378,9 +391,11 @@ class SglangEngineProbe(Probe):
         return row
 
     def _pcie_ipc(self) -> dict:
+        row = _row("sglang-pcie-ipc", "PcieIpcCommunicator (FlashInfer PCIe IPC allreduce)")
+        if self._p2p_skip(row):
+            return row
         from sglang.srt.distributed.device_communicators import pcie_ipc_ar
 
-        row = _row("sglang-pcie-ipc", "PcieIpcCommunicator (FlashInfer PCIe IPC allreduce)")
         info = row["info"]
         ws = self.ctx.world_size
         as_served = pcie_ipc_ar.eligible_group(group_name="tp", world_size=ws, deterministic=False)
@@ -545,8 +560,8 @@ def engine_verdicts(ranks: list[dict], host: dict, tolerance: float = DEFAULT_TO
       checked result, ``error`` at or below the empty-graph floor ("no GPU work captured").
 
     Raises :class:`EngineRecordError` for records without the shared paired sweep."""
-    from ..verdict import (BLOCKED, ERROR, GATE_CRASH, GATE_NEEDS_RUNTIME, LIFT_UNKNOWN, SCOPE_ENGINE, SCOPE_LIBRARY,
-                           SKIPPED, Verdict)
+    from ..verdict import (BLOCKED, ERROR, GATE_CRASH, GATE_NEEDS_RUNTIME, GATE_TOPOLOGY, LIFT_UNKNOWN, SCOPE_ENGINE,
+                           SCOPE_LIBRARY, SKIPPED, Verdict)
     from .verdicts import decide
 
     timed = _timed_rows(ranks)
@@ -569,6 +584,9 @@ def engine_verdicts(ranks: list[dict], host: dict, tolerance: float = DEFAULT_TO
                         measurements={"world_size": host.get("world_size")})
             if failure:
                 v.status, v.gate, v.cause = ERROR, GATE_CRASH, failure["message"]
+            elif any(i.get("p2p_skip") for i in infos):
+                why = next(i["why"] for i in infos if i.get("p2p_skip"))
+                v.status, v.gate, v.lift, v.cause = SKIPPED, GATE_TOPOLOGY, LIFT_UNKNOWN, why
             elif not enabled:
                 why = info.get("why") or next((i.get("why") for i in infos if i.get("why")), "") or "disabled"
                 v.gate = classify(why)
@@ -620,11 +638,13 @@ def run_engine(world_size: int = 2, *, out_dir: str | Path | None = None, sizes=
     skip = probe.skip_reason(world_size, _gpu_count())
     if skip:
         raise SystemExit(f"stackprobe engine runner: {skip}")
+    from . import p2p
+    topo = p2p.host_report()          # P2P first: read before any rank starts, handed to every rank
     run = run_probe("stackprobe.runtime.engine:SglangEngineProbe", world_size, asdict(config), timeout=timeout,
-                    name=probe.name, progress=progress, extra={"reference": reference})
+                    name=probe.name, progress=progress, extra={"reference": reference, "p2p": topo})
     host = _host(run, world_size)
     verdicts = engine_verdicts(run.ranks, host, tolerance) if run.status == "ok" else []
-    result = {"host": host, "config": config.to_json(), "tolerance": tolerance, "run": run.to_json(),
+    result = {"host": host, "p2p": topo, "config": config.to_json(), "tolerance": tolerance, "run": run.to_json(),
               "verdicts": [v.to_json() for v in verdicts]}
     if out_dir:
         write_result(result, out_dir)

@@ -1,4 +1,4 @@
-"""The guard of one probe's process group: ``python -m stackprobe.runtime.guard PGID RUN_ID``.
+"""The guard of one probe's process group: ``python -m stackprobe.runtime.guard PGID RUN_ID [SCRATCH]``.
 
 Started by :mod:`stackprobe.runtime.orchestrate` beside the ranks, in a new session (so a signal to the
 suite's own process group does not reach it first) and with a parent-death signal (``PR_SET_PDEATHSIG`` =
@@ -6,7 +6,8 @@ SIGTERM). It sleeps. When the suite ends normally it is told to exit (SIGUSR1). 
 way (SIGKILL, a crash, Ctrl-C that skipped cleanup), the kernel sends it SIGTERM and it kills the ranks'
 process group (``killpg(PGID, SIGKILL)``: ranks and any compiler or helper they started in that group) and then
 every process whose environment carries ``STACKPROBE_RUN_ID=RUN_ID`` (children that left the group, e.g. a JIT
-compiler started in a new session). Standard library only.
+compiler started in a new session), and removes the run's scratch folder ``SCRATCH`` (spec, store, rank logs),
+so a killed run leaves none behind. Standard library only.
 """
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ import time
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     pgid, run_id = int(argv[0]), argv[1]
+    scratch = argv[2] if len(argv) > 2 else None
     from .orchestrate import processes_with_marker
-    from .worker import orphaned, set_parent_death_signal
+    from .children import set_parent_death_signal
+    from .worker import orphaned
 
     state = {"kill": False, "done": False}
 
@@ -55,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         if not strays:
             break
         time.sleep(0.2)
+    if scratch and os.path.basename(scratch).startswith("stackprobe-rt-"):
+        import shutil
+        shutil.rmtree(scratch, ignore_errors=True)
     return 0
 
 

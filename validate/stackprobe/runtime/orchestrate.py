@@ -34,6 +34,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .children import become_subreaper, child_pids, die_with_parent, reap
+
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 # removed from the inherited environment: the baseline is NCCL as an engine runs it, and a setting row sets its
 # own; only an explicit --env puts one back
@@ -58,6 +60,7 @@ class ProbeRun:
     returncodes: list[int | None] = field(default_factory=list)
     killed_pids: list[int] = field(default_factory=list)
     leftover_pids: list[int] = field(default_factory=list)
+    detached_pids: list[int] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     run_id: str = ""
 
@@ -121,23 +124,12 @@ def tail_lines(path: Path, n: int = TAIL_LINES) -> list[str]:
     return lines[-n:]
 
 
-def _rank_preexec(pgid_target: int):
-    """Pre-exec hook of a rank: join (or lead) the probe's process group, and die with the parent."""
-    def hook():
-        os.setpgid(0, pgid_target)
-        from .worker import set_parent_death_signal
-        set_parent_death_signal(signal.SIGKILL)
-    return hook
-
-
-def _start_guard(pgid: int, run_id: str, env: dict[str, str]) -> subprocess.Popen | None:
-    def hook():
-        from .worker import set_parent_death_signal
-        set_parent_death_signal(signal.SIGTERM)
+def _start_guard(pgid: int, run_id: str, env: dict[str, str], scratch: Path | None = None) -> subprocess.Popen | None:
+    args = [sys.executable, "-m", "stackprobe.runtime.guard", str(pgid), run_id] + ([str(scratch)] if scratch else [])
     try:
-        return subprocess.Popen([sys.executable, "-m", "stackprobe.runtime.guard", str(pgid), run_id], env=env,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True, preexec_fn=hook)
+        return subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=die_with_parent(signal.SIGTERM))
     except OSError:
         return None
 
@@ -156,14 +148,29 @@ def _stop_guard(guard: subprocess.Popen | None) -> None:
 def run_probe(probe_ref: str, world_size: int, config: dict, *, device: str = "cuda", timeout: float = 300.0,
               probe_env: dict[str, str] | None = None, env_overrides: dict[str, str] | None = None,
               crash_grace: float = 10.0, workdir: str | None = None, name: str | None = None,
-              progress=None, extra: dict | None = None) -> ProbeRun:
+              progress=None, extra: dict | None = None, catch_orphans: bool = True) -> ProbeRun:
     """Run one probe (``module:attr``) at ``world_size`` ranks and return its :class:`ProbeRun`.
 
     ``config``: :class:`~stackprobe.runtime.bench.BenchConfig` fields. ``timeout`` (s) covers the whole group;
     ``crash_grace`` (s) is how long the other ranks may run on after one rank fails before they are killed.
+    ``catch_orphans``: make this process the ranks' child subreaper (:func:`~stackprobe.runtime.children.
+    become_subreaper`), so a descendant that left the group and scrubbed its environment (C49) is re-parented
+    here, killed after the run and named in ``detached_pids`` and ``killed_pids`` (``leftover_pids`` if it
+    survives the kill). Probes run one at a time: a child this process starts from another thread during a run
+    would be taken for a detached descendant.
     """
     name = name or probe_ref
     tmp = Path(tempfile.mkdtemp(prefix="stackprobe-rt-", dir=workdir))
+    try:
+        return _run_in(tmp, probe_ref, name, world_size, config, device, timeout, probe_env, env_overrides,
+                       crash_grace, progress, extra, catch_orphans)
+    finally:
+        if not os.environ.get("STACKPROBE_KEEP_LOGS"):
+            shutil.rmtree(tmp, ignore_errors=True)   # also when interrupted (SIGTERM, Ctrl-C): no scratch left
+
+
+def _run_in(tmp: Path, probe_ref, name, world_size, config, device, timeout, probe_env, env_overrides, crash_grace,
+            progress, extra, catch_orphans) -> ProbeRun:
     run_id = uuid.uuid4().hex
     env = child_env(probe_env or {}, env_overrides)
     env[RUN_ID_VAR] = run_id
@@ -176,15 +183,18 @@ def run_probe(probe_ref: str, world_size: int, config: dict, *, device: str = "c
     t0 = time.monotonic()
     pgid = None
     guard = None
+    pdeath = die_with_parent(signal.SIGKILL)
+    caught = catch_orphans and become_subreaper()
+    children_before = set(child_pids(zombies=True)) if caught else set()
     try:
         for r in range(world_size):
             cmd = [sys.executable, "-m", "stackprobe.runtime.worker", str(tmp / "spec.json"), str(r)]
             with open(logs[r], "wb") as log:
-                p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     stdin=subprocess.DEVNULL, preexec_fn=_rank_preexec(0 if r == 0 else pgid))
+                p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL,
+                                     process_group=0 if r == 0 else pgid, preexec_fn=pdeath)
                 if r == 0:
                     pgid = p.pid
-                    guard = _start_guard(pgid, run_id, {k: v for k, v in env.items() if k != RUN_ID_VAR})
+                    guard = _start_guard(pgid, run_id, {k: v for k, v in env.items() if k != RUN_ID_VAR}, tmp)
             procs.append(p)
         status, failed = "ok", None
         fail_time = None
@@ -207,9 +217,12 @@ def run_probe(probe_ref: str, world_size: int, config: dict, *, device: str = "c
     finally:
         killed = _cleanup(pgid, procs, run_id)
         _stop_guard(guard)
+        orphans = _end_orphans(children_before | {p.pid for p in procs} | ({guard.pid} if guard else set())) \
+            if caught else []
     seconds = time.monotonic() - t0
     run = ProbeRun(probe=name, world_size=world_size, status=status, seconds=round(seconds, 2),
-                   returncodes=[p.returncode for p in procs], failed_rank=failed, killed_pids=killed,
+                   returncodes=[p.returncode for p in procs], failed_rank=failed, killed_pids=killed + orphans,
+                   detached_pids=orphans,
                    env={k: env[k] for k in sorted(set(MULTICAST_OFF) | set(probe_env or {}) | set(env_overrides or {}))},
                    run_id=run_id)
     if status == "ok":
@@ -224,14 +237,41 @@ def run_probe(probe_ref: str, world_size: int, config: dict, *, device: str = "c
             run.tail = tail_lines(logs[0], 10)
     else:
         run.tail = tail_lines(logs[failed if failed is not None else 0])
-    run.leftover_pids = processes_with_marker(run_id)
+    run.leftover_pids = sorted(set(processes_with_marker(run_id)) | set(p for p in orphans if _alive(p)))
     if progress:
         progress(f"{name} @ world size {world_size}: {run.status} in {run.seconds:.1f} s")
     if os.environ.get("STACKPROBE_KEEP_LOGS"):
         run.tail.append(f"(logs kept in {tmp})")
-    else:
-        shutil.rmtree(tmp, ignore_errors=True)
     return run
+
+
+def _alive(pid: int) -> bool:
+    st = Path(f"/proc/{pid}/stat")
+    try:
+        return st.read_text().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _end_orphans(known: set[int]) -> list[int]:
+    """Kill every child of this process (the subreaper) that it did not start itself (``known``): descendants
+    of the ranks re-parented here when their parent died. Repeated while more arrive (an orphan's own
+    children are re-parented when it is killed). Returns their pids; each is reaped."""
+    ended: list[int] = []
+    for _ in range(10):
+        new = [p for p in child_pids(zombies=True) if p not in known and p not in ended]
+        if not new:
+            break
+        for pid in new:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            ended.append(pid)
+        time.sleep(0.1)
+        reap(ended)
+    reap(ended)
+    return ended
 
 
 def _cleanup(pgid: int | None, procs: list[subprocess.Popen], run_id: str) -> list[int]:
@@ -291,13 +331,9 @@ def run_in_session(cmd: list[str], *, input: str | None = None, timeout: float =
     env[RUN_ID_VAR] = run_id
     env["STACKPROBE_PARENT_PID"] = str(os.getpid())
 
-    def hook():
-        from .worker import set_parent_death_signal
-        set_parent_death_signal(signal.SIGKILL)
-
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True, preexec_fn=hook)
+                            start_new_session=True, preexec_fn=die_with_parent(signal.SIGKILL))
     guard = _start_guard(proc.pid, run_id, {k: v for k, v in env.items() if k != RUN_ID_VAR})
     timed_out, killed = False, []
     try:

@@ -21,6 +21,10 @@ RESAMPLES = 2000
 SEED = 20261130
 # a unit whose work per call is at most this fraction of the floor holds no GPU work of its own (C22)
 FLOOR_FRACTION = 0.05
+# fewest pairs a status is read from: the percentile bootstrap's interval under-covers at small n (Efron &
+# Tibshirani 1993, ch. 13 and 14: its coverage error is of order 1/sqrt(n)); four pairs (``--rounds 4``) give an
+# interval far narrower than the truth, so below this n the status is ``inconclusive`` whatever the interval says
+MIN_PAIRS = 8
 
 
 def _percentile(sorted_vals: list[float], q: float) -> float:
@@ -72,7 +76,7 @@ def ratio_ci(base: list[float], cand: list[float], resamples: int = RESAMPLES,
     return ratio, _percentile(boots, 0.025), _percentile(boots, 0.975)
 
 
-def status(low: float, high: float, tolerance: float) -> str:
+def status(low: float, high: float, tolerance: float, n: int | None = None) -> str:
     """The status read from a 95% interval ``[low, high]`` of the ratio:
 
     * ``faster``: ``high < 1 - tolerance``;
@@ -80,8 +84,11 @@ def status(low: float, high: float, tolerance: float) -> str:
     * ``parity``: the whole interval inside ``[1 - tolerance, 1 + tolerance]``;
     * ``inconclusive``: anything else (the interval straddles a tolerance edge, or is not finite).
 
-    A row is never called slower unless its whole interval lies above ``1 + tolerance``.
+    A row is never called slower unless its whole interval lies above ``1 + tolerance``. With ``n`` (the
+    number of pairs) below :data:`MIN_PAIRS` it is ``inconclusive`` too.
     """
+    if n is not None and n < MIN_PAIRS:
+        return INCONCLUSIVE
     if not (math.isfinite(low) and math.isfinite(high)):
         return INCONCLUSIVE
     if high < 1.0 - tolerance:

@@ -160,7 +160,11 @@ def decide(row: dict, tolerance: float = DEFAULT_TOLERANCE, workload: Workload |
         v.cause = f"no {baseline_name} baseline measured beside it at the decode size; no comparison"
         return v
     r = rec["ratio"]
-    v.status = stats.status(r["low"], r["high"], tolerance)
+    n = rec.get("rounds")
+    v.status = stats.status(r["low"], r["high"], tolerance, n if isinstance(n, int) else None)
+    if isinstance(n, int) and n < stats.MIN_PAIRS:
+        v.warnings.append(f"only {n} paired rounds: a status needs at least {stats.MIN_PAIRS} (a bootstrap interval "
+                          f"on fewer under-covers); re-run with --rounds {stats.MIN_PAIRS} or more")
     v.lift = LIFT_NONE_NEEDED if v.status == stats.FASTER else LIFT_UNKNOWN
     pairing = ("paired rounds in one process group" if row.get("pairing") == "in-process"
                else "alternated process groups")

@@ -21,6 +21,8 @@ import platform
 import sys
 import time
 
+from .children import set_parent_death_signal
+
 
 class RankContext:
     """What a probe sees: ``rank``, ``world_size``, ``device`` (``cuda:N`` or ``cpu``), ``store`` (a
@@ -67,21 +69,6 @@ def env_info(device: str) -> dict:
         except Exception as exc:  # torch without NCCL
             info["torch_nccl_version"] = f"unavailable: {exc}"
     return info
-
-
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def set_parent_death_signal(sig: int) -> bool:
-    """Ask Linux to send ``sig`` to this process when its parent exits (``prctl(PR_SET_PDEATHSIG)``).
-    Returns False where that is not available (not Linux)."""
-    import ctypes
-    import ctypes.util
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
 
 
 def orphaned() -> bool:

@@ -1,0 +1,235 @@
+"""P2P and topology before any peer-memory path: may a path that maps a peer GPU's memory be started here?
+
+FlashInfer's PCIe IPC allreduce and SGLang's custom allreduce open the peers' buffers through CUDA IPC and
+read/write them directly. Neither checks P2P first (FACTS, "PCIe IPC in SGLang 0.5.23"); where P2P is off or
+broken (an IOMMU in translated mode, ACS redirecting peer requests to the root complex: rtx6kpro#15,
+NVIDIA/nccl#2079) the set-up can hang the whole group. :func:`host_report` gathers, without starting any
+peer path:
+
+* ``peers``: the CUDA peer-access matrix (``torch.cuda.can_device_access_peer``) and NVML's P2P read status and
+  link type per pair (``nvmlDeviceGetP2PStatus``, ``nvmlDeviceGetTopologyCommonAncestor``), where present;
+* ``iommu``: the mode from sysfs (``/sys/class/iommu/*``, ``/sys/kernel/iommu_groups/*/type``: ``identity`` is
+  passthrough, ``DMA``/``DMA-FQ`` translated; Linux Documentation/ABI/testing/sysfs-kernel-iommu_groups) and the
+  kernel command line (``iommu=pt``, ``intel_iommu=``, ``amd_iommu=``, ``iommu.passthrough=``);
+* ``acs``: bridges whose ACS control has request or completion redirect on (``lspci -vvv``'s
+  ``ACSCtl: ... ReqRedir+ CmpltRedir+``), when lspci is there;
+* ``env``: ``NCCL_P2P_DISABLE`` / ``NCCL_P2P_LEVEL``.
+
+The IOMMU/ACS part reads files only, so it reports on a host with no GPU. :func:`skip_reason` turns a report
+into the decision for one path: ``None`` (start it) or ``"skipped: no P2P between GPU i and j ..."`` with what
+to check. The rule: P2P off for any pair of the group, or P2P unknown while the host shows a risk (IOMMU
+translated, ACS redirect, NCCL_P2P_DISABLE=1), skips.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+NEEDS_P2P = ("sglang-custom-allreduce", "sglang-pcie-ipc")
+WHAT_TO_CHECK = ("check: nvidia-smi topo -p2p r (OK for every pair), the IOMMU mode (iommu=pt or off on the kernel "
+                 "command line; /sys/kernel/iommu_groups/*/type 'identity'), ACS on the PCIe switches "
+                 "(lspci -vvv: ACSCtl ReqRedir- CmpltRedir-), and NCCL_P2P_DISABLE unset")
+
+
+def iommu_state(sys_root: str | Path = "/sys", cmdline: str | None = None) -> dict:
+    """``{"mode": "off" | "passthrough" | "translated" | "unknown", "units": [...], "group_types": {type: n},
+    "cmdline": [iommu args]}`` from ``sys_root`` and the kernel command line (``/proc/cmdline`` when
+    ``cmdline`` is None)."""
+    root = Path(sys_root)
+    if cmdline is None:
+        try:
+            cmdline = Path("/proc/cmdline").read_text()
+        except OSError:
+            cmdline = ""
+    args = [a for a in cmdline.split() if "iommu" in a]
+    units = sorted(p.name for p in (root / "class" / "iommu").glob("*")) if (root / "class" / "iommu").is_dir() else []
+    types: dict[str, int] = {}
+    groups = root / "kernel" / "iommu_groups"
+    for g in sorted(groups.glob("*")) if groups.is_dir() else []:
+        try:
+            t = (g / "type").read_text().strip()
+        except OSError:
+            t = "unreadable"
+        types[t] = types.get(t, 0) + 1
+    off = any(a in ("intel_iommu=off", "amd_iommu=off", "iommu=off") for a in args)
+    pt = any(a in ("iommu=pt", "iommu.passthrough=1") for a in args)
+    if types:
+        mode = "translated" if any(t.startswith("DMA") for t in types) else (
+            "passthrough" if set(types) <= {"identity"} else "unknown")
+    elif off or (not units and groups.is_dir()):
+        mode = "off"
+    elif pt:
+        mode = "passthrough"
+    else:
+        mode = "unknown"
+    return {"mode": mode, "units": units, "group_types": types, "cmdline": args}
+
+
+ACS_CTL = re.compile(r"ACSCtl:(.*)")
+DEVICE_LINE = re.compile(r"^([0-9a-f]{2,4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]|[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]) (.*)")
+
+
+def acs_state(lspci_text: str | None = None) -> dict:
+    """``{"source", "redirecting": [{"device", "name", "ctl"}], "bridges_with_acs": n}`` from ``lspci -vvv``
+    output (run here when ``lspci_text`` is None and lspci is installed; ``source`` "unavailable" else)."""
+    if lspci_text is None:
+        exe = shutil.which("lspci")
+        if not exe:
+            return {"source": "unavailable: no lspci", "redirecting": [], "bridges_with_acs": None}
+        try:
+            lspci_text = subprocess.run([exe, "-vvv"], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError) as exc:
+            return {"source": f"unavailable: {exc}", "redirecting": [], "bridges_with_acs": None}
+    dev, name, n, red = None, "", 0, []
+    for line in lspci_text.splitlines():
+        m = DEVICE_LINE.match(line)
+        if m:
+            dev, name = m.group(1), m.group(2)
+            continue
+        c = ACS_CTL.search(line)
+        if c and dev:
+            n += 1
+            ctl = c.group(1).strip()
+            if "ReqRedir+" in ctl or "CmpltRedir+" in ctl:
+                red.append({"device": dev, "name": name[:80], "ctl": ctl})
+    return {"source": "lspci -vvv", "redirecting": red, "bridges_with_acs": n}
+
+
+def peer_matrix(count: int | None = None) -> dict:
+    """``{"count", "cuda": {"i-j": bool}, "nvml": {"i-j": {"p2p_read", "link"}}, "errors": [...]}`` for every
+    ordered pair of visible GPUs; empty maps where torch has no CUDA or NVML is missing."""
+    out: dict = {"count": 0, "cuda": {}, "nvml": {}, "errors": []}
+    try:
+        import torch
+        if torch.cuda.is_available():
+            n = torch.cuda.device_count() if count is None else count
+            out["count"] = n
+            for i in range(n):
+                for j in range(n):
+                    if i != j:
+                        out["cuda"][f"{i}-{j}"] = bool(torch.cuda.can_device_access_peer(i, j))
+    except Exception as exc:  # noqa: BLE001 - a report, not a failure
+        out["errors"].append(f"torch: {exc}")
+    try:
+        import pynvml as nv
+        nv.nvmlInit()
+        try:
+            n = nv.nvmlDeviceGetCount()
+            out["count"] = max(out["count"], n)
+            hs = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
+            links = {v: k for k, v in vars(nv).items() if k.startswith("NVML_TOPOLOGY_") and isinstance(v, int)}
+            for i in range(n):
+                for j in range(n):
+                    if i == j:
+                        continue
+                    rec = {}
+                    try:
+                        st = nv.nvmlDeviceGetP2PStatus(hs[i], hs[j], nv.NVML_P2P_CAPS_INDEX_READ)
+                        rec["p2p_read"] = "ok" if st == nv.NVML_P2P_STATUS_OK else f"status {st}"
+                    except Exception as exc:  # noqa: BLE001
+                        rec["p2p_read"] = f"error: {exc}"
+                    try:
+                        rec["link"] = links.get(nv.nvmlDeviceGetTopologyCommonAncestor(hs[i], hs[j]), "unknown")
+                    except Exception as exc:  # noqa: BLE001
+                        rec["link"] = f"error: {exc}"
+                    out["nvml"][f"{i}-{j}"] = rec
+        finally:
+            nv.nvmlShutdown()
+    except Exception as exc:  # noqa: BLE001
+        out["errors"].append(f"nvml: {exc}")
+    return out
+
+
+def host_report(sys_root: str | Path = "/sys", cmdline: str | None = None, lspci_text: str | None = None,
+                peers: dict | None = None, env: dict | None = None) -> dict:
+    """The whole report (see the module docstring); ``peers`` given (a saved :func:`peer_matrix`) skips the
+    GPU queries."""
+    env = os.environ if env is None else env
+    return {"peers": peer_matrix() if peers is None else peers, "iommu": iommu_state(sys_root, cmdline),
+            "acs": acs_state(lspci_text),
+            "env": {k: env[k] for k in ("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL") if k in env}}
+
+
+def risks(report: dict) -> list[str]:
+    """What on this host makes unknown P2P risky: translated IOMMU, ACS redirect, NCCL_P2P_DISABLE=1."""
+    out = []
+    if report["iommu"]["mode"] == "translated":
+        out.append(f"IOMMU in translated mode ({report['iommu']['group_types']})")
+    if report["acs"]["redirecting"]:
+        out.append(f"ACS redirect on {len(report['acs']['redirecting'])} bridge(s), e.g. "
+                   f"{report['acs']['redirecting'][0]['device']}")
+    if report["env"].get("NCCL_P2P_DISABLE") not in (None, "", "0"):
+        out.append(f"NCCL_P2P_DISABLE={report['env']['NCCL_P2P_DISABLE']}")
+    return out
+
+
+def pair_status(report: dict, i: int, j: int) -> bool | None:
+    """True / False from CUDA's peer access (both directions) or NVML's P2P read status; None when neither
+    is known."""
+    cuda, nvml = report["peers"].get("cuda", {}), report["peers"].get("nvml", {})
+    ks = (f"{i}-{j}", f"{j}-{i}")
+    if all(k in cuda for k in ks):
+        return all(cuda[k] for k in ks)
+    if all(k in nvml for k in ks):
+        return all(nvml[k].get("p2p_read") == "ok" for k in ks)
+    return None
+
+
+def skip_reason(report: dict, devices: list[int]) -> str | None:
+    """None when a peer-memory path may start on ``devices`` (GPU indices of the group), else the reason:
+    P2P off for a pair, or unknown while :func:`risks` finds something, or NCCL_P2P_DISABLE set."""
+    r = risks(report)
+    for a in range(len(devices)):
+        for b in range(a + 1, len(devices)):
+            i, j = devices[a], devices[b]
+            st = pair_status(report, i, j)
+            if st is False:
+                return f"skipped: no P2P between GPU {i} and {j} (peer access reported off); {WHAT_TO_CHECK}"
+            if st is None and r:
+                return (f"skipped: no P2P between GPU {i} and {j} known (peer access not reported) and this host "
+                        f"shows {'; '.join(r)}; {WHAT_TO_CHECK}")
+    if report["env"].get("NCCL_P2P_DISABLE") not in (None, "", "0"):
+        return f"skipped: NCCL_P2P_DISABLE={report['env']['NCCL_P2P_DISABLE']} says P2P is off here; {WHAT_TO_CHECK}"
+    return None
+
+
+def markdown(report: dict) -> str:
+    """A short Markdown page of one report."""
+    p, io, acs = report["peers"], report["iommu"], report["acs"]
+    lines = ["# P2P and topology", "", f"GPUs: {p.get('count')}; IOMMU: {io['mode']} (units {io['units']}, group "
+             f"types {io['group_types']}, kernel args {io['cmdline']}); ACS: {acs['source']}, "
+             f"{len(acs['redirecting'])} redirecting of {acs['bridges_with_acs']}; env {report['env']}", "",
+             f"Risks for unknown P2P: {risks(report) or 'none'}", ""]
+    if p.get("cuda") or p.get("nvml"):
+        lines += ["| pair | CUDA peer access | NVML P2P read | link |", "| --- | --- | --- | --- |"]
+        for k in sorted(set(p.get("cuda", {})) | set(p.get("nvml", {}))):
+            nv = p.get("nvml", {}).get(k, {})
+            lines.append(f"| {k} | {p.get('cuda', {}).get(k, '-')} | {nv.get('p2p_read', '-')} | {nv.get('link', '-')} |")
+    if p.get("errors"):
+        lines += ["", f"Errors: {p['errors']}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    """``python -m stackprobe.runtime.p2p [--out DIR]``: print (and write p2p.json / p2p.md) this host's report."""
+    import argparse
+    import json
+
+    from ..atomic import write_atomic
+    a = argparse.ArgumentParser(prog="python -m stackprobe.runtime.p2p")
+    a.add_argument("--out", default="")
+    ns = a.parse_args(argv)
+    rep = host_report()
+    if ns.out:
+        Path(ns.out).mkdir(parents=True, exist_ok=True)
+        write_atomic(Path(ns.out) / "p2p.json", json.dumps(rep, indent=2) + "\n")
+        write_atomic(Path(ns.out) / "p2p.md", markdown(rep))
+    print(markdown(rep))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

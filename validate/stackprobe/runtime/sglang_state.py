@@ -1,0 +1,196 @@
+"""SGLang's parallel state brought up as its own tests do, and which path served each TP all_reduce.
+
+In one rank process (``python -m stackprobe.runtime.sglang_state --server-args "..." --world-size 1``):
+
+1. the server arguments are parsed by SGLang's own parser (``ServerArgs.add_cli_args`` +
+   ``ServerArgs.from_cli_args``, sglang ``srt/server_args.py``), ``--model-path dummy`` added when absent (as
+   ``sglang.test.test_utils.publish_build_topology`` does), ``tp_size`` set to the group's world size;
+2. its launch environment is applied (``_set_envs_and_config`` of ``srt/entrypoints/engine.py``) where that
+   module imports; when it does not, the report says why and the variables stay as they were;
+3. ``init_distributed_environment``, then SGLang's config published (``runtime_context.publish``, role
+   ``test``, the world group kept: ``publish_build_topology``'s steps) and ``initialize_model_parallel``;
+4. the TP group's communicators are listed (built or not, ``disabled``, the log lines SGLang wrote), and its
+   own ``all_reduce`` is called inside its own ``graph_capture()`` at the decode shape (bf16 ``[rows, hidden]``)
+   with every method the dispatch can end in observed (:func:`observe`): the path recorded is the method
+   that was actually called, not one derived from the order.
+
+Output: one JSON object on stdout (``{"server_args", "launch_env", "communicators", "served", ...}``).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shlex
+import sys
+import traceback
+
+# the methods SGLang 0.5.23's GroupCoordinator.all_reduce can end in (srt/distributed/parallel_state.py:
+# all_reduce, _all_reduce_out_place, _all_reduce_in_place), by the attribute holding the communicator
+SERVING = {"ca_comm": ("custom_all_reduce",), "pcie_ipc_comm": ("pcie_ipc_all_reduce",),
+           "qr_comm": ("quick_all_reduce",), "pymscclpp_comm": ("all_reduce",),
+           "torch_symm_mem_comm": ("all_reduce",), "pynccl_comm": ("all_reduce", "outplace_all_reduce")}
+COMMS = tuple(SERVING) + ("hpu_communicator", "xpu_communicator")
+LAUNCH_VARS = ("NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE", "CUDA_DEVICE_MAX_CONNECTIONS", "TRTLLM_ENABLE_PDL",
+               "NCCL_GRAPH_MIXING_SUPPORT", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE")
+
+
+@contextlib.contextmanager
+def observe(group, calls: list):
+    """While inside, every serving method of ``group``'s communicators, its ``_flashinfer_allreduce`` and
+    ``torch.distributed.all_reduce`` append ``"<attr>.<method>"`` to ``calls`` before running."""
+    import torch.distributed as dist
+    undo = []
+
+    def wrap(obj, name, label):
+        orig = getattr(obj, name)
+
+        def observed(*a, **k):
+            calls.append(label)
+            return orig(*a, **k)
+        setattr(obj, name, observed)
+        undo.append((obj, name, orig))
+    for attr, methods in SERVING.items():
+        comm = getattr(group, attr, None)
+        for m in methods if comm is not None else ():
+            if hasattr(comm, m):
+                wrap(comm, m, f"{attr}.{m}")
+    if hasattr(group, "_flashinfer_allreduce"):
+        wrap(group, "_flashinfer_allreduce", "flashinfer_allreduce")
+    wrap(dist, "all_reduce", "torch.distributed.all_reduce")
+    try:
+        yield calls
+    finally:
+        for obj, name, orig in reversed(undo):
+            if obj is dist:
+                setattr(obj, name, orig)
+            else:
+                with contextlib.suppress(AttributeError):
+                    delattr(obj, name)      # the instance attribute goes; the class's method shows again
+                if getattr(obj, name) is not orig:
+                    setattr(obj, name, orig)
+
+
+def served_by(group, tensor) -> dict:
+    """Call ``group.all_reduce(tensor)`` once under :func:`observe`: ``{"path", "calls"}``; ``path`` is the
+    first observed call, or ``"input returned unchanged"`` when the dispatch called none (world size 1)."""
+    calls: list = []
+    with observe(group, calls):
+        out = group.all_reduce(tensor)
+    return {"path": calls[0] if calls else "input returned unchanged", "calls": calls,
+            "same_tensor": out is tensor}
+
+
+def parse_server_args(text: str, world_size: int):
+    """SGLang's ``ServerArgs`` from a command-line string, by SGLang's own parser."""
+    from sglang.srt.server_args import ServerArgs
+    argv = shlex.split(text or "")
+    if "--model-path" not in argv and "--model" not in argv:
+        argv += ["--model-path", "dummy"]
+    p = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(p)
+    sa = ServerArgs.from_cli_args(p.parse_args(argv))
+    asked = sa.tp_size
+    sa.tp_size = world_size
+    return sa, asked
+
+
+def _comm_state(comm) -> dict:
+    if comm is None:
+        return {"built": False}
+    out = {"built": True, "class": type(comm).__name__}
+    for k in ("disabled", "available", "world_size", "full_nvlink", "max_size"):
+        if hasattr(comm, k):
+            v = getattr(comm, k)
+            out[k] = v if isinstance(v, (bool, int, float, str, type(None))) else str(v)
+    return out
+
+
+def bring_up(server_args: str, world_size: int = 1, rank: int = 0, backend: str = "nccl",
+             init_method: str = "tcp://127.0.0.1:29633", rows: int = 12, hidden: int = 7168) -> dict:
+    """Steps 1-4 of the module docstring in this process; returns the report (never raises: a failed step is
+    recorded with its error and the later steps are not run)."""
+    import torch
+
+    from .engine import captured_logs
+    rep: dict = {"world_size": world_size, "rank": rank, "backend": backend, "steps": []}
+    try:
+        sa, asked = parse_server_args(server_args, world_size)
+        rep["server_args"] = {"text": server_args, "tp_size_asked": asked, "tp_size_used": world_size,
+                              "disable_custom_all_reduce": getattr(sa, "disable_custom_all_reduce", None),
+                              "enable_symm_mem": getattr(sa, "enable_symm_mem", None),
+                              "enable_torch_symm_mem": getattr(sa, "enable_torch_symm_mem", None)}
+        rep["steps"].append("server args parsed by ServerArgs.add_cli_args/from_cli_args")
+        before = {k: os.environ.get(k) for k in LAUNCH_VARS}
+        try:
+            from sglang.srt.entrypoints.engine import _set_envs_and_config
+            _set_envs_and_config(sa)
+            rep["launch_env"] = {"applied": True}
+        except Exception as exc:  # noqa: BLE001 - reported, the run goes on without it
+            rep["launch_env"] = {"applied": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        rep["launch_env"].update(before=before, after={k: os.environ.get(k) for k in LAUNCH_VARS})
+        from sglang.srt.distributed import parallel_state as ps
+        from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
+        if backend == "nccl":
+            torch.cuda.set_device(rank % max(torch.cuda.device_count(), 1))
+        ps.init_distributed_environment(world_size=world_size, rank=rank, distributed_init_method=init_method,
+                                        local_rank=rank, backend=backend)
+        reset_context()
+        try:
+            publish(sa, role="test", ranks=SpawnRanks(world_rank=rank))
+            rep["resolution"] = "SGLang's resolution pipeline ran (ServerArgs.resolve_once)"
+        except Exception as exc:  # noqa: BLE001 - no model here: publish the parsed record unresolved, and say so
+            rep["resolution"] = (f"not run: {type(exc).__name__}: {str(exc)[:300]} (the pipeline reads the model's "
+                                 "config); the parsed arguments were published unresolved")
+            sa, _ = parse_server_args(server_args, world_size)
+            sa._resolution_finished = True
+            reset_context()
+            publish(sa, role="test", ranks=SpawnRanks(world_rank=rank))
+        get_parallel().override_permanently(world_group=ps._WORLD)
+        rep["steps"].append("init_distributed_environment + publish")
+        with captured_logs() as log:
+            ps.initialize_model_parallel(backend=backend, enable_symm_mem=bool(getattr(sa, "enable_symm_mem", False)))
+        rep["steps"].append("initialize_model_parallel")
+        tp = ps.get_tp_group()
+        rep["log"] = log[-30:]
+        rep["communicators"] = {a: _comm_state(getattr(tp, a, None)) for a in COMMS}
+        from sglang.srt.distributed.device_communicators import pcie_ipc_ar
+        rep["pcie_ipc_eligible_group"] = bool(pcie_ipc_ar.eligible_group(
+            group_name="tp", world_size=tp.world_size, deterministic=tp._deterministic_collectives_enabled()))
+        dev = tp.device if backend == "nccl" else torch.device("cpu")
+        x = torch.ones(rows, hidden, dtype=torch.bfloat16, device=dev)
+        rep["served_eager"] = served_by(tp, x)
+        if backend == "nccl":
+            with tp.graph_capture() as gc:
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, stream=gc.stream):
+                    rep["served_in_graph_capture"] = served_by(tp, x)
+            g.replay()
+            torch.cuda.synchronize()
+        with contextlib.suppress(Exception):
+            ps.destroy_model_parallel()
+            ps.destroy_distributed_environment()
+        rep["steps"].append("all_reduce observed")
+        rep["shape"] = [rows, hidden]
+    except Exception as exc:  # noqa: BLE001
+        rep["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+        rep["traceback"] = traceback.format_exc()[-2000:]
+    return rep
+
+
+def main(argv=None) -> int:
+    a = argparse.ArgumentParser(prog="python -m stackprobe.runtime.sglang_state", description=__doc__.split("\n")[0])
+    a.add_argument("--server-args", default="")
+    a.add_argument("--world-size", type=int, default=1)
+    a.add_argument("--backend", default="nccl", choices=("nccl", "gloo"))
+    a.add_argument("--rows", type=int, default=12, help="decode rows (batch x draft tokens)")
+    a.add_argument("--hidden", type=int, default=7168)
+    ns = a.parse_args(argv)
+    rep = bring_up(ns.server_args, ns.world_size, backend=ns.backend, rows=ns.rows, hidden=ns.hidden)
+    print(json.dumps(rep, default=str))
+    return 0 if "error" not in rep else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -221,6 +221,8 @@ class Report:
         lines = [f"# stackprobe report{': ' + self.label if self.label else ''}", "",
                  f"{self.headline()}  ", f"tiers: {', '.join(self.tiers)}; created {self.created}; schema {self.schema}  ",
                  f"provenance: {_provenance(self.provenance)}", ""]
+        from .health_report import markdown as health_markdown
+        lines += health_markdown(self.environment.get("health"))   # first: a broken install must not be missed
         ran_in = (self.options or {}).get("ran_in") or {}
         if ran_in.get("hidden") or ran_in.get("env"):     # how the container differed from the image as shipped
             extra = [f"folders hidden: {', '.join(ran_in['hidden'])}" if ran_in.get("hidden") else "",
@@ -428,6 +430,8 @@ def comparison_markdown(reports: list[Report], labels: list[str] | None = None) 
     if len(digests) > 1:
         lines += [f"> **warning**: these reports were made by different suites ({', '.join(sorted(map(str, digests)))}); "
                   "a verdict may differ because the suite changed, not the image.", ""]
+    from .health_report import comparison as health_comparison
+    lines += health_comparison(reports, labels)
     lines += ["| backend | " + " | ".join(labels) + " | changed | why |",
              "| --- | " + " | ".join("---" for _ in labels) + " | --- | --- |"]
     for c in compare(reports, labels):

@@ -151,6 +151,18 @@ def classify(result: dict) -> dict:
     return r
 
 
+def gist(r: dict, limit: int = 220) -> str:
+    """One line of an import error: the line naming the driver, a missing file or an undefined symbol when the
+    message has one (sgl_kernel's loader prints a page), else its first non-empty line."""
+    text = r.get("error") or ""
+    lines = [x.strip(" -") for x in text.splitlines() if x.strip()]
+    for rx in (_UNDEFINED, _NO_FILE, _DEVICE):
+        hit = next((x for x in lines if rx.search(x)), None)
+        if hit:
+            return hit[:limit]
+    return (lines[0] if lines else r.get("kind", ""))[:limit]
+
+
 def _child(modules: list[str], timeout: float) -> tuple[dict, dict]:
     """Import ``modules`` in children of this interpreter (:mod:`stackprobe.health_child`): one child while it
     lives; a module during which the child crashes or hangs is recorded as such and the rest go to a new child.

@@ -47,15 +47,25 @@ def _block(scope, gate, cause, lift, detail, evidence, source) -> dict:
             "source": source}
 
 
-def _import_lift(r: dict, provides) -> str:
+def _import_lift(r: dict, provides, breaks=()) -> str:
     for pattern, text in h._KNOWN_LIFTS:
         m = pattern.search(r.get("error", ""))
         if m:
             return text.format(m.group(0), *m.groups())
+    pin = next((x for x in (_pin_lift(list(breaks), d) for d in provides) if x), "")
+    if pin:
+        return pin
     if r["kind"] == "undefined-symbol":
         return (f"install a {'/'.join(provides)} build made for the installed torch (or the torch it was built "
                 f"against): {r.get('expected_in') or 'its library'} does not define {r.get('demangled')}")
     return f"reinstall {'/'.join(provides)} so that `import {r['module']}` succeeds (the error above)"
+
+
+def _pin_lift(breaks: list, dist: str) -> str:
+    """``pip install 'dist==X'`` where an installed distribution pins ``dist`` exactly (the engine's pin first)."""
+    b = next((b for b in breaks if b["exact_pin"] and b["kind"] == "conflict" and h._norm(b["name"]) == h._norm(dist)), None)
+    return (f"pip install '{b['requirement']}' ({b['dist']} {b['version']}'s pin; a build made for the installed torch)"
+            if b else "")
 
 
 def _breaks_for(breaks: list, dists) -> list[str]:
@@ -76,11 +86,11 @@ def decide(backends, imports: dict, breaks: list, shared: list, static_syms: dic
             pins = _breaks_for(breaks, provides)
             if r["kind"] in _BLOCKING_IMPORTS:
                 what = (f"undefined symbol {r['demangled']} ({r['symbol']}; expected in {r.get('expected_in') or '?'})"
-                        if r["kind"] == "undefined-symbol" else f"{r.get('error_class') or r['kind']}: {r.get('error')}")
+                        if r["kind"] == "undefined-symbol" else f"{r.get('error_class') or r['kind']}: {h.gist(r, 400)}")
                 out.append(_block("", GATE_BROKEN_INSTALL,
                                   f"broken install: `import {mod}` fails here ({what})"
                                   + (f"; and {'; '.join(pins)}" if pins else ""),
-                                  LIFT_PACKAGE, _import_lift(r, provides), {"import": r, "requirement_breaks": pins},
+                                  LIFT_PACKAGE, _import_lift(r, provides, breaks), {"import": r, "requirement_breaks": pins},
                                   f"import {mod} in a child interpreter ({r.get('where') or 'at import'})"))
             elif r["kind"] in ("needs-device", "missing-library"):
                 for dist in provides:
@@ -91,10 +101,10 @@ def decide(backends, imports: dict, breaks: list, shared: list, static_syms: dic
                                           f"broken install: {found['file']} of {dist} {found['version']} needs "
                                           f"{s['demangled']}, which none of torch's libraries it links exports "
                                           f"(expected in {s['expected_in'] or '?'}; {len(found['missing'])} symbol(s) "
-                                          f"missing); `import {mod}` stopped earlier here ({r.get('error', '')[:160]}), "
+                                          f"missing); `import {mod}` stopped earlier here ({h.gist(r)}), "
                                           "so this was decided statically from the ELF symbol tables"
                                           + (f"; and {'; '.join(pins)}" if pins else ""),
-                                          LIFT_PACKAGE, f"install a {dist} build made for the installed torch",
+                                          LIFT_PACKAGE, _pin_lift(breaks, dist) or f"install a {dist} build made for the installed torch",
                                           {"static_symbols": found, "import": r, "requirement_breaks": pins},
                                           "health_elf.missing_symbols (.dynsym vs torch/lib exports)"))
                         break
@@ -118,7 +128,7 @@ def decide(backends, imports: dict, breaks: list, shared: list, static_syms: dic
             if r and r["kind"] in _BLOCKING_IMPORTS:
                 out.append(_block("engine", GATE_BROKEN_INSTALL,
                                   f"broken install: the engine's `import {mod}` fails here "
-                                  f"({r.get('error_class') or r['kind']}: {r.get('error', '')[:300]})",
+                                  f"({r.get('error_class') or r['kind']}: {h.gist(r, 300)})",
                                   LIFT_PACKAGE, _import_lift(r, ("sglang",)), {"import": r},
                                   f"import {mod} in a child interpreter ({r.get('where') or 'at import'})"))
         if out:
@@ -195,7 +205,7 @@ def _findings(breaks, imports, shared, syms, nccl, tool) -> list[dict]:
                 "missing-module": f"needs {r.get('missing')}, not installed", "missing-library":
                 f"needs {r.get('missing')}, not found"}.get(r["kind"], r["kind"])
         f.append({"check": "imports", "level": level, "message":
-                  f"import {r['module']}: {what}{extra} ({r.get('error_class') or ''}: {r.get('error', '')[:240]})"})
+                  f"import {r['module']}: {what}{extra} ({r.get('error_class') or ''}: {h.gist(r)})"})
     for s in shared:
         if s.get("mismatch"):
             f.append({"check": "shared_objects", "level": "error", "message":

@@ -43,7 +43,9 @@ def test_c41_an_sgl_kernel_built_for_another_torch_blocks_every_path_that_import
         assert "c10::" in v["cause"] and "libc10" in v["cause"]           # the symbol, demangled, and its library
         assert "sglang 0.5.23 requires sglang-kernel==0.4.10, installed sglang-kernel 0.4.6.post1" in v["cause"]
         assert "sglang-kernel==0.4.10" in v["lift_detail"]
-        assert evidence(v, "answer before the environment health check")
+        before = evidence(v, "answer before the environment health check")["value"]
+        if scope == "library":   # what the suite said before this stage: green on a box where it cannot load
+            assert before.startswith("gate-passes"), before
     health = c41["environment"]["health"]
     imp = next(r for r in health["imports"] if r["module"] == "sgl_kernel")
     # which way it was decided: the import's own undefined symbol, or (no driver here: libcuda.so.1) statically

@@ -98,13 +98,13 @@ def jit_cache_linking(cudart_major: int, version: str = "0.7.2+cu129") -> Path:
     b = _builder()
     stub = root / "stub"
     stub.mkdir(parents=True, exist_ok=True)
-    (stub / "rt.c").write_text("int cudaRuntimeGetVersion(int *v) { *v = 0; return 0; }\n")
+    (stub / "rt.c").write_text("int stub_runtime_probe(int *v) { *v = 0; return 0; }\n")
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(stub / "libcudart.so"), str(stub / "rt.c"),
                     f"-Wl,-soname,libcudart.so.{cudart_major}"], check=True, capture_output=True)
     src = root / "k.cu"
-    src.write_text('extern "C" int cudaRuntimeGetVersion(int *);\n'
+    src.write_text('extern "C" int stub_runtime_probe(int *);\n'
                    'extern "C" __global__ void k(float *x) { x[threadIdx.x] += 1.0f; }\n'
-                   'extern "C" int host() { int v; return cudaRuntimeGetVersion(&v); }\n')
+                   'extern "C" int host() { int v; return stub_runtime_probe(&v); }\n')
     stage = root / "stage"
     for m in ("trtllm_comm", "pcie_ipc_comm"):
         so = stage / b.PKG / "jit_cache" / m / f"{m}.so"

@@ -3,8 +3,8 @@ list of module names on stdin, imports them one by one and prints one line per m
 ``HEALTH-RESULT {"module", "ok", "error_class", "error", "chain", "where", "seconds"}``
 (``chain``: the exceptions it was raised from, innermost last), flushed at once, so a crash or
 hang in one module (the parent's timeout) still leaves the answers before it. After the imports it prints
-``HEALTH-MAPS {"nccl": [{"path", "version", "version_string"}]}``: the libnccl files this process has mapped
-(``/proc/self/maps``, Linux ``proc(5)``), each with ``ncclGetVersion`` (NCCL's ``nccl.h``: code
+``HEALTH-MAPS {"nccl": [{"path", "version", "version_string", "bound"}]}``: the libnccl files this process has
+mapped (``/proc/self/maps``, Linux ``proc(5)``), the one the global symbol scope binds ``ncclGetVersion`` to first, each with ``ncclGetVersion`` (NCCL's ``nccl.h``: code
 major*10000 + minor*100 + patch since 2.9) and the ``NCCL version ...`` string the library carries.
 Standard library only, besides the modules it is asked to import.
 """
@@ -85,12 +85,38 @@ def nccl_version(path: str) -> dict:
     return out
 
 
+class _DlInfo(__import__("ctypes").Structure):
+    _fields_ = [("dli_fname", __import__("ctypes").c_char_p), ("dli_fbase", __import__("ctypes").c_void_p),
+                ("dli_sname", __import__("ctypes").c_char_p), ("dli_saddr", __import__("ctypes").c_void_p)]
+
+
+def bound_library(symbol: str = "ncclGetVersion") -> str | None:
+    """The file whose ``symbol`` the process's global scope resolves to (``dlsym(RTLD_DEFAULT)`` then ``dladdr``,
+    dlsym(3)/dladdr(3)): with two libnccl mapped (an ``LD_PRELOAD`` one and torch's own), the one calls bind to."""
+    import ctypes
+    import os
+
+    try:
+        fn = getattr(ctypes.CDLL(None), symbol)
+        info = _DlInfo()
+        if ctypes.CDLL(None).dladdr(ctypes.cast(fn, ctypes.c_void_p), ctypes.byref(info)) and info.dli_fname:
+            return os.path.realpath(info.dli_fname.decode())
+    except (OSError, AttributeError):
+        pass
+    return None
+
+
 def main() -> int:
     modules = json.loads(sys.stdin.read() or "[]")
     for name in modules:
         print("HEALTH-BEGIN " + name, flush=True)
         print("HEALTH-RESULT " + json.dumps(import_one(name)), flush=True)
-    print("HEALTH-MAPS " + json.dumps({"nccl": [nccl_version(p) for p in mapped("libnccl")]}), flush=True)
+    libs = mapped("libnccl")
+    bound = bound_library()
+    import os
+    libs.sort(key=lambda p: os.path.realpath(p) != bound)   # the one symbol lookups bind to first
+    print("HEALTH-MAPS " + json.dumps({"nccl": [dict(nccl_version(p), bound=os.path.realpath(p) == bound)
+                                                for p in libs]}), flush=True)
     return 0
 
 

@@ -15,6 +15,7 @@ code   class                       meaning
 7      LockError                   a lockfile is missing, stale or does not match what was resolved
 8      RegistryError               a registry refused, was down, or reported another digest
 9      ValidationError             the validation suite could not run (image missing, no Python)
+10     UnhealthyEnvironment        ``--strict``: the environment health stage found an error (reports written)
 =====  ==========================  ==============================================================
 """
 from __future__ import annotations
@@ -67,3 +68,9 @@ class RegistryError(StackError):
 
 class ValidationError(StackError):
     exit_code = 9
+
+
+class UnhealthyEnvironment(StackError):
+    """``validate --strict``: a report's environment health stage found an error (the reports are written)."""
+
+    exit_code = 10

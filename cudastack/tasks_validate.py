@@ -31,13 +31,14 @@ _HELP = {
     "hide": "Folder of the image covered with an empty read-only one in the validation container (repeatable), "
             "e.g. --hide /usr/local/cuda/bin --hide /opt/venv/lib/python3.11/site-packages/nvidia/cu13/bin to run "
             "the suite with no nvcc at all; the image itself is not changed.",
+    "strict": "Exit 10 (after writing the reports) when any report's environment health stage found an error (for CI).",
 }
 
 
 @task(help=_HELP, iterable=["image", "env", "hide"], auto_shortflags=False)
 def validate(c, image=None, target_arch="12.0", out=DEFAULT_OUT, markdown=None, jit_compile=False,
              world_size=8, topology="auto", image_suite=False, order="toolchain", env=None,
-             hide=None, server_args=""):
+             hide=None, server_args="", strict=False):
     """Validate images (or this environment): which allreduce backends can work for the target arch, and why."""
     from cudastack.validate_images import validate_many
 
@@ -58,7 +59,7 @@ def validate(c, image=None, target_arch="12.0", out=DEFAULT_OUT, markdown=None, 
         hidden = check_hidden(hide)
         if hidden and not image:
             raise UsageError("--hide applies to --image runs (it covers folders of the image in its container).")
-        _, text = validate_many(list(image or []), str(target_arch), out_dir=out, order=str(order),
+        reports, text = validate_many(list(image or []), str(target_arch), out_dir=out, order=str(order),
                                 jit_compile=bool(jit_compile),
                                 world_size=ws, topology=topology, say=lambda m: print(m, file=sys.stderr),
                                 **({"image_suite": True} if image_suite else {}),
@@ -72,6 +73,20 @@ def validate(c, image=None, target_arch="12.0", out=DEFAULT_OUT, markdown=None, 
     if markdown:
         from stackprobe.atomic import write_atomic
         write_atomic(markdown, text)
+    if strict:
+        _strict(reports)
+
+
+def _strict(reports) -> None:
+    """``--strict``: exit :class:`UnhealthyEnvironment`'s code naming the first error of each unhealthy report."""
+    from cudastack.errors import UnhealthyEnvironment
+    from stackprobe.health_stage import errors
+
+    bad = [(r.label or "this environment", errs) for r in reports if (errs := errors(r.environment.get("health")))]
+    if bad:
+        exc = UnhealthyEnvironment("; ".join(f"{label}: {len(e)} environment health error(s), first: {e[0]['message']}"
+                                             for label, e in bad))
+        raise Exit(f"error: {exc}", code=exc.exit_code)
 
 
 TASKS = [validate]

@@ -7,7 +7,7 @@ Other forms::
     python -m stackprobe --runtime ...                              # add the runtime tier (GPU host)
 
 Exit codes (the README's table): 0 report written; 2 bad input (unknown target arch, unreadable report, bad
-flag); 9 validation could not run: ``--runtime`` was asked for but the runtime tier cannot run here (no GPU
+flag); 10 with ``--strict``: the environment health stage found an error (report written); 9 validation could not run: ``--runtime`` was asked for but the runtime tier cannot run here (no GPU
 visible, or the tier's code is missing). The static report is still written (``--json``/``--markdown``), with
 ``options.runtime`` saying why the runtime tier did not run.
 The runtime tier plugs in through ``stackprobe.runtime.run_runtime(report, args)`` (it adds verdicts
@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="an environment variable of the SGLang server the verdicts are for (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 10 (after writing the report) when the environment health stage found an error (for CI)")
     return p
 
 
@@ -160,7 +162,21 @@ def main(argv: list[str] | None = None) -> int:
         _emit(report.to_markdown(), args.markdown)
     if not args.json and not args.markdown:
         sys.stdout.write(report.to_markdown() + "\n")
-    return rc
+    return strict_exit(report, args.strict, rc)
+
+
+def strict_exit(report: Report, strict: bool, rc: int) -> int:
+    """``--strict``: :data:`stackprobe.health_report.EXIT_UNHEALTHY` when the environment health stage found an
+    error (the errors are printed on stderr), unless ``rc`` already says something worse."""
+    from .health_report import EXIT_UNHEALTHY
+    from .health_stage import errors
+
+    errs = errors(report.environment.get("health"))
+    if not strict or not errs or rc != EXIT_OK:
+        return rc
+    print(f"stackprobe: --strict: the environment health stage found {len(errs)} error(s); the report is written. "
+          "First: " + errs[0]["message"], file=sys.stderr)
+    return EXIT_UNHEALTHY
 
 
 if __name__ == "__main__":

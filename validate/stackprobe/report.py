@@ -244,6 +244,8 @@ class Report:
         lines = [f"# stackprobe report{': ' + self.label if self.label else ''}", "",
                  f"{self.headline()}  ", f"tiers: {', '.join(self.tiers)}; created {self.created}; schema {self.schema}  ",
                  f"provenance: {_provenance(self.provenance)}", ""]
+        from .health_report import markdown as health_markdown
+        lines += health_markdown(self.environment.get("health"))   # first: a broken install must not be missed
         from .userwords import headline_line, pins_line
         lines += [f"**What SGLang does here**: {headline_line(self)}.", ""]
         if pins_line(self):
@@ -478,6 +480,8 @@ def comparison_markdown(reports: list[Report], labels: list[str] | None = None) 
     if len(digests) > 1:
         lines += [f"> **warning**: these reports were made by different suites ({', '.join(sorted(map(str, digests)))}); "
                   "a verdict may differ because the suite changed, not the image.", ""]
+    from .health_report import comparison as health_comparison
+    lines += health_comparison(reports, labels)
     from .userwords import cuda_tie, headline_line, moved_by, pins_line
     lines += ["## What each image gives a user", ""]
     lines += [f"- **{lab}**: {headline_line(r)}." + (f" Pins: {pins_line(r)}." if pins_line(r) else "")

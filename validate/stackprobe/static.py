@@ -13,6 +13,7 @@ from . import coverage as cov
 from . import driver as drivermod
 from . import env as envmod
 from . import gates
+from . import health_stage
 from .archs import Arch, ArchSpecError, parse_arch
 from .probes import Context, probes
 from .report import Report
@@ -61,6 +62,14 @@ def post_pass(verdicts: list, environment: dict, target: Arch, topology: str, fl
     drivermod.apply_ptx_driver(verdicts, too_new or [])
     drivermod.apply_driver_floor(verdicts, floor)
     return verdicts
+
+
+def run_health(environment: dict, target: Arch, topology: str, backends, timeout: float, quiet: bool) -> dict:
+    """The environment health stage (:mod:`stackprobe.health`), kept in ``environment["health"]``."""
+    _log("environment health", quiet)
+    health = health_stage.run(environment, target, topology, backends, timeout)
+    environment["health"] = health
+    return health
 
 
 def _log(msg: str, quiet: bool) -> None:
@@ -133,6 +142,7 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
     if torch_gap:
         environment.setdefault("findings", []).append({"case": "C19", "level": "error", "message": torch_gap})
     host = {"compute_capability": target.cc, "topology": topo, "world_size": world_size, "topology_source": topo_source}
+    health = run_health(environment, target, topo, backends, timeout, quiet)
     for mod in probes():
         names = list(getattr(mod, "BACKENDS", ()))
         if backends and not set(names) & set(backends):
@@ -149,6 +159,7 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
                 tb = traceback.format_exc().strip().splitlines()
                 verdicts += [Verdict(n, ERROR, scope=scope, cause=f"static {scope} gate crashed: {type(e).__name__}: {e}",
                                      warnings=[" / ".join(tb[-3:])]) for n in names]
+        health_stage.apply(verdicts, health)   # decided once, before the gates were read
         for v in verdicts:
             if not v.host:
                 v.host = dict(host)

@@ -269,6 +269,11 @@ def library_gate(ctx) -> list[Verdict]:
         v.status, v.gate, v.lift = BLOCKED, GATE_TOOLCHAIN, LIFT_PACKAGE
         v.cause, v.lift_detail = blocker
         return [v]
+    blocker = arch_list_blocker(ctx, v, [k for k in a2a if k not in refused])
+    if blocker is not None:
+        v.status, v.gate, v.lift = BLOCKED, GATE_TOOLCHAIN, LIFT_SETTING
+        v.cause, v.lift_detail = blocker
+        return [v]
     v.status, v.gate, v.lift = SKIPPED, GATE_NEEDS_RUNTIME, LIFT_UNKNOWN
     v.cause = (f"FlashInfer's a2a modules admit {ctx.target.cc} and no topology gate exists (handle type: {handles[0]}, "
                f"{handles[1]}); whether it "
@@ -298,6 +303,27 @@ def compiler_blocker(ctx, modules: list[str]) -> tuple[str, str] | None:
     lift = (f"install nvcc (a CUDA devel base image; CUDA >= 12.8 compiles sm_{ctx.target.number}a, so the installed "
             f"CUDA release suffices) or a flashinfer-jit-cache holding {names} with SASS for {ctx.target.cc}")
     return cause, lift
+
+
+def arch_list_blocker(ctx, v, modules: list[str]) -> tuple[str, str] | None:
+    """(cause, lift_detail) when FlashInfer's own arch normalisation leaves the a2a module generator no target for
+    ``ctx.target`` (case C45: FlashInfer 0.6.7-0.6.18 refuse SM 12.x on nvcc < 12.9 unless FLASHINFER_CUDA_ARCH_LIST is
+    set, the same check that blocks fusion, C4); the gate is FlashInfer's code run in a child
+    (:func:`flashinfer_common.gate`), its answer added to ``v``. None when the list has the target's major."""
+    if not modules or not effective_nvcc(ctx.env):
+        return None
+    g = fi.gate(ctx, modules[0])
+    if "worker_error" in g:
+        v.add("FlashInfer gate call", g["worker_error"], "child interpreter")
+        return None
+    v.add(f"effective target arch list ({modules[0]})", g.get("effective_archs"), g.get("arch_list_source", ""))
+    if any(int(a.split(".")[0]) == ctx.target.major for a in g.get("effective_archs") or []):
+        return None
+    why = ((g.get("swallowed") or [None])[0] or g.get("context_error") or g.get("normalise_error")
+           or "FlashInfer kept no entry for the target")
+    return (f"FlashInfer's effective target list for {ctx.target.cc} is empty, so {modules[0]} builds no code for it: "
+            f"{why} (the check that blocks allreduce fusion, case C4)",
+            f"FLASHINFER_CUDA_ARCH_LIST={ctx.target.cc}a (a suffixed entry is used verbatim), or a CUDA >= 12.9 nvcc")
 
 
 def _fd_fallback() -> tuple[str, str]:

@@ -252,9 +252,15 @@ def _aot_module(fn_name, target, root, resolve, SASS_LEVELS, dist_files) -> dict
     out["sass"] = sorted({i.name for i in ims if i.kind == "sass"})
     out["ptx"] = sorted({i.name for i in ims if i.kind == "ptx"})
     out["level"] = level_for(ims, target) if ims else "none"
+    out["cuda_mismatch"] = _cuda_mismatch(hit[1])
     if not out["version_ok"]:
         out["cause"] = (f"{JIT_CACHE_DIST} {out['dist_version']} does not match flashinfer-python {fi_ver}: FlashInfer "
                         "ignores it and JIT-compiles")
+    elif out["cuda_mismatch"]:   # case C42: a module built for another CUDA major cannot load on this stack
+        mm = out["cuda_mismatch"]
+        out["cause"] = (f"{hit[0]} needs {', '.join(mm['needs'])}, another CUDA major than the stack's (torch: CUDA "
+                        f"{mm['stack']}): the module cannot load here, so FlashInfer JIT-compiles it (with no nvcc the "
+                        "path is unavailable)")
     elif out["level"] not in SASS_LEVELS:
         out["cause"] = (f"{hit[0]} carries SASS {', '.join(out['sass']) or 'none'} (level {out['level']} for "
                         f"{target.cc}): no kernel image that runs on the target")
@@ -281,6 +287,11 @@ def _aot_module(fn_name, target, root, resolve, SASS_LEVELS, dist_files) -> dict
     return out
 
 
+def _cuda_mismatch(path: str) -> dict | None:
+    from ..health import artifact_mismatch
+    return artifact_mismatch(path)
+
+
 def add_aot_evidence(v, module_fn: str, target) -> tuple[dict, str, str]:
     """Add to verdict ``v`` the evidence of the ahead-of-time module of generator ``module_fn`` for ``target``
     (:func:`aot_module`: file, SASS, whether FlashInfer's loader resolves it) and whether a JIT build is needed
@@ -288,7 +299,7 @@ def add_aot_evidence(v, module_fn: str, target) -> tuple[dict, str, str]:
     :func:`aot_module` dict and the load order's text and source."""
     aot = aot_module(module_fn, target)
     v.add("AOT module", {k: aot.get(k) for k in ("module", "file", "dist_version", "version_ok", "sass", "level", "covers",
-                                                 "resolved_by_flashinfer")},
+                                                 "resolved_by_flashinfer", "cuda_mismatch")},
           f"flashinfer-jit-cache; module name from {aot['where'] or module_fn}")
     order, order_where = aot_load_order()
     layout = "flashinfer-jit-cache layout <name>/<name>.so + version rule"

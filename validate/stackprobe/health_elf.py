@@ -1,0 +1,179 @@
+"""Shared-object facts for the environment health stage (:mod:`stackprobe.health`), read with pyelftools
+(the ELF reader :mod:`stackprobe.coverage` already uses):
+
+* :func:`needed`: an extension's ``DT_NEEDED`` entries (the libraries the dynamic loader must find);
+* :func:`cuda_majors`: the CUDA major each needed CUDA library names in its soname (``libcudart.so.12`` ->
+  12; cuBLAS, cuBLASLt, NVRTC, nvJitLink and CUPTI the same way);
+* :func:`undefined_symbols` / :func:`missing_symbols`: the global undefined dynamic symbols of an extension
+  that none of the libraries it names (resolved in the folders given, e.g. torch's ``lib/``) exports: what
+  ``dlopen`` would report as ``undefined symbol`` once every library is found, decided without loading
+  (a CPU-only host cannot load an extension that also needs the driver's ``libcuda.so.1``);
+* :func:`demangle`: ``c++filt`` from binutils when present, else the mangled name is kept and said so.
+
+Sonames and their majors: NVIDIA ships each CUDA library with the toolkit major in its soname (CUDA Toolkit
+release notes, "CUDA Toolkit Major Component Versions"); ``libcuda.so.1`` is the driver's and carries none.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+
+#: CUDA libraries whose soname carries the toolkit major (``libcudart.so.13``)
+#: (cuFFT, cuRAND, cuSPARSE and cuSOLVER are versioned on their own: CUDA 13.0 ships libcufft.so.12, so they
+#: say nothing about the toolkit major and are left out)
+CUDA_SONAMES = ("libcudart", "libcublas", "libcublasLt", "libnvrtc", "libnvJitLink", "libcupti")
+_SONAME = re.compile(r"^(lib[\w+-]+?)\.so\.(\d+)")
+#: mangled-name prefixes of the namespaces torch's libraries export (c10::, at::, torch::, caffe2::)
+TORCH_PREFIXES = ("_ZN3c10", "_ZNK3c10", "_ZN2at", "_ZNK2at", "_ZN5torch", "_ZNK5torch", "_ZN6caffe2", "_ZNK6caffe2")
+#: the torch library that defines each namespace (torch's own CMake targets: c10 -> libc10.so, ...)
+NAMESPACE_LIBRARY = (("c10::cuda::", "libc10_cuda.so"), ("c10::", "libc10.so"), ("at::cuda::", "libtorch_cuda.so"),
+                     ("at::", "libtorch_cpu.so"), ("torch::", "libtorch_cpu.so"), ("caffe2::", "libtorch_cpu.so"))
+
+
+def _elf(path: str):
+    from elftools.elf.elffile import ELFFile
+    return ELFFile(open(path, "rb"))
+
+
+def is_elf(path: str | Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
+@lru_cache(maxsize=4096)
+def needed(path: str) -> tuple[str, ...]:
+    """The ``DT_NEEDED`` sonames of the shared object at ``path`` (() when it has no dynamic section).
+    Raises OSError / elftools' ELFError for an unreadable file."""
+    elf = _elf(path)
+    try:
+        dyn = elf.get_section_by_name(".dynamic")
+        if dyn is None:
+            return ()
+        return tuple(t.needed for t in dyn.iter_tags() if t.entry.d_tag == "DT_NEEDED")
+    finally:
+        elf.stream.close()
+
+
+def cuda_majors(sonames) -> dict[str, int]:
+    """{soname: CUDA major} for the CUDA libraries among ``sonames`` (:data:`CUDA_SONAMES`)."""
+    out = {}
+    for s in sonames:
+        m = _SONAME.match(s)
+        if m and m.group(1) in CUDA_SONAMES:
+            out[s] = int(m.group(2))
+    return out
+
+
+def undefined_symbols(path: str, prefixes: tuple = TORCH_PREFIXES) -> list[str]:
+    """Global (not weak) undefined dynamic symbols of ``path`` whose mangled name starts with one of ``prefixes``."""
+    elf = _elf(path)
+    try:
+        sec = elf.get_section_by_name(".dynsym")
+        if sec is None:
+            return []
+        out = []
+        for s in sec.iter_symbols():
+            if s["st_shndx"] == "SHN_UNDEF" and s["st_info"]["bind"] == "STB_GLOBAL" and s.name.startswith(prefixes):
+                out.append(s.name)
+        return out
+    finally:
+        elf.stream.close()
+
+
+class _Exports:
+    """Defined dynamic symbols of one library, looked up through its GNU hash table (fast on libtorch_cpu.so's
+    hundreds of thousands of symbols), else a full read of ``.dynsym``."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.elf = _elf(path)
+        self.hash = self.elf.get_section_by_name(".gnu.hash") or self.elf.get_section_by_name(".hash")
+        self.names = None
+        if self.hash is None or not hasattr(self.hash, "get_symbol"):
+            sec = self.elf.get_section_by_name(".dynsym")
+            self.names = {s.name for s in sec.iter_symbols() if s["st_shndx"] != "SHN_UNDEF"} if sec else set()
+
+    def defines(self, name: str) -> bool:
+        if self.names is not None:
+            return name in self.names
+        s = self.hash.get_symbol(name)
+        return s is not None and s["st_shndx"] != "SHN_UNDEF"
+
+    def close(self):
+        self.elf.stream.close()
+
+
+def missing_symbols(path: str, search: list[str | Path], prefixes: tuple = TORCH_PREFIXES) -> dict:
+    """Which of ``path``'s undefined symbols (:func:`undefined_symbols`) none of its needed libraries found in the
+    ``search`` folders (and, one level down, the libraries those need from the same folders) defines.
+
+    Returns {"checked": n symbols, "libraries": [resolved library paths], "unresolved_libraries": [sonames of
+    ``path``'s needed libraries matching torch's names (libc10*, libtorch*) not found in ``search``: then nothing
+    is judged and "undecided" says why],
+    "missing": [{"symbol", "demangled", "expected_in"}]}. Raises OSError / ELFError for an unreadable file."""
+    folders = [Path(p) for p in search if p and Path(p).is_dir()]
+    libs, unresolved, seen = [], [], set()
+
+    def resolve(soname):
+        for d in folders:
+            if (d / soname).is_file():
+                return str(d / soname)
+        return None
+
+    for soname in needed(path):
+        p = resolve(soname)
+        if p is None:
+            if soname.startswith(("libc10", "libtorch")):
+                unresolved.append(soname)
+            continue
+        for lib in (p,) + tuple(q for q in (resolve(s) for s in needed(p)) if q):
+            if lib not in seen:
+                seen.add(lib)
+                libs.append(lib)
+    wanted = undefined_symbols(path, prefixes)
+    if unresolved:   # a CPU build of torch lacks libc10_cuda.so / libtorch_cuda.so: its exports cannot answer
+        return {"checked": 0, "libraries": libs, "unresolved_libraries": unresolved, "missing": [],
+                "undecided": f"torch here has no {', '.join(unresolved)} (a CPU build?): symbols not judged"}
+    exports = [_Exports(lib) for lib in libs]
+    try:
+        miss = [s for s in wanted if not any(e.defines(s) for e in exports)]
+    finally:
+        for e in exports:
+            e.close()
+    names = demangle(miss)
+    return {"checked": len(wanted), "libraries": libs, "unresolved_libraries": unresolved,
+            "missing": [{"symbol": s, "demangled": names.get(s, s), "expected_in": expected_library(names.get(s, s))}
+                        for s in miss]}
+
+
+def expected_library(demangled: str) -> str:
+    """The torch library that should define a demangled name, by its namespace (:data:`NAMESPACE_LIBRARY`); ""."""
+    head = demangled.split("(")[0]
+    for ns, lib in NAMESPACE_LIBRARY:
+        if head.startswith(ns) or f" {ns}" in head:
+            return lib
+    return ""
+
+
+def demangle(symbols) -> dict[str, str]:
+    """{mangled: demangled} through ``c++filt`` (binutils); with no c++filt every name maps to itself plus the
+    note ``(mangled: c++filt not found)``."""
+    symbols = [s for s in symbols if s]
+    if not symbols:
+        return {}
+    exe = shutil.which("c++filt")
+    if exe:
+        try:
+            p = subprocess.run([exe], input="\n".join(symbols) + "\n", capture_output=True, text=True, timeout=30)
+            lines = p.stdout.splitlines()
+            if p.returncode == 0 and len(lines) == len(symbols):
+                return dict(zip(symbols, lines))
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return {s: f"{s} (mangled: c++filt not found)" for s in symbols}

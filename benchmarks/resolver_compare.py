@@ -32,7 +32,6 @@ Usage: ``python benchmarks/resolver_compare.py [--cuda 12.8 --cuda 13.1] [--repe
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import platform

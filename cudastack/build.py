@@ -52,7 +52,7 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from cudastack.build_context import (  # noqa: F401 - re-exported: callers import them from here
     _CTX_IGNORE, PYPI_SIMPLE, _make_context, cached_map, fetch_sdist, locked_failure, node_cached, unpack_patched,
@@ -151,7 +151,7 @@ def run_build(
         f"[{engine.buildkit.describe()}]")
     import socket
 
-    record = {
+    record: dict[str, Any] = {
         "format": RECORD_FORMAT, "run_id": run_id, "toolchain": plan.toolchain, "cuda_version": plan.cuda_version,
         "archs": plan.target_archs, "base": plan.base_kind, "base_image": plan.base_image,
         "recipes": plan.recipes_dir, "skipped_components": plan.skipped, "status": "running",
@@ -266,20 +266,20 @@ def run_build(
                 exc = locked_failure(node.name, log) or exc
             entry["status"] = "failed"
             entry["duration_s"] = round(time.monotonic() - t0, 1)
-            if getattr(exc, "counter", ""):
-                entry["compiled"] = exc.counter
+            if counter := getattr(exc, "counter", ""):
+                entry["compiled"] = counter
             error = exc
             record["error"] = str(exc)
         except KeyboardInterrupt as exc:
             # stopped from outside (Ctrl-C, SIGTERM): record how far the node got, then stop
             entry["status"] = "interrupted"
             entry["duration_s"] = round(time.monotonic() - t0, 1)
-            if getattr(exc, "counter", ""):
-                entry["compiled"] = exc.counter
+            if counter := getattr(exc, "counter", ""):
+                entry["compiled"] = counter
             error = BuildError(f"Interrupted while building {node.name} after {_fmt_s(entry['duration_s'])}"
                                + (f" (compiled {entry['compiled']})" if entry.get("compiled") else "")
                                + f"; rerun to resume from the cached nodes. Log: {entry['log']}")
-            error.interrupted = True  # type: ignore[attr-defined]
+            error.interrupted = True
             record["error"] = str(error)
         finally:
             engine.on_child = None
@@ -347,7 +347,7 @@ def dry_run(plan: BuildPlan, *, state_dir: str | Path = ".stack", engine: Engine
     try:
         from cudastack.docker_engine import docker_client
 
-        engine = engine or Engine(None, docker_client())  # type: ignore[arg-type]  (no builds: no BuildKit needed)
+        engine = engine or Engine(None, docker_client())  # type: ignore[arg-type]  # no builds: no BuildKit needed
         cached = cached_map(engine, Wheelhouse(Path(state_dir).resolve() / plan.wheelhouse), plan)
         export = {n.name for n in plan.nodes if n.kind == "wheels" and not cached[n.name] and engine.exists(n.tag)}
     except EnvironmentError_ as exc:

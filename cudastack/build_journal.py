@@ -98,7 +98,7 @@ def remove_stale_exports(folder: Path, say: Say, pattern: str = ".export-*",
     folders without one predate that naming and are stale. Returns the names removed."""
     import re as _re
 
-    removed = []
+    removed: list[str] = []
     if not folder.is_dir():
         return removed
     for p in sorted(folder.glob(pattern)):

@@ -60,7 +60,7 @@ def inspect_builder(name: str, docker: str = "docker") -> Builder:
             "host=ssh://user@big-host` (a docker engine there; buildx lists the context as a builder), or `docker "
             f"buildx create --name {name} --driver docker-container`; or leave --builder out to build on this engine. "
             "Nothing was built.")
-    fields = {}
+    fields: dict[str, str] = {}
     for ln in r.stdout.splitlines():
         if ":" in ln:
             k, v = ln.split(":", 1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import zipfile
+from typing import Any
 from pathlib import Path
 
 _WHEEL_PACKAGE = "flashinfer_python"
@@ -55,7 +56,7 @@ def count_aot_units(packages: list[str], modules: list[str], state_dir: str | Pa
     wheel = _find_wheel(packages, state_dir)
     if wheel is None:
         return _unknown("the flashinfer-python wheel is not in a wheelhouse of the state folder yet")
-    count = {"cu": 0, "cpp": 0, "how": "", "known": True, "unresolved": []}
+    count: dict[str, Any] = {"cu": 0, "cpp": 0, "how": "", "known": True, "unresolved": []}
     parts = []
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())

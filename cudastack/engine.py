@@ -310,7 +310,7 @@ class Engine:
             except KeyboardInterrupt as exc:
                 proc.terminate()       # the CLI closes its BuildKit session: the solve is cancelled, nothing tagged
                 proc.wait()
-                exc.counter = prog.counter  # type: ignore[attr-defined]
+                exc.counter = prog.counter  # type: ignore[attr-defined]  # read by run_build
                 raise
             finally:
                 display.stop()

@@ -73,9 +73,9 @@ class _Progress:
         sid = self.errors[-1] if self.errors else self.current
         title = _clip(self.steps.get(sid, f"#{sid}"), 160)
         lines = list(self.tails.get(sid, []))[-n:]
-        summary = [l for l in self.final if l.startswith(("error:", "ERROR:", "failed to solve"))]
-        body = "\n".join(f"    {_clip(l, 240)}" for l in lines)
-        tail = "\n".join(f"    {_clip(l, 240)}" for l in summary[-2:])
+        summary = [ln for ln in self.final if ln.startswith(("error:", "ERROR:", "failed to solve"))]
+        body = "\n".join(f"    {_clip(ln, 240)}" for ln in lines)
+        tail = "\n".join(f"    {_clip(ln, 240)}" for ln in summary[-2:])
         return f"failing step: {title}\n{body}" + (f"\n{tail}" if tail else "")
 
 

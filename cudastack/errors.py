@@ -56,6 +56,10 @@ class EnvironmentError_(StackError):
 
 class BuildError(StackError):
     exit_code = 6
+    excerpt: str = ""           # the failing step's last lines (set by cudastack.engine)
+    log_path: str = ""
+    counter: str = ""           # how far the compile got ("[41/73]"), when it counted
+    interrupted: bool = False   # stopped from outside (Ctrl-C, SIGTERM), not failed
 
 
 class LockError(StackError):

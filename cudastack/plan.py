@@ -75,6 +75,7 @@ class PlannedNode(Node):
 class BuildPlan(Plan):
     """A :class:`cudastack.model.Plan` plus the builder resources and rule the knobs came from."""
 
+    nodes: list[PlannedNode]  # type: ignore[assignment]  # as Plan's, with what the executor needs
     resources: Resources | None = None
     recipes_dir: str = ""
     prefix: str = DEFAULT_PREFIX
@@ -82,6 +83,9 @@ class BuildPlan(Plan):
     base_image: str = ""           # OS image (pip base) or NVIDIA image (nvidia base)
     os_suite: str = ""
     locked: bool = False           # set by cudastack.lock.apply_lock: locked build args, hashes and tags
+
+    def node(self, name: str) -> PlannedNode:
+        return {n.name: n for n in self.nodes}[name]      # KeyError for an unknown name, as Plan.node
 
 
 def _cgroup_value(*paths: str) -> str | None:
@@ -203,12 +207,12 @@ def _component_knobs(c: Component, recipes: RecipeSet, tc: Toolchain, target, ar
             src = arch_src
             if c.arch_knob.style == "suffixed" and any(not a.suffix for a in target):
                 src = "toolchain"
-            k = Knob(m.knob, m.value, src, m.note)
+            arch_knob = Knob(m.knob, m.value, src, m.note)
             scope_env = c.arch_knob.scope == "env"
             if scope_env:
-                p.env_knobs.append(k)
+                p.env_knobs.append(arch_knob)
             if not scope_env or e.method in COMPILING_METHODS:
-                p.knobs.append(k)
+                p.knobs.append(arch_knob)
             else:
                 p.notes.append(f"{m.knob}={m.value} goes into the runtime image's environment ({m.note})")
         else:

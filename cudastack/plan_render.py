@@ -3,11 +3,15 @@
 (:func:`cudastack.costs.cost_lines`)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from cudastack import costs, rules
-from cudastack.model import Plan
+
+if TYPE_CHECKING:                  # cudastack.plan imports this module
+    from cudastack.plan import BuildPlan
 
 
-def render_plan(plan: Plan, cached: dict[str, bool] | None = None, *, state_dir: str = ".stack",
+def render_plan(plan: BuildPlan, cached: dict[str, bool] | None = None, *, state_dir: str = ".stack",
                 export: set[str] | frozenset = frozenset()) -> str:
     """The ``--dry-run`` text of ``plan`` (a :class:`cudastack.plan.BuildPlan`): header (toolchain, base, archs,
     builder, memory rule), then each node with its hash, cached or not (``cached`` None: unknown, no daemon
@@ -48,9 +52,9 @@ def render_plan(plan: Plan, cached: dict[str, bool] | None = None, *, state_dir:
             if k in ("BUILD_ENV",):
                 continue
             lines.append(f"    arg     {k}={v if v else '(filled at build time)' if k == 'WHEEL_NAMES' else v}")
-        for k in n.knobs:
-            why = f"  -- {k.why}" if k.why else ""
-            lines.append(f"    knob    {k.name}={k.value}  [{k.source}]{why}")
+        for knob in n.knobs:
+            why = f"  -- {knob.why}" if knob.why else ""
+            lines.append(f"    knob    {knob.name}={knob.value}  [{knob.source}]{why}")
         for note in n.notes:
             lines.append(f"    note    {note}")
         if n.name not in export:
@@ -66,7 +70,7 @@ def render_plan(plan: Plan, cached: dict[str, bool] | None = None, *, state_dir:
     return "\n".join(lines)
 
 
-def plan_summary(plan: Plan) -> list[dict]:
+def plan_summary(plan: BuildPlan) -> list[dict]:
     """One dict per node (name, kind, hash, tag, parents): for records and tests."""
     return [{"name": n.name, "kind": n.kind, "hash": n.hash, "tag": n.tag, "parents": list(n.parents)}
             for n in plan.nodes]

@@ -113,7 +113,8 @@ class Checker:
             if spec is None or spec.operator != "==":
                 continue
             if n == "cuda-toolkit" or n == "nvidia-cuda-runtime" or n.startswith("nvidia-cuda-runtime-cu"):
-                return version_tuple(spec.version)[:2], f"{fn}: Requires-Dist {r.name}=={spec.version}"
+                major, minor = version_tuple(spec.version)[:2]
+                return (major, minor), f"{fn}: Requires-Dist {r.name}=={spec.version}"
         return None, f"{fn}: no CUDA runtime in Requires-Dist (a CPU build?)"
 
     # -- hold-back reasons for one candidate release

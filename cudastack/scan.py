@@ -13,7 +13,7 @@ reports any scanned release that contradicts the assumption (``monotone: False``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from packaging.version import InvalidVersion, Version
 
@@ -66,7 +66,7 @@ def first_lift(versions: list[Version], admits: Callable[[Version], bool | None]
         return bool(seen[v])
 
     n = len(versions)
-    out = {"first": None, "before": None, "after": None}
+    out: dict[str, Any] = {"first": None, "before": None, "after": None}
     if not a(n - 1):
         out["state"] = "never-lifted"
     elif a(0):

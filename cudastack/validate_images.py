@@ -243,7 +243,8 @@ def older_to_newer(reports: list, labels: list[str]) -> tuple[list, list[str]]:
     keys = [toolchain_of(r) for r in reports]
     if any(k is None for k in keys):
         return list(reports), list(labels)
-    order = sorted(range(len(reports)), key=lambda i: keys[i])
+    known = [k for k in keys if k is not None]     # all of them (checked above)
+    order = sorted(range(len(reports)), key=lambda i: known[i])
     return [reports[i] for i in order], [labels[i] for i in order]
 
 

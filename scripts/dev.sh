@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One entry point that does all set-up on a fresh Debian/Ubuntu machine, then runs what you ask:
-#   bash scripts/dev.sh test                 # set up, then run the test suite
+#   bash scripts/dev.sh test                 # set up, then ruff, mypy (baseline) and the test suite
 #   bash scripts/dev.sh build --cuda 13.1    # set up, then `invoke build --cuda 13.1` (any invoke task works)
 # Set-up (idempotent): Debian's docker.io (+ debootstrap, docker-registry, skopeo, shellcheck, htpasswd, objdump,
 # openssl, python3-venv, ca-certificates), a running Docker daemon, and a virtual environment .venv with this
@@ -93,6 +93,12 @@ case "$cmd" in
     # Everything the tests need was installed above: a skip is a failure here, apart from tests marked
     # gpu or stack (tests/require_all.py). CUDASTACK_REQUIRE_ALL=0 allows skips.
     export CUDASTACK_REQUIRE_ALL="${CUDASTACK_REQUIRE_ALL:-1}"
+    # Lint and types first (seconds to two minutes): ruff clean; mypy's errors no more than the committed
+    # baseline (scripts/mypy-baseline.txt, which only shrinks: `python scripts/mypy_baseline.py --update`).
+    log "ruff check"
+    python -m ruff check .
+    log "mypy (against scripts/mypy-baseline.txt)"
+    python scripts/mypy_baseline.py
     set +e
     python -m pytest -ra "$@"
     rc=$?

@@ -48,7 +48,7 @@ def test_file_and_folder_are_fsynced(tmp_path, monkeypatch):
         return real(fd)
 
     monkeypatch.setattr(atomic.os, "fsync", spy)
-    p = write_atomic(tmp_path / "m.json", "x")
+    write_atomic(tmp_path / "m.json", "x")
     assert any(s.startswith(str(tmp_path / ".m.json.")) for s in synced), synced     # the temp file's data
     assert synced[-1] == str(tmp_path), synced                                       # then the folder
 

@@ -31,3 +31,24 @@ def test_declared_dependencies_match_the_code():
     extras = proj["optional-dependencies"]
     assert any(d.startswith("kubernetes-validate") for d in extras["kubernetes"])
     assert {"ruff", "mypy"} <= {d.split(">")[0].split("=")[0] for d in extras["dev"]}
+
+
+def test_the_mypy_baseline_fails_on_a_planted_new_error_and_passes_a_known_one(tmp_path):
+    """scripts/mypy_baseline.py with real mypy on a small module: a baseline written from one error passes
+    it (at another line too), a second planted error fails naming it, and a fixed one is reported."""
+    script = [sys.executable, str(ROOT / "scripts" / "mypy_baseline.py"), "--cwd", str(tmp_path),
+              "--baseline", str(tmp_path / "baseline.txt"), "--cache-dir", str(tmp_path / ".cache"), "mod.py"]
+    mod = tmp_path / "mod.py"
+    mod.write_text("def f(x: int) -> int:\n    return x\n\n\nf('a')\n")
+    run = lambda: subprocess.run(script, capture_output=True, text=True, timeout=300)  # noqa: E731
+    assert subprocess.run(script + ["--update"], capture_output=True, text=True, timeout=300).returncode == 0
+    assert "[arg-type]" in (tmp_path / "baseline.txt").read_text()
+    mod.write_text("\n\n" + mod.read_text())                     # the known error moves down: still known
+    r = run()
+    assert r.returncode == 0, r.stdout + r.stderr
+    mod.write_text(mod.read_text() + "y: str = 1\n")              # planted
+    r = run()
+    assert r.returncode == 1 and "NEW: mod.py: [assignment]" in r.stdout, r.stdout + r.stderr
+    mod.write_text("def f(x: int) -> int:\n    return x\n")         # both gone
+    r = run()
+    assert r.returncode == 0 and "fixed: mod.py: [arg-type]" in r.stdout, r.stdout

@@ -5,7 +5,6 @@ The generated script runs for real in bash; ``srun`` and ``enroot`` are stand-in
 cluster here): ``srun`` runs its command on this host, ``enroot version`` prints a given release."""
 from __future__ import annotations
 
-import os
 import subprocess
 
 import pytest

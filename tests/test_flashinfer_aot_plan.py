@@ -4,12 +4,10 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
 
 import pytest
 

@@ -37,13 +37,20 @@ def module_files(root: Path, package: str) -> dict[str, Path]:
 
 
 def import_graph(root: Path, package: str) -> dict[str, set[str]]:
-    """{module: modules of ``package`` it imports}, from every import statement in its source (any depth)."""
+    """{module: modules of ``package`` it imports}, from every import statement in its source (any depth) that
+    runs: imports under ``if TYPE_CHECKING:`` are read by the type checker only, never at run time."""
     mods = module_files(root, package)
     graph: dict[str, set[str]] = {}
     for name, f in mods.items():
         deps: set[str] = set()
         is_pkg = f.name == "__init__.py"
-        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+        tree = ast.parse(f.read_text(), str(f))
+        typing_only = {id(n) for b in ast.walk(tree) if isinstance(b, ast.If)
+                       and getattr(b.test, "id", getattr(b.test, "attr", "")) == "TYPE_CHECKING"
+                       for stmt in b.body for n in ast.walk(stmt)}
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):

@@ -49,7 +49,7 @@ def test_scan_flashinfer_finds_the_first_release_admitting_12_for_fusion(tmp_pat
     assert Version("0.6.16") <= before < Version("0.6.17") < after <= newest
     gate = lambda v, g="fusion": rep["scans"][str(v)]["gates"][g]["value"]  # noqa: E731
     assert gate(before) == [9, 10] and 12 in gate("0.6.17") and 12 in gate(after)
-    assert f"fusion: first release that lifts it: 0.6.17 ([9, 10, 12]" in out, out
+    assert "fusion: first release that lifts it: 0.6.17 ([9, 10, 12]" in out, out
     assert "Assumption: each gate is monotone" in out
     # the MNNVL module: blocked through 0.7.4; a later release may lift it, and then it is named as the first
     mnnvl = rep["lifts"]["jit:gen_trtllm_mnnvl_comm_module"]

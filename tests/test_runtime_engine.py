@@ -11,7 +11,7 @@ import pytest
 
 from stackprobe.runtime.bench import FLOOR
 from stackprobe.runtime.engine import (BASELINE, COMMUNICATORS, EngineRecordError, SglangEngineProbe, classify,
-                                       engine_verdicts, main, markdown)
+                                       engine_verdicts, main)
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "2xH200-SM90-NVLink" / "sglang-engine"
 HOST = {"compute_capability": "9.0", "topology": "nvlink", "world_size": 2, "gpu": "test"}

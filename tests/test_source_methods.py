@@ -274,7 +274,7 @@ def test_url_source_failures_stop_before_the_build(tmp_path, change, needle):
 def test_git_source_is_checked_out_at_the_commit_and_patched(tmp_path):
     repo = tmp_path / "repo"
     (repo / "sub").mkdir(parents=True)
-    run = lambda *a: subprocess.run(["git", "-C", str(repo), *a], check=True, capture_output=True, text=True).stdout
+    run = lambda *a: subprocess.run(["git", "-C", str(repo), *a], check=True, capture_output=True, text=True).stdout  # noqa: E731
     run("init", "-q")
     (repo / "sub" / "setup.py").write_text("FLAGS = '-std=c++17'\n")
     run("add", ".")

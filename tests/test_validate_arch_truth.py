@@ -18,7 +18,7 @@ from stackprobe import known_bad
 from stackprobe.archs import parse_arch
 from stackprobe.coverage import file_level, read_elf, scan_files
 
-from validate_support import (MIXED_CUDA_WHEELS, cuda_home, evidence, mixed_cuda_site, pip_target, run_suite,
+from validate_support import (cuda_home, evidence, mixed_cuda_site, pip_target, run_suite,
                               suite_venv, venv_without, verdict, wheel_members)
 
 pytestmark = pytest.mark.network

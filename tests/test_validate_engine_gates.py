@@ -507,7 +507,7 @@ def test_fusion_engine_lift_names_the_flag_and_cites_the_sm90_sm100_auto_enable(
         assert "an sglang release whose" in v["lift_detail"]          # and still the arch-list releases
         a = evidence(v, "auto-enable (listed models only)")
         assert a["source"] == auto and a["value"]["majors"] == [9, 10] and a["value"]["admits target"] is False
-        assert f"auto-enable turns it on only for listed models on compute-capability majors [9, 10]" in v["cause"]
+        assert "auto-enable turns it on only for listed models on compute-capability majors [9, 10]" in v["cause"]
 
 
 def test_ep_a2a_0_5_9_library_lift_is_nvcc_or_jit_cache_and_the_engine_lift_names_it(venv, sglang059, fi063, nvcc131):

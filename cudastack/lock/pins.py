@@ -81,7 +81,11 @@ def git_pin(url: str, ref: str = "", commit: str = "") -> dict:
         raise LockError(f"git ls-remote {url} {ref} failed ({type(exc).__name__}).") from None
     if proc.returncode != 0:
         raise LockError(f"git ls-remote {url} {ref} failed: {proc.stderr.strip()[-300:]}")
-    refs = dict(reversed(line.split("\t", 1)) for line in proc.stdout.splitlines() if "\t" in line)
+    refs: dict[str, str] = {}
+    for line in proc.stdout.splitlines():       # "<sha>\t<ref>" per line
+        if "\t" in line:
+            sha, name = line.split("\t", 1)
+            refs[name] = sha
     for key in (f"refs/tags/{ref}^{{}}", f"refs/tags/{ref}", f"refs/heads/{ref}", ref):
         if key in refs:
             return {"url": url, "ref": ref, "commit": refs[key]}

@@ -22,7 +22,7 @@ from typing import Iterable, Optional
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from cudastack.errors import LockError, UsageError
+from cudastack.errors import LockError
 from cudastack.lock.model import DEFAULT_INDEX
 # the one builder of the manylinux tag list (also behind the radar's wheel tags), re-exported
 from cudastack.wheelmeta import MIN_MANYLINUX_MINOR, manylinux_platforms  # noqa: F401

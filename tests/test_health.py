@@ -122,7 +122,8 @@ def test_requirement_breaks_agree_with_pip_check():
     assert ours[0][:2] == ["sglang", "sglang-kernel"] or ours[0][0] == "sglang"   # the engine's exact pins first
     for dist, name, kind in ours:
         word = "has requirement" if kind == "conflict" else "requires"
-        norm = lambda x: x.lower().replace("_", "-")
+        def norm(x):
+            return x.lower().replace("_", "-")
         assert any(norm(line).startswith(norm(dist) + " ") and word in line and norm(name) in norm(line)
                    for line in pip.splitlines()), (dist, name, kind, pip[:2000])
     assert len(ours) == len([x for x in pip.splitlines() if " requires " in x or " has requirement " in x])

@@ -215,7 +215,7 @@ def apply_ptx_driver(verdicts: list, too_new: list[dict]) -> list:
     JIT (:func:`ptx_too_new`) is ``blocked (driver)`` when it was still open (gate passes or waiting for the
     runtime), with the class of error it would meet (``cudaErrorUnsupportedPtxVersion``) and the driver that
     lifts it; otherwise it gets a warning. Returns ``verdicts``."""
-    from .verdict import BLOCKED, GATE_DRIVER, GATE_NEEDS_RUNTIME, GATE_PASSES, LIFT_DRIVER, SKIPPED
+    from .verdict import BLOCKED, GATE_DRIVER, LIFT_DRIVER
 
     for v in verdicts:
         for p in too_new:

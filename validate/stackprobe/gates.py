@@ -15,8 +15,7 @@ import re
 from importlib import metadata
 
 from . import known_bad
-from .verdict import (BLOCKED, GATE_BINARY, GATE_KNOWN_BAD, GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED, GATE_PASSES,
-                      LIFT_PACKAGE, SKIPPED)
+from .verdict import (BLOCKED, GATE_BINARY, GATE_KNOWN_BAD, GATE_NOT_INSTALLED, LIFT_PACKAGE)
 
 _NO_MODULE = re.compile(r"No module named '([\w.]+)'")
 _REQ_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")

@@ -109,8 +109,9 @@ def requirement_breaks(dists: dict | None = None) -> list[dict]:
             out.append({"dist": d.metadata["Name"], "version": d.version, "requirement": str(req).split(";")[0].strip(),
                         "name": req.name, "installed": ver, "kind": "conflict" if ver is not None else "missing",
                         "exact_pin": any(s.operator in ("==", "===") for s in req.specifier)})
-    rank = lambda b: (0 if b["exact_pin"] and _norm(b["dist"]) == ENGINE_DIST and b["kind"] == "conflict"
-                      else 1 if b["kind"] == "conflict" else 2)
+    def rank(b):
+        return (0 if b["exact_pin"] and _norm(b["dist"]) == ENGINE_DIST and b["kind"] == "conflict"
+                          else 1 if b["kind"] == "conflict" else 2)
     return sorted(out, key=lambda b: (rank(b), b["dist"], b["name"]))
 
 

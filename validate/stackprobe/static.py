@@ -20,7 +20,7 @@ from .report import Report
 import re
 
 from .serverconfig import NO_FLAGS
-from .verdict import (BLOCKED, ERROR, GATE_BINARY, GATE_PASSES, LIFT_PACKAGE, SCOPE_ENGINE, SCOPE_LIBRARY,
+from .verdict import (BLOCKED, ERROR, GATE_BINARY, LIFT_PACKAGE, SCOPE_ENGINE, SCOPE_LIBRARY,
                       Verdict)
 
 # Compute capabilities a target may name (NVIDIA's CUDA GPUs compute-capability table; sm_101 was

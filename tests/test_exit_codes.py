@@ -23,7 +23,7 @@ NOSHELL = "cudastack-test/exit-codes-noshell:1"
 def readme_table() -> dict[int, str]:
     """{code: meaning} from the README's "Exit codes" section (including invoke's own exit 1)."""
     text = (ROOT / "README.md").read_text().split("## Exit codes", 1)[1].split("\n## ", 1)[0]
-    table = {int(code): meaning.strip() for code, meaning in re.findall(r"(?:^|;\s*)(\d) ([^;]+?)(?=;|\.\s|$)",
+    table = {int(code): meaning.strip() for code, meaning in re.findall(r"(?:^|;\s*)(\d+) ([^;]+?)(?=;|\.\s|$)",
                                                                          " ".join(text.split()))}
     if re.search(r"exit 1\b", text):
         table[1] = "unknown flag (invoke's parser)"
@@ -55,7 +55,7 @@ def test_readme_table_is_the_errors_table():
     from cudastack import errors
 
     table = readme_table()
-    assert set(table) == {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, table
+    assert set(table) == {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, table
     classes = {c.exit_code: c.__name__ for c in vars(errors).values()
                if isinstance(c, type) and issubclass(c, errors.StackError) and c is not errors.StackError}
     assert set(classes) == set(table) - {0, 1}, classes

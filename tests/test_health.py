@@ -108,7 +108,7 @@ def test_classify_device_and_missing_dependency():
     assert other["kind"] == "error"
 
 
-def test_requirement_breaks_agree_with_pip_check():
+def test_requirement_breaks_agree_with_pip_check(tmp_path):
     """Our reading of the metadata against pip's own `pip check`, on real wheels: sglang-kernel 0.4.6.post1 next to
     sglang 0.5.23 (which pins sglang-kernel==0.4.10) and the venv's torch."""
     venv = suite_venv()
@@ -116,8 +116,9 @@ def test_requirement_breaks_agree_with_pip_check():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SUITE)] + [str(p) for p in paths]))
     code = ("import json; from stackprobe import health; "
             "print(json.dumps([[b['dist'], b['name'], b['kind']] for b in health.requirement_breaks()]))")
-    ours = json.loads(subprocess.run([str(venv), "-c", code], capture_output=True, text=True, env=env, check=True).stdout)
-    pip = subprocess.run([str(venv), "-m", "pip", "check"], capture_output=True, text=True, env=env).stdout
+    ours = json.loads(subprocess.run([str(venv), "-c", code], capture_output=True, text=True, env=env, check=True,
+                                 cwd=tmp_path).stdout)   # a neutral folder: the caller's checkout is no installed dist
+    pip = subprocess.run([str(venv), "-m", "pip", "check"], capture_output=True, text=True, env=env, cwd=tmp_path).stdout
     assert ["sglang", "sglang-kernel", "conflict"] in ours
     assert ours[0][:2] == ["sglang", "sglang-kernel"] or ours[0][0] == "sglang"   # the engine's exact pins first
     for dist, name, kind in ours:

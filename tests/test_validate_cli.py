@@ -88,7 +88,9 @@ def test_comparison_names_what_changed_and_why(report_files):
         assert changes["torch-symm-mem"].changed and "measured refusal" in changes["torch-symm-mem"].why
     md = comparison_markdown([a, b], ["before", "after"])
     # schema 3: the comparison opens with what each image gives a user, then the matrix
-    assert md.startswith("## What each image gives a user\n\n- **before**: ")
+    assert md.startswith("## Environment health\n")   # health first (a broken install must not be missed)
+    assert "\n## What each image gives a user\n\n- **before**: " in md
+    assert md.index("## Environment health") < md.index("## What each image gives a user") < md.index("| backend |")
     assert "\n| backend | before | after | changed | why |\n" in md
 
 

@@ -75,7 +75,8 @@ def test_suite_runs_in_the_runtime_image_and_in_an_image_without_it(chain):
     assert cov is not None and cov["level"] == "native"
     assert any("sm_120" in f["sass"] for f in cov["files"])               # built by the pipeline for 12.0
     assert r_base.package_coverage("cuda-ext-fixture") is None
-    assert md.startswith(f"| backend | {runtime} | {base} | changed | why |")
+    assert md.startswith("## Environment health\n")   # health first, then the matrix
+    assert f"\n| backend | {runtime} | {base} | changed | why |\n" in md
     assert "coverage cuda-ext-fixture" in md
 
 

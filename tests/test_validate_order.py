@@ -30,15 +30,21 @@ def test_toolchain_of_reads_label_then_nvcc_then_torch():
     assert V.toolchain_of(bare) is None
 
 
+def _matrix_header(md: str) -> str:
+    """The per-backend matrix's header (the comparison opens with environment health and the user-words lines)."""
+    return next(line for line in md.splitlines() if line.startswith("| backend |"))
+
+
 def test_newer_first_is_put_older_to_newer():
     new, old = _load("cu13.1"), _load("cu12.8")
     reports, labels = V.older_to_newer([new, old], ["new", "old"])
     assert labels == ["old", "new"] and reports == [old, new]
     md = comparison_markdown(reports, labels)
-    assert md.startswith("| backend | old | new |")
+    assert _matrix_header(md).startswith("| backend | old | new |")
     fusion = next(line for line in md.splitlines() if line.startswith("| flashinfer-allreduce-fusion |"))
-    assert "library blocked (python-table); engine blocked" in fusion and "library gate-passes; engine blocked" in fusion
-    assert "| yes |" in fusion and "still blocked [python-table]" in fusion
+    assert "library blocked (python-table); engine falls-back-if-set" in fusion
+    assert "library gate-passes; engine startup-failure-if-set" in fusion
+    assert "| yes |" in fusion and "startup-failure-if-set [python-table]" in fusion
     # unknown toolchain: the given order is kept
     bare = Report.from_json(dict(json.loads(REPORTS["cu12.8"].read_text()), environment={}, options={}))
     assert V.older_to_newer([new, bare], ["a", "b"])[1] == ["a", "b"]
@@ -46,13 +52,15 @@ def test_newer_first_is_put_older_to_newer():
 
 def test_blocked_in_both_says_why_it_stays_blocked():
     changes = {c.backend: c for c in compare([_load("cu12.8"), _load("cu13.1")], ["12.8", "13.1"])}
-    for backend in ("sglang-custom-allreduce", "torch-symm-mem", "ep-flashinfer-a2a"):
-        c = changes[backend]
-        assert c.statuses == ["blocked", "blocked"]
-        assert c.changed == (backend == "ep-flashinfer-a2a"), c   # EP: only the library answer moved (toolchain -> needs-runtime)
-        assert c.why.startswith("still blocked ["), (backend, c.why)
-        assert "what would lift it:" in c.why, c.why
-    assert "python-table" in changes["torch-symm-mem"].why and "key 12" in changes["torch-symm-mem"].why
+    c = changes["sglang-custom-allreduce"]
+    assert c.statuses == ["blocked", "blocked"] and not c.changed, c
+    assert c.why.startswith("still blocked [topology]"), c.why
+    assert "what would lift it:" in c.why, c.why
+    # torch symm-mem moved from a start-up failure (0.5.9's KeyError: 12) to a fallback (0.5.23's .get()): the why
+    # names the table and the missing major
+    t = changes["torch-symm-mem"]
+    assert t.statuses == ["startup-failure-if-set", "falls-back-if-set"] and t.changed, t
+    assert "python-table" in t.why and "major 12" in t.why, t.why
     assert not changes["nccl-ring"].why.startswith("still blocked")
 
 
@@ -60,9 +68,9 @@ def test_validate_many_orders_by_toolchain_unless_given(monkeypatch):
     by_image = {"img-13.1": _load("cu13.1"), "img-12.8": _load("cu12.8")}
     monkeypatch.setattr(V, "validate_image", lambda img, *a, **kw: by_image[img])   # no Docker here
     _, md = V.validate_many(["img-13.1", "img-12.8"], say=lambda s: None)
-    assert md.startswith("| backend | img-12.8 | img-13.1 |")
+    assert _matrix_header(md).startswith("| backend | img-12.8 | img-13.1 |")
     _, md = V.validate_many(["img-13.1", "img-12.8"], say=lambda s: None, order="given")
-    assert md.startswith("| backend | img-13.1 | img-12.8 |")
+    assert _matrix_header(md).startswith("| backend | img-13.1 | img-12.8 |")
     from cudastack.errors import UsageError
     with pytest.raises(UsageError, match="--order"):
         V.validate_many(["img-13.1"], order="newest", say=lambda s: None)
@@ -72,7 +80,7 @@ def test_committed_comparison_reads_older_to_newer():
     """The committed comparison has the 12.8 image before the 13.1 image, and reads as an upgrade."""
     (md_path,) = (ROOT / "results" / "validate").glob("comparison-*.md")
     assert md_path.name == "comparison-cu12.8-vs-cu13.1.md"
-    header = md_path.read_text().splitlines()[0]
+    header = _matrix_header(md_path.read_text())
     assert header.index("cu12.8-") < header.index("cu13.1-"), header
     assert "supported majors: [9, 10] -> [9, 10, 12]" in md_path.read_text()
 

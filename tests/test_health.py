@@ -106,6 +106,28 @@ def test_classify_device_and_missing_dependency():
     assert miss["kind"] == "missing-module" and miss["missing"] == "cuda"
     other = health.classify({"module": "m", "ok": False, "error_class": "RuntimeError", "error": "versions differ"})
     assert other["kind"] == "error"
+    # the CUDA runtime's own no-device text (cudaErrorNoDevice), and FlashInfer 0.6.3's comm/cuda_ipc.py assertion
+    # where a CPU torch mapped no libcudart: the stack decides, not the package
+    for msg in ("CUDA error: no CUDA-capable device is detected", "libcudart is not loaded in the current process"):
+        assert health.classify({"module": "flashinfer.comm", "ok": False, "error_class": "AssertionError",
+                                "error": msg})["kind"] == "needs-device", msg
+    # a message that only mentions libcudart is not one
+    assert health.classify({"module": "m", "ok": False, "error_class": "OSError",
+                            "error": "libcudart.so.12: cannot open shared object file"})["kind"] == "missing-library"
+
+
+def test_requirements_not_assessed_without_a_parser(monkeypatch):
+    """Where neither packaging nor pip's vendored copy imports, the check says it was not assessed (never 'no breaks')."""
+    import builtins
+    real_import = builtins.__import__
+
+    def no_packaging(name, *a, **k):
+        if name.startswith(("packaging", "pip._vendor.packaging")):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *a, **k)
+    monkeypatch.setattr(builtins, "__import__", no_packaging)
+    with pytest.raises(health.RequirementsUnreadable, match="not assessed: neither packaging nor pip"):
+        health.requirement_breaks({})
 
 
 def test_requirement_breaks_agree_with_pip_check(tmp_path):

@@ -55,7 +55,10 @@ _NO_MODULE = re.compile(r"No module named '([\w.]+)'")
 #: messages of a module that touches the driver or a GPU while it is imported (torch, FlashInfer, cuda-python)
 _DEVICE = re.compile(r"libcuda\.so|NVIDIA driver|no CUDA GPUs|CUDA driver|cuInit|CUDA_ERROR_NO_DEVICE|"
                      r"cudaErrorNoDevice|invalid device ordinal|Torch not compiled with CUDA|No CUDA GPUs|"
-                     r"found no NVIDIA|CUDA initialization", re.I)
+                     r"found no NVIDIA|CUDA initialization|no CUDA-capable device|"
+                     # FlashInfer's comm/cuda_ipc.py CudaRTLibrary(): it finds the libcudart a CUDA torch mapped;
+                     # a CPU torch maps none (the stack, not this package, decides)
+                     r"libcudart is not loaded", re.I)
 #: import errors whose own text says what to change (FlashInfer's jit/env.py version check, case C44)
 _KNOWN_LIFTS = ((re.compile(r"flashinfer-cubin version \((\S+)\) does not match flashinfer version \((\S+)\)"),
                  "align flashinfer-cubin with flashinfer-python, or remove it: pip install 'flashinfer-cubin=={2}' "
@@ -81,12 +84,35 @@ def installed() -> dict[str, metadata.Distribution]:
     return out
 
 
+class RequirementsUnreadable(RuntimeError):
+    """No requirement parser in this interpreter: the declared-requirements check is not assessed."""
+
+
+def _requirement_parser():
+    """(InvalidRequirement, Requirement) from ``packaging``, else from the copy pip vendors
+    (``pip._vendor.packaging``, the parser ``pip check`` itself uses); :class:`RequirementsUnreadable` when
+    neither imports."""
+    try:
+        from packaging.requirements import InvalidRequirement, Requirement
+    except ImportError:
+        try:
+            from pip._vendor.packaging.requirements import InvalidRequirement, Requirement  # type: ignore
+        except ImportError as e:
+            raise RequirementsUnreadable(
+                "declared requirements not assessed: neither packaging nor pip imports in this interpreter "
+                f"({type(e).__name__}: {e}); install either to have them checked") from None
+    return InvalidRequirement, Requirement
+
+
 def requirement_breaks(dists: dict | None = None) -> list[dict]:
     """What ``pip check`` reports, from the installed metadata: [{"dist", "version", "requirement", "name",
     "installed" (None: not installed), "kind" ("conflict" | "missing"), "exact_pin"}], the engine's exact
     pins first, then other conflicts, then missing distributions. Requirements behind an ``extra`` marker
-    are left out (an extra is asked for by name; pip check does the same)."""
-    from packaging.requirements import InvalidRequirement, Requirement
+    are left out (an extra is asked for by name; pip check does the same).
+
+    Raises :class:`RequirementsUnreadable` where neither ``packaging`` nor pip's vendored copy of it imports in
+    this interpreter (the suite runs in the target environment, which need not have either)."""
+    InvalidRequirement, Requirement = _requirement_parser()
 
     dists = installed() if dists is None else dists
     out = []

@@ -175,7 +175,10 @@ def run(environment: dict, target, topology: str, backends=None, timeout: float 
     t0 = time.time()
     backends = [b for b in NEEDS if not backends or b in backends]
     dists = h.installed()
-    breaks = h.requirement_breaks(dists)
+    try:
+        breaks, unread = h.requirement_breaks(dists), None
+    except h.RequirementsUnreadable as e:
+        breaks, unread = [], str(e)
     imports, maps = h.run_imports(dists, backends, min(timeout, 300.0))
     cuda, cuda_where = h.stack_cuda(environment)
     major = int(cuda.split(".")[0]) if cuda else None
@@ -185,8 +188,10 @@ def run(environment: dict, target, topology: str, backends=None, timeout: float 
     tool = toolchain(environment)
     blocks = decide(backends, imports, breaks, shared, syms, tool, dists)
     findings = _findings(breaks, imports, shared, syms, nccl, tool)
+    if unread:
+        findings.insert(0, {"check": "requirements", "level": "warning", "message": unread})
     return {"seconds": round(time.time() - t0, 1), "stack_cuda": cuda, "stack_cuda_source": cuda_where,
-            "requirements": breaks, "imports": list(imports.values()), "shared_objects": shared,
+            "requirements": breaks, "requirements_not_assessed": unread, "imports": list(imports.values()), "shared_objects": shared,
             "static_symbols": syms, "nccl": nccl, "toolchain": tool, "findings": findings, "blocks": blocks}
 
 

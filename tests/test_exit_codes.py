@@ -76,7 +76,20 @@ CASES = {
     7: lambda fx, tmp: _invoke("cluster-job", "--cuda", "13.1", "--scheduler", "slurm", "--gpus", "8",
                                "--lockfiles", str(tmp), "--output", str(tmp / "job.sbatch")),
     9: lambda fx, tmp: _invoke("validate", "--image", "cudastack-test/no-such-image:never", "--out", str(tmp)),
+    10: lambda fx, tmp: _invoke("validate", "--strict", "--out", str(tmp / "reports"),
+                                env={"PYTHONPATH": os.pathsep.join(filter(None, [str(_planted_conflict(tmp)),
+                                                                                 os.environ.get("PYTHONPATH")]))}),
 }
+
+
+def _planted_conflict(tmp: Path) -> Path:
+    """A site folder holding one installed distribution whose exact pin the environment's torch breaks (what
+    ``pip check`` reports as a conflict): the health stage's error that ``--strict`` turns into exit 10."""
+    info = tmp / "planted-site" / "cudastack_planted_conflict-0.0.0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: cudastack-planted-conflict\nVersion: 0.0.0\n"
+                                   "Requires-Dist: torch==0.0.1\n")
+    return info.parent
 
 
 @pytest.mark.parametrize("code", sorted(CASES))
@@ -87,6 +100,16 @@ def test_exit_code(code, fixture_copy, tmp_path):
         assert p.stderr.strip(), "an error exit says why"
     if code == 1:
         assert "No idea what '--x' is!" in p.stderr
+    if code == 10:
+        assert "cudastack-planted-conflict 0.0.0 requires torch==0.0.1" in p.stderr, p.stderr[-1500:]
+        assert list((tmp_path / "reports").glob("*.json")), "--strict exits after the reports are written"
+
+
+def test_exit_code_10_needs_the_fault():
+    """The same run with nothing planted is not exit 10: the code comes from the planted conflict, not --strict."""
+    with __import__("tempfile").TemporaryDirectory() as d:
+        p = _invoke("validate", "--strict", "--out", str(Path(d) / "reports"))
+    assert p.returncode == 0, p.stderr[-1500:]
 
 
 def test_no_engine_is_exit_5_from_build_and_validate_alike(tmp_path):
@@ -153,5 +176,5 @@ def test_exit_code_8_unreachable_base_registry(fixture_copy, tmp_path, docker_en
 
 
 def test_every_documented_code_has_a_case():
-    covered = set(CASES) | {3, 6, 8}
+    covered = set(CASES) | {3, 6, 8}   # 3, 6 and 8: their own tests above
     assert covered == set(readme_table())

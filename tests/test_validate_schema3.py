@@ -10,6 +10,8 @@ from stackprobe import REPORT_SCHEMA_VERSION
 from stackprobe.report import Report, ReportError, comparison_markdown
 from stackprobe.verdict import Verdict
 
+ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+
 
 def _v2_opt_in(evidence_ok: bool = True) -> dict:
     """A schema-2 engine answer as 0.5.23 with no flags wrote it for PCIe IPC: blocked (setting), the opt-in gate
@@ -85,3 +87,20 @@ def test_comparing_an_old_and_a_new_report_speaks_one_vocabulary(tmp_path):
 def test_a_newer_schema_is_refused(tmp_path):
     with pytest.raises(ReportError, match="newer than this suite's"):
         Report.load(_write(tmp_path, "new.json", _report(REPORT_SCHEMA_VERSION + 1, [], "x")))
+
+
+def test_headline_takes_the_dispatch_walks_answer(tmp_path):
+    """The 0.5.9 report asked about --enable-symm-mem: its dispatch walk serves the decode allreduce with NCCL
+    symmetric memory and no engine verdict carries dispatch evidence; the headline says what the walk says. With
+    the walk taken out of the same report the headline falls back to NCCL (pynccl): it reads the walk."""
+    import json
+
+    from stackprobe.report import Report
+    from stackprobe.userwords import headline_line
+
+    path = ROOT / "results" / "validate-pcie-ipc-symm-mem" / "cudastack_cu12.8-pip-sm120-runtime_2e50deed90f65a5e.json"
+    data = json.loads(path.read_text())
+    assert data["dispatch"]["serves"] == "nccl-symm-mem"
+    assert headline_line(Report.from_json(data)).split("; ")[0].endswith("a decode-step allreduce takes nccl-symm-mem")
+    data["dispatch"] = {}
+    assert "a decode-step allreduce takes NCCL (pynccl)" in headline_line(Report.from_json(data))

@@ -60,8 +60,11 @@ def headline(report) -> dict:
     [...], "preempted": [...], "on": [...]}`` (each entry one phrase) from ``report``'s engine answers."""
     cfg = ((report.options or {}).get("server_config") or {}).get("describe") or "no flags"
     eng = _engine_answers(report)
-    serves = ""
-    for v in eng:
+    # the dispatch walk's own answer first (Report.dispatch, the section below the headline), so the two never
+    # disagree; a verdict's dispatch evidence where a report has no walk (schema 2, or a probe run alone)
+    walked = str((getattr(report, "dispatch", None) or {}).get("serves") or "")
+    serves = "" if walked in ("", "nccl-ring") else walked
+    for v in eng if not walked else ():
         e = _ev(v, DISPATCH)
         if e is not None and e.value:
             serves = str(e.value)

@@ -104,3 +104,25 @@ def test_headline_takes_the_dispatch_walks_answer(tmp_path):
     assert headline_line(Report.from_json(data)).split("; ")[0].endswith("a decode-step allreduce takes nccl-symm-mem")
     data["dispatch"] = {}
     assert "a decode-step allreduce takes NCCL (pynccl)" in headline_line(Report.from_json(data))
+
+
+@pytest.mark.parametrize("folder", ["validate", "validate-pcie-ipc", "validate-pcie-ipc-symm-mem"])
+def test_committed_markdown_is_what_the_writer_makes_of_the_committed_json(folder, tmp_path):
+    """scripts/render_results.py on a copy of a results folder gives back the committed Markdown byte for byte (a
+    change to the writer shows here until the folder is rendered again); an empty folder is refused."""
+    import importlib.util
+    import shutil
+
+    spec = importlib.util.spec_from_file_location("render_results", ROOT / "scripts" / "render_results.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    copy = tmp_path / folder
+    copy.mkdir()
+    for p in (ROOT / "results" / folder).glob("*.json"):
+        shutil.copy(p, copy / p.name)
+    written = mod.render(copy)
+    assert len(written) == 3
+    for f in written:
+        assert f.read_text() == (ROOT / "results" / folder / f.name).read_text(), f.name
+    with pytest.raises(FileNotFoundError, match="no \\*.json report"):
+        mod.render(tmp_path)

@@ -190,7 +190,7 @@ def cluster_job(c, cuda="13.1", scheduler=None, gpus=None, nodes=1, image=None, 
             if not rec:
                 raise LockError(f"The lockfile for CUDA {cuda} records no pushed runtime image; run `invoke push "
                                 f"--cuda {cuda} --registry ...` or pass --image REGISTRY/NAME@sha256:...")
-            image = rec["reference"]
+            image = L.checked_push(rec, "runtime", f"the CUDA {cuda} lockfile")["reference"]
         loopback = "refuse" if refuse_loopback else "warn"
         problem = cluster.loopback_problem(parse_reference(image))
         if problem and not refuse_loopback:

@@ -88,6 +88,14 @@ def test_lock_build_push_delete_pull_verify(locked_chain, registry_server, docke
     # the pulled image holds the hash-checked packages
     assert any(m.startswith("opt") for m in _layer_paths(client, image))
 
+    # C47 on the real push record: the digest alone edited is refused before the pull, naming the field
+    import yaml
+    data = yaml.safe_load(path.read_text())
+    data["pushed"]["runtime"]["digest"] = "sha256:" + "0" * 64
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(LockError, match="pushed.runtime.digest"):
+        L.pull_locked(path, client=client)
+
 
 def _layer_paths(client, image) -> list[str]:
     data = b"".join(client.api.get_image(image.id))

@@ -132,3 +132,51 @@ def test_lock_remembers_its_options(tmp_path):
     assert L.plan_options("12.8", None, None, None, tmp_path) == ("12.0", "pip", ["flash-attn"])
     assert L.plan_options("12.8", "12.1", "nvidia", ["x"], tmp_path) == ("12.1", "nvidia", ["x"])
     assert L.plan_options("9.9", None, None, None, tmp_path) == (None, None, None)
+
+
+def _pushed_lock(tmp_path, **edit) -> Path:
+    """A 9.9 lock whose runtime push is recorded with its three spellings in agreement, then ``edit`` applied."""
+    from cudastack import lock as L
+    from test_lock_io import _lock
+    d = _lock()
+    d["nodes"]["runtime"] = d["nodes"].pop("app")
+    ref = f"127.0.0.1:9/ci/runtime@{DIGEST}"
+    d["pushed"] = {"runtime": dict({"digest": DIGEST, "reference": ref, "enroot": f"127.0.0.1:9#ci/runtime@{DIGEST}",
+                                    "image_id": "sha256:" + "ef" * 32, "tag": "127.0.0.1:9/ci/runtime:abc"}, **edit)}
+    L.write_lock(tmp_path / "9.9.lock.yaml", d)
+    return tmp_path
+
+
+OTHER = "sha256:" + "0a" * 32
+
+
+@pytest.mark.parametrize("field,value,names", [
+    ("digest", OTHER, "pushed.runtime.digest"),
+    ("enroot", f"127.0.0.1:9#ci/runtime@{OTHER}", "pushed.runtime.enroot"),
+    ("reference", f"127.0.0.1:9/ci/runtime@{OTHER}", "pushed.runtime.digest"),
+    ("reference", "127.0.0.1:9/ci/runtime:latest", "pushed.runtime.reference"),
+])
+def test_c47_one_edited_spelling_is_refused_by_pull_and_cluster_job(tmp_path, field, value, names):
+    """C47: an edit to one of the push record's spellings alone is refused before any pull or job file, naming
+    the field; exit 7 (lock), never 0."""
+    lockdir = _pushed_lock(tmp_path, **{field: value})
+    out = tmp_path / "job.sbatch"
+    for args in (("pull", "--cuda", "9.9"),
+                 ("cluster-job", "--cuda", "9.9", "--scheduler", "slurm", "--gpus", "1", "--output", str(out))):
+        r = invoke(*args, "--lockfiles", str(lockdir))
+        assert r.returncode == 7, (args[0], r.stderr)
+        assert names in r.stderr and "must name one digest" in r.stderr, r.stderr
+    assert not out.exists()
+
+
+def test_c47_agreeing_spellings_pass_the_check(tmp_path):
+    """The same lock unedited: cluster-job writes the job from it (with the enroot spelling the lock records), and
+    pull goes past the check to the registry (which does not answer here: exit 8, not 7)."""
+    lockdir = _pushed_lock(tmp_path)
+    out = tmp_path / "job.sbatch"
+    r = invoke("cluster-job", "--cuda", "9.9", "--scheduler", "slurm", "--gpus", "1", "--output", str(out),
+               "--lockfiles", str(lockdir))
+    assert r.returncode == 0, r.stderr
+    assert f"127.0.0.1:9#ci/runtime@{DIGEST}" in out.read_text()
+    r = invoke("pull", "--cuda", "9.9", "--lockfiles", str(lockdir))
+    assert r.returncode == 8, r.stderr

@@ -59,7 +59,7 @@ from cudastack.lock.resolve import lock_plan, node_installs, resolve_lock
 from cudastack.lock.apply import (apply_lock, explain_pip_hash_failure, install_locked, locked_build_args,
                                   locked_sdist_sha256, prepare_locked_build, requirements_text, stale_entries,
                                   verify_plan_against_lock)
-from cudastack.lock.outputs import (check_image_against_lock, expected_versions, pull_locked, push_locked,
+from cudastack.lock.outputs import (check_image_against_lock, checked_push, expected_versions, pull_locked, push_locked,
                                     record_build_outputs, record_outputs, record_push, summary, wheel_records)
 
 __all__ = [
@@ -78,6 +78,6 @@ __all__ = [
     "apply_lock", "explain_pip_hash_failure", "install_locked", "locked_build_args", "locked_sdist_sha256",
     "prepare_locked_build", "requirements_text", "stale_entries", "verify_plan_against_lock",
     # outputs
-    "check_image_against_lock", "expected_versions", "pull_locked", "push_locked", "record_build_outputs",
+    "check_image_against_lock", "checked_push", "expected_versions", "pull_locked", "push_locked", "record_build_outputs",
     "record_outputs", "record_push", "summary", "wheel_records",
 ]

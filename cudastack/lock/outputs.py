@@ -220,6 +220,33 @@ def push_locked(plan, lock_path, registry_prefix: str, *, nodes: Optional[list[s
     return out
 
 
+def checked_push(rec: dict, node: str, where: str = "the lock") -> dict:
+    """``pushed.<node>`` (``{"digest", "reference", "enroot", "image_id", "tag"}``) checked for agreement before
+    anything is pulled or written from it: ``reference`` parses as ``registry/name@sha256:<64 hex>``,
+    ``digest`` is that reference's digest, and ``enroot`` is its enroot spelling (``registry#name@sha256:...``,
+    :meth:`cudastack.reference.ImageReference.enroot`). Returns ``rec``. Raises LockError naming the field that
+    disagrees (case C47: an edit to one spelling alone must never pull or schedule with exit 0)."""
+    import re
+
+    from cudastack.reference import parse_reference
+
+    fix = (f"the three spellings in pushed.{node} of {where} must name one digest; run `invoke push` again where the "
+           "image was built (it rewrites all three), or restore the lockfile from version control")
+    try:
+        ref = parse_reference(str(rec.get("reference") or ""))
+    except UsageError as exc:
+        raise LockError(f"pushed.{node}.reference {rec.get('reference')!r} does not parse ({exc}); {fix}.") from None
+    if not ref.digest or not re.fullmatch(r"sha256:[0-9a-f]{64}", ref.digest):
+        raise LockError(f"pushed.{node}.reference {rec.get('reference')!r} carries no sha256 digest; {fix}.")
+    if rec.get("digest") != ref.digest:
+        raise LockError(f"pushed.{node}.digest is {rec.get('digest')!r} but pushed.{node}.reference pins "
+                        f"{ref.digest}; {fix}.")
+    if rec.get("enroot") != ref.enroot():
+        raise LockError(f"pushed.{node}.enroot is {rec.get('enroot')!r} but pushed.{node}.reference spells "
+                        f"{ref.enroot()} for enroot; {fix}.")
+    return rec
+
+
 def pull_locked(lock_path, *, node: str = "runtime", client=None,
                 progress: Callable[[str], None] = lambda s: None):
     """Pull the image the lock at ``lock_path`` records as pushed for ``node`` by digest and verify it
@@ -231,4 +258,5 @@ def pull_locked(lock_path, *, node: str = "runtime", client=None,
     if not rec:
         raise LockError(f"{lock_path} records no push of node {node}; run `invoke push --cuda "
                          f"{lock.get('toolchain')} --registry ...` where the image was built.")
+    checked_push(rec, node, str(lock_path))
     return pull_by_digest(rec["reference"], expected_image_id=rec.get("image_id"), client=client, progress=progress)

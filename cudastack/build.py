@@ -14,7 +14,7 @@ For each node in topological order:
   which marks the node done. A failure anywhere leaves no half-written wheel in the wheelhouse and no tag.
 
 A rerun after a failure resumes from the cached nodes. The OS image of a ``pip`` base is bootstrapped
-(debootstrap + docker import, :mod:`cudastack.bootstrap`) when its tag is missing.
+(mmdebstrap + docker load, reproducible: :mod:`cudastack.bootstrap`) when its tag is missing.
 
 State folder layout (default ``.stack/``)::
 
@@ -104,7 +104,7 @@ def _ensure_os_image(engine: Engine, plan: BuildPlan, say: Say) -> None:
         return
     from cudastack.bootstrap import bootstrap_os_image
 
-    say(f"OS image {plan.base_image} is missing: bootstrapping Debian {plan.os_suite} (debootstrap + docker import)")
+    say(f"OS image {plan.base_image} is missing: bootstrapping Debian {plan.os_suite} (mmdebstrap + docker load)")
     bootstrap_os_image(plan.os_suite or "bookworm", tag=plan.base_image, progress=lambda s: say(f"  {s}"),
                        docker_cli=engine.buildkit.docker)
 

@@ -248,7 +248,7 @@ def plan(c, cuda="13.1", arch=None, base=None, skip=None, max_jobs=None, nvcc_th
             "mirror": "Debian mirror URL (default http://deb.debian.org/debian).",
             "tag": "Local image tag (default: the tag the toolchains' pip base uses, cudastack/debian:<suite>)."})
 def bootstrap_base(c, suite="bookworm", mirror=None, tag=None):
-    """Make the OS image of the 'pip' base with debootstrap + docker import (no registry needed)."""
+    """Make the OS image of the 'pip' base with mmdebstrap (reproducible: the same id on any machine) + docker load."""
     from cudastack.bootstrap import DEFAULT_MIRROR, bootstrap_os_image
 
     try:

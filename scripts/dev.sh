@@ -2,7 +2,7 @@
 # One entry point that does all set-up on a fresh Debian/Ubuntu machine, then runs what you ask:
 #   bash scripts/dev.sh test                 # set up, then ruff, mypy (baseline) and the test suite
 #   bash scripts/dev.sh build --cuda 13.1    # set up, then `invoke build --cuda 13.1` (any invoke task works)
-# Set-up (idempotent): Debian's docker.io (+ debootstrap, docker-registry, skopeo, shellcheck, htpasswd, objdump,
+# Set-up (idempotent): Debian's docker.io (+ mmdebstrap, debootstrap, docker-registry, skopeo, shellcheck, htpasswd, objdump,
 # openssl, python3-venv, ca-certificates), a running Docker daemon, and a virtual environment .venv with this
 # project installed (torch for CPU work included). `test` then runs pytest in CI mode: a skipped test fails
 # unless it is marked gpu or stack (tests/require_all.py).
@@ -16,6 +16,7 @@ need_pkgs=()
 command -v dockerd >/dev/null || need_pkgs+=(docker.io)
 [ -x /usr/bin/docker ] || need_pkgs+=(docker.io)
 command -v debootstrap >/dev/null || need_pkgs+=(debootstrap)
+command -v mmdebstrap >/dev/null || need_pkgs+=(mmdebstrap)
 command -v docker-registry >/dev/null || need_pkgs+=(docker-registry)
 command -v skopeo >/dev/null || need_pkgs+=(skopeo)
 command -v htpasswd >/dev/null || need_pkgs+=(apache2-utils)

@@ -185,7 +185,7 @@ def empty_ctx(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def os_image():
-    """The bootstrapped Debian bookworm image (debootstrap + docker import; reused when its tag exists)."""
+    """The bootstrapped Debian bookworm image (mmdebstrap + docker load; reused when its tag exists)."""
     from cudastack.bootstrap import bootstrap_os_image, release_info
 
     lines: list[str] = []
@@ -259,12 +259,12 @@ def test_bootstrap_is_idempotent_and_recorded(os_image):
 
     lines: list[str] = []
     t0 = time.monotonic()
-    # A missing debootstrap would raise if the second call tried to bootstrap again.
+    # A missing tool would raise if the second call tried to bootstrap again.
     again = bootstrap_os_image("bookworm", tag=os_image["tag"], progress=lines.append,
-                               debootstrap="/nonexistent/debootstrap")
+                               tool="/nonexistent/mmdebstrap")
     assert again == os_image["id"]
     assert time.monotonic() - t0 < 30
-    assert any("skipping debootstrap" in s for s in lines), lines
+    assert any("skipping the bootstrap" in s for s in lines), lines
     rec = os_image_record(os_image["tag"])
     assert rec["image_id"] == os_image["id"]
     assert rec["suite"] == "bookworm" and rec["variant"] == "minbase"
@@ -272,8 +272,9 @@ def test_bootstrap_is_idempotent_and_recorded(os_image):
     date = parsedate_to_datetime(rec["release-date"]).strftime("%Y%m%d")
     assert os_image["tag"].endswith("-" + date)
     assert default_tag("bookworm", date).endswith(f"/debian:bookworm-{date}")   # the stack's own OS image name
-    # explicit tag: no network, no debootstrap
-    assert bootstrap_os_image(tag=os_image["tag"], debootstrap="/nonexistent/debootstrap") == os_image["id"]
+    assert rec["tool"].startswith("mmdebstrap ")
+    # explicit tag: no network, no bootstrap
+    assert bootstrap_os_image(tag=os_image["tag"], tool="/nonexistent/mmdebstrap") == os_image["id"]
 
 
 @pytest.mark.docker
@@ -282,8 +283,10 @@ def test_bootstrap_errors_before_any_download(monkeypatch):
     from cudastack.errors import EnvironmentError_, UsageError
 
     tag = f"{TEST_REPO}/never:built"
-    with pytest.raises(EnvironmentError_, match="debootstrap was not found"):
-        bootstrap.bootstrap_os_image(tag=tag, debootstrap="/nonexistent/debootstrap")
+    with pytest.raises(EnvironmentError_, match="mmdebstrap was not found.*apt-get install mmdebstrap"):
+        bootstrap.bootstrap_os_image(tag=tag, tool="/nonexistent/mmdebstrap")
+    with pytest.raises(EnvironmentError_, match="apt-get install debootstrap"):
+        bootstrap.bootstrap_os_image(tag=tag, tool="/nonexistent/debootstrap")
     with pytest.raises(UsageError, match="not a Debian suite"):
         bootstrap.bootstrap_os_image("book worm", tag=tag)
     monkeypatch.setattr(bootstrap.os, "geteuid", lambda: 1000)

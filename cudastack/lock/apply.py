@@ -83,15 +83,18 @@ def stale_entries(plan, lock: dict, *, client=None) -> list[str]:
                 out.append(f"nodes.{node.name}.os_image.tag: the lock has {rec.get('tag')}, the plan uses {tag}")
             elif client is not None:
                 try:
-                    current = client.images.get(tag).id
+                    img = client.images.get(tag)
+                    current, here_tool = img.id, (img.labels or {}).get("org.cudastack.os.tool", "")
                 except Exception:  # noqa: BLE001
-                    current = None
+                    current, here_tool = None, ""
                 if current is None:
                     out.append(f"nodes.{node.name}.os_image: {tag} is not on this host (locked id "
                                f"{str(rec.get('image_id'))[:19]}); bootstrap it again or load it")
                 elif current != rec.get("image_id"):
+                    locked_tool = rec.get("tool") or rec.get("debootstrap") or "an unrecorded tool"
                     out.append(f"nodes.{node.name}.os_image.image_id: {tag} is now {current[:19]} on this host, the "
-                               f"lock pins {str(rec.get('image_id'))[:19]} (the OS image was bootstrapped again)")
+                               f"lock pins {str(rec.get('image_id'))[:19]} (the OS image was bootstrapped again: "
+                               f"locked by {locked_tool}, here by {here_tool or 'a tool that left no label'})")
         if node.kind == "base-nvidia":
             ref = node.build_args.get("BASE_IMAGE", "")
             rec = e.get("base_image") or {}
@@ -230,6 +233,42 @@ def install_locked(lock: dict, node: str, arg: str, *, target_dir: str | Path, p
     return [f"{p['name']}=={p['version']}" for p in lock["nodes"][node]["installs"][arg]["packages"]]
 
 
+def ensure_locked_os_image(plan, lock: dict, client, *, say: Optional[Progress] = None) -> None:
+    """A fresh builder (case C50): where the pip base's OS image the lock pins is not on this engine, make it
+    again from what the lock recorded (suite, mirror, variant), refusing first when the mirror now serves another
+    Release than the locked one (LockError naming both), or when the lock's image was made by a tool that does
+    not reproduce (debootstrap: LockError, relock once). The id is then checked by
+    :func:`verify_plan_against_lock` like any other. Nothing happens when the image is present."""
+    from cudastack.bootstrap import bootstrap_os_image, is_reproducible
+
+    for node in plan.nodes:
+        if node.kind != "base-pip":
+            continue
+        tag = node.build_args.get("OS_IMAGE", "")
+        rec = ((lock.get("nodes") or {}).get(node.name) or {}).get("os_image") or {}
+        if not tag or rec.get("tag") != tag:
+            continue            # the verification names the mismatch
+        try:
+            client.images.get(tag)
+            continue
+        except Exception:  # noqa: BLE001 - absent (or unreadable): made below
+            pass
+        tool = rec.get("tool") or rec.get("debootstrap") or ""
+        if not is_reproducible(tool):
+            raise LockError(
+                f"nodes.{node.name}.os_image: {tag} is not on this engine and the lock's image "
+                f"({str(rec.get('image_id'))[:19]}) was made by {tool or 'an unrecorded tool'}, which does not "
+                "reproduce it on another machine. Relock once (`invoke lock ...`): the OS image is then made with "
+                "mmdebstrap, whose id any builder gets again; or load the locked image (`docker save` where it was "
+                "made, `docker load` here).")
+        if say:
+            say(f"{node.name}: OS image {tag} is not here; making it again from the locked Release "
+                f"({rec.get('release-date')}, {tool})")
+        bootstrap_os_image(rec.get("suite") or "bookworm", rec.get("mirror") or "http://deb.debian.org/debian", tag,
+                           progress=(lambda m: say(f"  {m}")) if say else None, variant=rec.get("variant") or "minbase",
+                           expect_release_sha256=rec.get("release-sha256") or None)
+
+
 def prepare_locked_build(plan, path: str | Path, *, client=None, check_hashes: bool = True,
                          cache_dirs: Iterable[str | Path] = (), say: Optional[Progress] = None) -> dict:
     """For ``invoke build --locked`` (and its dry run): load the lock at ``path``, verify ``plan`` against it
@@ -238,6 +277,8 @@ def prepare_locked_build(plan, path: str | Path, *, client=None, check_hashes: b
     locked build in place (:func:`apply_lock`: hash-checking build args, pinned sdist digests, locked node
     hashes and tags). Never writes the lock. Returns the lock."""
     lock = load_lock(path)
+    if client is not None:
+        ensure_locked_os_image(plan, lock, client, say=say)
     verify_plan_against_lock(plan, lock, client=client, where=str(path))
     if check_hashes:
         logins = {n.build_args.get("PIP_INDEX_URL", ""): n.index_secret for n in plan.nodes

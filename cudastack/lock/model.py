@@ -176,7 +176,8 @@ class OsImage(Section):
     variant: str = ""
     release_date: str = Field("", alias="release-date")
     release_sha256: str = Field("", alias="release-sha256")
-    debootstrap: str = ""
+    tool: str = ""          # the bootstrap program's version (mmdebstrap: reproducible; cudastack.bootstrap)
+    debootstrap: str = ""   # locks written before mmdebstrap: the same, under its old name
 
 
 class BaseImage(Section):

@@ -21,7 +21,7 @@ def render_plan(plan: BuildPlan, cached: dict[str, bool] | None = None, *, state
     base_desc = plan.base_image
     if plan.base_kind == "pip":
         base_args = plan.nodes[0].build_args
-        base_desc = f"{plan.base_image} (debootstrap {plan.os_suite}) + {base_args.get('CUDA_PIP_SPECS', '')}"
+        base_desc = f"{plan.base_image} (mmdebstrap {plan.os_suite}) + {base_args.get('CUDA_PIP_SPECS', '')}"
     lines.append(f"Plan for CUDA {plan.toolchain} (toolkit {plan.cuda_version}), base '{plan.base_kind}': {base_desc}")
     lines.append(f"Target archs: {', '.join(plan.target_archs)}   recipes: {plan.recipes_dir}")
     if res:

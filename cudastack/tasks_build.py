@@ -138,7 +138,7 @@ def check_base_registry(plan, engine) -> None:
         raise RegistryError(
             f"The base image {plan.base_image} is not on this Docker engine, and its registry {ref.registry} "
             f"does not answer at {registry_url(ref.registry)}/v2/. Build on the pip base instead (an OS image from "
-            "debootstrap plus PyPI's CUDA toolkit wheels, no registry needed): "
+            "mmdebstrap plus PyPI's CUDA toolkit wheels, no registry needed): "
             f"`invoke build --cuda {plan.toolchain} --base pip{skips}`; or load the base image into this engine "
             "first (`docker load`, or a pull through a reachable mirror). Nothing was built.") from None
 

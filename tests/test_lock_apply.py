@@ -84,6 +84,20 @@ def test_apply_lock_gives_locked_args_tags_and_parent_chain(base):
     assert [n.tag for n in plan.nodes] == tags
 
 
+def test_the_locked_os_image_id_is_an_input_of_every_locked_tag():
+    """The pip base's OS image is content (reproducible since C50): another locked OS image id gives the base
+    another locked tag, and every node above it follows; the same id gives the same tags."""
+    tags = []
+    for os_id in ("6" * 64, "6" * 64, "8" * 64):
+        plan = make_plan(None, "13.1", base="pip", resources=SMALL)
+        lock = synthetic_lock(plan)
+        lock["nodes"][plan.nodes[0].name]["os_image"]["image_id"] = "sha256:" + os_id
+        L.apply_lock(plan, lock)
+        tags.append([n.tag for n in plan.nodes])
+    assert tags[0] == tags[1]
+    assert all(a != b for a, b in zip(tags[0], tags[2]))
+
+
 def test_build_deps_are_locked_with_their_dependencies(recipes_copy):
     from recipe_support import edit
 

@@ -154,7 +154,7 @@ def locked_sdist_sha256(lock: dict, node: str) -> dict[str, str]:
 def apply_lock(plan, lock: dict) -> None:
     """Turn ``plan`` (a BuildPlan, verified against ``lock``) into its locked build, in place: each node gets
     its :func:`locked_build_args`, a sdist node the pinned digests (``node.sdist["sha256_locked"]``:
-    {file name: sha256}, checked by the executor before unpacking), and a new hash = sha256 over (plan hash, locked args, parents' locked hashes),
+    {file name: sha256}, checked by the executor before unpacking), and a new hash = sha256 over (plan hash, locked args, parents' locked hashes, the pip base's locked OS image id),
     so a locked build never reuses an image an unlocked build made under the plan's tag (same repository,
     tag = the locked hash's first 16 hex digits). ``PARENT_IMAGE`` follows the parents' new tags; the plan
     hash stays in ``node.inputs["plan_hash"]``. Applying twice is a no-op."""
@@ -173,8 +173,12 @@ def apply_lock(plan, lock: dict) -> None:
         if parent in new_tags:
             node.build_args["PARENT_IMAGE"] = new_tags[parent]
         node.build_args.update(args)
-        h = content_hash({"plan_hash": node.hash, "locked_build_args": args, "sdists": sd,
-                          "parents": {p: plan.node(p).hash for p in node.parents}})
+        inputs = {"plan_hash": node.hash, "locked_build_args": args, "sdists": sd,
+                  "parents": {p: plan.node(p).hash for p in node.parents}}
+        os_id = (((lock.get("nodes") or {}).get(node.name) or {}).get("os_image") or {}).get("image_id")
+        if os_id:   # the OS image is content too: reproducible since C50, so its id is the same on every builder
+            inputs["os_image"] = os_id
+        h = content_hash(inputs)
         node.inputs = dict(node.inputs or {}, plan_hash=node.hash)
         node.hash = h
         node.tag = f"{old_tag.rsplit(':', 1)[0]}:{h[:16]}"

@@ -101,7 +101,7 @@ case "$cmd" in
     log "mypy (against scripts/mypy-baseline.txt)"
     python scripts/mypy_baseline.py
     set +e
-    python -m pytest -ra "$@"
+    python -m pytest -ra --durations=25 "$@"
     rc=$?
     set -e
     [ $rc -eq 5 ] && { echo "pytest collected no tests" >&2; exit 1; }

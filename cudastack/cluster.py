@@ -103,6 +103,33 @@ def probe_command(report_path: str, probe_args: Iterable[str] = ()) -> list[str]
     return ["python", "-m", "stackprobe", "--json", report_path, *probe_args]
 
 
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def server_config_args(server_args: str = "", env: Iterable[str] = ()) -> list[str]:
+    """The SGLang server configuration a job validates for, as ``python -m stackprobe`` arguments:
+    ``--server-args=FLAGS`` (glued: a value starting with ``--`` would read as a flag) and ``--env NAME=VALUE``
+    per item. The suite in the image applies them to its static answer and hands them to the runtime tier it
+    runs on the node (stackprobe ``__main__``: ``--server-args``, ``--env``). Raises UsageError for an
+    unquotable ``server_args`` or an ``env`` item that is not ``NAME=VALUE`` with a shell variable name."""
+    out: list[str] = []
+    if server_args:
+        try:
+            shlex.split(server_args)
+        except ValueError as exc:
+            raise UsageError(f"--server-args {server_args!r} is not one shell-quoted string of SGLang flags ({exc}); "
+                             "write it as you would after `python -m sglang.launch_server`, e.g. "
+                             "--server-args \"--enable-symm-mem --tp 8\".") from None
+        out.append(f"--server-args={server_args}")
+    for item in env or ():
+        k, sep, _ = str(item).partition("=")
+        if not sep or not _ENV_NAME.match(k):
+            raise UsageError(f"--env {item!r}: write NAME=VALUE with a shell variable name, e.g. "
+                             "--env SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1.")
+        out += ["--env", str(item)]
+    return out
+
+
 def job_name(toolchain: str, digest: str) -> str:
     """A DNS-1123 label naming the job: ``stackprobe-cu13-1-<12 hex of the digest>``."""
     name = f"stackprobe-cu{toolchain.replace('.', '-')}-{digest.split(':', 1)[-1][:12]}".lower()
@@ -114,15 +141,18 @@ def job_name(toolchain: str, digest: str) -> str:
 def slurm_script(image: str, *, gpus: int, nodes: int = 1, toolchain: str = "", name: Optional[str] = None,
                  partition: Optional[str] = None, account: Optional[str] = None, time_limit: str = "01:00:00",
                  report_dir: Optional[str] = None, probe_args: Iterable[str] = (),
-                 container_mount: str = DEFAULT_MOUNT, loopback: str = "warn") -> str:
+                 container_mount: str = DEFAULT_MOUNT, loopback: str = "warn", server_args: str = "",
+                 env: Iterable[str] = ()) -> str:
     """An sbatch script (bash) running the suite from ``image`` (``registry/name@sha256:...`` or the enroot
     spelling) on ``nodes`` nodes with ``gpus`` GPUs each. Reports land in ``report_dir`` (default: the
     submit folder's ``stackprobe-reports/``; override at submit time with ``STACKPROBE_REPORT_DIR``), one
     ``stackprobe-<jobid>-<host>.json`` per node. The job first checks enroot >= :data:`ENROOT_MIN` on every
     node (:func:`enroot_check_lines`). ``loopback``: "warn" (a loopback registry makes the script refuse to
-    start unless ``STACKPROBE_ALLOW_LOOPBACK=1``) or "refuse" (UsageError now). Raises UsageError (no digest,
-    bad counts, bad time, a refused loopback registry)."""
+    start unless ``STACKPROBE_ALLOW_LOOPBACK=1``) or "refuse" (UsageError now). ``server_args`` / ``env``: the
+    SGLang server configuration the node's run answers for (:func:`server_config_args`). Raises UsageError (no
+    digest, bad counts, bad time, a refused loopback registry, a bad server configuration)."""
     ref = _pinned(image)
+    probe_args = [*probe_args, *server_config_args(server_args, env)]
     _check_counts(gpus, nodes)
     problem = _check_loopback(ref, loopback)
     if not re.fullmatch(r"(\d+-)?\d{1,2}(:\d{2}){0,2}", time_limit):
@@ -192,14 +222,16 @@ def kubernetes_job(image: str, *, gpus: int, nodes: int = 1, toolchain: str = ""
                    node_selector: Optional[dict] = None, image_pull_secret: Optional[str] = None,
                    probe_args: Iterable[str] = (), shm_size: str = "16Gi", ttl_seconds: int = 7 * 24 * 3600,
                    active_deadline_seconds: int = 3600, container_mount: str = DEFAULT_MOUNT,
-                   loopback: str = "warn") -> dict:
+                   loopback: str = "warn", server_args: str = "", env: Iterable[str] = ()) -> dict:
     """A ``batch/v1`` Job (a dict) running the suite from ``image`` (must carry a digest) on ``nodes`` distinct
     nodes with ``gpus`` GPUs each. ``host_path``: keep reports in this folder on each node (hostPath,
     DirectoryOrCreate); without it they go to an emptyDir and survive only in the pod log (between
     :data:`REPORT_BEGIN`/:data:`REPORT_END`). ``image_pull_secret``: name of a Secret of type
     dockerconfigjson (credentials stay in the cluster, never in the manifest). ``loopback``: "warn" (the
-    warning goes into the annotation ``cudastack/warning``) or "refuse". Raises UsageError."""
+    warning goes into the annotation ``cudastack/warning``) or "refuse". ``server_args`` / ``env``: as for
+    :func:`slurm_script`. Raises UsageError."""
     ref = _pinned(image)
+    probe_args = [*probe_args, *server_config_args(server_args, env)]
     _check_counts(gpus, nodes)
     problem = _check_loopback(ref, loopback)
     name = name or job_name(toolchain or "x", ref.digest)

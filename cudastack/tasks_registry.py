@@ -162,11 +162,15 @@ def pull(c, cuda="13.1", node="runtime", lockfiles=None):
             "refuse_loopback": "Refuse a loopback registry (127.0.0.1, localhost) instead of warning: compute nodes "
                                "cannot reach it.",
             "probe_arg": "Argument for `python -m stackprobe` (repeatable), e.g. --probe-arg=--target-arch "
-                         "--probe-arg=12.0. Default: --runtime (static and runtime tiers on the node's GPUs)."},
-      iterable=["probe_arg"], auto_shortflags=False)
+                         "--probe-arg=12.0. Default: --runtime (static and runtime tiers on the node's GPUs).",
+            "server_args": "The SGLang server flags the node's answer is for, one quoted string (as for invoke "
+                           "validate), e.g. --server-args \"--enable-symm-mem\"; passed to the suite in the job.",
+            "env": "NAME=VALUE of the SGLang server the node's answer is for (repeatable), e.g. "
+                   "--env SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1; passed to the suite in the job."},
+      iterable=["probe_arg", "env"], auto_shortflags=False)
 def cluster_job(c, cuda="13.1", scheduler=None, gpus=None, nodes=1, image=None, output=None, partition=None,
                 account=None, time="01:00:00", namespace="default", host_path=None, pull_secret=None,
-                probe_arg=None, lockfiles=None, refuse_loopback=False):
+                probe_arg=None, lockfiles=None, refuse_loopback=False, server_args="", env=None):
     """Write a Slurm script or Kubernetes Job that validates GPU nodes from the pinned digest.
 
     The job runs the validation suite in the image pinned by digest on each GPU node and keeps its JSON reports;
@@ -198,12 +202,13 @@ def cluster_job(c, cuda="13.1", scheduler=None, gpus=None, nodes=1, image=None, 
         if scheduler == "slurm":
             text = cluster.slurm_script(image, gpus=n_gpus, nodes=n_nodes, toolchain=str(cuda), partition=partition,
                                         account=account, time_limit=time, probe_args=probe_arg or ["--runtime"],
-                                        loopback=loopback)
+                                        loopback=loopback, server_args=str(server_args or ""), env=env or ())
             out = output or f"stackprobe-cu{cuda}.sbatch"
         else:
             job = cluster.kubernetes_job(image, gpus=n_gpus, nodes=n_nodes, toolchain=str(cuda), namespace=namespace,
                                          host_path=host_path, image_pull_secret=pull_secret,
-                                         probe_args=probe_arg or ["--runtime"], loopback=loopback)
+                                         probe_args=probe_arg or ["--runtime"], loopback=loopback,
+                                         server_args=str(server_args or ""), env=env or ())
             version = cluster.validate_kubernetes(job)
             _say(f"the Job validates against the Kubernetes {version} schema")
             text = cluster.render_manifest(job)

@@ -114,3 +114,65 @@ def test_container_command_runs_the_suite_and_keeps_the_report(tmp_path):
     assert on_disk.exists()
     import json
     assert json.loads(on_disk.read_text()) == reports["node-a"]
+
+
+SERVER = "--enable-symm-mem --tp 8"
+SERVER_ENV = ["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1"]
+
+
+def _suite_argv_slurm(text: str) -> list[str]:
+    """The ``python -m stackprobe ...`` argv the Slurm job's container step runs (its bash -c payload)."""
+    import shlex
+    step = text[text.index("srun --ntasks-per-node=1 --container-image"):]
+    payload = shlex.split(step.replace("\\\n", " "))
+    inner = payload[payload.index("-c") + 1]
+    return shlex.split(inner.split("exec ", 1)[1].replace('"$REPORT"', "R"))
+
+
+def _suite_argv_kubernetes(job: dict) -> list[str]:
+    import shlex
+    script = job["spec"]["template"]["spec"]["containers"][0]["args"][0]
+    return shlex.split(script.splitlines()[1].replace('"$REPORT"', "R"))
+
+
+def test_both_jobs_hand_the_server_configuration_to_the_suite_and_its_runtime_tier():
+    """The argv each job runs, read by the suite's own parser: the static answer and run_runtime(report, args)
+    get the user's --server-args / --env; --runtime (the default probe argument) stays."""
+    from stackprobe.__main__ import _glue_server_args, build_parser
+    slurm = cluster.slurm_script(IMAGE, gpus=8, toolchain="13.1", probe_args=["--runtime"], server_args=SERVER,
+                                 env=SERVER_ENV)
+    job = cluster.kubernetes_job(IMAGE, gpus=8, toolchain="13.1", probe_args=["--runtime"], server_args=SERVER,
+                                 env=SERVER_ENV)
+    cluster.validate_kubernetes(job)
+    for argv in (_suite_argv_slurm(slurm), _suite_argv_kubernetes(job)):
+        assert argv[:3] == ["python", "-m", "stackprobe"]
+        a = build_parser().parse_args(_glue_server_args(argv[3:]))
+        assert (a.runtime, a.server_args, a.env, a.json) == (True, SERVER, SERVER_ENV, "R")
+    # without a server configuration the argv has none (the default: no flags)
+    a = build_parser().parse_args(_suite_argv_slurm(cluster.slurm_script(IMAGE, gpus=8, toolchain="13.1",
+                                                                         probe_args=["--runtime"]))[3:])
+    assert (a.server_args, a.env) == ("", [])
+
+
+def test_the_slurm_job_with_a_server_configuration_passes_shellcheck(tmp_path):
+    if not shutil.which("shellcheck"):
+        pytest.skip("shellcheck is not installed")
+    path = tmp_path / "job.sbatch"
+    cluster.write_job(str(path), cluster.slurm_script(IMAGE, gpus=8, toolchain="13.1", server_args=SERVER + " --x 'a b'",
+                                                      env=SERVER_ENV + ["NCCL_P2P_LEVEL=SYS"]))
+    r = subprocess.run(["shellcheck", "--severity=style", str(path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(env=["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"]), "NAME=VALUE"),
+    (dict(env=["1BAD=x"]), "NAME=VALUE"),
+    (dict(env=["A B=x"]), "NAME=VALUE"),
+    (dict(server_args="--model-path 'unclosed"), "shell-quoted"),
+])
+def test_a_bad_server_configuration_is_refused_in_both_jobs(kw, match):
+    with pytest.raises(UsageError, match=match):
+        cluster.slurm_script(IMAGE, gpus=1, toolchain="13.1", **kw)
+    with pytest.raises(UsageError, match=match):
+        cluster.kubernetes_job(IMAGE, gpus=1, toolchain="13.1", **kw)

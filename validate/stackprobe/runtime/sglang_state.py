@@ -73,13 +73,15 @@ def observe(group, calls: list):
 
 
 def served_by(group, tensor) -> dict:
-    """Call ``group.all_reduce(tensor)`` once under :func:`observe`: ``{"path", "calls"}``; ``path`` is the
-    first observed call, or ``"input returned unchanged"`` when the dispatch called none (world size 1)."""
+    """Call ``group.all_reduce(tensor)`` once under :func:`observe`: ``{"path", "calls", "same_tensor"}``;
+    ``path`` is the first observed call; when the dispatch called none it is ``"input returned unchanged"``
+    (world size 1) or, where a new tensor came back, ``"no observed method"`` (a path :data:`SERVING` does not
+    list: the attribution is unknown, never guessed)."""
     calls: list = []
     with observe(group, calls):
         out = group.all_reduce(tensor)
-    return {"path": calls[0] if calls else "input returned unchanged", "calls": calls,
-            "same_tensor": out is tensor}
+    path = calls[0] if calls else ("input returned unchanged" if out is tensor else "no observed method")
+    return {"path": path, "calls": calls, "same_tensor": out is tensor}
 
 
 def parse_server_args(text: str, world_size: int):

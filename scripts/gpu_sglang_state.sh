@@ -1,0 +1,46 @@
+#!/bin/bash
+# SGLang 0.5.23's parallel state at world size 1 on a one-GPU host (torch 2.11 + CUDA 13 and NCCL installed,
+# nothing downloadable): `python -m stackprobe.runtime.sglang_state` without and with
+# SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1, both JSON outputs (and the host's P2P report) written to $OUT.
+#
+# The Python packages come carried in .gpurun/ under the repository root, as wheels (the transfer limit is
+# 64 MiB a call, so they may come in two calls: every .gpurun/wheels*/*.whl present is unpacked, without
+# dependencies, into .gpurun/site, which stays between calls on a warm machine). What the import needs beyond
+# torch (found by importing it against --no-deps folders): see tests/test_runtime_sglang_dispatch.py
+# PARALLEL_STATE_DEPS, plus transformers/tokenizers/safetensors/huggingface-hub/regex/pyyaml/httpx2/
+# httpcore2/truststore/h11/compressed-tensors for runtime_context.publish (srt/configs) and uvloop for
+# srt/entrypoints/engine (_set_envs_and_config). Exit status: 0 when both runs wrote their JSON, else 1.
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+OUT="${OUT:?set OUT to the folder the reports go to}"
+SITE="$ROOT/.gpurun/site"
+mkdir -p "$SITE" "$OUT"
+shopt -s nullglob
+wheels=("$ROOT"/.gpurun/wheels*/*.whl)
+if [ ${#wheels[@]} -gt 0 ]; then
+  python -m pip install -q --no-deps --no-index --disable-pip-version-check --target "$SITE" --upgrade "${wheels[@]}" \
+    || { echo "unpacking the carried wheels into $SITE failed" >&2; exit 1; }
+fi
+export PYTHONPATH="$SITE:$ROOT/validate${PYTHONPATH:+:$PYTHONPATH}"
+python - <<'PY' > "$OUT/versions.txt" 2>&1
+import importlib.metadata as m, torch
+try: nccl = torch.cuda.nccl.version()
+except Exception as e: nccl = f"unavailable ({e})"
+print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", nccl, "gpus", torch.cuda.device_count())
+for d in ("sglang", "transformers", "compressed-tensors", "torchvision", "triton", "pillow"):
+    try: print(d, m.version(d))
+    except m.PackageNotFoundError: print(d, "not installed")
+PY
+cat "$OUT/versions.txt"
+python -m stackprobe.runtime.p2p --out "$OUT" > /dev/null || echo "the P2P report failed" >&2
+rc=0
+run() {  # run NAME [VAR=VALUE ...]
+  local name="$1"; shift
+  env "$@" timeout 300 python -m stackprobe.runtime.sglang_state --world-size 1 --backend nccl \
+    > "$OUT/sglang-state-$name.json" 2> "$OUT/sglang-state-$name.log"
+  echo "$name: exit $? ($(wc -c < "$OUT/sglang-state-$name.json") bytes of JSON)"
+  python -c "import json,sys; json.load(open(sys.argv[1]))" "$OUT/sglang-state-$name.json" 2>/dev/null || rc=1
+}
+run default
+run pcie-ipc SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1
+exit $rc

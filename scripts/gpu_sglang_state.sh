@@ -16,6 +16,11 @@ OUT="${OUT:?set OUT to the folder the reports go to}"
 SITE="$ROOT/.gpurun/site"
 mkdir -p "$SITE" "$OUT"
 shopt -s nullglob
+# or the packages already unpacked and packed as one .gpurun/site.tar.xz (xz packs the Python text about 6x
+# better than the wheels' zip: what fits in one call)
+if [ -f "$ROOT/.gpurun/site.tar.xz" ]; then
+  tar -xJf "$ROOT/.gpurun/site.tar.xz" -C "$SITE" || { echo "unpacking .gpurun/site.tar.xz failed" >&2; exit 1; }
+fi
 wheels=("$ROOT"/.gpurun/wheels*/*.whl)
 if [ ${#wheels[@]} -gt 0 ]; then
   python -m pip install -q --no-deps --no-index --disable-pip-version-check --target "$SITE" --upgrade "${wheels[@]}" \
@@ -32,6 +37,11 @@ for d in ("sglang", "transformers", "compressed-tensors", "torchvision", "triton
     except m.PackageNotFoundError: print(d, "not installed")
 PY
 cat "$OUT/versions.txt"
+# optional: which top-level modules the bring-up imports that are not here (a stub answers each, names recorded)
+if [ -f "$ROOT/.gpurun/discover.py" ]; then
+  timeout 300 python "$ROOT/.gpurun/discover.py" > "$OUT/discover.json" 2> "$OUT/discover.log"
+  grep '^MISSING:' "$OUT/discover.log"
+fi
 python -m stackprobe.runtime.p2p --out "$OUT" > /dev/null || echo "the P2P report failed" >&2
 rc=0
 run() {  # run NAME [VAR=VALUE ...]

@@ -152,9 +152,9 @@ def run_build(
     remove_stale_exports(state, say, ".secrets-*", "secret folder(s) of killed runs")
 
     cached = cached_map(engine, wheelhouse, plan)
-    remote = cache.probe_plan(plan, cached, say) if cache is not None else {}
-    pull = [n.name for n in plan.nodes if not cached[n.name] and remote.get(n.name)]
-    todo = [n.name for n in plan.nodes if not cached[n.name] and not remote.get(n.name)]
+    in_cache = cache.probe_plan(plan, cached, say) if cache is not None else {}
+    pull = [n.name for n in plan.nodes if not cached[n.name] and in_cache.get(n.name)]
+    todo = [n.name for n in plan.nodes if not cached[n.name] and not in_cache.get(n.name)]
     say(f"cuda {plan.toolchain} ({plan.cuda_version}), base {plan.base_kind}, archs {','.join(plan.target_archs)}: "
         f"{len(plan.nodes)} nodes, {len(plan.nodes) - len(todo) - len(pull)} cached"
         + (f", {len(pull)} in the node cache {cache.prefix}" if cache is not None else "")
@@ -206,17 +206,17 @@ def run_build(
             if node.kind == "wheels":
                 entry["wheels"] = (wheelhouse.entry(node.name) or {}).get("wheels", {})
             say(f"[{i}/{len(plan.nodes)}] {node.name}: cached ({node.tag})")
-            if cache is not None and not cache.read_only and node.name in remote and not remote[node.name]:
+            if cache is not None and not cache.read_only and node.name in in_cache and not in_cache[node.name]:
                 _cache_push(cache, node, entry, say, f"[{i}/{len(plan.nodes)}] {node.name}")
             continue
-        if remote.get(node.name):
+        if in_cache.get(node.name):
             label = f"[{i}/{len(plan.nodes)}] {node.name}"
-            say(f"{label}: in the node cache ({cache.target(node)}, {remote[node.name]}): pulling")
+            say(f"{label}: in the node cache ({cache.target(node)}, {in_cache[node.name]}): pulling")
             entry["status"] = "pulling"
             journal()
             t0 = time.monotonic()
             try:
-                got = cache.restore(node, remote[node.name], wheelhouse, say=say)
+                got = cache.restore(node, in_cache[node.name], wheelhouse, say=say)
             except LockError as exc:
                 entry.update(status="failed", duration_s=round(time.monotonic() - t0, 1),
                              cache={"status": "refused", "error": str(exc)})

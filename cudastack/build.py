@@ -36,7 +36,7 @@ builds were issued), "wheelhouse", "nodes": [{"name", "kind", "method", "hash", 
 "skipped" | "failed" | "building" | "interrupted" | "not reached"), "duration_s", "image_id", "size_bytes", "log",
 "wheels": {file: sha256}, "knobs": {name: value}, "child_pid" (the docker CLI of a node being built), "compiled" (the last ninja counter of a node that did not
 finish, e.g. "12/73"), "sdist" (a patched sdist's file, sha256 and patches), "cache" (with a node cache: {"status": "pulled" |
-"pushed" | "pull failed" | "push failed" | "refused" | "not pushed", "reference", "digest", "error"})}], "error"}``; with a
+"pushed" | "pull failed" | "push failed" | "refused" | "not pushed", "reference", "digest", "pull_s" / "push_s", "layers_downloaded", "layers_present", "error"})}], "error"}``; with a
 node cache (:mod:`cudastack.node_cache`) also ``"cache": {"prefix", "read_only"}`` and ``"cache_failures": [{"node",
 "op" ("probe" | "pull" | "push"), "error"}]``, and a node's status may be "pulling" / "pulled".
 
@@ -231,7 +231,8 @@ def run_build(
             else:
                 entry.update(status="pulled", image_id=got["image_id"], size_bytes=got["size_bytes"],
                              duration_s=round(time.monotonic() - t0, 1),
-                             cache={"status": "pulled", "reference": got["reference"], "digest": got["digest"]})
+                             cache={"status": "pulled", **{k: got[k] for k in ("reference", "digest", "pull_s",
+                                                                              "layers_downloaded", "layers_present")}})
                 if node.kind == "wheels":
                     entry["wheels"] = got["wheels"]
                 say(f"{label}: pulled in {_fmt_s(entry['duration_s'])}"
@@ -375,7 +376,7 @@ def _cache_push(cache, node: PlannedNode, entry: dict, say: Say, label: str) -> 
         cache.failures.append({"node": node.name, "op": "push", "error": str(exc)})
         say(f"warning: {label}: pushing it to the node cache failed; the build's result stands: {exc}")
         return
-    entry["cache"] = {"status": "pushed", **{k: pushed[k] for k in ("reference", "digest")}}
+    entry["cache"] = {"status": "pushed", **{k: pushed[k] for k in ("reference", "digest", "push_s")}}
     say(f"{label}: pushed to the node cache as {pushed['reference']} ({_fmt_s(pushed['push_s'])})")
 
 

@@ -152,7 +152,8 @@ class NodeCache:
     def restore(self, node, digest: str, wheelhouse, *, say: Say) -> dict:
         """Pull ``node`` from the cache by ``digest``, check it (label, lock) and tag it as ``node.tag``; for a
         wheels node, move its wheels into ``wheelhouse``. Returns ``{"image_id", "size_bytes", "wheels",
-        "reference", "digest", "pull_s"}``. Raises CacheUnusable (the caller builds the node instead; nothing
+        "reference", "digest", "pull_s", "layers_downloaded", "layers_present"}`` (layers the engine fetched, and
+        found already on it). Raises CacheUnusable (the caller builds the node instead; nothing
         was added to the wheelhouse and the node's tag is not set) or LockError (the pulled content differs
         from the lock: refused, the tag removed)."""
         import docker.errors
@@ -164,8 +165,11 @@ class NodeCache:
         pinned = ref.pinned()
         t0 = time.monotonic()
         seen: set[str] = set()
+        present: set[str] = set()
 
         def on_chunk(chunk: dict) -> None:
+            if chunk.get("status") == "Already exists":
+                present.add(str(chunk.get("id")))
             if chunk.get("status") == "Downloading" and chunk.get("id") not in seen:
                 seen.add(str(chunk.get("id")))
                 total = (chunk.get("progressDetail") or {}).get("total") or 0
@@ -190,7 +194,8 @@ class NodeCache:
         repo, _, tag = node.tag.rpartition(":")
         image.tag(repo, tag)
         return {"image_id": image.id, "size_bytes": int(image.attrs.get("Size", 0)), "wheels": wheels,
-                "reference": pinned, "digest": digest, "pull_s": round(time.monotonic() - t0, 1)}
+                "reference": pinned, "digest": digest, "pull_s": round(time.monotonic() - t0, 1),
+                "layers_downloaded": len(seen), "layers_present": len(present)}
 
     def _drop(self, name: str) -> None:
         """Remove the reference ``name`` from the engine (the image goes with it when nothing else names it)."""

@@ -35,10 +35,8 @@ Build record (JSON): ``{"format": 1, "run_id", "toolchain", "cuda_version", "arc
 builds were issued), "wheelhouse", "nodes": [{"name", "kind", "method", "hash", "tag", "status" ("built" |
 "skipped" | "failed" | "building" | "interrupted" | "not reached"), "duration_s", "image_id", "size_bytes", "log",
 "wheels": {file: sha256}, "knobs": {name: value}, "child_pid" (the docker CLI of a node being built), "compiled" (the last ninja counter of a node that did not
-finish, e.g. "12/73"), "sdist" (a patched sdist's file, sha256 and patches), "cache" (with a node cache: {"status": "pulled" |
-"pushed" | "pull failed" | "push failed" | "refused" | "not pushed", "reference", "digest", "pull_s" / "push_s", "layers_downloaded", "layers_present", "error"})}], "error"}``; with a
-node cache (:mod:`cudastack.node_cache`) also ``"cache": {"prefix", "read_only"}`` and ``"cache_failures": [{"node",
-"op" ("probe" | "pull" | "push"), "error"}]``, and a node's status may be "pulling" / "pulled".
+finish, e.g. "12/73"), "sdist" (a patched sdist's file, sha256 and patches), "cache"}], "error"}``; with a node cache
+also ``"cache"``, ``"cache_failures"`` and node statuses "pulling" / "pulled" (:mod:`cudastack.node_cache`).
 
 Where the parts live: the wheelhouse and its manifest in :mod:`cudastack.wheelhouse`; build contexts,
 sdists, the cached check and locked-build failures in :mod:`cudastack.build_context`; recovery of killed
@@ -64,7 +62,8 @@ from cudastack.build_journal import (  # noqa: F401 - re-exported: callers impor
     _process_alive, _proc_start, recover_interrupted, remove_stale_exports)
 from cudastack.credentials import scrub
 from cudastack.engine import Engine, _fmt_s, resolve_ca_bundle
-from cudastack.errors import BuildError, EnvironmentError_, LockError, RegistryError, StackError
+from cudastack.node_cache import push_node
+from cudastack.errors import BuildError, EnvironmentError_, LockError, StackError
 from cudastack.plan import BuildPlan, PlannedNode, render_plan
 from cudastack.wheelhouse import Wheelhouse, sha256_file  # noqa: F401 - re-exported
 from stackprobe.atomic import write_atomic
@@ -207,36 +206,20 @@ def run_build(
                 entry["wheels"] = (wheelhouse.entry(node.name) or {}).get("wheels", {})
             say(f"[{i}/{len(plan.nodes)}] {node.name}: cached ({node.tag})")
             if cache is not None and not cache.read_only and node.name in in_cache and not in_cache[node.name]:
-                _cache_push(cache, node, entry, say, f"[{i}/{len(plan.nodes)}] {node.name}")
+                push_node(cache, node, entry, say, f"[{i}/{len(plan.nodes)}] {node.name}")
             continue
         if in_cache.get(node.name):
-            label = f"[{i}/{len(plan.nodes)}] {node.name}"
-            say(f"{label}: in the node cache ({cache.target(node)}, {in_cache[node.name]}): pulling")
+            from cudastack.node_cache import serve_node
+
             entry["status"] = "pulling"
             journal()
-            t0 = time.monotonic()
             try:
-                got = cache.restore(node, in_cache[node.name], wheelhouse, say=say)
+                if serve_node(cache, node, in_cache[node.name], entry, wheelhouse, say, f"[{i}/{len(plan.nodes)}]"):
+                    journal()
+                    continue
             except LockError as exc:
-                entry.update(status="failed", duration_s=round(time.monotonic() - t0, 1),
-                             cache={"status": "refused", "error": str(exc)})
                 error = exc
                 record["error"] = str(exc)
-                journal()
-                continue
-            except RegistryError as exc:
-                entry["cache"] = {"status": "pull failed", "error": str(exc)}
-                cache.failures.append({"node": node.name, "op": "pull", "error": str(exc)})
-                say(f"warning: {label}: the node cache could not serve it ({exc}); building it instead")
-            else:
-                entry.update(status="pulled", image_id=got["image_id"], size_bytes=got["size_bytes"],
-                             duration_s=round(time.monotonic() - t0, 1),
-                             cache={"status": "pulled", **{k: got[k] for k in ("reference", "digest", "pull_s",
-                                                                              "layers_downloaded", "layers_present")}})
-                if node.kind == "wheels":
-                    entry["wheels"] = got["wheels"]
-                say(f"{label}: pulled in {_fmt_s(entry['duration_s'])}"
-                    + (f", wheels: {', '.join(got['wheels'])}" if got["wheels"] else ""))
                 journal()
                 continue
         say(f"[{i}/{len(plan.nodes)}] {node.name}: building {node.tag}"
@@ -315,7 +298,7 @@ def run_build(
                                       "holds a marker image without the wheels"}
                 else:
                     journal()
-                    _cache_push(cache, node, entry, say, f"[{i}/{len(plan.nodes)}] {node.name}")
+                    push_node(cache, node, entry, say, f"[{i}/{len(plan.nodes)}] {node.name}")
         except StackError as exc:
             if isinstance(exc, BuildError) and getattr(plan, "locked", False):
                 exc = locked_failure(node.name, log) or exc
@@ -366,20 +349,6 @@ def run_build(
     return record
 
 
-def _cache_push(cache, node: PlannedNode, entry: dict, say: Say, label: str) -> None:
-    """Push ``node`` to the node cache; a failure is reported (warning, ``entry["cache"]``, the cache's
-    ``failures``) and never changes the node's own result."""
-    try:
-        pushed = cache.store(node, say=say)
-    except StackError as exc:
-        entry["cache"] = {"status": "push failed", "error": str(exc)}
-        cache.failures.append({"node": node.name, "op": "push", "error": str(exc)})
-        say(f"warning: {label}: pushing it to the node cache failed; the build's result stands: {exc}")
-        return
-    entry["cache"] = {"status": "pushed", **{k: pushed[k] for k in ("reference", "digest", "push_s")}}
-    say(f"{label}: pushed to the node cache as {pushed['reference']} ({_fmt_s(pushed['push_s'])})")
-
-
 def _mark_local(engine: Engine, node: PlannedNode, ctx_root: Path, args: dict, labels: dict, builder: str,
                 log: Path, say: Say) -> None:
     """Tag a wheels node built on another builder as done here: a one-line image FROM its parent with the
@@ -425,11 +394,6 @@ def dry_run(plan: BuildPlan, *, state_dir: str | Path = ".stack", engine: Engine
         export = {n.name for n in plan.nodes if n.kind == "wheels" and not cached[n.name] and engine.exists(n.tag)}
     except EnvironmentError_ as exc:
         note = f"\n(no cached state: {exc})"
-    remote = {}
-    if cache is not None and cached is not None:
-        import dataclasses
-
-        remote = dataclasses.replace(cache, read_only=True, failures=[]).probe_plan(
-            plan, cached, lambda m: print(m, file=sys.stderr))
+    remote = cache.probe_plan(plan, cached, _say_default, for_push=False) if cache and cached is not None else {}
     return render_plan(plan, cached, state_dir=str(state_dir), export=export, remote=remote,
                        cache_prefix=cache.prefix if cache is not None else "") + note

@@ -29,6 +29,12 @@ build's result as it is; it is reported (warning, ``cache.status = "push failed"
 inside the engine's requests (``X-Registry-Auth``) and appear in no message: a prefix written with a login is
 refused without echoing it.
 
+Build record (:mod:`cudastack.build`): a node's ``"cache"`` is ``{"status": "pulled" | "pushed" | "pull failed" |
+"push failed" | "refused" | "not pushed", "reference", "digest", "pull_s" / "push_s", "layers_downloaded",
+"layers_present", "error"}``; the record's ``"cache"`` is ``{"prefix", "read_only"}`` and ``"cache_failures"``
+``[{"node", "op" ("probe" | "pull" | "push"), "error"}]``; a node's status is "pulling" while it is pulled and
+"pulled" after.
+
 Every Docker call goes through the engine's one SDK client (:mod:`cudastack.docker_engine`) and the registry
 functions of :mod:`cudastack.registry`.
 """
@@ -42,7 +48,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from cudastack.credentials import split_userinfo
 from cudastack.errors import LockError, RegistryError, UsageError
@@ -87,7 +93,7 @@ class NodeCache:
     (pulled nodes are checked against it). Make one with :meth:`open`."""
 
     prefix: str
-    client: object
+    client: Any                    # a docker.DockerClient (cudastack.docker_engine.docker_client)
     read_only: bool = False
     lock: Optional[dict] = None
     failures: list = field(default_factory=list)
@@ -132,19 +138,20 @@ class NodeCache:
         ref = parse_reference(self.target(node))
         return engine_digest_or_none(ref, self.client, creds=registry_credentials(ref.registry))
 
-    def probe_plan(self, plan, cached: dict[str, bool], say: Say) -> dict[str, Optional[str]]:
-        """{node name: digest or None} for every node not cached here, and, with a writable cache, for the
-        cached ones too (a node the registry lacks is pushed). A registry that cannot be read for a node is
-        reported and counted as a miss."""
+    def probe_plan(self, plan, cached: dict[str, bool], say: Say, *, for_push: bool = True) -> dict[str, Optional[str]]:
+        """{node name: digest or None} for every node not cached here, and, with a writable cache and
+        ``for_push``, for the cached ones too (a node the registry lacks is pushed). A registry that cannot be read
+        for a node is said, recorded in :attr:`failures` (with ``for_push``) and counted as a miss."""
         out: dict[str, Optional[str]] = {}
         for node in plan.nodes:
-            if cached.get(node.name) and self.read_only:
+            if cached.get(node.name) and (self.read_only or not for_push):
                 continue
             try:
                 out[node.name] = self.probe(node)
             except RegistryError as exc:
                 say(f"warning: node cache: reading {self.target(node)} failed ({exc}); counted as not cached")
-                self.failures.append({"node": node.name, "op": "probe", "error": str(exc)})
+                if for_push:
+                    self.failures.append({"node": node.name, "op": "probe", "error": str(exc)})
                 out[node.name] = None
         return out
 
@@ -306,3 +313,53 @@ class NodeCache:
             if target != node.tag:
                 self._drop(target)
         return {"reference": pushed.reference, "digest": pushed.digest, "push_s": round(time.monotonic() - t0, 1)}
+
+
+# --- the run loop's two steps (cudastack.build.run_build) -------------------------------------------------
+def serve_node(cache: NodeCache, node, digest: str, entry: dict, wheelhouse, say: Say, label: str) -> bool:
+    """Pull ``node`` (its cache tag serves ``digest``) into the engine and ``wheelhouse`` for the build record
+    ``entry`` (status "pulled", image id, size, wheels, ``cache``). Returns True when pulled, False when the node
+    must be built instead (the failure is said, recorded in ``entry["cache"]`` and the cache's failures). Raises
+    LockError, with ``entry`` marked failed, when the pulled content differs from the lock."""
+    from cudastack.engine_progress import _fmt_s
+
+    label = f"{label} {node.name}"
+    say(f"{label}: in the node cache ({cache.target(node)}, {digest}): pulling")
+    t0 = time.monotonic()
+    try:
+        got = cache.restore(node, digest, wheelhouse, say=say)
+    except LockError as exc:
+        entry.update(status="failed", duration_s=round(time.monotonic() - t0, 1),
+                     cache={"status": "refused", "error": str(exc)})
+        raise
+    except RegistryError as exc:
+        entry["cache"] = {"status": "pull failed", "error": str(exc)}
+        cache.failures.append({"node": node.name, "op": "pull", "error": str(exc)})
+        say(f"warning: {label}: the node cache could not serve it ({exc}); building it instead")
+        return False
+    entry.update(status="pulled", image_id=got["image_id"], size_bytes=got["size_bytes"],
+                 duration_s=round(time.monotonic() - t0, 1),
+                 cache={"status": "pulled", **{k: got[k] for k in ("reference", "digest", "pull_s",
+                                                                  "layers_downloaded", "layers_present")}})
+    if node.kind == "wheels":
+        entry["wheels"] = got["wheels"]
+    say(f"{label}: pulled in {_fmt_s(entry['duration_s'])}"
+        + (f", wheels: {', '.join(got['wheels'])}" if got["wheels"] else ""))
+    return True
+
+
+def push_node(cache: NodeCache, node, entry: dict, say: Say, label: str) -> None:
+    """Push ``node`` to the node cache for the build record ``entry``; a failure is reported (warning,
+    ``entry["cache"]``, the cache's failures) and never changes the node's own result."""
+    from cudastack.engine_progress import _fmt_s
+    from cudastack.errors import StackError
+
+    try:
+        pushed = cache.store(node, say=say)
+    except StackError as exc:
+        entry["cache"] = {"status": "push failed", "error": str(exc)}
+        cache.failures.append({"node": node.name, "op": "push", "error": str(exc)})
+        say(f"warning: {label}: pushing it to the node cache failed; the build's result stands: {exc}")
+        return
+    entry["cache"] = {"status": "pushed", **{k: pushed[k] for k in ("reference", "digest", "push_s")}}
+    say(f"{label}: pushed to the node cache as {pushed['reference']} ({_fmt_s(pushed['push_s'])})")

@@ -264,9 +264,17 @@ class NodeCache:
                 stream, _ = container.get_archive(WHEELS_DIR)
                 buf = io.BytesIO(b"".join(stream))
             except (docker.errors.APIError, requests.exceptions.RequestException) as exc:
+                buf = None
+                why = f"{type(exc).__name__}: {exc}"
+            finally:
+                if container is not None:       # gone before any refusal, so the pulled image can be removed
+                    try:
+                        container.remove(force=True)
+                    except Exception:  # noqa: BLE001
+                        pass
+            if buf is None:
                 self._drop(pinned)
-                raise CacheUnusable(f"{pinned} holds no {WHEELS_DIR} to export ({type(exc).__name__}: {exc}); "
-                                    "not used") from None
+                raise CacheUnusable(f"{pinned} holds no {WHEELS_DIR} to export ({why}); not used")
             with tarfile.open(fileobj=buf) as tar:
                 for member in tar.getmembers():
                     name = Path(member.name).name
@@ -290,11 +298,6 @@ class NodeCache:
                 raise self._refuse(node, pinned, "; ".join(bad))
             return wheelhouse.add(node, tmp)
         finally:
-            if container is not None:
-                try:
-                    container.remove(force=True)
-                except Exception:  # noqa: BLE001
-                    pass
             shutil.rmtree(tmp, ignore_errors=True)
 
     # --- push ----------------------------------------------------------------------------------------

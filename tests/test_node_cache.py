@@ -395,6 +395,8 @@ def test_locked_build_refuses_a_pulled_node_that_differs_from_the_lock(tmp_path,
     assert "The node cache's wheels" in msg and "differs from the lock" in msg and wname in msg
     assert "0000000000000000" in msg and wdigest[:16] in msg
     assert not engine.exists(plan.node("wheels").tag)                     # never tagged, never used
+    assert not [i for i in client.images.list() if any(d.startswith(cache.target(plan.node("wheels")).rsplit(":", 1)[0])
+                                                       for d in i.attrs.get("RepoDigests") or [])]   # nor kept
     wh = tmp_path / "s3" / plan.wheelhouse
     assert not wh.exists() or {p.name for p in wh.iterdir()} <= {"manifest.json"}
     rec = json.loads((tmp_path / "s3" / "records" / "latest-cucachetest.json").read_text())

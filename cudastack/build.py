@@ -35,7 +35,8 @@ Build record (JSON): ``{"format": 1, "run_id", "toolchain", "cuda_version", "arc
 builds were issued), "wheelhouse", "nodes": [{"name", "kind", "method", "hash", "tag", "status" ("built" |
 "skipped" | "failed" | "building" | "interrupted" | "not reached"), "duration_s", "image_id", "size_bytes", "log",
 "wheels": {file: sha256}, "knobs": {name: value}, "child_pid" (the docker CLI of a node being built), "compiled" (the last ninja counter of a node that did not
-finish, e.g. "12/73"), "sdist" (a patched sdist's file, sha256 and patches)}], "error"}``.
+finish, e.g. "12/73"), "sdist" (a patched sdist's file, sha256 and patches), "cache"}], "error"}``; with a node cache
+also ``"cache"``, ``"cache_failures"`` and node statuses "pulling" / "pulled" (:mod:`cudastack.node_cache`).
 
 Where the parts live: the wheelhouse and its manifest in :mod:`cudastack.wheelhouse`; build contexts,
 sdists, the cached check and locked-build failures in :mod:`cudastack.build_context`; recovery of killed
@@ -61,7 +62,8 @@ from cudastack.build_journal import (  # noqa: F401 - re-exported: callers impor
     _process_alive, _proc_start, recover_interrupted, remove_stale_exports)
 from cudastack.credentials import scrub
 from cudastack.engine import Engine, _fmt_s, resolve_ca_bundle
-from cudastack.errors import BuildError, EnvironmentError_, StackError
+from cudastack.node_cache import push_node
+from cudastack.errors import BuildError, EnvironmentError_, LockError, StackError
 from cudastack.plan import BuildPlan, PlannedNode, render_plan
 from cudastack.wheelhouse import Wheelhouse, sha256_file  # noqa: F401 - re-exported
 from stackprobe.atomic import write_atomic
@@ -118,10 +120,14 @@ def run_build(
     say: Say | None = None,
     builder=None,
     builder_nodes: str = "source",
+    cache=None,
 ) -> dict:
     """Build ``plan`` (see module doc) and return the build record (also written to the state dir).
     ``builder``: a :class:`cudastack.builders.Builder` the nodes ``builder_nodes`` selects ("source" | "all")
-    are sent to (``docker buildx build --builder NAME``; see :mod:`cudastack.builders`).
+    are sent to (``docker buildx build --builder NAME``; see :mod:`cudastack.builders`). ``cache``: a
+    :class:`cudastack.node_cache.NodeCache` (opened, so its registry answered): nodes it holds are pulled instead
+    of built (record status "pulled"), nodes built here are pushed to it unless it is read-only; a failed pull
+    builds the node, a failed push is reported in ``cache_failures`` and leaves the result as it is.
 
     Raises EnvironmentError_ (no daemon, no BuildKit path, too little disk) before any build, UsageError
     for a missing --ca-bundle, and BuildError when a node fails (after writing a record with status
@@ -145,10 +151,13 @@ def run_build(
     remove_stale_exports(state, say, ".secrets-*", "secret folder(s) of killed runs")
 
     cached = cached_map(engine, wheelhouse, plan)
-    todo = [n.name for n in plan.nodes if not cached[n.name]]
+    in_cache = cache.probe_plan(plan, cached, say) if cache is not None else {}
+    pull = [n.name for n in plan.nodes if not cached[n.name] and in_cache.get(n.name)]
+    todo = [n.name for n in plan.nodes if not cached[n.name] and not in_cache.get(n.name)]
     say(f"cuda {plan.toolchain} ({plan.cuda_version}), base {plan.base_kind}, archs {','.join(plan.target_archs)}: "
-        f"{len(plan.nodes)} nodes, {len(plan.nodes) - len(todo)} cached, {len(todo)} to build "
-        f"[{engine.buildkit.describe()}]")
+        f"{len(plan.nodes)} nodes, {len(plan.nodes) - len(todo) - len(pull)} cached"
+        + (f", {len(pull)} in the node cache {cache.prefix}" if cache is not None else "")
+        + f", {len(todo)} to build [{engine.buildkit.describe()}]")
     import socket
 
     record: dict[str, Any] = {
@@ -164,6 +173,9 @@ def run_build(
                    "wheels": {}, "knobs": {k.name: k.value for k in node.knobs}} for node in plan.nodes],
         "error": None,
     }
+    if cache is not None:
+        record["cache"] = {"prefix": cache.prefix, "read_only": cache.read_only}
+        record["cache_failures"] = cache.failures
     rec_path = rec_dir / f"build-cu{plan.toolchain}-{run_id}.json"
 
     def journal() -> None:
@@ -173,10 +185,11 @@ def run_build(
         write_atomic(rec_path, text)
         write_atomic(rec_dir / f"latest-cu{plan.toolchain}.json", text)
 
-    if todo:
+    if todo or pull:
         journal()           # before anything expensive: a run killed from here on leaves a "running" record
         _preflight_disk(engine, plan, cached, state, say)
-        _ensure_os_image(engine, plan, say)
+        if plan.nodes and plan.nodes[0].name in todo:
+            _ensure_os_image(engine, plan, say)
         if bundle:
             say(f"CA bundle for builds: {bundle} (BuildKit secret 'cabundle', never in a layer)")
 
@@ -192,7 +205,23 @@ def run_build(
             if node.kind == "wheels":
                 entry["wheels"] = (wheelhouse.entry(node.name) or {}).get("wheels", {})
             say(f"[{i}/{len(plan.nodes)}] {node.name}: cached ({node.tag})")
+            if cache is not None and not cache.read_only and node.name in in_cache and not in_cache[node.name]:
+                push_node(cache, node, entry, say, f"[{i}/{len(plan.nodes)}] {node.name}")
             continue
+        if in_cache.get(node.name):
+            from cudastack.node_cache import serve_node
+
+            entry["status"] = "pulling"
+            journal()
+            try:
+                if serve_node(cache, node, in_cache[node.name], entry, wheelhouse, say, f"[{i}/{len(plan.nodes)}]"):
+                    journal()
+                    continue
+            except LockError as exc:
+                error = exc
+                record["error"] = str(exc)
+                journal()
+                continue
         say(f"[{i}/{len(plan.nodes)}] {node.name}: building {node.tag}"
             + (f" ({', '.join(f'{k.name}={k.value}' for k in node.knobs if k.name in node.parallel_knobs)})"
                if node.parallel_knobs else ""))
@@ -211,6 +240,8 @@ def run_build(
         ctx = None
         secret_dir = None
         try:
+            if node.kind == "base-pip":
+                _ensure_os_image(engine, plan, say)      # a base whose pull failed is built after all
             ctx, extra = _make_context(ctx_root, node, wheelhouse, plan, ca_bundle=bundle, say=say)
             if "_sdist" in extra:
                 entry["sdist"] = extra.pop("_sdist")
@@ -261,6 +292,13 @@ def run_build(
             size = f", {info['size_bytes'] / 2**30:.2f} GiB" if info["size_bytes"] else ""
             wheels = f", wheels: {', '.join(entry['wheels'])}" if entry["wheels"] else ""
             say(f"[{i}/{len(plan.nodes)}] {node.name}: built in {_fmt_s(entry['duration_s'])}{size}{wheels}")
+            if cache is not None and not cache.read_only:
+                if entry.get("builder") and node.kind == "wheels":
+                    entry["cache"] = {"status": "not pushed", "error": "built on another builder: this engine "
+                                      "holds a marker image without the wheels"}
+                else:
+                    journal()
+                    push_node(cache, node, entry, say, f"[{i}/{len(plan.nodes)}] {node.name}")
         except StackError as exc:
             if isinstance(exc, BuildError) and getattr(plan, "locked", False):
                 exc = locked_failure(node.name, log) or exc
@@ -301,9 +339,11 @@ def run_build(
     journal()
     record["record_path"] = str(rec_path)
     built = [n["name"] for n in record["nodes"] if n["status"] == "built"]
+    pulled = [n["name"] for n in record["nodes"] if n["status"] == "pulled"]
     skipped = [n["name"] for n in record["nodes"] if n["status"] == "skipped"]
     say(f"done in {_fmt_s(record['duration_s'])}: built {', '.join(built) or 'nothing'}; "
-        f"skipped {', '.join(skipped) or 'nothing'}; {record['docker_builds']} docker builds; record {rec_path}")
+        + (f"pulled from the node cache {', '.join(pulled) or 'nothing'}; " if cache is not None else "")
+        + f"skipped {', '.join(skipped) or 'nothing'}; {record['docker_builds']} docker builds; record {rec_path}")
     if error:
         raise error
     return record
@@ -337,10 +377,12 @@ def _abs_dockerfile(node: PlannedNode) -> Path:
     return p
 
 
-def dry_run(plan: BuildPlan, *, state_dir: str | Path = ".stack", engine: Engine | None = None) -> str:
+def dry_run(plan: BuildPlan, *, state_dir: str | Path = ".stack", engine: Engine | None = None, cache=None) -> str:
     """The plan's text with each node's cached state when a daemon answers (else 'unknown'). A wheels node
     whose image exists but whose wheels this state folder lacks (a fresh checkout) reads "to export": the run
-    exports its wheels again from BuildKit's cache, with no compile."""
+    exports its wheels again from BuildKit's cache, with no compile. With ``cache`` (an opened
+    :class:`cudastack.node_cache.NodeCache`), a node not cached here that the registry holds reads "in the registry
+    cache (sha256:...)"."""
     cached = None
     note = ""
     export: set[str] = set()
@@ -352,4 +394,6 @@ def dry_run(plan: BuildPlan, *, state_dir: str | Path = ".stack", engine: Engine
         export = {n.name for n in plan.nodes if n.kind == "wheels" and not cached[n.name] and engine.exists(n.tag)}
     except EnvironmentError_ as exc:
         note = f"\n(no cached state: {exc})"
-    return render_plan(plan, cached, state_dir=str(state_dir), export=export) + note
+    remote = cache.probe_plan(plan, cached, _say_default, for_push=False) if cache and cached is not None else {}
+    return render_plan(plan, cached, state_dir=str(state_dir), export=export, remote=remote,
+                       cache_prefix=cache.prefix if cache is not None else "") + note

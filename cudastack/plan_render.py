@@ -12,10 +12,13 @@ if TYPE_CHECKING:                  # cudastack.plan imports this module
 
 
 def render_plan(plan: BuildPlan, cached: dict[str, bool] | None = None, *, state_dir: str = ".stack",
-                export: set[str] | frozenset = frozenset()) -> str:
+                export: set[str] | frozenset = frozenset(), remote: dict[str, str | None] | None = None,
+                cache_prefix: str = "") -> str:
     """The ``--dry-run`` text of ``plan`` (a :class:`cudastack.plan.BuildPlan`): header (toolchain, base, archs,
-    builder, memory rule), then each node with its hash, cached or not (``cached`` None: unknown, no daemon
-    asked), tag, parents, build args and every knob with its value, source and why. Pure; returns the text."""
+    builder, memory rule), then each node with its hash, its state (``cached here``, ``in the registry cache``
+    with the digest ``remote`` gives for it, ``to export``, ``to build``; ``cached`` None: unknown, no daemon
+    asked), tag, parents, build args and every knob with its value, source and why. ``remote``: {node: digest or
+    None} read from the node cache at ``cache_prefix``. Pure; returns the text."""
     lines = []
     res = plan.resources
     base_desc = plan.base_image
@@ -32,10 +35,16 @@ def render_plan(plan: BuildPlan, cached: dict[str, bool] | None = None, *, state
     lines.append(f"Wheelhouse: {state_dir}/{plan.wheelhouse}")
     if plan.skipped:
         lines.append(f"Skipped by --skip: {', '.join(plan.skipped)}")
+    if cache_prefix:
+        lines.append(f"Node cache: {cache_prefix}")
+    remote = remote or {}
     todo = 0.0
     for i, n in enumerate(plan.nodes, 1):
-        state = "unknown" if cached is None else ("cached" if cached.get(n.name) else "to build")
-        if cached is not None and not cached.get(n.name) and n.name in export:
+        state = "unknown" if cached is None else ("cached here" if cached.get(n.name) else "to build")
+        if cached is not None and not cached.get(n.name) and remote.get(n.name):
+            state = f"in the registry cache ({remote[n.name]}: the run pulls it)"
+            todo += n.est_disk_gib
+        elif cached is not None and not cached.get(n.name) and n.name in export:
             state = "to export (its image exists: the run exports its wheels again from the build cache, no compile)"
         elif cached is not None and not cached.get(n.name):
             todo += n.est_disk_gib
@@ -57,12 +66,15 @@ def render_plan(plan: BuildPlan, cached: dict[str, bool] | None = None, *, state
             lines.append(f"    knob    {knob.name}={knob.value}  [{knob.source}]{why}")
         for note in n.notes:
             lines.append(f"    note    {note}")
-        if n.name not in export:
+        if n.name not in export and not remote.get(n.name):
             lines += costs.cost_lines(n, res, state_dir)     # source nodes: arch flags, units, jobs, time
     lines.append("")
     if cached is not None:
-        lines.append(f"{sum(1 for n in plan.nodes if cached.get(n.name))} of {len(plan.nodes)} nodes cached; "
-                     f"about {todo:g} GiB of disk needed for the rest.")
+        here = sum(1 for n in plan.nodes if cached.get(n.name))
+        pulls = sum(1 for n in plan.nodes if not cached.get(n.name) and remote.get(n.name))
+        lines.append(f"{here} of {len(plan.nodes)} nodes cached"
+                     + (f" here, {pulls} in the registry cache" if cache_prefix else "")
+                     + f"; about {todo:g} GiB of disk needed for the rest.")
     else:
         lines.append("Cached state unknown (no Docker daemon asked).")
     for w in plan.warnings:

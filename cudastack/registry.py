@@ -60,8 +60,8 @@ from cudastack.reference import (  # noqa: F401 - re-exported: callers import th
     _DIGEST_RE, DOCKER_HUB, DOCKER_HUB_API, ImageReference, check_digest, is_loopback, parse_reference,
     parse_registry_prefix)
 from cudastack.registry_digest import (  # noqa: F401 - re-exported: callers import them from here
-    _GONE_WORDS, _LOGIN_WORDS, _checked, _hide, _read_failure, _says, engine_digest, resolve_digest,
-    skopeo_digest)
+    _GONE_WORDS, _LOGIN_WORDS, _checked, _hide, _read_failure, _says, engine_digest, engine_digest_or_none,
+    resolve_digest, skopeo_digest)
 from cudastack.docker_engine import docker_client  # noqa: F401 - re-exported: callers import it from here
 from cudastack.registry_login import (  # noqa: F401 - re-exported: callers import them from here
     _login_url_ok, check_login_destination, checked_login, ping, registry_credentials,
@@ -86,12 +86,15 @@ class PushedImage:
                 "image_id": self.image_id, "tag": self.tag}
 
 
-def _stream_errors(stream) -> tuple[list[str], Optional[str]]:
-    """Collect error messages and the ``aux`` digest from a decoded docker push/pull JSON stream."""
+def _stream_errors(stream, on_chunk: Optional[Callable[[dict], None]] = None) -> tuple[list[str], Optional[str]]:
+    """Collect error messages and the ``aux`` digest from a decoded docker push/pull JSON stream; ``on_chunk``
+    sees every decoded record (``{"status", "id", "progressDetail": {"current", "total"}}``) as it arrives."""
     errors, digest = [], None
     for chunk in stream:
         if not isinstance(chunk, dict):
             continue
+        if on_chunk is not None:
+            on_chunk(chunk)
         if chunk.get("error") or chunk.get("errorDetail"):
             errors.append(str(chunk.get("error") or chunk["errorDetail"].get("message", "")))
         aux = chunk.get("aux") or {}
@@ -175,11 +178,13 @@ def push_image(local_image: str, target: str, *, client=None,
 
 
 def pull_by_digest(reference: str, *, expected_image_id: Optional[str] = None, client=None,
-                   progress: Callable[[str], None] = lambda s: None):
+                   progress: Callable[[str], None] = lambda s: None,
+                   on_chunk: Optional[Callable[[dict], None]] = None):
     """Pull ``registry/name@sha256:...`` (or the enroot spelling) through the Docker engine and verify it: the
     registry still serves that digest, the pulled image lists it in ``RepoDigests``, and (when given) its
-    image id equals ``expected_image_id``. Returns the docker SDK Image. Raises UsageError (no digest),
-    RegistryError (registry down, unknown digest, login refused, another image)."""
+    image id equals ``expected_image_id``. ``on_chunk`` sees each record of the engine's pull stream (layer
+    status: "Downloading", "Already exists", "Pull complete"). Returns the docker SDK Image. Raises UsageError
+    (no digest), RegistryError (registry down or gone mid-pull, unknown digest, login refused, another image)."""
     import docker.errors
 
     ref = parse_reference(reference)
@@ -190,7 +195,7 @@ def pull_by_digest(reference: str, *, expected_image_id: Optional[str] = None, c
     engine_digest(ref, client, creds=creds)          # raises if the registry lost it or serves another digest
     progress(f"pulling {ref.pinned()}")
     try:
-        errors, _ = _stream_errors(client.api.pull(ref.name, tag=ref.digest, stream=True, decode=True))
+        errors, _ = _stream_errors(client.api.pull(ref.name, tag=ref.digest, stream=True, decode=True), on_chunk)
     except (docker.errors.APIError, requests.exceptions.RequestException) as exc:
         errors = [str(getattr(exc, "explanation", None) or exc)]
     if errors:

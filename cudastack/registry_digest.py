@@ -89,6 +89,24 @@ def engine_digest(ref: ImageReference, client, *, creds: Optional[dict] = None) 
     return _checked(ref, reference, data.id, "The Docker engine")
 
 
+def engine_digest_or_none(ref: ImageReference, client, *, creds: Optional[dict] = None) -> Optional[str]:
+    """As :func:`engine_digest`, but None when the registry answers that it has no such manifest or repository
+    (HTTP 404: "manifest unknown", "name unknown"; Distribution spec, "Pulling manifests"): a cache miss, not a
+    fault. Raises RegistryError for everything else (login missing or refused, registry gone)."""
+    import docker.errors
+
+    reference = ref.digest or ref.tag or "latest"
+    name = f"{ref.name}@{reference}" if reference.startswith("sha256:") else f"{ref.name}:{reference}"
+    try:
+        data = client.images.get_registry_data(name)
+    except docker.errors.APIError as exc:
+        text = str(exc.explanation or exc)
+        if exc.status_code == 404 or _says(text.lower(), ("manifest unknown", "name unknown")):
+            return None
+        raise _read_failure(ref, reference, text, creds, "the Docker engine") from None
+    return _checked(ref, reference, data.id, "The Docker engine")
+
+
 def skopeo_digest(ref: ImageReference, *, creds: Optional[dict] = None, timeout: float = 120.0) -> str:
     """The manifest digest of ``ref`` read without a Docker engine: sha256 of ``skopeo inspect --raw``'s
     output (the manifest bytes as served). ``creds`` (from the credential store) reach skopeo through a

@@ -34,6 +34,12 @@ _HELP = {
     "builder": "Send source nodes to this buildx builder (docker buildx create --name NAME ...); their wheels come "
                "back to the wheelhouse. See --builder-nodes.",
     "builder_nodes": "With --builder: 'source' (default: the nodes that compile, source and aot builds) or 'all' (every node but the base).",
+    "cache": "A registry node cache, REGISTRY[:PORT]/PREFIX (default: $CUDASTACK_NODE_CACHE): a node the registry "
+             "holds under its hash tag is pulled instead of built (under --locked, checked against the lock); a node "
+             "built here is pushed there. The login comes from `docker login`.",
+    "cache_read_only": "With --cache: pull from the node cache, never push to it.",
+    "cache_optional": "With --cache: when the registry does not answer, warn and build without it (default: stop "
+                      "with exit 8 before any work).",
     "locked": "Build only what lockfiles/<cuda>.lock.yaml pins (hash-checking pip installs, base digest); the plan "
               "is verified against the lock first, and the build's outputs are recorded into it.",
 }
@@ -143,16 +149,37 @@ def check_base_registry(plan, engine) -> None:
             "first (`docker load`, or a pull through a reachable mirror). Nothing was built.") from None
 
 
+def _open_cache(prefix: str, read_only: bool, optional: bool, client):
+    """The node cache for ``prefix`` ("" -> None), its registry checked before any work
+    (:meth:`cudastack.node_cache.NodeCache.open`); ``client`` None: a docker SDK client of the engine (dry run)."""
+    if not prefix:
+        return None
+    from cudastack.node_cache import NodeCache
+
+    if client is None:
+        from cudastack.docker_engine import docker_client
+
+        client = docker_client()
+    return NodeCache.open(prefix, client, read_only=read_only, optional=optional,
+                          say=lambda m: print(m, file=sys.stderr, flush=True))
+
+
 @task(help=_HELP, iterable=["skip", "method", "source"], auto_shortflags=False)
 def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jobs=None, nvcc_threads=None,
           ca_bundle=None, recipes=None, state_dir=".stack", locked=False, prefix=None,
-          lockfiles=None, method=None, source=None, builder=None, builder_nodes="source"):
+          lockfiles=None, method=None, source=None, builder=None, builder_nodes="source", cache=None,
+          cache_read_only=False, cache_optional=False):
     """Build a toolchain's images (base -> torch -> wheels -> runtime) with BuildKit; cached nodes are skipped."""
     from cudastack.build import dry_run as render_dry_run, run_build
+    from cudastack.node_cache import cache_prefix
     from cudastack.radar import refuse_engine_pin_conflicts
 
     arch_source = None     # the arch list's source in the dry run: cli, default, or the lock it came from
     try:
+        prefix_cache = cache_prefix(cache)   # --cache, else $CUDASTACK_NODE_CACHE; a login in it is refused
+        if (cache_read_only or cache_optional) and not prefix_cache:
+            raise UsageError("--cache-read-only and --cache-optional need a node cache: add --cache REGISTRY/PREFIX "
+                             "or set CUDASTACK_NODE_CACHE.")
         if locked:
             from cudastack import lock as L
 
@@ -187,10 +214,14 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
                          arch_source=arch_source)   # input errors first
             plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=_builder_resources(),
                          prefix=prefix, method=method, source=source, arch_source=arch_source)
+            node_cache = _open_cache(prefix_cache, cache_read_only, cache_optional, None)
             if locked:
-                L.prepare_locked_build(plan, L.lock_path(plan.toolchain, lockfiles), say=say, cache_dirs=caches(plan))
+                lock = L.prepare_locked_build(plan, L.lock_path(plan.toolchain, lockfiles), say=say,
+                                              cache_dirs=caches(plan))
                 say(f"{L.lock_path(plan.toolchain, lockfiles)} verified against the plan; locked tags below")
-            print(render_dry_run(plan, state_dir=state_dir))
+                if node_cache is not None:
+                    node_cache.lock = lock
+            print(render_dry_run(plan, state_dir=state_dir, cache=node_cache))
             if bx is not None:
                 from cudastack.builders import sent
                 names = [n.name for n in plan.nodes if sent(n, builder_nodes)]
@@ -207,11 +238,14 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
                      prefix=prefix, method=method, source=source, arch_source=arch_source)
         for w in plan.warnings:
             print(f"warning: {w}", file=sys.stderr)
+        node_cache = _open_cache(prefix_cache, cache_read_only, cache_optional, engine.client)  # before any work
         lock_file = None
         if locked:
             lock_file = L.lock_path(plan.toolchain, lockfiles)
-            L.prepare_locked_build(plan, lock_file, client=engine.client, say=say, cache_dirs=caches(plan))
+            lock = L.prepare_locked_build(plan, lock_file, client=engine.client, say=say, cache_dirs=caches(plan))
             say(f"{lock_file} verified against the plan")
+            if node_cache is not None:
+                node_cache.lock = lock
         check_base_registry(plan, engine)
         if bx is not None:
             from cudastack.builders import check_parents
@@ -219,10 +253,13 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
                 print(f"note: {note}", file=sys.stderr)
         _sigterm_as_interrupt()
         record = run_build(plan, state_dir=state_dir, ca_bundle=ca_bundle, engine=engine, builder=bx,
-                           builder_nodes=builder_nodes)
+                           builder_nodes=builder_nodes, cache=node_cache)
         if lock_file is not None:
             L.record_build_outputs(lock_file, record)
         print(f"record: {record['record_path']}")
+        for f in record.get("cache_failures") or []:
+            print(f"warning: node cache {f['op']} of {f['node']} failed (the build's result stands): {f['error']}",
+                  file=sys.stderr)
         print(final_line(record))
     except StackError as exc:
         _fail(exc)

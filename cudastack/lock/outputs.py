@@ -57,13 +57,13 @@ def record_push(path: str | Path, node: str, pushed) -> dict:
 def record_build_outputs(path: str | Path, build_record: dict) -> dict:
     """Record a build record's results (``cudastack.build.run_build``'s dict: ``nodes[].{name, status,
     image_id, tag, plan_hash, wheels: {file: sha256}}``) into ``outputs`` of the lock at ``path``, atomically,
-    for every node that was built or found cached. The node's ``plan_hash`` becomes the plan hash the build
-    used (the lock was verified against that plan: a change that leaves every pin as it was, such as the
-    suite's code, needs no relock), so a later relock of the same plan keeps these outputs. A push recorded
+    for every node that was built, found cached or pulled from a node cache. The node's ``plan_hash`` becomes
+    the plan hash the build used (the lock was verified against that plan: a change that leaves every pin as it
+    was, such as the suite's code, needs no relock), so a later relock of the same plan keeps these outputs. A push recorded
     for another image of the node is dropped: it no longer describes what the lock's outputs are."""
     def fn(lock):
         for n in build_record.get("nodes", []):
-            if n.get("status") not in ("built", "skipped") or n.get("name") not in lock["nodes"]:
+            if n.get("status") not in ("built", "skipped", "pulled") or n.get("name") not in lock["nodes"]:
                 continue
             if n.get("plan_hash"):
                 lock["nodes"][n["name"]]["plan_hash"] = n["plan_hash"]

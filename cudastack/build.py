@@ -23,15 +23,16 @@ State folder layout (default ``.stack/``)::
     logs/<run id>/<node>.log             each node's full BuildKit log
     records/build-cu13.1-<run id>.json   the build record; records/latest-cu13.1.json the newest one
 
-Run journal: the record is written (status "running", with this process's pid, its start time and host)
-before the first docker build and rewritten as each node starts ("building") and ends, so a run killed
+Run journal: the record is written (status "running", with this process's pid, its start time, host and run
+lock: an flock held for the run's life, :class:`cudastack.build_journal.RunLock`) before the first docker build and rewritten as each node starts ("building") and ends, so a run killed
 outright (SIGKILL, OOM killer, power loss) leaves a record that says how far it got. The next run of that
 toolchain finds a "running" record whose process is gone, rewrites it as "interrupted" (the node it was
 building too) and says so, and removes the stale ``.export-<node>-p<pid>-*`` folders such runs leave beside
 the wheelhouse (a folder whose pid is alive belongs to a build still running and is kept).
 
 Build record (JSON): ``{"format": 1, "run_id", "toolchain", "cuda_version", "archs", "base", "status"
-("running" | "ok" | "failed" | "interrupted"), "pid", "host", "proc_start", "started", "finished" (UTC ISO 8601), "duration_s", "docker_builds" (how many docker
+("running" | "ok" | "failed" | "interrupted"), "pid", "host", "proc_start", "lock" (the run lock's path in the
+state folder, or null where flock is not offered), "started", "finished" (UTC ISO 8601), "duration_s", "docker_builds" (how many docker
 builds were issued), "wheelhouse", "nodes": [{"name", "kind", "method", "hash", "tag", "status" ("built" |
 "skipped" | "failed" | "building" | "interrupted" | "not reached"), "duration_s", "image_id", "size_bytes", "log",
 "wheels": {file: sha256}, "knobs": {name: value}, "child_pid" (the docker CLI of a node being built), "compiled" (the last ninja counter of a node that did not
@@ -59,7 +60,7 @@ from cudastack.build_context import (  # noqa: F401 - re-exported: callers impor
     _CTX_IGNORE, PYPI_SIMPLE, _make_context, cached_map, fetch_sdist, locked_failure, node_cached, unpack_patched,
     wheels_locked)
 from cudastack.build_journal import (  # noqa: F401 - re-exported: callers import them from here
-    _process_alive, _proc_start, recover_interrupted, remove_stale_exports)
+    RunLock, _process_alive, _proc_start, recover_interrupted, remove_stale_exports, remove_stale_locks)
 from cudastack.credentials import scrub
 from cudastack.engine import Engine, _fmt_s, resolve_ca_bundle
 from cudastack.node_cache import push_node
@@ -133,6 +134,14 @@ def run_build(
     for a missing --ca-bundle, and BuildError when a node fails (after writing a record with status
     "failed"; the error carries the failing step's last lines and the log path).
     """
+    with RunLock(Path(state_dir).resolve()) as run_lock:
+        return _run_build(plan, state_dir=state_dir, ca_bundle=ca_bundle, engine=engine, say=say, builder=builder,
+                          builder_nodes=builder_nodes, run_lock=run_lock)
+
+
+def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None, engine: Engine | None,
+               say: Say | None, builder, builder_nodes: str, run_lock: RunLock) -> dict:
+    """:func:`run_build`'s body, run while this process holds ``run_lock`` (the journal's liveness mark)."""
     say = say or _say_default
     state = Path(state_dir).resolve()
     bundle = resolve_ca_bundle(ca_bundle)
@@ -147,8 +156,9 @@ def run_build(
 
     rec_dir = state / "records"
     recover_interrupted(state, plan.toolchain, say)
-    remove_stale_exports(wheelhouse.path.parent, say)
-    remove_stale_exports(state, say, ".secrets-*", "secret folder(s) of killed runs")
+    remove_stale_exports(wheelhouse.path.parent, say, locks=state / "locks")
+    remove_stale_exports(state, say, ".secrets-*", "secret folder(s) of killed runs", locks=state / "locks")
+    remove_stale_locks(state)
 
     cached = cached_map(engine, wheelhouse, plan)
     in_cache = cache.probe_plan(plan, cached, say) if cache is not None else {}
@@ -165,6 +175,7 @@ def run_build(
         "archs": plan.target_archs, "base": plan.base_kind, "base_image": plan.base_image,
         "recipes": plan.recipes_dir, "skipped_components": plan.skipped, "status": "running",
         "pid": os.getpid(), "proc_start": _proc_start(os.getpid()), "host": socket.gethostname(),
+        "lock": run_lock.name,
         "started": started.isoformat(timespec="seconds"), "finished": None, "duration_s": None,
         "docker_builds": 0, "wheelhouse": str(wheelhouse.path), "buildkit": engine.buildkit.describe(),
         "nodes": [{"name": node.name, "kind": node.kind, "method": node.method, "hash": node.hash,

@@ -32,6 +32,7 @@ from cudastack.radar_checks import COMPONENTS, ENGINE, STACK, Checker, Pin
 from cudastack.radar_checks import KERNELS, recipe_pins  # noqa: F401 - re-exported: callers import them from here
 from cudastack.recipes import RecipeSet, Toolchain, load_recipes
 from cudastack.scan import scan_package, scan_release
+from stackprobe import mdtable
 from stackprobe.archs import parse_arch
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -300,24 +301,20 @@ def _toolkit_effect(ck: Checker, pv: Version, av: Version, nv: Version, target) 
 
 
 # ------------------------------------------------------------------------------------ output
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
 def render_markdown(r: Radar) -> str:
     """One Markdown table for one toolchain, with the engine-pin conflicts under it."""
     lines = [f"## CUDA {r.toolchain} (toolkit {r.cuda_version}; {r.python}; target {r.target})", "",
              f"Engine: {r.engine or 'none pinned'}. Read from {r.index_url} (project pages of {r.as_of or 'unknown date'}) "
              "and from the released files; `invoke outdated` writes this table.", "",
-             "| component | pinned | newest | newest allowed | held back by | what a move would change in the verdicts |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             *mdtable.header(("component", "pinned", "newest", "newest allowed", "held back by",
+                              "what a move would change in the verdicts"))]
     for row in r.rows:
         p = row.pinned
         pinned = p.version + ("" if p.locked is None else " (locked)" if p.locked == p.version else
                               f" (lock: {p.locked or 'not recorded'})")
         held = "; ".join(row.holds) if row.holds else ("-" if row.allowed == row.newest else "")
-        lines.append("| " + " | ".join(_cell(x) for x in (row.name, pinned, row.newest, row.allowed, held,
-                                                            row.move + ("; " + "; ".join(row.notes) if row.notes else ""))) + " |")
+        lines.append(mdtable.row((row.name, pinned, row.newest, row.allowed, held,
+                                  row.move + ("; " + "; ".join(row.notes) if row.notes else ""))))
     lines.append("")
     if r.conflicts:
         lines.append("Pins that refuse this toolchain as written:")

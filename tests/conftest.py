@@ -8,7 +8,7 @@ import pytest
 from cudastack.recipes import DEFAULT_RECIPES_DIR
 
 # In CI a skip is a failure, apart from GPU and full-stack tests (tests/require_all.py).
-pytest_plugins = ["require_all"]
+pytest_plugins = ["require_all", "validate_fixtures"]   # validate_fixtures: the real SGLang / FlashInfer wheels
 
 
 @pytest.fixture

@@ -156,6 +156,52 @@ def test_recovery_tells_dead_runs_from_live_ones(tmp_path):
     assert remove_stale_exports(tmp_path, said.append, ".secrets-*", "secret folders") == [f".secrets-p{dead.pid}-k"]
 
 
+def test_the_run_lock_tells_a_live_holder_from_a_stale_record(tmp_path):
+    """Without docker: a "running" record whose lock file no process holds is interrupted even though its pid
+    and start time are this live process's (what a recycled pid looks like to the pid check); one whose lock a
+    live process holds is left alone, with its export folder, until that holder is SIGKILLed; then the record,
+    the folder and the lock file all go."""
+    from cudastack.build import _proc_start, recover_interrupted, remove_stale_exports, remove_stale_locks
+    from cudastack.build_journal import lock_held, lock_name
+
+    rec_dir, locks, wh = tmp_path / "records", tmp_path / "locks", tmp_path / "wheelhouse"
+    rec_dir.mkdir()
+    locks.mkdir()
+    wh.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom pathlib import Path\nfrom cudastack.build_journal import RunLock\n"
+         "with RunLock(Path(sys.argv[1])) as lk:\n    print(lk.name, flush=True)\n    time.sleep(600)\n",
+         str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "validate")])})
+    try:
+        assert holder.stdout.readline().strip() == lock_name(holder.pid)
+        stale = lock_name(os.getpid() + 1_000_000)            # a lock file left behind, no holder
+        (tmp_path / stale).touch()
+        assert lock_held(tmp_path / lock_name(holder.pid)) is True and lock_held(tmp_path / stale) is False
+        for run, pid, lock in (("stale", os.getpid(), stale), ("held", holder.pid, lock_name(holder.pid))):
+            (rec_dir / f"build-cu13.1-{run}.json").write_text(json.dumps(
+                {"run_id": run, "status": "running", "pid": pid, "proc_start": _proc_start(pid), "lock": lock,
+                 "host": os.uname().nodename, "started": "2026-01-01T00:00:00+00:00", "nodes": []}))
+        (wh / f".export-x-p{holder.pid}-q").mkdir()
+        said: list[str] = []
+        assert [r["run_id"] for r in recover_interrupted(tmp_path, "13.1", said.append)] == ["stale"]
+        assert json.loads((rec_dir / "build-cu13.1-held.json").read_text())["status"] == "running"
+        assert remove_stale_exports(wh, said.append, locks=locks) == []
+        assert remove_stale_locks(tmp_path) == [Path(stale).name]
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(timeout=30)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    # the kernel dropped the lock with its holder: the same checks now call the run dead
+    assert lock_held(tmp_path / lock_name(holder.pid)) is False
+    assert [r["run_id"] for r in recover_interrupted(tmp_path, "13.1", said.append)] == ["held"]
+    assert remove_stale_exports(wh, said.append, locks=locks) == [f".export-x-p{holder.pid}-q"]
+    assert remove_stale_locks(tmp_path) == [Path(lock_name(holder.pid)).name]
+    assert list(locks.iterdir()) == []
+
+
 def test_child_started_with_die_with_parent_ends_when_its_parent_is_sigkilled(tmp_path):
     """Without docker: the engine's preexec_fn (PR_SET_PDEATHSIG) on a plain child. The parent, SIGKILLed,
     runs no handler; the child still ends within seconds. Started without it, the child outlives the parent."""

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from validate_support import engine_copy, evidence, fake_nvcc, pip_target, run_suite, suite_venv, verdict
+from validate_support import engine_copy, evidence, pip_target, run_suite, verdict
 
 pytestmark = pytest.mark.network
 
-SGLANG = "sglang==0.5.23"
 FUSION = "flashinfer-allreduce-fusion"
 SYMM = "torch-symm-mem"
 CAR = "sglang-custom-allreduce"
@@ -20,26 +19,6 @@ COMM = "sglang/srt/distributed/device_communicators"
 MSCCLPP_REL = "srt/distributed/device_communicators/pymscclpp.py"
 # what a default-off flag reads as, by what setting it does on the target (schema 3; schema 2 said blocked (setting))
 OFF_BY_DEFAULT = ("opt-in", "falls-back-if-set", "startup-failure-if-set", "not-installed")
-
-
-@pytest.fixture(scope="module")
-def venv():
-    return suite_venv()
-
-
-@pytest.fixture(scope="module")
-def sglang():
-    return pip_target(SGLANG)
-
-
-@pytest.fixture(scope="module")
-def fi():
-    return pip_target("flashinfer-python==0.7.2")
-
-
-@pytest.fixture(scope="module")
-def nvcc131(tmp_path_factory):
-    return fake_nvcc(tmp_path_factory.mktemp("nvcc131") / "bin", "13.1", "13.1.80").parent
 
 
 @pytest.fixture(scope="module")
@@ -305,16 +284,6 @@ def test_c18_without_sglang_every_engine_answer_is_skipped_and_no_headline_passe
 
 
 # --- server arguments, read from the installed release -----------------------------------------------
-@pytest.fixture(scope="module")
-def sglang059():
-    return pip_target("sglang==0.5.9")
-
-
-@pytest.fixture(scope="module")
-def fi063():
-    return pip_target("flashinfer-python==0.6.3")
-
-
 def test_server_arguments_read_from_sglang_0_5_9_and_0_5_23(venv, sglang, sglang059, fi, fi063):
     want = {FUSION: ("--enable-flashinfer-allreduce-fusion", "sglang/srt/server_args.py:4107", "server_args.py:500"),
             MSCCLPP: ("--enable-mscclpp", "sglang/srt/server_args.py:4550", "server_args.py:594"),
@@ -435,11 +404,6 @@ def test_nccl_tree_notes_that_sglang_sets_it_under_deterministic_inference(venv,
 
 
 # --- review of the committed reports (CUDA 12.8: sglang 0.5.9 / flashinfer 0.6.3; CUDA 13.1: 0.5.23 / 0.7.2) ----------
-@pytest.fixture(scope="module")
-def kern():
-    return pip_target("sglang-kernel==0.4.10")
-
-
 def test_mscclpp_library_on_0_5_9_is_sgl_kernels_bundled_ops_not_the_standalone_package(venv, sglang059, kern, real, tmp_path):
     lib = verdict(run_suite(venv, [sglang059, kern], ["--backend", MSCCLPP])[0], MSCCLPP, "library")
     assert lib["status"] == "gate-passes" and lib["lift"] == "none-needed", lib["cause"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from validate_support import evidence, pip_target, run_suite, suite_venv, verdict
+from validate_support import evidence, pip_target, run_suite, verdict
 
 pytestmark = pytest.mark.network
 
@@ -18,18 +18,7 @@ EP = "ep-flashinfer-a2a"
 
 
 @pytest.fixture(scope="module")
-def venv():
-    return suite_venv()
-
-
-@pytest.fixture(scope="module")
-def sglang():
-    return pip_target("sglang==0.5.23")
-
-
-@pytest.fixture(scope="module")
-def real(venv, sglang):
-    kern = pip_target("sglang-kernel==0.4.10")
+def real(venv, sglang, kern):
     return {
         "tp8": run_suite(venv, [sglang, kern], ["--backend", SYMM, "--backend", CAR])[0],
         "tp2": run_suite(venv, [sglang, kern], ["--backend", CAR, "--world-size", "2"])[0],

@@ -12,7 +12,7 @@ import pytest
 
 from stackprobe.report import Report
 from stackprobe.userwords import headline_line
-from validate_support import engine_copy, evidence, fake_nvcc, pip_target, suite_env, suite_venv, verdict
+from validate_support import engine_copy, evidence, suite_env, verdict
 
 pytestmark = pytest.mark.network
 
@@ -33,32 +33,7 @@ print(json.dumps(run_static(server_config=sc, **kw).to_json(), default=str))
 
 
 @pytest.fixture(scope="module")
-def venv():
-    return suite_venv()
-
-
-@pytest.fixture(scope="module")
-def sg23():
-    return pip_target("sglang==0.5.23")
-
-
-@pytest.fixture(scope="module")
-def sg9():
-    return pip_target("sglang==0.5.9")
-
-
-@pytest.fixture(scope="module")
-def fi():
-    return pip_target("flashinfer-python==0.7.2")
-
-
-@pytest.fixture(scope="module")
-def nvcc(tmp_path_factory):
-    return fake_nvcc(tmp_path_factory.mktemp("nvcc131") / "bin", "13.1", "13.1.80").parent
-
-
-@pytest.fixture(scope="module")
-def drive(venv, nvcc, tmp_path_factory):
+def drive(venv, nvcc131, tmp_path_factory):
     """``drive(paths, args=..., env=..., backends=...)`` -> report dict of the static tier for 12.0, PCIe, ws 8 and
     that server configuration (the engine answers read ``ctx.server_config``)."""
     script = tmp_path_factory.mktemp("driver") / "drive.py"
@@ -67,26 +42,26 @@ def drive(venv, nvcc, tmp_path_factory):
     def run(paths, *, args=None, env=None, backends=(FUSION, SYMM, PCIE)):
         kw = {"topology": "pcie", "world_size": 8, "backends": list(backends)}
         p = subprocess.run([str(venv), str(script), json.dumps({"args": args or {}, "env": env or {}}), json.dumps(kw)],
-                           capture_output=True, text=True, env=suite_env(paths, path_first=[nvcc]), timeout=900)
+                           capture_output=True, text=True, env=suite_env(paths, path_first=[nvcc131]), timeout=900)
         assert p.returncode == 0, p.stderr[-3000:]
         return json.loads(p.stdout)
     return run
 
 
 @pytest.fixture(scope="module")
-def none23(drive, sg23, fi):
-    return drive([sg23, fi], backends=(FUSION, SYMM, PCIE, "sglang-custom-allreduce", "mscclpp", "b12x"))
+def none23(drive, sglang, fi):
+    return drive([sglang, fi], backends=(FUSION, SYMM, PCIE, "sglang-custom-allreduce", "mscclpp", "b12x"))
 
 
 # --- C34 -----------------------------------------------------------------------------------------------
-def test_c34_pcie_ipc_is_opt_in_with_upstreams_figures_as_upstreams_claim(none23, sg23):
+def test_c34_pcie_ipc_is_opt_in_with_upstreams_figures_as_upstreams_claim(none23, sglang):
     v = verdict(none23, PCIE, "engine")
     assert (v["status"], v["gate"], v["lift"]) == ("opt-in", "setting", "setting")
     assert "opt-in: set SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1" in v["cause"]
     assert evidence(v, "user setting")["value"] == "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1"
     # upstream's figures, read from the installed module docstring, labelled as upstream's claim with file:lines
     claim = evidence(v, "upstream's claim: Measured on one 8x SM120 host")
-    text = (sg23 / PCIE_REL).read_text().splitlines()
+    text = (sglang / PCIE_REL).read_text().splitlines()
     lo, hi = (int(x) for x in claim["source"].split(":")[1].split(" ")[0].split("-"))
     assert claim["source"].startswith(f"{PCIE_REL}:{lo}-{hi} (module docstring; upstream's claim, not measured")
     assert text[lo - 1].startswith("====") and text[hi - 1].startswith("====")
@@ -101,8 +76,8 @@ def test_c34_pcie_ipc_is_opt_in_with_upstreams_figures_as_upstreams_claim(none23
     assert "do not set: --flashinfer-allreduce-fusion-backend auto (flashinfer-allreduce-fusion: start-up failure)" in line
 
 
-def test_c34_with_the_variable_set_it_is_on_as_configured_and_other_paths_keep_their_status(none23, drive, sg23, fi):
-    r = drive([sg23, fi], env=ON, backends=(PCIE,))
+def test_c34_with_the_variable_set_it_is_on_as_configured_and_other_paths_keep_their_status(none23, drive, sglang, fi):
+    r = drive([sglang, fi], env=ON, backends=(PCIE,))
     v = verdict(r, PCIE, "engine")
     assert v["status"] == "on-as-configured" and "sets SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1" in v["cause"]
     assert evidence(v, "TP allreduce dispatch: the path")["value"] == PCIE
@@ -124,20 +99,20 @@ def test_c35_fusion_backend_flag_on_major_12_is_a_start_up_failure_naming_the_ra
     assert "_resolve_backend (sglang/srt/layers/flashinfer_comm_fusion.py:100); no try on the path catches ValueError" in v["cause"]
 
 
-def test_c35_planted_try_around_the_raise_turns_it_into_a_fallback(drive, sg23, fi, tmp_path):
+def test_c35_planted_try_around_the_raise_turns_it_into_a_fallback(drive, sglang, fi, tmp_path):
     rel = "sglang/srt/layers/flashinfer_comm_fusion.py"
     old = "    return _resolve_backend(backend, get_parallel().nnodes > 1)\n"
     new = ("    try:\n        return _resolve_backend(backend, get_parallel().nnodes > 1)\n"
            "    except ValueError:\n        return None\n")
-    copy = engine_copy(sg23, tmp_path / "sg", {rel: (old, new)})
+    copy = engine_copy(sglang, tmp_path / "sg", {rel: (old, new)})
     v = verdict(drive([copy, fi], args={"--flashinfer-allreduce-fusion-backend": "auto"}, backends=(FUSION,)),
                 FUSION, "engine")
     assert v["status"] == "falls-back-if-set" and "caught at sglang/srt/layers/flashinfer_comm_fusion.py:" in v["cause"]
 
 
 # --- C36 -----------------------------------------------------------------------------------------------
-def test_c36_sglang_0_5_9_torch_symm_mem_is_a_start_up_failure_keyerror_12(drive, sg9, fi):
-    v = verdict(drive([sg9, fi], args={"--enable-torch-symm-mem": True}, backends=(SYMM,)), SYMM, "engine")
+def test_c36_sglang_0_5_9_torch_symm_mem_is_a_start_up_failure_keyerror_12(drive, sglang059, fi):
+    v = verdict(drive([sglang059, fi], args={"--enable-torch-symm-mem": True}, backends=(SYMM,)), SYMM, "engine")
     assert v["status"] == "startup-failure-if-set"
     assert "the configuration asked about sets --enable-torch-symm-mem: the server fails at start-up" in v["cause"]
     assert ("`KeyError: 12` from `TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES[self.device_capability]` at "
@@ -145,14 +120,14 @@ def test_c36_sglang_0_5_9_torch_symm_mem_is_a_start_up_failure_keyerror_12(drive
             "constructed at sglang/srt/distributed/parallel_state.py:384 outside any try") in v["cause"]
 
 
-def test_c36_planted_try_around_the_0_5_9_constructor_is_a_fallback(drive, sg9, fi, tmp_path):
+def test_c36_planted_try_around_the_0_5_9_constructor_is_a_fallback(drive, sglang059, fi, tmp_path):
     rel = "sglang/srt/distributed/parallel_state.py"
     old = ("            self.torch_symm_mem_comm = TorchSymmMemCommunicator(\n                group=self.cpu_group,\n"
            "                device=self.device,\n            )\n")
     new = ("            try:\n                self.torch_symm_mem_comm = TorchSymmMemCommunicator(\n"
            "                    group=self.cpu_group,\n                    device=self.device,\n                )\n"
            "            except KeyError:\n                pass\n")
-    copy = engine_copy(sg9, tmp_path / "sg", {rel: (old, new)})
+    copy = engine_copy(sglang059, tmp_path / "sg", {rel: (old, new)})
     v = verdict(drive([copy, fi], args={"--enable-torch-symm-mem": True}, backends=(SYMM,)), SYMM, "engine")
     assert v["status"] == "falls-back-if-set" and "the KeyError is caught at sglang/srt/distributed/parallel_state.py:" in v["cause"]
 
@@ -165,25 +140,25 @@ def test_c36_sglang_0_5_23_same_flag_falls_back_naming_the_check(none23):
     assert "the tensor goes to NCCL (pynccl, SGLang's in-place fallback) instead" in v["cause"]
 
 
-def test_c36_planted_subscript_in_0_5_23_is_a_start_up_failure(drive, sg23, fi, tmp_path):
+def test_c36_planted_subscript_in_0_5_23_is_a_start_up_failure(drive, sglang, fi, tmp_path):
     rel = "sglang/srt/distributed/device_communicators/torch_symm_mem.py"
     old = "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES.get(\n            self.device_capability\n        )"
     new = "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES[\n            self.device_capability\n        ]"
-    copy = engine_copy(sg23, tmp_path / "sg", {rel: (old, new)})
+    copy = engine_copy(sglang, tmp_path / "sg", {rel: (old, new)})
     v = verdict(drive([copy, fi], backends=(SYMM,)), SYMM, "engine")
     assert v["status"] == "startup-failure-if-set" and "`KeyError: 12`" in v["cause"]
 
 
 # --- C37 (the dispatch reader's preemption, as a status) ---------------------------------------------------
-def test_c37_pcie_ipc_preempted_by_nccl_symmetric_memory(drive, sg23, fi):
-    v = verdict(drive([sg23, fi], env=ON, args={"--enable-symm-mem": True}, backends=(PCIE,)), PCIE, "engine")
+def test_c37_pcie_ipc_preempted_by_nccl_symmetric_memory(drive, sglang, fi):
+    v = verdict(drive([sglang, fi], env=ON, args={"--enable-symm-mem": True}, backends=(PCIE,)), PCIE, "engine")
     assert v["status"] == "preempted" and v["cause"].startswith("SGLang 0.5.23: preempted by nccl-symm-mem")
     assert "sglang/srt/distributed/parallel_state.py:" in v["cause"]
 
 
 # --- C38 -----------------------------------------------------------------------------------------------
-def test_c38_deterministic_inference_keeps_pcie_ipc_off_and_names_nccl_tree(drive, sg23, fi):
-    v = verdict(drive([sg23, fi], env=ON, args={"--enable-deterministic-inference": True}, backends=(PCIE,)),
+def test_c38_deterministic_inference_keeps_pcie_ipc_off_and_names_nccl_tree(drive, sglang, fi):
+    v = verdict(drive([sglang, fi], env=ON, args={"--enable-deterministic-inference": True}, backends=(PCIE,)),
                 PCIE, "engine")
     assert (v["status"], v["gate"]) == ("falls-back-if-set", "setting")
     for cite in (f"{PCIE_REL}:111 `if deterministic: return False` in eligible_group",
@@ -194,12 +169,12 @@ def test_c38_deterministic_inference_keeps_pcie_ipc_off_and_names_nccl_tree(driv
         assert cite in v["cause"], cite
 
 
-def test_c38_one_stage_allreduce_variable_decides_alone_when_set(drive, sg23, fi):
-    v = verdict(drive([sg23, fi], env={**ON, "SGLANG_USE_1STAGE_ALLREDUCE": "1"}, backends=(PCIE,)), PCIE, "engine")
+def test_c38_one_stage_allreduce_variable_decides_alone_when_set(drive, sglang, fi):
+    v = verdict(drive([sglang, fi], env={**ON, "SGLANG_USE_1STAGE_ALLREDUCE": "1"}, backends=(PCIE,)), PCIE, "engine")
     assert v["status"] == "falls-back-if-set"
     assert "SGLANG_USE_1STAGE_ALLREDUCE=1 is set, so it decides (sglang/srt/distributed/parallel_state.py:1359)" in v["cause"]
     assert "NCCL_ALGO" not in v["cause"]          # only the deterministic-inference mode sets it
     # set to 0 it wins over the flag (is_set() first): PCIe IPC stays on
-    v0 = verdict(drive([sg23, fi], env={**ON, "SGLANG_USE_1STAGE_ALLREDUCE": "0"},
+    v0 = verdict(drive([sglang, fi], env={**ON, "SGLANG_USE_1STAGE_ALLREDUCE": "0"},
                        args={"--enable-deterministic-inference": True}, backends=(PCIE,)), PCIE, "engine")
     assert v0["status"] == "on-as-configured"

@@ -2,13 +2,11 @@
 what a user must not miss (``--strict`` turns them into an exit code, :data:`EXIT_UNHEALTHY`)."""
 from __future__ import annotations
 
+from stackprobe import mdtable
+
 #: ``python -m stackprobe --strict`` (and ``invoke validate --strict``): the report is written, and the
 #: environment health stage found at least one error
 EXIT_UNHEALTHY = 10
-
-
-def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
 
 
 def markdown(health: dict | None) -> list[str]:
@@ -39,9 +37,9 @@ def markdown(health: dict | None) -> list[str]:
     lines += [f"- info ({f['check']}): {f['message']}" for f in infos[:6]]
     blocks = health.get("blocks") or {}
     if blocks:
-        lines += ["", "| backend | blocked by the environment | what to change |", "| --- | --- | --- |"]
-        for b, bl in blocks.items():
-            lines.append(f"| {b} | {_cell(bl[0]['gate'] + ': ' + bl[0]['cause'])} | {_cell(bl[0]['lift_detail'])} |")
+        lines += ["", *mdtable.table(("backend", "blocked by the environment", "what to change"),
+                                     ((b, bl[0]["gate"] + ": " + bl[0]["cause"], bl[0]["lift_detail"])
+                                      for b, bl in blocks.items()))]
     lines.append("")
     return lines
 
@@ -50,12 +48,12 @@ def comparison(reports: list, labels: list[str]) -> list[str]:
     """The health rows of a comparison, first: errors per report and the backends each blocks."""
     if not any((r.environment or {}).get("health") for r in reports):
         return []
-    lines = ["## Environment health", "", "| | " + " | ".join(labels) + " |", "| --- | " + " | ".join("---" for _ in labels) + " |"]
+    lines = ["## Environment health", "", *mdtable.header(["", *labels])]
     errs = []
     for r in reports:
         fs = [f for f in ((r.environment or {}).get("health") or {}).get("findings", []) if f["level"] == "error"]
         errs.append("; ".join(f"**error** ({f['check']}): {f['message']}" for f in fs) or "no errors")
-    lines.append("| errors | " + " | ".join(_cell(e) for e in errs) + " |")
-    lines.append("| blocked by the environment | " + " | ".join(
-        _cell(", ".join(((r.environment or {}).get("health") or {}).get("blocks", {})) or "-") for r in reports) + " |")
+    lines.append(mdtable.row(["errors", *errs]))
+    lines.append(mdtable.row(["blocked by the environment", *(
+        ", ".join(((r.environment or {}).get("health") or {}).get("blocks", {})) or "-" for r in reports)]))
     return lines + [""]

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import REPORT_SCHEMA_VERSION, __version__
+from . import REPORT_SCHEMA_VERSION, __version__, mdtable
 from .atomic import write_atomic
 from .verdict import Verdict
 
@@ -270,13 +270,13 @@ class Report:
             lines.append("")
         roots = self.environment.get("toolkit_roots") or []
         if roots:
-            lines += ["## Toolkit roots", "", "| root | found by | nvcc | CUDART_VERSION | CUDA wheels | coherent |",
-                      "| --- | --- | --- | --- | --- | --- |"]
+            lines += ["## Toolkit roots", "",
+                      *mdtable.header(("root", "found by", "nvcc", "CUDART_VERSION", "CUDA wheels", "coherent"))]
             for r in roots:
                 wheels = ", ".join(f"{d} {v}" for d, v in (r.get("wheels") or {}).items()) or "-"
                 ok = {True: "yes", False: "**no**: " + r.get("problem", ""), None: "- (nothing to compare)"}[r.get("coherent")]
-                lines.append(f"| {r['root']} | {', '.join(r.get('found_by', []))} | {r.get('nvcc') or '-'} | "
-                             f"{r.get('cudart') or '-'} | {_cell(wheels)} | {_cell(ok)} |")
+                lines.append(mdtable.row((r["root"], ", ".join(r.get("found_by", [])), r.get("nvcc") or "-",
+                                          r.get("cudart") or "-", wheels, ok)))
             lines.append("")
         eng = (self.environment.get("packages") or {}).get("sglang")
         th = self.target_host()
@@ -285,9 +285,9 @@ class Report:
                   "Headline: the engine's answer (" + (f"SGLang {eng}" if eng else "SGLang not installed") +
                   ") where the backend has one, else the library's; a runtime verdict replaces it only when measured "
                   "on a host that matches the target.", "",
-                  "| backend | headline | library admits the target | "
-                  f"{'SGLang ' + eng if eng else 'SGLang'} will enable it here | measured here | gate | cause | "
-                  "what would lift it |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  *mdtable.header(("backend", "headline", "library admits the target",
+                                   f"{'SGLang ' + eng if eng else 'SGLang'} will enable it here", "measured here",
+                                   "gate", "cause", "what would lift it"))]
         for b in self.backends():
             v = self.verdict(b)
             a = self.answers(b)
@@ -295,15 +295,15 @@ class Report:
             here = "; ".join(f"{'SGLang' if runtime_scope(r) == 'engine' else 'library kernel'} {r.backend}: "
                              f"{r.status} ({host_label(r.host or {})})" for r in a["measured_here"] + a["runtime_target"]
                              if r is not v) or "-"
-            lines.append(f"| {b} | {_status(v)} | {_status(a['library'])} | {_status(a['engine'])} | {_cell(here)} | "
-                         f"{v.gate or '-'} | {_cell(v.cause)} | {_cell(lift)} |")
+            lines.append(mdtable.row((b, _status(v), _status(a["library"]), _status(a["engine"]), here,
+                                      v.gate or "-", v.cause, lift)))
         lines += dispatch_markdown(self.dispatch)
-        lines += ["", "## Arch coverage", "", "| package | version | level | SASS | files without the target |",
-                  "| --- | --- | --- | --- | --- |"]
+        lines += ["", "## Arch coverage", "",
+                  *mdtable.header(("package", "version", "level", "SASS", "files without the target"))]
         for c in self.coverage:
             sass = sorted({s for f in c.get("files", []) for s in f.get("sass", [])})
-            lines.append(f"| {c['package']} | {c.get('version', '')} | {c['level']} | {' '.join(sass) or '-'} | "
-                         f"{_cell(', '.join(c.get('files_without', [])) or '-')} |")
+            lines.append(mdtable.row((c["package"], c.get("version", ""), c["level"], " ".join(sass) or "-",
+                                      ", ".join(c.get("files_without", [])) or "-")))
         notes = []
         for c in self.coverage:
             rows = [f for f in c.get("files", []) if f.get("level") in ("partial", "ptx-only", "same-major", "family")]
@@ -344,9 +344,9 @@ def dispatch_markdown(d: dict) -> list[str]:
     lines += [f"Decode tensor {t.get('dtype')} {t.get('shape')} ({t.get('bytes')} bytes). Serves: **{d.get('serves') or '-'}**"
               + (f"; undecided: {d['undecided']}" if d.get("undecided") else "")
               + ("; preempted: " + ", ".join(f"{k} by {v}" for k, v in d["preempted"].items()) if d.get("preempted") else ""),
-              "", "| # | step | built | per-call admits | its condition holds | where |", "| --- | --- | --- | --- | --- | --- |"]
-    for i, s in enumerate(d.get("steps") or [], 1):
-        lines.append(f"| {i} | {s['backend']} | {s['built']} | {s['admits']} | {s['claims']} | {s['where']} |")
+              "", *mdtable.table(("#", "step", "built", "per-call admits", "its condition holds", "where"),
+                                 ((i, s["backend"], s["built"], s["admits"], s["claims"], s["where"])
+                                  for i, s in enumerate(d.get("steps") or [], 1)))]
     return lines
 
 
@@ -391,10 +391,6 @@ def coverage_note(f: dict) -> str:
     rule = {"same-major": "plain SASS of the same major, lower minor (runs on a higher minor)",
             "family": "family-specific (f) SASS of the same major"}.get(level, level)
     return f"{rule}; {counts}; by level {d.get('levels')}"
-
-
-def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
 
 
 def _short_value(value, limit: int = 300) -> str:
@@ -494,8 +490,7 @@ def comparison_markdown(reports: list[Report], labels: list[str] | None = None) 
     if len(reports) > 1 and cuda_tie(reports[0], reports[-1]):
         lines += ["", f"Why: {cuda_tie(reports[0], reports[-1])}."]
     lines += [""]
-    lines += ["| backend | " + " | ".join(labels) + " | changed | why |",
-             "| --- | " + " | ".join("---" for _ in labels) + " | --- | --- |"]
+    lines += mdtable.header(("backend", *labels, "changed", "why"))
     for c in compare(reports, labels):
         cells = []
         for r, st in zip(reports, c.statuses):
@@ -503,18 +498,18 @@ def comparison_markdown(reports: list[Report], labels: list[str] | None = None) 
             both = f"library {_status(a['library'])}; engine {_status(a['engine'])}" if a["engine"] else ""
             here = "; ".join(f"measured here ({host_label(x.host or {})}): {x.status}" for x in a["measured_here"])
             cells.append("; ".join(x for x in (f"**{st}**", both, here) if x))
-        lines.append(f"| {c.backend} | " + " | ".join(_cell(x) for x in cells) + f" | {'yes' if c.changed else 'no'} | {_cell(c.why)} |")
-    lines += ["", "| environment | " + " | ".join(labels) + " |", "| --- | " + " | ".join("---" for _ in labels) + " |"]
-    lines.append("| stack | " + " | ".join(_cell(r.headline()) for r in reports) + " |")
-    lines.append("| provenance | " + " | ".join(_cell(_provenance(r.provenance)) for r in reports) + " |")
-    lines.append("| findings | " + " | ".join(
-        _cell("; ".join(f"{f['level']}{' ' + f['case'] if f.get('case') else ''}: {f['message']}"
-                        for f in r.environment.get("findings", [])) or "-") for r in reports) + " |")
+        lines.append(mdtable.row((c.backend, *cells, "yes" if c.changed else "no", c.why)))
+    lines += ["", *mdtable.header(("environment", *labels))]
+    lines.append(mdtable.row(("stack", *(r.headline() for r in reports))))
+    lines.append(mdtable.row(("provenance", *(_provenance(r.provenance) for r in reports))))
+    lines.append(mdtable.row(("findings", *(
+        "; ".join(f"{f['level']}{' ' + f['case'] if f.get('case') else ''}: {f['message']}"
+                  for f in r.environment.get("findings", [])) or "-" for r in reports))))
     pk = sorted({c["package"] for r in reports for c in r.coverage})
     for p in pk:
         cells = []
         for r in reports:
             c = r.package_coverage(p)
             cells.append(f"{c['version']}: {c['level']}" if c else "-")
-        lines.append(f"| coverage {p} | " + " | ".join(cells) + " |")
+        lines.append(mdtable.row((f"coverage {p}", *cells)))
     return "\n".join(lines) + "\n"

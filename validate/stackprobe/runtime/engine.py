@@ -57,6 +57,7 @@ import time
 import traceback
 from pathlib import Path
 
+from .. import mdtable
 from ..atomic import write_atomic
 from .bench import Harness, Op, short_error
 from .probes import KIND_BASELINE, KIND_BACKEND, Probe, _bytes_to_numel
@@ -720,13 +721,13 @@ def markdown(result: dict) -> str:
              f"one paired sweep with sglang-pynccl as the baseline ({cfg.get('rounds')} rounds at the decode size, "
              f"{cfg.get('graph_calls')} calls per CUDA graph, {cfg.get('graph_replays')} replays per trial; work = "
              f"time - empty-graph floor; tolerance {result.get('tolerance', DEFAULT_TOLERANCE):.0%}).", "",
-             "| communicator | enabled | status | gate | ratio to pynccl [95% interval] | work us/call [95%] | "
-             "why / figures |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             *mdtable.header(("communicator", "enabled", "status", "gate", "ratio to pynccl [95% interval]",
+                              "work us/call [95%]", "why / figures"))]
     for v in result["verdicts"]:
         m = v.get("measurements") or {}
         built = next((e["value"] for e in v.get("evidence", []) if e["what"] == "as built (rank 0)"), {}) or {}
-        lines.append(f"| {v['backend']} | {'yes' if built.get('enabled') else 'no'} | {v['status']} | "
-                     f"{v['gate'] or '-'} | {_interval(m)} | {_work(m)} | {str(v['cause']).replace('|', '/')} |")
+        lines.append(mdtable.row((v["backend"], "yes" if built.get("enabled") else "no", v["status"],
+                                  v["gate"] or "-", _interval(m), _work(m), v["cause"])))
     if result["run"]["status"] != "ok":
         lines += ["", "```", *result["run"].get("tail", []), "```"]
     lines += ["", "Evidence per communicator (rank 0):", ""]

@@ -204,10 +204,12 @@ def markdown(report: dict) -> str:
              f"{len(acs['redirecting'])} redirecting of {acs['bridges_with_acs']}; env {report['env']}", "",
              f"Risks for unknown P2P: {risks(report) or 'none'}", ""]
     if p.get("cuda") or p.get("nvml"):
-        lines += ["| pair | CUDA peer access | NVML P2P read | link |", "| --- | --- | --- | --- |"]
-        for k in sorted(set(p.get("cuda", {})) | set(p.get("nvml", {}))):
-            nv = p.get("nvml", {}).get(k, {})
-            lines.append(f"| {k} | {p.get('cuda', {}).get(k, '-')} | {nv.get('p2p_read', '-')} | {nv.get('link', '-')} |")
+        from .. import mdtable
+
+        lines += mdtable.table(("pair", "CUDA peer access", "NVML P2P read", "link"),
+                               ((k, p.get("cuda", {}).get(k, "-"), p.get("nvml", {}).get(k, {}).get("p2p_read", "-"),
+                                 p.get("nvml", {}).get(k, {}).get("link", "-"))
+                                for k in sorted(set(p.get("cuda", {})) | set(p.get("nvml", {})))))
     if p.get("errors"):
         lines += ["", f"Errors: {p['errors']}"]
     return "\n".join(lines) + "\n"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .. import mdtable
 from ..archs import parse_arch
 from ..atomic import atomic_path, write_atomic
 from ..verdict import Verdict
@@ -105,8 +106,7 @@ def host_table(host: dict | None) -> list[str]:
         return []
     keys = ("compute_capability", "gpu_name", "gpus", "topology", "driver_version", "torch", "torch_cuda",
             "nccl_version")
-    return ["| host | " + " | ".join(keys) + " |", "| --- |" + " --- |" * len(keys),
-            "| measured on | " + " | ".join(str(host.get(k, "-")) for k in keys) + " |"]
+    return mdtable.table(("host", *keys), [("measured on", *(host.get(k, "-") for k in keys))])
 
 
 def markdown(report: dict, plot_name: str | None = None) -> str:
@@ -154,57 +154,59 @@ def markdown(report: dict, plot_name: str | None = None) -> str:
                 continue
             lines += [f"### {title}", ""]
             if kind == "backend":
-                lines += ["| rank | row | status | ratio to baseline [95% CI] | work us/call [95% CI] | floor us | "
-                          "rounds | step us | cause |", "| ---: | --- | --- | --- | --- | ---: | ---: | ---: | --- |"]
+                lines += mdtable.header(("rank", "row", "status", "ratio to baseline [95% CI]",
+                                         "work us/call [95% CI]", "floor us", "rounds", "step us", "cause"),
+                                        right=(0, 5, 6, 7))
             else:
-                lines += ["| rank | setting | status | ratio to baseline [95% CI] | work us/call [95% CI] | rounds | "
-                          "precondition (source) | SGLang as shipped meets it |",
-                          "| ---: | --- | --- | --- | --- | ---: | --- | --- |"]
+                lines += mdtable.header(("rank", "setting", "status", "ratio to baseline [95% CI]",
+                                         "work us/call [95% CI]", "rounds", "precondition (source)",
+                                         "SGLang as shipped meets it"), right=(0, 5))
             for i, v in enumerate(vs, 1):
                 m = v["measurements"]
-                cause = (v.get("cause") or "").replace("|", "/").replace("\n", " ")
+                cause = v.get("cause") or ""
                 for w in v.get("warnings") or []:
                     if "not met by SGLang" not in w:
                         cause += f" Note: {w}."
                 if kind == "backend":
-                    lines.append(f"| {i} | {v['backend']} | **{v['status']}** | {_ratio_text(m)} | {_work_text(m)} | "
-                                 f"{_fmt(m.get('floor_us'), 2)} | {m.get('rounds', '-')} | {_fmt(m.get('step_us'))} | "
-                                 f"{cause[:500]} |")
+                    lines.append(mdtable.row((i, v["backend"], f"**{v['status']}**", _ratio_text(m), _work_text(m),
+                                              _fmt(m.get("floor_us"), 2), m.get("rounds", "-"),
+                                              _fmt(m.get("step_us")), cause[:500])))
                 else:
                     st = m.get("setting") or {}
                     sg = st.get("sglang") or {}
                     env = ", ".join(f"{k}={val}" for k, val in (st.get("env") or {}).items())
-                    lines.append(f"| {i} | {v['backend']} (`{env}`, {st.get('scope', '')} scope) | **{v['status']}** | "
-                                 f"{_ratio_text(m)} | {_work_text(m)} | {m.get('rounds', '-')} | "
-                                 f"{st.get('precondition', '')} ({st.get('source', '')}) | "
-                                 f"{'yes' if sg.get('meets') else 'no'}: {sg.get('note', '')} |")
+                    lines.append(mdtable.row((i, f"{v['backend']} (`{env}`, {st.get('scope', '')} scope)",
+                                              f"**{v['status']}**", _ratio_text(m), _work_text(m),
+                                              m.get("rounds", "-"),
+                                              f"{st.get('precondition', '')} ({st.get('source', '')})",
+                                              f"{'yes' if sg.get('meets') else 'no'}: {sg.get('note', '')}")))
             lines.append("")
         if rest:
-            lines += ["### Not measured, blocked or in error", "", "| row | kind | status | gate | cause |",
-                      "| --- | --- | --- | --- | --- |"]
+            lines += ["### Not measured, blocked or in error", "",
+                      *mdtable.header(("row", "kind", "status", "gate", "cause"))]
             for v in rest:
-                cause = (v.get("cause") or "").replace("|", "/").replace("\n", " ")
+                cause = v.get("cause") or ""
                 if v.get("lift_detail"):
                     cause += f" Lift: {v['lift_detail']}."
                 if "ratio_to_baseline" in v["measurements"]:
                     cause += f" Ratio {_ratio_text(v['measurements'])}."
-                lines.append(f"| {v['backend']} | {v['measurements'].get('kind', '')} | {v['status']} | "
-                             f"{v.get('gate', '')} | {cause[:600]} |")
+                lines.append(mdtable.row((v["backend"], v["measurements"].get("kind", ""), v["status"],
+                                          v.get("gate", ""), cause[:600])))
         for row in run["rows"]:
             if not row.get("sweep"):
                 continue
             lines += ["", f"#### {row['backend']} @ {ws}: {row.get('label', '')}", "",
-                      "| size | time us/call [95% CI] | work us/call [95% CI] | ratio [95% CI] | busbw GB/s | rounds | "
-                      "correct (eager/sequence/timed graph) |",
-                      "| --- | --- | --- | --- | ---: | ---: | --- |"]
+                      *mdtable.header(("size", "time us/call [95% CI]", "work us/call [95% CI]", "ratio [95% CI]",
+                                       "busbw GB/s", "rounds", "correct (eager/sequence/timed graph)"), right=(4, 5))]
             for rec in row["sweep"]:
                 if "error" in rec and "work_us" not in rec:
-                    lines.append(f"| {_kb(rec['bytes'])} | error: {str(rec['error'])[:200]} | | | | | |")
+                    lines.append(mdtable.row((_kb(rec["bytes"]), f"error: {str(rec['error'])[:200]}", "", "", "", "",
+                                              "")))
                     continue
-                lines.append(f"| {_kb(rec['bytes'])} | {_ci_text(rec.get('time_us'))} | {_ci_text(rec.get('work_us'))} | "
-                             f"{_ci_text(rec.get('ratio'), 3)} | {_fmt(rec.get('busbw_gbps'), 2)} | "
-                             f"{rec.get('rounds', '-')} | {rec.get('eager_correct', '-')}/"
-                             f"{rec.get('sequence_correct', '-')}/{rec.get('timed_correct', '-')} |")
+                lines.append(mdtable.row((_kb(rec["bytes"]), _ci_text(rec.get("time_us")), _ci_text(rec.get("work_us")),
+                                          _ci_text(rec.get("ratio"), 3), _fmt(rec.get("busbw_gbps"), 2),
+                                          rec.get("rounds", "-"), f"{rec.get('eager_correct', '-')}/"
+                                          f"{rec.get('sequence_correct', '-')}/{rec.get('timed_correct', '-')}")))
             if row.get("checks"):
                 lines += ["", "Collectives captured in CUDA graphs:", ""]
                 for coll, r in row["checks"].items():

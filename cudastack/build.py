@@ -57,8 +57,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cudastack.build_context import (  # noqa: F401 - re-exported: callers import them from here
-    _CTX_IGNORE, PYPI_SIMPLE, _make_context, cached_map, fetch_sdist, locked_failure, node_cached, unpack_patched,
-    wheels_locked)
+    _CTX_IGNORE, DISK_MARGIN_GIB, PYPI_SIMPLE, _ensure_os_image, _make_context, _preflight_disk, cached_map,
+    fetch_sdist, locked_failure, node_cached, unpack_patched, wheels_locked)
 from cudastack.build_journal import (  # noqa: F401 - re-exported: callers import them from here
     RunLock, _process_alive, _proc_start, recover_interrupted, remove_stale_exports, remove_stale_locks)
 from cudastack.credentials import scrub
@@ -70,46 +70,11 @@ from cudastack.wheelhouse import Wheelhouse, sha256_file  # noqa: F401 - re-expo
 from stackprobe.atomic import write_atomic
 
 RECORD_FORMAT = 1
-DISK_MARGIN_GIB = 2.0
 Say = Callable[[str], None]
 
 
 def _say_default(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def _preflight_disk(engine: Engine, plan: BuildPlan, cached: dict[str, bool], state_dir: Path, say: Say) -> float:
-    need = sum(n.est_disk_gib for n in plan.nodes if not cached.get(n.name))
-    if need <= 0:
-        return 0.0
-    root, free = engine.root_dir_free_gib()
-    checks = [(root, free)]
-    state_dir.mkdir(parents=True, exist_ok=True)
-    checks.append((str(state_dir), shutil.disk_usage(state_dir).free / 2**30))
-    for where, gib in checks:
-        if gib is not None and gib < need + DISK_MARGIN_GIB:
-            raise EnvironmentError_(
-                f"Too little free disk: {where} has {gib:.1f} GiB free, but the {sum(not c for c in cached.values())} "
-                f"nodes to build need about {need:g} GiB (+{DISK_MARGIN_GIB:g} GiB margin). Free space "
-                "(`docker image prune`, `docker builder prune`) or move the Docker data root / --state-dir.")
-    say(f"disk: about {need:g} GiB needed; {root} has "
-        f"{'unknown' if free is None else f'{free:.1f} GiB'} free")
-    return need
-
-
-def _ensure_os_image(engine: Engine, plan: BuildPlan, say: Say) -> None:
-    if plan.base_kind != "pip" or not plan.base_image:
-        return
-    base = plan.nodes[0]
-    if not base.kind.startswith("base"):
-        return
-    if engine.exists(plan.base_image):
-        return
-    from cudastack.bootstrap import bootstrap_os_image
-
-    say(f"OS image {plan.base_image} is missing: bootstrapping Debian {plan.os_suite} (mmdebstrap + docker load)")
-    bootstrap_os_image(plan.os_suite or "bookworm", tag=plan.base_image, progress=lambda s: say(f"  {s}"),
-                       docker_cli=engine.buildkit.docker)
 
 
 def run_build(
@@ -136,11 +101,11 @@ def run_build(
     """
     with RunLock(Path(state_dir).resolve()) as run_lock:
         return _run_build(plan, state_dir=state_dir, ca_bundle=ca_bundle, engine=engine, say=say, builder=builder,
-                          builder_nodes=builder_nodes, run_lock=run_lock)
+                          builder_nodes=builder_nodes, run_lock=run_lock, cache=cache)
 
 
 def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None, engine: Engine | None,
-               say: Say | None, builder, builder_nodes: str, run_lock: RunLock) -> dict:
+               say: Say | None, builder, builder_nodes: str, run_lock: RunLock, cache=None) -> dict:
     """:func:`run_build`'s body, run while this process holds ``run_lock`` (the journal's liveness mark)."""
     say = say or _say_default
     state = Path(state_dir).resolve()

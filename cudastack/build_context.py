@@ -14,7 +14,7 @@ from typing import Callable
 
 from cudastack.credentials import redact, scrub
 from cudastack.engine import Engine
-from cudastack.errors import BuildError, LockError
+from cudastack.errors import BuildError, EnvironmentError_, LockError
 from cudastack.plan import BuildPlan, PlannedNode
 from cudastack.wheelhouse import Wheelhouse, sha256_file
 
@@ -211,3 +211,40 @@ def locked_failure(node: str, log: Path) -> LockError | None:
     text = str(err)
     return LockError(f"Locked build of {node}: {text[:1].lower()}{text[1:]} Log: {log}")
 
+
+#: free disk kept beyond the nodes' estimates (GiB) by the pre-flight check
+DISK_MARGIN_GIB = 2.0
+
+
+def _preflight_disk(engine: Engine, plan: BuildPlan, cached: dict[str, bool], state_dir: Path, say: Say) -> float:
+    need = sum(n.est_disk_gib for n in plan.nodes if not cached.get(n.name))
+    if need <= 0:
+        return 0.0
+    root, free = engine.root_dir_free_gib()
+    checks = [(root, free)]
+    state_dir.mkdir(parents=True, exist_ok=True)
+    checks.append((str(state_dir), shutil.disk_usage(state_dir).free / 2**30))
+    for where, gib in checks:
+        if gib is not None and gib < need + DISK_MARGIN_GIB:
+            raise EnvironmentError_(
+                f"Too little free disk: {where} has {gib:.1f} GiB free, but the {sum(not c for c in cached.values())} "
+                f"nodes to build need about {need:g} GiB (+{DISK_MARGIN_GIB:g} GiB margin). Free space "
+                "(`docker image prune`, `docker builder prune`) or move the Docker data root / --state-dir.")
+    say(f"disk: about {need:g} GiB needed; {root} has "
+        f"{'unknown' if free is None else f'{free:.1f} GiB'} free")
+    return need
+
+
+def _ensure_os_image(engine: Engine, plan: BuildPlan, say: Say) -> None:
+    if plan.base_kind != "pip" or not plan.base_image:
+        return
+    base = plan.nodes[0]
+    if not base.kind.startswith("base"):
+        return
+    if engine.exists(plan.base_image):
+        return
+    from cudastack.bootstrap import bootstrap_os_image
+
+    say(f"OS image {plan.base_image} is missing: bootstrapping Debian {plan.os_suite} (mmdebstrap + docker load)")
+    bootstrap_os_image(plan.os_suite or "bookworm", tag=plan.base_image, progress=lambda s: say(f"  {s}"),
+                       docker_cli=engine.buildkit.docker)

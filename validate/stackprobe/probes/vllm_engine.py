@@ -625,11 +625,12 @@ def apply_dispatch(verdicts: list[Verdict], eng: Engine) -> dict:
             "preempted": preempted}
 
 
-def engine_verdicts(ctx, backends=None) -> tuple[list[Verdict], dict]:
+def engine_verdicts(ctx, backends=None, engine: Engine | None = None) -> tuple[list[Verdict], dict]:
     """vLLM's engine answers (scope ``engine``, ``engine="vllm"``) for ``ctx`` and its dispatch section. Without vLLM:
     one ``skipped (not installed: vllm)`` per backend and ``{}``. A gate not found is an ``error`` for that backend; a
-    dispatch that cannot be read makes every would-serve answer an ``error`` too (never a pass)."""
-    eng = installed()
+    dispatch that cannot be read makes every would-serve answer an ``error`` too (never a pass). ``engine``: read this
+    vLLM folder instead of the installed one (an edited copy)."""
+    eng = engine or installed()
     names = [b for b in BACKENDS if not backends or b in backends]
     if eng is None:
         return [Verdict(b, SKIPPED, scope=SCOPE_ENGINE, gate=GATE_NOT_INSTALLED, lift=LIFT_PACKAGE, engine=DIST,

@@ -122,10 +122,10 @@ class Report:
         headline and matrix of a second engine."""
         import copy
         view = copy.copy(self)
-        first = next((e for e in self.engines if e.get("name") == name), {"name": name})
+        first: dict = next((e for e in self.engines if e.get("name") == name), {"name": name})
         view.engines = [first] + [e for e in self.engines if e is not first]
         if name != self.primary_engine():
-            view.dispatch = first.get("dispatch") or {}
+            view.dispatch = dict(first.get("dispatch") or {})
         return view
 
     # --- access ----------------------------------------------------------------------------------

@@ -127,7 +127,7 @@ def installed() -> Engine | None:
 
 
 def _where(eng: Engine, rel: str, node: ast.AST, text: str = "") -> str:
-    return f"vllm/{rel}:{node.lineno}" + (f" `{text}`" if text else "")
+    return f"vllm/{rel}:{getattr(node, 'lineno', '?')}" + (f" `{text}`" if text else "")
 
 
 def _find(fn: ast.AST, pred, what: str, eng: Engine, rel: str):

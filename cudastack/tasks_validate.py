@@ -31,6 +31,8 @@ _HELP = {
     "hide": "Folder of the image covered with an empty read-only one in the validation container (repeatable), "
             "e.g. --hide /usr/local/cuda/bin --hide /opt/venv/lib/python3.11/site-packages/nvidia/cu13/bin to run "
             "the suite with no nvcc at all; the image itself is not changed.",
+    "engine": "The serving engine whose answers the reports give: sglang, vllm or auto (default: whichever is installed "
+              "in the image, both when both are).",
     "strict": "Exit 10 (after writing the reports) when any report's environment health stage found an error (for CI).",
 }
 
@@ -38,7 +40,7 @@ _HELP = {
 @task(help=_HELP, iterable=["image", "env", "hide"], auto_shortflags=False)
 def validate(c, image=None, target_arch="12.0", out=DEFAULT_OUT, markdown=None, jit_compile=False,
              world_size=8, topology="auto", image_suite=False, order="toolchain", env=None,
-             hide=None, server_args="", strict=False):
+             hide=None, server_args="", strict=False, engine="auto"):
     """Validate images (or this environment): which allreduce backends can work for the target arch, and why."""
     from cudastack.validate_images import validate_many
 
@@ -49,6 +51,10 @@ def validate(c, image=None, target_arch="12.0", out=DEFAULT_OUT, markdown=None, 
             raise UsageError(f"--world-size {world_size!r}: give a whole number of GPUs.") from None
         if topology not in ("auto", "pcie", "nvlink"):
             raise UsageError(f"--topology {topology!r}: use auto, pcie or nvlink.")
+        from stackprobe.engines import CHOICES
+        if engine not in CHOICES:
+            raise UsageError(f"--engine {engine!r}: use one of {', '.join(CHOICES)} (auto: whichever serving engine is "
+                             "installed, both when both are).")
         extra_env = {}
         for item in env or []:
             k, sep, v = str(item).partition("=")
@@ -66,6 +72,7 @@ def validate(c, image=None, target_arch="12.0", out=DEFAULT_OUT, markdown=None, 
                                 **({"extra_env": extra_env} if extra_env and image else {}),
                                 **({"server_env": extra_env} if extra_env else {}),
                                 **({"server_args": str(server_args)} if server_args else {}),
+                                **({"engine": str(engine)} if engine != "auto" else {}),
                                 **({"hide": hidden} if hidden else {}))
     except StackError as exc:
         raise Exit(f"error: {exc}", code=exc.exit_code)

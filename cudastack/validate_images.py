@@ -30,12 +30,15 @@ MOUNT_AT = "/opt/stackprobe-src"
 
 def suite_args(target_arch: str = "12.0", *, label: str = "", jit_compile: bool = False, world_size: int = 8,
                topology: str = "auto", extra: list[str] | None = None, server_args: str = "",
-               server_env: dict | None = None) -> list[str]:
-    """The suite's command-line flags (JSON report on stdout). ``server_args`` / ``server_env``: the SGLang server
+               server_env: dict | None = None, engine: str = "auto") -> list[str]:
+    """The suite's command-line flags (JSON report on stdout). ``server_args`` / ``server_env``: the serving engine's
     flags and variables the verdicts are for (the suite's ``--server-args`` / ``--env``; it checks the flags against
-    the installed SGLang and exits 2 on one it does not define)."""
+    the installed engine and exits 2 on one it does not define). ``engine``: the suite's ``--engine`` (``sglang``,
+    ``vllm`` or ``auto``: whichever is installed, both when both are); ``auto`` is not passed (the suite's default)."""
     args = ["--json", "-", "--quiet", "--target-arch", str(target_arch), "--world-size", str(int(world_size)),
             "--topology", topology]
+    if engine != "auto":
+        args += ["--engine", engine]
     if server_args:
         args.append(f"--server-args={server_args}")
     for k, v in (server_env or {}).items():

@@ -5,6 +5,7 @@ Other forms::
     python -m stackprobe --target-arch 12.0 --jit-compile          # also compile FlashInfer's fusion module
     python -m stackprobe --compare before.json after.json          # what changed per backend, and why
     python -m stackprobe --runtime ...                              # add the runtime tier (GPU host)
+    python -m stackprobe --engine vllm                              # vLLM's answers (sglang, vllm, auto: both)
 
 Exit codes (the README's table): 0 report written; 2 bad input (unknown target arch, unreadable report, bad
 flag); 10 with ``--strict``: the environment health stage found an error (report written); 9 validation could not run: ``--runtime`` was asked for but the runtime tier cannot run here (no GPU
@@ -57,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "checked against the installed SGLang's own flags")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="an environment variable of the SGLang server the verdicts are for (repeatable)")
+    p.add_argument("--engine", default="auto", metavar="ENGINE",
+                   help="the serving engine whose answers the report gives: sglang, vllm or auto (default: whichever "
+                        "is installed, both when both are; SGLang's answers head the report then)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--strict", action="store_true",
                    help="exit 10 (after writing the report) when the environment health stage found an error (for CI)")
@@ -117,18 +121,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.world_size < 1:
         print("stackprobe: --world-size must be at least 1 (the number of GPUs one tensor-parallel group spans).", file=sys.stderr)
         return EXIT_USAGE
+    from .engines import EngineChoiceError, select
     from .probes import sglang_engine
-    from .probes.sglang_flags import ConfigError, parse_server_config
+    from .probes.sglang_flags import ConfigError
     try:
-        config = parse_server_config(args.server_args, args.env, sglang_engine.installed())
-    except (ConfigError, sglang_engine.GateNotFound) as e:
+        engines = select(args.engine)
+        configs = {e.name: e.parse_config(args.server_args, args.env) for e in engines}
+    except (EngineChoiceError, ConfigError, sglang_engine.GateNotFound) as e:
         print(f"stackprobe: {e}", file=sys.stderr)
         return EXIT_USAGE
+    config = configs[engines[0].name]
     try:
         report = run_static(args.target_arch, jit_compile=args.jit_compile, cache_dir=args.cache_dir,
                             coverage_reader=args.coverage_reader, world_size=args.world_size, topology=args.topology,
                             backends=args.backends, label=args.label, timeout=args.timeout,
-                            scan_dists=args.scan_dist, quiet=args.quiet, server_config=config)
+                            scan_dists=args.scan_dist, quiet=args.quiet, server_config=config, engines=engines,
+                            engine_configs=configs)
     except TargetArchError as e:
         print(f"stackprobe: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -104,6 +104,29 @@ class Report:
     dispatch: dict = field(default_factory=dict)
     paths: list = field(default_factory=list)
     launch_environment: dict = field(default_factory=dict)
+    # the serving engines that answered (stackprobe.engines), primary first: [{"name": "sglang" | "vllm", "title",
+    # "version", "dispatch" (a non-primary engine's dispatch of a decode allreduce)}]; [] in older reports (SGLang)
+    engines: list = field(default_factory=list)
+
+    # --- engines ---------------------------------------------------------------------------------
+    def primary_engine(self) -> str:
+        """The engine whose answers make the headline and the matrix: the first of ``engines`` (default sglang)."""
+        return (self.engines[0].get("name") if self.engines else "") or "sglang"
+
+    def _of_engine(self, v: Verdict, engine: str | None = None) -> bool:
+        want = engine or self.primary_engine()
+        return (v.engine or "sglang") == want
+
+    def engine_view(self, name: str) -> "Report":
+        """This report with ``name`` as its primary engine (its dispatch as ``dispatch``): the same verdicts, for the
+        headline and matrix of a second engine."""
+        import copy
+        view = copy.copy(self)
+        first: dict = next((e for e in self.engines if e.get("name") == name), {"name": name})
+        view.engines = [first] + [e for e in self.engines if e is not first]
+        if name != self.primary_engine():
+            view.dispatch = dict(first.get("dispatch") or {})
+        return view
 
     # --- access ----------------------------------------------------------------------------------
     def add(self, verdict: Verdict) -> None:
@@ -145,6 +168,8 @@ class Report:
         out: dict = {"library": None, "engine": None, "runtime_target": [], "measured_here": []}
         for v in self.verdicts:
             if v.tier == "static" and v.backend == backend:
+                if v.scope == "engine" and not self._of_engine(v):
+                    continue
                 key = "engine" if v.scope == "engine" else "library"
                 if out[key] is None:
                     out[key] = v
@@ -160,6 +185,8 @@ class Report:
         names = _runtime_names()
         seen = []
         for v in self.verdicts:
+            if v.tier == "static" and v.scope == "engine" and not self._of_engine(v):
+                continue
             b = names.get(v.backend, (v.backend,))[0] if v.tier == "runtime" else v.backend
             if b not in seen:
                 seen.append(b)
@@ -192,7 +219,7 @@ class Report:
 
     def _engine_json(self) -> dict:
         return {"server_config": self.server_config, "dispatch": self.dispatch, "paths": self.paths,
-                "launch_environment": self.launch_environment}
+                "launch_environment": self.launch_environment, "engines": self.engines}
 
     @classmethod
     def from_json(cls, d: dict, name: str = "report") -> "Report":
@@ -216,7 +243,8 @@ class Report:
                    schema=d["schema"], suite_version=d.get("suite_version", ""),
                    provenance=d.get("provenance") or {"suite_digest": "unknown (report schema 1)"},
                    server_config=d.get("server_config") or {}, dispatch=d.get("dispatch") or {},
-                   paths=d.get("paths") or [], launch_environment=d.get("launch_environment") or {})
+                   paths=d.get("paths") or [], launch_environment=d.get("launch_environment") or {},
+                   engines=d.get("engines") or [])
 
     @classmethod
     def load(cls, path: str | Path) -> "Report":
@@ -247,7 +275,10 @@ class Report:
         from .health_report import markdown as health_markdown
         lines += health_markdown(self.environment.get("health"))   # first: a broken install must not be missed
         from .userwords import headline_line, pins_line
-        lines += [f"**What SGLang does here**: {headline_line(self)}.", ""]
+        lines += [f"**What {self._title()} does here**: {headline_line(self)}.", ""]
+        for e in self.engines[1:]:
+            lines += [f"**What {e.get('title') or e.get('name')} {e.get('version') or ''} does here**: "
+                      f"{headline_line(self.engine_view(e['name']))}.", ""]
         if pins_line(self):
             lines += [f"Engine pins: {pins_line(self)}.", ""]
         if (self.options or {}).get("read_from_schema"):
@@ -278,15 +309,17 @@ class Report:
                 lines.append(mdtable.row((r["root"], ", ".join(r.get("found_by", [])), r.get("nvcc") or "-",
                                           r.get("cudart") or "-", wheels, ok)))
             lines.append("")
-        eng = (self.environment.get("packages") or {}).get("sglang")
+        title = self._title()
+        eng = (self.environment.get("packages") or {}).get(self.primary_engine()) or next(
+            (e.get("version") for e in self.engines if e.get("name") == self.primary_engine() and e.get("version")), None)
         th = self.target_host()
         lines += [f"## Backends (target {th['compute_capability']}, {th['topology'] or '?'}, world size "
                   f"{th['world_size'] or '?'})", "",
-                  "Headline: the engine's answer (" + (f"SGLang {eng}" if eng else "SGLang not installed") +
+                  "Headline: the engine's answer (" + (f"{title} {eng}" if eng else f"{title} not installed") +
                   ") where the backend has one, else the library's; a runtime verdict replaces it only when measured "
                   "on a host that matches the target.", "",
                   *mdtable.header(("backend", "headline", "library admits the target",
-                                   f"{'SGLang ' + eng if eng else 'SGLang'} will enable it here", "measured here",
+                                   f"{title + ' ' + eng if eng else title} will enable it here", "measured here",
                                    "gate", "cause", "what would lift it"))]
         for b in self.backends():
             v = self.verdict(b)
@@ -298,6 +331,8 @@ class Report:
             lines.append(mdtable.row((b, _status(v), _status(a["library"]), _status(a["engine"]), here,
                                       v.gate or "-", v.cause, lift)))
         lines += dispatch_markdown(self.dispatch)
+        for e in self.engines[1:]:
+            lines += other_engine_markdown(self, e)
         lines += ["", "## Arch coverage", "",
                   *mdtable.header(("package", "version", "level", "SASS", "files without the target"))]
         for c in self.coverage:
@@ -324,11 +359,26 @@ class Report:
         return "\n".join(lines)
 
 
+    def _title(self) -> str:
+        return next((e.get("title") for e in self.engines if e.get("name") == self.primary_engine() and e.get("title")),
+                    None) or {"sglang": "SGLang", "vllm": "vLLM"}.get(self.primary_engine(), self.primary_engine())
+
     def host_differs(self) -> str:
         """``SM90, nvlink, ws 2`` when runtime verdicts were measured on a host unlike the target, else ""."""
         hosts = {host_label(v.host or {}) for v in self.verdicts
                  if v.tier == "runtime" and not self.host_matches_target(v.host or {})}
         return "; ".join(sorted(hosts))
+
+
+def other_engine_markdown(report: Report, e: dict) -> list[str]:
+    """A second engine's answers (``## vLLM 0.33.0's answers``): one row per backend it answers for, then its dispatch."""
+    name, title = e.get("name"), e.get("title") or e.get("name")
+    rows = [v for v in report.verdicts if v.tier == "static" and v.scope == "engine" and report._of_engine(v, name)]
+    lines = ["", f"## {title} {e.get('version') or '(not installed)'}'s answers", "",
+             *mdtable.table(("backend", "answer", "gate", "cause", "what would lift it"),
+                            ((v.backend, _status(v), v.gate or "-", v.cause,
+                              v.lift + (f": {v.lift_detail}" if v.lift_detail else "")) for v in rows))]
+    return lines + dispatch_markdown(e.get("dispatch") or {})
 
 
 def dispatch_markdown(d: dict) -> list[str]:
@@ -337,7 +387,8 @@ def dispatch_markdown(d: dict) -> list[str]:
     if not d:
         return []
     cfg = (d.get("config") or {}).get("describe") or "no flags"
-    lines = ["", f"## SGLang's dispatch for a decode allreduce (sglang {d.get('sglang')}, {cfg})", ""]
+    who, ver = ("vLLM", d["vllm"]) if d.get("vllm") and not d.get("sglang") else ("SGLang", d.get("sglang"))
+    lines = ["", f"## {who}'s dispatch for a decode allreduce ({who.lower()} {ver}, {cfg})", ""]
     if d.get("error"):
         return lines + [f"**error**: {d['error']}"]
     t = d.get("tensor") or {}
@@ -345,8 +396,8 @@ def dispatch_markdown(d: dict) -> list[str]:
               + (f"; undecided: {d['undecided']}" if d.get("undecided") else "")
               + ("; preempted: " + ", ".join(f"{k} by {v}" for k, v in d["preempted"].items()) if d.get("preempted") else ""),
               "", *mdtable.table(("#", "step", "built", "per-call admits", "its condition holds", "where"),
-                                 ((i, s["backend"], s["built"], s["admits"], s["claims"], s["where"])
-                                  for i, s in enumerate(d.get("steps") or [], 1)))]
+                                 ((i, s["backend"], s.get("built", s.get("status", "-")), s.get("admits", "-"),
+                                   s["claims"], s["where"]) for i, s in enumerate(d.get("steps") or [], 1)))]
     return lines
 
 

@@ -80,7 +80,8 @@ def _log(msg: str, quiet: bool) -> None:
 def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, cache_dir: str | Path | None = None,
                coverage_reader: str = "auto", world_size: int = 8, topology: str = "auto",
                backends: list[str] | None = None, label: str = "", timeout: float = 180.0,
-               scan_dists: list[str] | tuple = (), quiet: bool = True, server_config=None) -> Report:
+               scan_dists: list[str] | tuple = (), quiet: bool = True, server_config=None, engines=None,
+               engine_configs: dict | None = None) -> Report:
     """Run the static tier for ``target_arch`` in this environment and return the Report.
 
     ``jit_compile``: also compile FlashInfer's fusion module for the target (minutes, cached by content
@@ -89,7 +90,9 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
     (detected with GPUs present, else the target host's PCIe assumed), "pcie" or "nvlink".
     ``backends``: restrict to these backend names. ``scan_dists``: more distributions to cover.
     ``server_config``: the engine flags and variables the verdicts are for (a :class:`ServerConfig`; None: no flags),
-    recorded in ``options.server_config``. Raises TargetArchError for a bad target.
+    recorded in ``options.server_config``. ``engines``: the serving engines that answer (:mod:`stackprobe.engines`,
+    primary first; None: SGLang alone, as before the interface), named in the report's ``engines``;
+    ``engine_configs``: engine name -> the ServerConfig that engine checked. Raises TargetArchError for a bad target.
     A probe that crashes gives an ``error`` verdict with the exception, not an exception here.
     """
     target = parse_target(target_arch)
@@ -128,7 +131,7 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
             topo, topo_source = "pcie", "assumed: no GPUs here; the target host is PCIe (pass --topology nvlink to change)"
     ctx = Context(target=target, env=environment, coverage={c.package: c for c in coverage_list},
                   world_size=world_size, topology=topo, topology_source=topo_source, jit_compile=jit_compile,
-                  timeout=timeout, server_config=server_config or NO_FLAGS)
+                  timeout=timeout, server_config=server_config or NO_FLAGS, engine_configs=dict(engine_configs or {}))
     if cache_dir:
         ctx.cache_dir = Path(cache_dir)
     report = Report(target_arch=str(target), environment=environment, coverage=[c.to_json() for c in coverage_list],
@@ -143,22 +146,11 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
         environment.setdefault("findings", []).append({"case": "C19", "level": "error", "message": torch_gap})
     host = {"compute_capability": target.cc, "topology": topo, "world_size": world_size, "topology_source": topo_source}
     health = run_health(environment, target, topo, backends, timeout, quiet)
-    for mod in probes():
-        names = list(getattr(mod, "BACKENDS", ()))
-        if backends and not set(names) & set(backends):
-            continue
-        _log(f"probe {', '.join(names)}", quiet)
-        verdicts = []
-        for scope, fn in ((SCOPE_LIBRARY, getattr(mod, "library_gate", None) or mod.probe),
-                          (SCOPE_ENGINE, getattr(mod, "engine_gate", None))):
-            if fn is None:
-                continue
-            try:
-                verdicts += fn(ctx)
-            except Exception as e:  # noqa: BLE001 - a probe bug is a verdict, not the end of the suite
-                tb = traceback.format_exc().strip().splitlines()
-                verdicts += [Verdict(n, ERROR, scope=scope, cause=f"static {scope} gate crashed: {type(e).__name__}: {e}",
-                                     warnings=[" / ".join(tb[-3:])]) for n in names]
+    from .engines import SGLang
+    engines = list(engines) if engines else [SGLang()]
+    sglang = next((e for e in engines if e.name == "sglang"), None)
+
+    def admit(verdicts: list) -> None:
         health_stage.apply(verdicts, health)   # decided once, before the gates were read
         for v in verdicts:
             if not v.host:
@@ -169,8 +161,44 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
                 v.lift_detail = f"a torch build whose arch list covers {target.cc} (TORCH_CUDA_ARCH_LIST={target.cc})"
             if not backends or v.backend in backends:
                 report.add(v)
+
+    for mod in probes():
+        names = list(getattr(mod, "BACKENDS", ()))
+        if backends and not set(names) & set(backends):
+            continue
+        _log(f"probe {', '.join(names)}", quiet)
+        verdicts = []
+        engine_fn = (lambda c, m=mod: sglang.answers(c, m)) if sglang is not None and getattr(mod, "engine_gate", None) else None
+        for scope, fn in ((SCOPE_LIBRARY, getattr(mod, "library_gate", None) or mod.probe), (SCOPE_ENGINE, engine_fn)):
+            if fn is None:
+                continue
+            try:
+                verdicts += fn(ctx)
+            except Exception as e:  # noqa: BLE001 - a probe bug is a verdict, not the end of the suite
+                tb = traceback.format_exc().strip().splitlines()
+                verdicts += [Verdict(n, ERROR, scope=scope, cause=f"static {scope} gate crashed: {type(e).__name__}: {e}",
+                                     warnings=[" / ".join(tb[-3:])], engine="sglang" if scope == SCOPE_ENGINE else "")
+                             for n in names]
+        admit(verdicts)
+    for eng in engines:
+        if eng is sglang:
+            continue
+        _log(f"engine {eng.name}", quiet)
+        try:
+            admit(eng.answers(ctx))
+        except Exception as e:  # noqa: BLE001 - an engine reader bug is a verdict, not the end of the suite
+            tb = traceback.format_exc().strip().splitlines()
+            admit([Verdict(f"{eng.name}-engine", ERROR, scope=SCOPE_ENGINE, engine=eng.name,
+                           cause=f"the {eng.title} engine reader crashed: {type(e).__name__}: {e}",
+                           warnings=[" / ".join(tb[-3:])])])
     post_pass(report.verdicts, environment, target, topo, floor, too_new)
-    engine_sections(report, ctx)
+    report.server_config = ctx.server_config.to_json()
+    for eng in engines:
+        dispatch = eng.sections(report, ctx) or {}
+        report.engines.append({"name": eng.name, "title": eng.title, "version": eng.version(),
+                               **({"dispatch": dispatch} if eng is not engines[0] or eng is not sglang else {})})
+        if eng is engines[0] and eng is not sglang:
+            report.dispatch = dispatch
     report.options["seconds"] = round(time.time() - t0, 1)
     return report
 

@@ -105,6 +105,8 @@ class Verdict:
     installed serving engine, SGLang, would enable it on the target host) or "" (older reports).
     ``host``: where a runtime verdict was measured (compute capability, topology, world size, driver,
     torch and NCCL versions); a static verdict's host is the target it was judged for.
+    ``engine``: for scope "engine", the serving engine that answers (``sglang``, ``vllm``:
+    :data:`stackprobe.engines.ENGINES`); "" in reports made before the engine interface (read as SGLang).
     """
 
     backend: str
@@ -119,6 +121,7 @@ class Verdict:
     measurements: dict[str, Any] = field(default_factory=dict)
     scope: str = ""
     host: dict[str, Any] = field(default_factory=dict)
+    engine: str = ""
 
     def __post_init__(self):
         if self.status not in STATUSES:

@@ -33,6 +33,7 @@ class Context:
     ``topology``: "pcie" | "nvlink"; ``topology_source`` says whether it was detected or assumed.
     ``jit_compile``: run compile-only JIT builds (minutes; cached by content under ``cache_dir``).
     ``server_config``: the engine flags and variables the verdicts are for (:data:`NO_FLAGS`: change nothing).
+    ``engine_configs``: per engine name, the flags as that engine checked them (``--engine vllm``); absent: ``server_config``.
     """
 
     target: Arch
@@ -45,6 +46,7 @@ class Context:
     cache_dir: Path = field(default_factory=lambda: Path(os.environ.get("STACKPROBE_CACHE", Path.home() / ".cache" / "stackprobe")))
     timeout: float = 180.0
     server_config: ServerConfig = NO_FLAGS
+    engine_configs: dict = field(default_factory=dict)   # engine name -> its ServerConfig (stackprobe.engines)
 
 
 def _load():

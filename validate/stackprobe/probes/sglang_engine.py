@@ -185,8 +185,9 @@ class EngineAnswer:
         """The engine verdict by the module's rule (see the module docstring); ``passes_cause``: what SGLang
         does once every gate admits."""
         ver = self.engine.version
+        who_eng = getattr(self.engine, "title", "SGLang")   # the engine interface: vLLM's reader says "vLLM"
         v = Verdict(self.backend, ON_BY_DEFAULT, scope=SCOPE_ENGINE, lift=LIFT_NONE_NEEDED, host=target_host(self.ctx))
-        v.add("sglang version", ver, "distribution metadata")
+        v.add(f"{getattr(self.engine, 'dist', DIST)} version", ver, "distribution metadata")
         sc = getattr(self.ctx, "server_config", None)
         v.add("server configuration asked about", sc.describe() if sc is not None else "no flags",
               (sc.source if sc is not None and sc.source else "") or "default: change nothing")
@@ -202,12 +203,12 @@ class EngineAnswer:
                 v.cause = passes_cause
             elif unset:
                 v.status, v.gate, v.lift = OPT_IN, GATE_SETTING, LIFT_SETTING
-                v.cause = (f"SGLang {ver}: opt-in: set {_flags(unset)}; every other gate on its path admits the target "
+                v.cause = (f"{who_eng} {ver}: opt-in: set {_flags(unset)}; every other gate on its path admits the target "
                            f"({'; '.join(f'{g.cause} ({g.where})' for g in unset)}). Once set: {passes_cause}")
                 v.lift_detail = "; ".join(dict.fromkeys(g.lift_detail for g in unset if g.lift_detail))
             else:
                 v.status = ON_AS_CONFIGURED
-                v.cause = (f"SGLang {ver}: the configuration asked about sets {_flags(opt)} and every gate on its path "
+                v.cause = (f"{who_eng} {ver}: the configuration asked about sets {_flags(opt)} and every gate on its path "
                            f"admits the target: {passes_cause}")
             return v
         first = closed[0]
@@ -218,24 +219,24 @@ class EngineAnswer:
         asked = [g for g in opt if g.admits]
         if first.kind == GATE_NOT_INSTALLED:
             v.status = NOT_INSTALLED
-            v.cause = f"SGLang {ver}: {said}" + (f"; setting {_flags(opt)} then falls back to {first.falls_to}"
+            v.cause = f"{who_eng} {ver}: {said}" + (f"; setting {_flags(opt)} then falls back to {first.falls_to}"
                                                   if opt and first.falls_to else "")
         elif first.on_fail == "raise":
             v.status = STARTUP_FAILURE
             who = (f"the configuration asked about sets {_flags(asked)}: the server fails at start-up"
                    if asked and not unset else f"setting {_flags(opt) or 'it'} makes the server fail at start-up")
-            v.cause = f"SGLang {ver}: {who}: {first.raises or first.cause} ({first.where})"
+            v.cause = f"{who_eng} {ver}: {who}: {first.raises or first.cause} ({first.where})"
             if first.raises and first.cause:
                 v.cause += f"; why: {first.cause}"
         elif first.on_fail == "decline" and opt:
             v.status = FALLS_BACK
             who = (f"the configuration asked about sets {_flags(asked)}" if asked and not unset
                    else f"setting {_flags(opt)} is accepted")
-            v.cause = (f"SGLang {ver}: {who}, then the check {first.name} declines: {said}; the tensor goes to "
+            v.cause = (f"{who_eng} {ver}: {who}, then the check {first.name} declines: {said}; the tensor goes to "
                        f"{first.falls_to or NCCL_FALLBACK} instead")
         else:
             v.status = BLOCKED
-            v.cause = f"SGLang {ver}: {said}"
+            v.cause = f"{who_eng} {ver}: {said}"
         others = [g for g in rest if not g.opt_in]
         if others:
             v.cause += "; also " + "; ".join(f"{g.cause} ({g.where})" for g in others)

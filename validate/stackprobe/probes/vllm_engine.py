@@ -1,0 +1,662 @@
+"""vLLM's own answer for every allreduce path, read from the installed vLLM's source (``ast``, no import).
+
+The same rules as SGLang's (:mod:`.sglang_engine`): each condition on vLLM's path from its variable or server
+argument to the communicator being built and chosen is a :class:`~.sglang_engine.Gate`, and one rule
+(:meth:`~.sglang_engine.EngineAnswer.verdict`) makes the user's status (on by default, opt-in, on as configured,
+start-up failure if set, falls back if set, preempted, blocked, not integrated, not installed). A gate this reader
+cannot find is an ``error`` verdict naming ``vllm <version>`` and the file (:class:`~.sglang_engine.GateNotFound`),
+never a pass; each gate cites ``vllm/FILE:LINE``.
+
+Where vLLM 0.33.0 keeps each gate (the reader finds them by name, not by line):
+
+* environment variables and their defaults: ``vllm/envs.py``'s ``environment_variables`` dict, each entry a
+  ``lambda`` around ``os.getenv("NAME", "<default>")``;
+* the TP allreduce dispatch: ``CudaCommunicator.all_reduce`` in
+  ``distributed/device_communicators/cuda_communicator.py`` (NCCL symmetric memory, quick allreduce, FlashInfer
+  PCIe IPC, FlashInfer allreduce, AITER, custom allreduce, torch symmetric memory, pynccl, in that order);
+* custom allreduce: ``CustomAllreduce`` in ``custom_all_reduce.py`` (its world sizes, and the "more than two
+  PCIe-only GPUs" rule ``same_node and world_size > 2 and not fully_connected``);
+* torch symmetric memory: ``SymmMemCommunicator`` in ``symm_mem.py`` and its size table
+  ``SYMM_MEM_ALL_REDUCE_MAX_SIZES`` in ``all_reduce_utils.py``, keyed by the device capability as a string
+  (``"9.0"``; ``capability.as_version_str()``);
+* NCCL symmetric memory: ``VLLM_USE_NCCL_SYMM_MEM`` and ``NCCL_SYMM_MEM_ALL_REDUCE_CONFIG`` (``all_reduce_utils.py``);
+* FlashInfer PCIe IPC: ``flashinfer_pcie_ipc_all_reduce.py`` (``_SUPPORTED_WORLD_SIZES``, ``_SUPPORTED_DTYPES``);
+* FlashInfer allreduce (standalone) and the allreduce + RMSNorm fusion pass: ``FI_ALLREDUCE_FUSION_MAX_SIZE_MB`` in
+  ``compilation/passes/fusion/allreduce_rms_fusion.py``, keyed by ``capability.to_int()`` (``90``), and the pass's
+  default ``enable_allreduce_rms_fusion`` in ``config/vllm.py``;
+* quick allreduce: built only under ``current_platform.is_rocm()`` (ROCm MI300; never on CUDA);
+* all-to-all backends for expert parallelism: ``All2AllBackend`` in ``config/parallel.py``;
+* b12x: vLLM's ``vllm.general_plugins`` entry points of the installed b12x distribution.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import re
+from dataclasses import dataclass, replace
+from importlib import metadata
+from pathlib import Path
+
+from .. import source
+from ..env import dist_version
+from ..serverconfig import ServerConfig
+from ..verdict import (BLOCKED, ERROR, GATE_NOT_INSTALLED, GATE_NOT_INTEGRATED, GATE_PYTHON, GATE_SETTING,
+                       GATE_TOPOLOGY, LIFT_NOTHING, LIFT_PACKAGE, LIFT_SETTING, NOT_INTEGRATED, ON_AS_CONFIGURED,
+                       ON_BY_DEFAULT, PREEMPTED, SCOPE_ENGINE, SKIPPED, Verdict)
+from . import sglang_engine as se
+from .sglang_engine import EngineAnswer, Gate, GateNotFound
+
+DIST = "vllm"
+DC = "distributed/device_communicators"
+CUDA_COMM = f"{DC}/cuda_communicator.py"
+UTILS = f"{DC}/all_reduce_utils.py"
+FUSION = "compilation/passes/fusion/allreduce_rms_fusion.py"
+
+#: the backends vLLM answers for, in report order (names shared with SGLang's where the path is the same library's)
+BACKENDS = ("vllm-custom-allreduce", "torch-symm-mem", "nccl-symm-mem", "flashinfer-pcie-ipc-allreduce",
+            "flashinfer-allreduce", "flashinfer-allreduce-fusion", "quick-allreduce", "ep-flashinfer-a2a", "b12x")
+
+#: where a decode-step allreduce goes when vLLM's out-of-place paths decline: pynccl
+PYNCCL = "NCCL (pynccl, vLLM's last step of CudaCommunicator.all_reduce)"
+
+
+@dataclass
+class Engine:
+    """The installed vLLM: ``version`` (distribution metadata) and ``root`` (the ``vllm`` folder). Same methods as
+    :class:`.sglang_engine.Engine`; errors name ``vllm <version>`` and ``vllm/FILE``."""
+
+    version: str
+    root: Path
+    title: str = "vLLM"
+    dist: str = DIST
+
+    def file(self, rel: str) -> Path:
+        p = self.root / rel
+        if not p.is_file():
+            raise GateNotFound(f"gate not found in vllm {self.version} at vllm/{rel}: the file does not exist")
+        return p
+
+    def tree(self, rel: str) -> ast.Module:
+        p = self.file(rel)
+        try:
+            return source.parse(p)
+        except (SyntaxError, ValueError) as e:
+            raise GateNotFound(f"gate not readable in vllm {self.version} at vllm/{rel}: {e}") from e
+
+    def cls(self, rel: str, name: str) -> ast.ClassDef:
+        c = next((n for n in ast.walk(self.tree(rel)) if isinstance(n, ast.ClassDef) and n.name == name), None)
+        if c is None:
+            raise GateNotFound(f"gate not found in vllm {self.version} at vllm/{rel}: no class {name}")
+        return c
+
+    def method(self, rel: str, cls: str, name: str) -> ast.FunctionDef:
+        fn = next((n for n in self.cls(rel, cls).body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+        if fn is None:
+            raise GateNotFound(f"gate not found in vllm {self.version} at vllm/{rel}: no method {cls}.{name}")
+        return fn
+
+    def function(self, rel: str, name: str) -> ast.FunctionDef:
+        fn = source.functions(self.tree(rel)).get(name)
+        if fn is None:
+            raise GateNotFound(f"gate not found in vllm {self.version} at vllm/{rel}: no function {name}")
+        return fn
+
+    def table(self, rel: str, name: str):
+        """A module-level literal table and its ``vllm/FILE:LINE``; GateNotFound when absent or not literal."""
+        try:
+            value, line = source.module_assignment(self.file(rel), name)
+        except (source.SourceNotFound, ValueError, SyntaxError) as e:
+            raise GateNotFound(f"gate not found in vllm {self.version} at vllm/{rel}: no module-level literal "
+                               f"{name} ({e})") from e
+        return value, f"vllm/{rel}:{line}"
+
+    def class_attr(self, rel: str, cls: str, attr: str):
+        try:
+            value, line = source.class_attribute(self.file(rel), cls, attr)
+        except (source.SourceNotFound, ValueError) as e:
+            raise GateNotFound(f"gate not found in vllm {self.version} at vllm/{rel}: {cls}.{attr} ({e})") from e
+        return value, f"vllm/{rel}:{line}"
+
+
+def installed() -> Engine | None:
+    """The installed vLLM, or None (no distribution metadata or no importable ``vllm`` folder)."""
+    ver, root = dist_version(DIST), source.package_dir("vllm")
+    if ver is None or root is None:
+        return None
+    return Engine(ver, root)
+
+
+def _where(eng: Engine, rel: str, node: ast.AST, text: str = "") -> str:
+    return f"vllm/{rel}:{getattr(node, 'lineno', '?')}" + (f" `{text}`" if text else "")
+
+
+def _find(fn: ast.AST, pred, what: str, eng: Engine, rel: str):
+    node = next((n for n in ast.walk(fn) if pred(n)), None)
+    if node is None:
+        raise GateNotFound(f"gate not found in vllm {eng.version} at vllm/{rel}: {what}")
+    return node
+
+
+# --- environment variables ------------------------------------------------------------------------
+def env_default(eng: Engine, name: str) -> tuple[bool, str, str]:
+    """``(on by default, raw default text, "vllm/envs.py:LINE ...")`` for ``name`` in ``envs.py``'s
+    ``environment_variables``: the entry's ``os.getenv(name, "<default>")`` read through its ``bool(int(...))`` or
+    ``== "1"`` wrapper. Raises GateNotFound when the entry or a literal default is missing, or the wrapper is another."""
+    rel = "envs.py"
+    for d in (n for n in ast.walk(eng.tree(rel)) if isinstance(n, ast.Dict)):
+        for k, v in zip(d.keys, d.values):
+            if not (isinstance(k, ast.Constant) and k.value == name):
+                continue
+            call = next((c for c in ast.walk(v) if isinstance(c, ast.Call) and len(c.args) >= 2
+                         and isinstance(c.args[0], ast.Constant) and c.args[0].value == name
+                         and ast.unparse(c.func) in ("os.getenv", "os.environ.get", "getenv")), None)
+            if call is None or not isinstance(call.args[1], ast.Constant):
+                break
+            raw, text = str(call.args[1].value), ast.unparse(v)
+            if "bool(int(" in text.replace(" ", ""):
+                on = int(raw) != 0
+            elif re.search(r"==\s*['\"]1['\"]", text):
+                on = raw == "1"
+            elif ".lower()" in text and "true" in text.lower():
+                on = raw.lower() in ("1", "true")
+            else:
+                raise GateNotFound(f"gate not readable in vllm {eng.version} at vllm/{rel}:{k.lineno}: {name}'s "
+                                   f"parser `{text}` is neither bool(int(...)) nor == '1'")
+            return on, raw, f"vllm/{rel}:{k.lineno} `{text}`"
+    raise GateNotFound(f"gate not found in vllm {eng.version} at vllm/{rel}: {name} is not an entry of "
+                       "environment_variables with a literal os.getenv default")
+
+
+def _var_given(ctx, name: str) -> str | None:
+    sc = getattr(ctx, "server_config", None)
+    return sc.var(name) if sc is not None else None
+
+
+def _truthy(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def env_gate(eng: Engine, ctx, name: str, what: str) -> Gate:
+    """The gate of a vLLM variable: on by default (admits unless the configuration sets it to 0) or an opt-in
+    (admits when the configuration sets it to 1)."""
+    on, raw, where = env_default(eng, name)
+    given = _var_given(ctx, name)
+    value = f"{name} default {raw!r} ({'on' if on else 'off'} by default)" + (f"; the configuration sets {given!r}"
+                                                                             if given is not None else "")
+    if on:
+        off = given is not None and not _truthy(given)
+        return Gate(f"{name}", not off, where, GATE_SETTING, f"the configuration sets {name}={given}, which turns "
+                    f"{what} off", LIFT_SETTING, f"leave {name} unset", value=value, flag=name, configured=off)
+    set_ = given is not None and _truthy(given)
+    return Gate(f"{name}", set_, where, GATE_SETTING, f"{name} is off by default (default {raw!r})", LIFT_SETTING,
+                f"{name}=1 (off by default in vllm {eng.version})", value=value, flag=name, opt_in=True,
+                configured=set_)
+
+
+# --- server arguments -----------------------------------------------------------------------------
+ARG_FILE = "engine/arg_utils.py"
+
+
+def engine_fields(eng: Engine) -> dict[str, str]:
+    """``EngineArgs`` field name -> ``vllm/engine/arg_utils.py:LINE``: vLLM turns each into ``--name-with-dashes``."""
+    c = eng.cls(ARG_FILE, "EngineArgs")
+    out = {n.target.id: f"vllm/{ARG_FILE}:{n.lineno}" for n in c.body
+           if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    if not out:
+        raise GateNotFound(f"gate not found in vllm {eng.version} at vllm/{ARG_FILE}: EngineArgs has no fields")
+    return out
+
+
+def parse_config(server_args: str, env: list[str] | tuple, eng: Engine | None) -> ServerConfig:
+    """``server_args`` tokenised like SGLang's (:func:`.sglang_flags.parse_server_config`, unchecked there), then each
+    flag checked against the installed vLLM's ``EngineArgs`` fields (``--disable-custom-all-reduce`` is the field
+    ``disable_custom_all_reduce``; ``--no-x`` negates field ``x``). Raises
+    :class:`.sglang_flags.ConfigError` naming the flag and where vLLM's flags are read."""
+    from .sglang_flags import ConfigError, parse_server_config
+
+    cfg = parse_server_config(server_args, env, None)
+    if eng is None:
+        return cfg
+    fields = engine_fields(eng)
+    for flag in cfg.args:
+        dest = flag[2:].split(".")[0].replace("-", "_")
+        if dest not in fields and dest.removeprefix("no_") not in fields:
+            raise ConfigError(f"--server-args: {flag} is not a server argument of the installed vllm {eng.version} "
+                              f"(its flags are EngineArgs' fields in vllm/{ARG_FILE}); fix the spelling, drop the "
+                              "flag, or pass --engine sglang when the flags are SGLang's.")
+    return cfg
+
+
+def field_default(eng: Engine, rel: str, cls: str, name: str):
+    for n in eng.cls(rel, cls).body:
+        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and n.target.id == name and n.value:
+            try:
+                return ast.literal_eval(n.value), f"vllm/{rel}:{n.lineno} {cls}.{name}"
+            except ValueError:
+                return ast.unparse(n.value), f"vllm/{rel}:{n.lineno} {cls}.{name}"
+    raise GateNotFound(f"gate not found in vllm {eng.version} at vllm/{rel}: no field {cls}.{name} with a default")
+
+
+def _flag(ctx, name: str):
+    sc = getattr(ctx, "server_config", None)
+    return sc.flag(name) if sc is not None else None
+
+
+# --- the decode tensor and the capability keys -----------------------------------------------------
+def decode_tensor():
+    from .sglang_dispatch import DecodeTensor
+    return DecodeTensor.from_workload()
+
+
+def capability_key(target, keys) -> object:
+    """The key vLLM looks a target up by in a table with these ``keys``: ``"12.0"`` (``as_version_str``) for string
+    keys, ``120`` (``to_int``) for integer keys of three digits, ``(12, 0)`` for tuple keys."""
+    sample = next(iter(keys), None)
+    if isinstance(sample, str):
+        return target.cc
+    if isinstance(sample, tuple):
+        return (target.major, target.minor)
+    return target.major * 10 + target.minor
+
+
+# --- one decider per backend ----------------------------------------------------------------------
+def _ans(backend, eng, ctx) -> EngineAnswer:
+    return EngineAnswer(backend, eng, ctx)
+
+
+def _custom_allreduce(ctx, eng: Engine) -> Verdict:
+    rel = f"{DC}/custom_all_reduce.py"
+    ans = _ans("vllm-custom-allreduce", eng, ctx)
+    default, where = field_default(eng, "config/parallel.py", "ParallelConfig", "disable_custom_all_reduce")
+    given = _flag(ctx, "--disable-custom-all-reduce") is not None
+    ans.add(Gate("server argument --disable-custom-all-reduce", not given and default is False, where, GATE_SETTING,
+                 "the configuration asked about sets --disable-custom-all-reduce", LIFT_SETTING,
+                 "leave --disable-custom-all-reduce unset", value=f"default {default!r}: on by default",
+                 flag="--disable-custom-all-reduce", configured=given))
+    sizes, where_ws = eng.class_attr(rel, "CustomAllreduce", "_SUPPORTED_WORLD_SIZES")
+    ans.add(Gate("CustomAllreduce._SUPPORTED_WORLD_SIZES", ctx.world_size in sizes, where_ws, GATE_PYTHON,
+                 f"world size {ctx.world_size} is not in {sizes}: it disables itself with a warning", LIFT_SETTING,
+                 f"a TP size in {sizes}", value=sizes, on_fail="decline", falls_to=PYNCCL))
+    init = eng.method(rel, "CustomAllreduce", "__init__")
+    rule = _find(init, lambda n: isinstance(n, ast.If) and "fully_connected" in ast.unparse(n.test)
+                 and "world_size > 2" in ast.unparse(n.test) and any(isinstance(b, ast.Return) for b in n.body),
+                 "no `if ... world_size > 2 and not fully_connected: return` in CustomAllreduce.__init__", eng, rel)
+    ok = ctx.world_size <= 2 or ctx.topology == "nvlink"
+    ans.add(Gate("NVLink rule (more than two PCIe-only GPUs)", ok, _where(eng, rel, rule, ast.unparse(rule.test)),
+                 GATE_TOPOLOGY, f"custom allreduce disables itself on more than two GPUs that are not all connected by "
+                 f"NVLink (fully_connected: NVML NVLink status, vllm/platforms/cuda.py is_fully_connected); "
+                 f"{ctx.topology} at world size {ctx.world_size}", LIFT_NOTHING,
+                 f"nothing on {ctx.topology} beyond TP 2", value=f"{ctx.topology}, ws {ctx.world_size}",
+                 on_fail="decline", falls_to=PYNCCL))
+    table, where_t = eng.table(UTILS, "CUSTOM_ALL_REDUCE_MAX_SIZES")
+    v = ans.verdict(f"vLLM {eng.version} builds CustomAllreduce on every TP group and it serves tensors up to its "
+                    "max_size (8 MiB by default)")
+    v.add("CUSTOM_ALL_REDUCE_MAX_SIZES keys (device capability)", sorted(table),
+          f"{where_t}: sizes the buffer only when torch symmetric memory is on; not a gate "
+          f"({capability_key(ctx.target, table)!r} {'is' if capability_key(ctx.target, table) in table else 'is not'} a key)")
+    return v
+
+
+def _symm_mem_table(ctx, eng: Engine, ans: EngineAnswer) -> None:
+    rel = f"{DC}/symm_mem.py"
+    table, where_t = eng.table(UTILS, "SYMM_MEM_ALL_REDUCE_MAX_SIZES")
+    if not isinstance(table, dict) or not table:
+        raise GateNotFound(f"gate not readable in vllm {eng.version} at {where_t}: SYMM_MEM_ALL_REDUCE_MAX_SIZES is "
+                           "not a non-empty dict")
+    init = eng.method(rel, "SymmMemCommunicator", "__init__")
+    check = _find(init, lambda n: isinstance(n, ast.If) and isinstance(n.test, ast.Compare)
+                  and isinstance(n.test.ops[0], ast.NotIn) and "SYMM_MEM_ALL_REDUCE_MAX_SIZES" == ast.unparse(n.test.comparators[0])
+                  and "capability" in ast.unparse(n.test.left) and any(isinstance(b, ast.Return) for b in n.body),
+                  "no `if <capability> not in SYMM_MEM_ALL_REDUCE_MAX_SIZES: return` in SymmMemCommunicator.__init__",
+                  eng, rel)
+    key = capability_key(ctx.target, table)
+    keys = sorted(table, key=str)
+    ans.add(Gate("SYMM_MEM_ALL_REDUCE_MAX_SIZES keys (device capability)", key in table,
+                 f"{where_t} (ast); checked at {_where(eng, rel, check, ast.unparse(check.test))}", GATE_PYTHON,
+                 f"SYMM_MEM_ALL_REDUCE_MAX_SIZES has keys {keys} only: no {key!r}, so SymmMemCommunicator disables "
+                 "itself with a warning; no CUDA upgrade lifts a Python table", LIFT_PACKAGE,
+                 f"a vllm release whose SYMM_MEM_ALL_REDUCE_MAX_SIZES has key {key!r}", value=keys, on_fail="decline",
+                 falls_to=PYNCCL))
+    if key in table:
+        sizes = table[key]
+        ans.add(Gate(f"SYMM_MEM_ALL_REDUCE_MAX_SIZES[{key!r}] world sizes", ctx.world_size in sizes, where_t,
+                     GATE_PYTHON, f"no entry for world size {ctx.world_size} (has {sorted(sizes)})", LIFT_PACKAGE,
+                     f"a vllm release whose table admits world size {ctx.world_size}", value=sorted(sizes),
+                     on_fail="decline", falls_to=PYNCCL))
+    mc = _find(init, lambda n: isinstance(n, ast.Compare) and isinstance(n.left, ast.Attribute)
+               and n.left.attr == "multicast_ptr" and isinstance(n.ops[0], ast.Eq),
+               "no `handle.multicast_ptr == 0` check in SymmMemCommunicator.__init__", eng, rel)
+    ans.add(Gate("multicast pointer check", ctx.topology == "nvlink", _where(eng, rel, mc, ast.unparse(mc)),
+                 GATE_TOPOLOGY, f"SymmMemCommunicator disables itself when the rendezvous handle has no multicast "
+                 f"pointer; {ctx.topology} GPUs have no multicast", LIFT_NOTHING,
+                 f"nothing on {ctx.topology}: it needs multicast (NVSwitch)", value=f"topology {ctx.topology}",
+                 on_fail="decline", falls_to=PYNCCL))
+
+
+def _torch_symm_mem(ctx, eng: Engine) -> Verdict:
+    ans = _ans("torch-symm-mem", eng, ctx)
+    ans.add(env_gate(eng, ctx, "VLLM_ALLREDUCE_USE_SYMM_MEM", "torch symmetric memory"))
+    _symm_mem_table(ctx, eng, ans)
+    return ans.verdict(f"vLLM {eng.version} builds SymmMemCommunicator on the TP group and it serves bf16 tensors up "
+                       "to its table's size")
+
+
+def _nccl_symm_mem(ctx, eng: Engine) -> Verdict:
+    ans = _ans("nccl-symm-mem", eng, ctx)
+    ans.add(env_gate(eng, ctx, "VLLM_USE_NCCL_SYMM_MEM", "NCCL symmetric memory"))
+    cfg, where = eng.table(UTILS, "NCCL_SYMM_MEM_ALL_REDUCE_CONFIG")
+    try:
+        low = cfg["min_world_size"]
+        ranges, above = cfg["custom_ar_preferred_ranges"], cfg["always_use_above_world_size"]
+    except (KeyError, TypeError) as e:
+        raise GateNotFound(f"gate not readable in vllm {eng.version} at {where}: NCCL_SYMM_MEM_ALL_REDUCE_CONFIG lacks "
+                           f"{e}") from e
+    ws = ctx.world_size
+    ans.add(Gate("NCCL_SYMM_MEM_ALL_REDUCE_CONFIG world size", ws >= low and (ws in ranges or ws > above), where,
+                 GATE_PYTHON, f"world size {ws}: below min_world_size {low}, or neither tuned ({sorted(ranges)}) nor "
+                 f"above {above}", LIFT_SETTING, f"a TP size >= {low}", value=cfg, on_fail="decline", falls_to=PYNCCL))
+    t = decode_tensor().to_json()
+    band = ranges.get(ws)
+    claims = band is None and ws > above or band is not None and (t["bytes"] <= band[0] or t["bytes"] >= band[1])
+    fn = eng.function(UTILS, "should_nccl_symm_mem_allreduce")
+    ans.add(Gate("per-call size rule (should_nccl_symm_mem_allreduce)", claims, f"vllm/{UTILS}:{fn.lineno}",
+                 GATE_PYTHON, f"the decode tensor ({t['bytes']} bytes, bf16 {t['shape']}) lies inside "
+                 f"custom_ar_preferred_ranges[{ws}] {band}, where vLLM leaves it to the next path", LIFT_NOTHING,
+                 "a decode tensor outside that band (<= lower or >= upper bound)", value={"bytes": t["bytes"], "band": band},
+                 on_fail="decline", falls_to="the next step of CudaCommunicator.all_reduce"))
+    v = ans.verdict(f"vLLM {eng.version} tries NCCL symmetric memory first for this tensor")
+    v.warnings.append("NCCL symmetric memory needs vLLM's NCCL allocator, compiled at start-up with torch's "
+                      "load_inline (vllm/distributed/device_communicators/pynccl_allocator.py compile_nccl_allocator: "
+                      "a host compiler and NCCL headers; it disables itself if that fails), and whether NCCL's "
+                      "symmetric kernels run over PCIe is NCCL's runtime choice: not read here")
+    return v
+
+
+def _pcie_ipc(ctx, eng: Engine) -> Verdict:
+    rel = f"{DC}/flashinfer_pcie_ipc_all_reduce.py"
+    ans = _ans("flashinfer-pcie-ipc-allreduce", eng, ctx)
+    ans.add(env_gate(eng, ctx, "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC", "FlashInfer PCIe IPC allreduce"))
+    sizes, where = eng.table(rel, "_SUPPORTED_WORLD_SIZES")
+    ans.add(Gate("_SUPPORTED_WORLD_SIZES", ctx.world_size in sizes, where, GATE_PYTHON,
+                 f"world size {ctx.world_size} is not in {list(sizes)}", LIFT_SETTING, f"a TP size in {list(sizes)}",
+                 value=list(sizes), on_fail="decline", falls_to=PYNCCL))
+    dtypes_node = _find(eng.tree(rel), lambda n: isinstance(n, ast.Assign) and any(
+        isinstance(t, ast.Name) and t.id == "_SUPPORTED_DTYPES" for t in n.targets),
+        "no module-level _SUPPORTED_DTYPES", eng, rel)
+    dtypes = [ast.unparse(e).removeprefix("torch.") for e in getattr(dtypes_node.value, "elts", [])]
+    t = decode_tensor()
+    ans.add(Gate("_SUPPORTED_DTYPES", t.dtype in dtypes, _where(eng, rel, dtypes_node), GATE_PYTHON,
+                 f"the model dtype {t.dtype} is not in {dtypes}", LIFT_SETTING, f"a model dtype in {dtypes}",
+                 value=dtypes, on_fail="decline", falls_to=PYNCCL))
+    from ..source import package_dir
+    fi = package_dir("flashinfer")
+    fi_ver = dist_version("flashinfer-python")
+    has = bool(fi and source.find_files_containing(fi / "comm", "PcieIpcAllReduceWorkspace")) if fi else False
+    ans.add(Gate("flashinfer.comm.PcieIpcAllReduceWorkspace", has,
+                 f"vllm/{rel} `_pcie_ipc_available = hasattr(flashinfer_comm, 'PcieIpcAllReduceWorkspace')`",
+                 GATE_NOT_INSTALLED if not fi else GATE_PYTHON,
+                 "not installed: flashinfer-python" if not fi else
+                 f"flashinfer-python {fi_ver} has no PcieIpcAllReduceWorkspace: vLLM warns and falls back",
+                 LIFT_PACKAGE, "flashinfer-python>=0.7.2 (vLLM's own pin: flashinfer-python==0.7.2.post1)",
+                 value=f"flashinfer-python {fi_ver or 'absent'}", on_fail="decline", falls_to=PYNCCL))
+    v = ans.verdict(f"vLLM {eng.version} builds FlashInferPcieIpcAllReduce on the TP group and sets its workspace up "
+                    "before CUDA graph capture (warmup_flashinfer_pcie_ipc_allreduce: no capture sizes, as with "
+                    "--enforce-eager, or multi-ubatch execution leave it unset), for {bf16, fp16} 2-D tensors of the "
+                    "model's hidden size that FlashInfer's workspace.supports() admits")
+    return v
+
+
+def _fi_size_table(ctx, eng: Engine):
+    table, where = eng.table(FUSION, "FI_ALLREDUCE_FUSION_MAX_SIZE_MB")
+    if not isinstance(table, dict) or not table:
+        raise GateNotFound(f"gate not readable in vllm {eng.version} at {where}: FI_ALLREDUCE_FUSION_MAX_SIZE_MB is "
+                           "not a non-empty dict")
+    key = capability_key(ctx.target, table)
+    return table, where, key
+
+
+def _fi_table_gate(ctx, eng, who: str) -> Gate:
+    table, where, key = _fi_size_table(ctx, eng)
+    row = table.get(key) or {}
+    return Gate("FI_ALLREDUCE_FUSION_MAX_SIZE_MB keys (device capability)", ctx.world_size in row,
+                f"{where} (ast), looked up with capability.to_int() (vllm/config/compilation.py "
+                "PassConfig.default_fi_allreduce_fusion_max_size_mb)", GATE_PYTHON,
+                f"FI_ALLREDUCE_FUSION_MAX_SIZE_MB has keys {sorted(table)} only" + (
+                    f" (row {key!r} lacks world size {ctx.world_size})" if key in table else f": no {key!r}")
+                + f", so {who} disables itself with a warning; no CUDA upgrade lifts a Python table", LIFT_PACKAGE,
+                f"a vllm release whose FI_ALLREDUCE_FUSION_MAX_SIZE_MB has key {key!r} with world size {ctx.world_size}",
+                value=sorted(table), on_fail="decline", falls_to=PYNCCL)
+
+
+def _flashinfer_allreduce(ctx, eng: Engine) -> Verdict:
+    rel = f"{DC}/flashinfer_all_reduce.py"
+    ans = _ans("flashinfer-allreduce", eng, ctx)
+    ans.add(env_gate(eng, ctx, "VLLM_ALLREDUCE_USE_FLASHINFER", "the standalone FlashInfer allreduce"))
+    init = eng.method(rel, "FlashInferAllReduce", "__init__")
+    _find(init, lambda n: isinstance(n, ast.Call) and "default_fi_allreduce_fusion_max_size_mb" in ast.unparse(n.func),
+          "FlashInferAllReduce.__init__ no longer sizes itself with default_fi_allreduce_fusion_max_size_mb", eng, rel)
+    ans.add(_fi_table_gate(ctx, eng, f"FlashInferAllReduce (vllm/{rel}:{init.lineno})"))
+    return ans.verdict(f"vLLM {eng.version} builds FlashInferAllReduce (FlashInfer's allreduce_fusion kernel, "
+                       "pattern kAllReduce) on the TP group")
+
+
+def _fusion_pass(ctx, eng: Engine) -> Verdict:
+    ans = _ans("flashinfer-allreduce-fusion", eng, ctx)
+    fn = eng.function("config/vllm.py", "enable_allreduce_rms_fusion")
+    text = ast.unparse(fn)
+    fam = [int(m) for m in re.findall(r"is_device_capability_family\((\d+)\)", text)]
+    exact = [int(m) for m in re.findall(r"is_device_capability\((\d+)\)", text)]
+    if not fam and not exact:
+        raise GateNotFound(f"gate not readable in vllm {eng.version} at vllm/config/vllm.py:{fn.lineno}: "
+                           "enable_allreduce_rms_fusion names no device capability")
+    code = ctx.target.major * 10 + ctx.target.minor
+    auto = code in exact or any(code // 10 == f // 10 for f in fam)
+    cc = _flag(ctx, "--compilation-config")
+    asked = False
+    if isinstance(cc, str):
+        try:
+            asked = bool((json.loads(cc).get("pass_config") or {}).get("fuse_allreduce_rms"))
+        except (ValueError, AttributeError):
+            asked = "fuse_allreduce_rms" in cc and "true" in cc.lower()
+    flag = '--compilation-config {"pass_config": {"fuse_allreduce_rms": true}}'
+    ans.add(Gate("pass default (enable_allreduce_rms_fusion at -O2)", auto or asked,
+                 f"vllm/config/vllm.py:{fn.lineno} enable_allreduce_rms_fusion", GATE_SETTING,
+                 f"on by default only for device capability family {fam} or capability {exact}; {ctx.target.cc} is "
+                 "neither", LIFT_SETTING, flag, value={"family": fam, "exact": exact}, flag="--compilation-config",
+                 set_to="'{\"pass_config\": {\"fuse_allreduce_rms\": true}}'", opt_in=not auto, configured=asked))
+    init = eng.method(FUSION, "AllReduceFusionPass", "__init__")
+    _find(init, lambda n: isinstance(n, ast.Call) and "flashinfer_max_size" in ast.unparse(n.func),
+          "AllReduceFusionPass.__init__ no longer reads pass_config.flashinfer_max_size", eng, FUSION)
+    ans.add(_fi_table_gate(ctx, eng, f"AllReduceFusionPass (vllm/{FUSION}:{init.lineno})"))
+    return ans.verdict(f"vLLM {eng.version}'s compile pass fuses allreduce + RMSNorm into FlashInfer's kernel")
+
+
+def _quick_allreduce(ctx, eng: Engine) -> Verdict:
+    init = eng.method(CUDA_COMM, "CudaCommunicator", "__init__")
+    site = _find(init, lambda n: isinstance(n, ast.If) and "is_rocm" in ast.unparse(n.test) and any(
+        "QuickAllReduce(" in ast.unparse(b) for b in n.body), "QuickAllReduce is no longer built under is_rocm()",
+        eng, CUDA_COMM)
+    v = Verdict("quick-allreduce", NOT_INTEGRATED, scope=SCOPE_ENGINE, gate=GATE_NOT_INTEGRATED, lift=LIFT_NOTHING,
+                host=se.target_host(ctx),
+                cause=f"vLLM {eng.version} builds QuickAllReduce only on ROCm (MI300): "
+                      f"{_where(eng, CUDA_COMM, site, 'current_platform.is_rocm()')}; on a CUDA target it never exists",
+                lift_detail="nothing on CUDA (ROCm only)")
+    v.add("vllm version", eng.version, "distribution metadata")
+    return v.add("engine gate: ROCm only", {"admits": False, "value": "CUDA target"}, _where(eng, CUDA_COMM, site))
+
+
+def _all2all(ctx, eng: Engine) -> Verdict:
+    ans = _ans("ep-flashinfer-a2a", eng, ctx)
+    lit = _find(eng.tree("config/parallel.py"), lambda n: isinstance(n, ast.Assign) and any(
+        isinstance(t, ast.Name) and t.id == "All2AllBackend" for t in n.targets), "no All2AllBackend", eng,
+        "config/parallel.py")
+    names = [e.value for e in ast.walk(lit.value) if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+    fi = [n for n in names if n.startswith("flashinfer")]
+    if not fi:
+        return Verdict("ep-flashinfer-a2a", NOT_INTEGRATED, scope=SCOPE_ENGINE, gate=GATE_NOT_INTEGRATED, lift=LIFT_PACKAGE,
+                       host=se.target_host(ctx), cause=f"not integrated in vllm {eng.version}: All2AllBackend names no "
+                       f"flashinfer backend ({names})", lift_detail="a vllm release with a FlashInfer all-to-all backend")
+    default, where = field_default(eng, "config/parallel.py", "ParallelConfig", "all2all_backend")
+    given = str(_flag(ctx, "--all2all-backend") or "")
+    ep = _flag(ctx, "--enable-expert-parallel") is not None
+    ans.add(Gate("--enable-expert-parallel", ep, field_default(eng, "config/parallel.py", "ParallelConfig",
+                                                               "enable_expert_parallel")[1],
+                 GATE_SETTING, "expert parallelism is off by default", LIFT_SETTING, "--enable-expert-parallel",
+                 flag="--enable-expert-parallel", opt_in=True, configured=ep))
+    pick = next((n for n in fi if "two_sided" in n), fi[0])
+    ans.add(Gate("--all2all-backend", given in fi, where, GATE_SETTING, f"--all2all-backend defaults to {default!r}",
+                 LIFT_SETTING, f"--all2all-backend {pick}", value={"default": default, "flashinfer": fi},
+                 flag="--all2all-backend", set_to=pick, opt_in=True, configured=given in fi))
+    rel = f"{DC}/all2all.py"
+    mn = _find(eng.tree(rel), lambda n: isinstance(n, ast.ImportFrom) and (n.module or "").startswith("flashinfer.comm.mnnvl"),
+               "no import from flashinfer.comm.mnnvl in the all2all managers", eng, rel)
+    ans.add(Gate("MNNVL (NVLink) transport", ctx.topology == "nvlink", _where(eng, rel, mn, ast.unparse(mn)),
+                 GATE_TOPOLOGY, f"vLLM's FlashInfer all-to-all backends ({', '.join(fi)}) run over FlashInfer's MNNVL "
+                 f"(multi-node NVLink) transport; {ctx.topology} has none (what start-up does there is not read here)",
+                 LIFT_NOTHING, "an NVLink host; on PCIe the default allgather_reducescatter stays",
+                 value=f"topology {ctx.topology}"))
+    return ans.verdict(f"vLLM {eng.version} dispatches MoE tokens through FlashInfer's all-to-all")
+
+
+def _b12x(ctx, eng: Engine) -> Verdict:
+    try:
+        eps = [e for e in metadata.distribution("b12x").entry_points if e.group == "vllm.general_plugins"]
+        b12x_ver = metadata.version("b12x")
+    except metadata.PackageNotFoundError:
+        eps, b12x_ver = [], None
+    hits = [h for h in _references(eng, "b12x.comm", "b12x_all_reduce", "b12x_allreduce")]
+    if b12x_ver is None and not hits:
+        v = Verdict("b12x", NOT_INTEGRATED, scope=SCOPE_ENGINE, gate=GATE_NOT_INTEGRATED, lift=LIFT_PACKAGE,
+                    host=se.target_host(ctx),
+                    cause=f"not integrated in vllm {eng.version} (its source never references b12x.comm, b12x's PCIe "
+                          "collectives) and b12x is not installed: no vLLM plugin could add it",
+                    lift_detail="a vllm release or b12x plugin that registers b12x's PCIe allreduce")
+        return v.add("vllm references", hits, "vllm/**/*.py searched for b12x.comm")
+    comm = [e for e in eps if re.search(r"comm|allreduce|all_reduce", f"{e.name} {e.value}", re.IGNORECASE)]
+    if hits or comm:
+        v = Verdict("b12x", ERROR, scope=SCOPE_ENGINE, host=se.target_host(ctx),
+                    cause=f"vllm {eng.version} or b12x {b12x_ver} wires b12x's collectives in "
+                          f"({hits or [e.value for e in comm]}): this suite does not read that path yet",
+                    lift_detail="teach this suite the b12x allreduce gates of this release (it refuses to guess)")
+        return v
+    v = Verdict("b12x", NOT_INTEGRATED, scope=SCOPE_ENGINE, gate=GATE_NOT_INTEGRATED, lift=LIFT_PACKAGE,
+                host=se.target_host(ctx),
+                cause=f"not integrated as an allreduce in vllm {eng.version}: vLLM never references b12x.comm (b12x's "
+                      f"PCIe one-shot allreduce), and b12x {b12x_ver}'s vllm.general_plugins entry points "
+                      f"({', '.join(f'{e.name} = {e.value}' for e in eps) or 'none'}) register a quantization "
+                      "config and a model loader, no communicator (vLLM uses b12x for GEMM, MoE and attention kernels)",
+                lift_detail="a vllm release or b12x plugin that registers b12x's PCIe allreduce")
+    v.add("b12x vllm.general_plugins entry points", [f"{e.name} = {e.value}" for e in eps],
+          f"b12x {b12x_ver} entry_points.txt (distribution metadata)")
+    return v.add("vllm references to b12x.comm", hits, "vllm/**/*.py")
+
+
+def _references(eng: Engine, *needles: str) -> list[str]:
+    pat = re.compile("|".join(re.escape(n) for n in needles))
+    out = []
+    for p in sorted(eng.root.rglob("*.py")):
+        try:
+            for i, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+                if pat.search(line):
+                    out.append(f"vllm/{p.relative_to(eng.root).as_posix()}:{i}")
+        except OSError:
+            continue
+    return out[:5]
+
+
+DECIDERS = {"vllm-custom-allreduce": _custom_allreduce, "torch-symm-mem": _torch_symm_mem,
+            "nccl-symm-mem": _nccl_symm_mem, "flashinfer-pcie-ipc-allreduce": _pcie_ipc,
+            "flashinfer-allreduce": _flashinfer_allreduce, "flashinfer-allreduce-fusion": _fusion_pass,
+            "quick-allreduce": _quick_allreduce, "ep-flashinfer-a2a": _all2all, "b12x": _b12x}
+
+
+# --- the TP allreduce dispatch ----------------------------------------------------------------------
+#: what marks each step in CudaCommunicator.all_reduce's source (the call it returns), in the suite's names (pynccl's
+#: step is ``nccl-ring``, as in SGLang's dispatch: NCCL with its own algorithm choice)
+STEP_MARKERS = (("nccl-symm-mem", "all_reduce_symmetric_with_copy"), ("quick-allreduce", "quick_all_reduce"),
+                ("flashinfer-pcie-ipc-allreduce", "fi_pcie_ipc_ar_comm.all_reduce"),
+                ("flashinfer-allreduce", "fi_ar_comm.all_reduce"), ("aiter-custom-allreduce", "aiter_ar_comm.custom_all_reduce"),
+                ("vllm-custom-allreduce", "ca_comm.custom_all_reduce"), ("torch-symm-mem", "symm_mem_comm.all_reduce"),
+                ("nccl-ring", "pynccl_comm.all_reduce"))
+
+
+def read_dispatch(eng: Engine) -> list[tuple[str, str]]:
+    """``[(backend, "vllm/FILE:LINE"), ...]``: the steps of ``CudaCommunicator.all_reduce`` in source order (the line
+    of the call each step returns). Raises GateNotFound when a step's call is missing (a moved dispatch)."""
+    fn = eng.method(CUDA_COMM, "CudaCommunicator", "all_reduce")
+    found = []
+    calls = [(n.lineno, ast.unparse(n.func)) for n in ast.walk(fn) if isinstance(n, ast.Call)]
+    for backend, marker in STEP_MARKERS:
+        line = min((ln for ln, text in calls if text.endswith(marker)), default=None)
+        if line is None:
+            raise GateNotFound(f"gate not found in vllm {eng.version} at vllm/{CUDA_COMM}: CudaCommunicator.all_reduce "
+                               f"no longer calls {marker} (the {backend} step)")
+        found.append((line, backend, f"vllm/{CUDA_COMM}:{line}"))
+    return [(b, w) for _, b, w in sorted(found)]
+
+
+def apply_dispatch(verdicts: list[Verdict], eng: Engine) -> dict:
+    """The first open path of the dispatch claims the decode tensor; a later path that would serve becomes
+    ``preempted`` naming it. Returns the report's dispatch section ``{"vllm", "steps", "serves", "preempted"}``."""
+    steps = read_dispatch(eng)
+    by = {v.backend: v for v in verdicts}
+    serves, preempted, rows = "", {}, []
+    for backend, where in steps:
+        v = by.get(backend)
+        claims = backend == "nccl-ring" or (v is not None and v.status in (ON_BY_DEFAULT, ON_AS_CONFIGURED))
+        rows.append({"backend": backend, "where": where, "status": v.status if v is not None else "-",
+                     "claims": claims})
+        if not claims:
+            continue
+        if not serves:
+            serves = backend
+        elif v is not None:
+            preempted[backend] = serves
+            v.add("verdict before the dispatch order", f"{v.status}: {v.cause}", "engine gates")
+            v.status, v.gate, v.lift = PREEMPTED, GATE_SETTING, LIFT_SETTING
+            first = next(w for b, w in steps if b == serves)
+            v.cause = (f"vLLM {eng.version}: preempted by {serves}: CudaCommunicator.all_reduce tries {serves} first "
+                       f"({first}) and it claims the decode-step tensor")
+            v.lift_detail = f"leave {serves} off to let {backend} serve"
+    for v in verdicts:
+        v.add("TP allreduce dispatch: the path a decode-step allreduce takes", serves, f"vllm/{CUDA_COMM} "
+              "CudaCommunicator.all_reduce")
+    return {"vllm": eng.version, "tensor": decode_tensor().to_json(), "steps": rows, "serves": serves,
+            "preempted": preempted}
+
+
+def engine_verdicts(ctx, backends=None, engine: Engine | None = None) -> tuple[list[Verdict], dict]:
+    """vLLM's engine answers (scope ``engine``, ``engine="vllm"``) for ``ctx`` and its dispatch section. Without vLLM:
+    one ``skipped (not installed: vllm)`` per backend and ``{}``. A gate not found is an ``error`` for that backend; a
+    dispatch that cannot be read makes every would-serve answer an ``error`` too (never a pass). ``engine``: read this
+    vLLM folder instead of the installed one (an edited copy)."""
+    eng = engine or installed()
+    names = [b for b in BACKENDS if not backends or b in backends]
+    if eng is None:
+        return [Verdict(b, SKIPPED, scope=SCOPE_ENGINE, gate=GATE_NOT_INSTALLED, lift=LIFT_PACKAGE, engine=DIST,
+                        cause="not installed: vllm (the engine answer needs the serving engine)",
+                        lift_detail="pip install vllm") for b in names], {}
+    ctx = replace(ctx, server_config=(getattr(ctx, "engine_configs", None) or {}).get(DIST) or ctx.server_config)
+    out = []
+    for b in names:
+        try:
+            v = DECIDERS[b](ctx, eng)
+        except GateNotFound as e:
+            v = Verdict(b, ERROR, scope=SCOPE_ENGINE, cause=str(e), host=se.target_host(ctx),
+                        lift_detail="teach this suite where the gate lives in this vllm release (it refuses to guess)")
+            v.add("vllm version", eng.version, "distribution metadata")
+        v.engine = DIST
+        out.append(v)
+    try:
+        dispatch = apply_dispatch(out, eng)
+    except GateNotFound as e:
+        for v in out:
+            if v.status in (ON_BY_DEFAULT, ON_AS_CONFIGURED):
+                v.add("verdict before the dispatch order", f"{v.status}: {v.cause}", "engine gates")
+                v.status, v.gate, v.cause = ERROR, "", f"the TP allreduce dispatch of vllm {eng.version} cannot be read: {e}"
+        dispatch = {"vllm": eng.version, "error": str(e)}
+    return out, dispatch
+
+
+__all__ = ["BACKENDS", "Engine", "installed", "engine_verdicts", "read_dispatch", "parse_config", "env_default",
+           "BLOCKED"]

@@ -28,6 +28,7 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
+from cudastack.engine import output_spec
 from cudastack.errors import UsageError
 from stackprobe.atomic import write_atomic
 
@@ -79,7 +80,7 @@ def bake_dict(plan, *, contexts: dict[str, str], dockerfiles: dict[str, str], wh
             entry["contexts"] = parent_contexts
         if node.kind == "wheels":
             entry["target"] = "wheels"
-            entry["output"] = [f"type=local,dest={wheel_outputs[node.name]}"]
+            entry["output"] = [output_spec(wheel_outputs[node.name])]
             groups["wheels"].append(t)
         else:
             entry["tags"] = [node.tag]

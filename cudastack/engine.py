@@ -52,6 +52,16 @@ def _version_tuple(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
 
 
+def output_spec(output_dir) -> str:
+    """``type=local,dest=<output_dir>`` for ``--output``. BuildKit reads the value as one CSV record (buildx
+    ``util/buildflags``), so a folder whose path holds a comma or a double quote is written as a quoted CSV field
+    (``"dest=/a,b"``, inner quotes doubled); any other path as it is."""
+    dest = f"dest={output_dir}"
+    if any(c in dest for c in ',"'):
+        dest = '"' + dest.replace('"', '""') + '"'
+    return f"type=local,{dest}"
+
+
 # ------------------------------------------------------------------------------------- BuildKit path
 @dataclass(frozen=True)
 class BuildKitPath:
@@ -270,7 +280,7 @@ class Engine:
         for k, v in (labels or {}).items():
             cmd += ["--label", f"{k}={v}"]
         if output_dir:
-            cmd += ["--output", f"type=local,dest={output_dir}"]
+            cmd += ["--output", output_spec(output_dir)]
         cmd.append(context)
         return cmd, env
 

@@ -215,7 +215,7 @@ def test_real_build_success_tags_and_exports(tmp_path):
     df.write_text("FROM scratch AS builder\nCOPY a.whl /wheels/a.whl\nFROM scratch AS wheels\nCOPY --from=builder /wheels/ /\n")
     tag = f"cudastack-test/engine-ok:{uuid.uuid4().hex[:8]}"
     lines = []
-    out = tmp_path / "out"
+    out = tmp_path / "out, with a comma and a \"quote\""    # one CSV field for BuildKit: quoted by output_spec
     r = eng.build(name="ok", log_path=tmp_path / "ok.log", say=lines.append, context=str(ctx), dockerfile=str(df),
                   target="wheels", output_dir=str(out))
     assert (out / "a.whl").read_text() == (ctx / "a.whl").read_text()

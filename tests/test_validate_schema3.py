@@ -126,3 +126,20 @@ def test_committed_markdown_is_what_the_writer_makes_of_the_committed_json(folde
         assert f.read_text() == (ROOT / "results" / folder / f.name).read_text(), f.name
     with pytest.raises(FileNotFoundError, match="no \\*.json report"):
         mod.render(tmp_path)
+
+
+def test_headline_falls_back_to_the_path_that_serves():
+    """With PCIe IPC serving (0.5.23, variable set), a setting that falls back lands on PCIe IPC, not on NCCL; with
+    no flags it lands on NCCL."""
+    import json
+
+    from stackprobe.report import Report
+    from stackprobe.userwords import headline_line
+
+    ipc = json.loads((ROOT / "results" / "validate-pcie-ipc" /
+                      "cudastack_cu13.1-pip-sm120-runtime_7dbd01ad3ef27600.json").read_text())
+    line = headline_line(Report.from_json(ipc))
+    assert "takes flashinfer-pcie-ipc-allreduce" in line
+    assert "falls back to flashinfer-pcie-ipc-allreduce if set" in line and "falls back to NCCL" not in line
+    none = json.loads((ROOT / "results" / "validate" / "cudastack_cu13.1-pip-sm120-runtime_7dbd01ad3ef27600.json").read_text())
+    assert "falls back to NCCL if set" in headline_line(Report.from_json(none))

@@ -98,7 +98,9 @@ def headline_line(report) -> str:
     if h["do_not_set"]:
         parts.append("do not set: " + "; ".join(h["do_not_set"]))
     if h["falls_back"]:
-        parts.append("accepted but falls back to NCCL if set (no gain): " + "; ".join(h["falls_back"]))
+        # the declined tensor goes on down the dispatch to what serves it with the flags asked about
+        to = "NCCL" if h["serves"].startswith(("NCCL", "nccl-ring")) else h["serves"]
+        parts.append(f"accepted but falls back to {to} if set (no gain): " + "; ".join(h["falls_back"]))
     if h["preempted"]:
         parts.append("preempted: " + "; ".join(h["preempted"]))
     return "; ".join(parts)

@@ -143,3 +143,26 @@ def test_headline_falls_back_to_the_path_that_serves():
     assert "falls back to flashinfer-pcie-ipc-allreduce if set" in line and "falls back to NCCL" not in line
     none = json.loads((ROOT / "results" / "validate" / "cudastack_cu13.1-pip-sm120-runtime_7dbd01ad3ef27600.json").read_text())
     assert "falls back to NCCL if set" in headline_line(Report.from_json(none))
+
+
+def test_headline_speaks_for_no_engine_that_is_not_installed(tmp_path):
+    """A report made where SGLang is not installed (its rows are not-installed skips) gets no 'takes NCCL' headline;
+    the same report with sglang in its packages gets one (the guard reads the install, not the rows)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from stackprobe.report import Report
+    from stackprobe.userwords import headline_line
+
+    out = tmp_path / "r.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "validate"))
+    subprocess.run([sys.executable, "-m", "stackprobe", "--quiet", "--json", str(out)], check=True, env=env,
+                   cwd=tmp_path, timeout=600)
+    data = json.loads(out.read_text())
+    assert "sglang" not in (data["environment"].get("packages") or {})
+    line = headline_line(Report.from_json(data))
+    assert line.startswith("no serving engine answer (SGLang is not installed here)") and "takes" not in line
+    data["environment"].setdefault("packages", {})["sglang"] = "0.5.23"
+    assert "takes NCCL" in headline_line(Report.from_json(data))

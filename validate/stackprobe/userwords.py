@@ -55,6 +55,15 @@ def _engine_answers(report) -> list[Verdict]:
     return out
 
 
+def _engine_version(report) -> str:
+    """The installed version of the report's primary engine ("" when it is not installed: then its rows are
+    "not installed" skips, and no headline may speak for it)."""
+    name = report.primary_engine() if hasattr(report, "primary_engine") else "sglang"
+    ver = ((report.environment or {}).get("packages") or {}).get(name)
+    return str(ver or next((e.get("version") for e in getattr(report, "engines", None) or []
+                            if e.get("name") == name and e.get("version")), "") or "")
+
+
 def headline(report) -> dict:
     """``{"config": "no flags" | the flags, "serves": path, "opt_in": [...], "do_not_set": [...], "falls_back":
     [...], "preempted": [...], "on": [...]}`` (each entry one phrase) from ``report``'s engine answers."""
@@ -73,7 +82,7 @@ def headline(report) -> dict:
     if not serves:
         serves = ", ".join(v.backend for v in on) or f"{NCCL}: no other path is on and admitted"
     out = {"config": cfg, "serves": serves, "opt_in": [], "do_not_set": [], "falls_back": [], "preempted": [],
-           "on": [f"{v.backend} ({v.status})" for v in on], "engine": bool(eng)}
+           "on": [f"{v.backend} ({v.status})" for v in on], "engine": bool(eng) and bool(_engine_version(report))}
     for v in eng:
         if v.status == OPT_IN:
             claim = upstream_claim(v)
@@ -91,7 +100,9 @@ def headline_line(report) -> str:
     """The headline as one sentence (see the module docstring)."""
     h = headline(report)
     if not h["engine"]:
-        return "no serving engine answer (SGLang not installed): the library answers below say what could work"
+        title = report._title() if hasattr(report, "_title") else "SGLang"
+        return (f"no serving engine answer ({title} is not installed here): nothing below says what a server would "
+                "do; the library answers say what could work")
     parts = [f"with {h['config']}: a decode-step allreduce takes {h['serves']}"]
     if h["opt_in"]:
         parts.append("opt-in, worth measuring on the target: " + "; ".join(h["opt_in"]))

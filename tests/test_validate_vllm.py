@@ -102,7 +102,7 @@ def test_quick_allreduce_rocm_only_all2all_b12x(real):
     q = _v(real, "quick-allreduce")
     assert q["status"] == "not-integrated" and "only on ROCm" in q["cause"] and "cuda_communicator.py:185" in q["cause"]
     a = _v(real, "ep-flashinfer-a2a")
-    assert (a["status"], a["gate"]) == ("blocked", "topology") and "all2all.py:679" in a["cause"]
+    assert (a["status"], a["gate"]) == ("opt-in", "setting") and "the PCIe outcome is not read here" in a["cause"]
     b = _v(real, "b12x")
     assert b["status"] == "not-integrated" and "b12x_fp6 = b12x.integration.vllm.plugin:register_b12x_fp6" in b["cause"]
 
@@ -226,3 +226,73 @@ def test_invoke_passes_engine_through():
 
     assert suite_args("12.0", engine="vllm")[-2:] == ["--engine", "vllm"]
     assert "--engine" not in suite_args("12.0")
+
+
+# --- review of the committed report (issue 26d) -----------------------------------------------------------------
+def test_all2all_is_opt_in_needing_ep_dp_and_backend(wheels, monkeypatch):
+    got, _ = _read(wheels, monkeypatch)
+    a = got["ep-flashinfer-a2a"]
+    assert (a.status, a.gate, a.lift) == ("opt-in", "setting", "setting"), a.cause
+    assert "the PCIe outcome is not read here (runtime)" in a.cause
+    assert "vllm/config/parallel.py:790" in a.cause and "parallel_state.py:2339" in a.cause
+    assert "fused_moe/config.py:1037" in a.cause
+    for flag in ("--enable-expert-parallel", "--data-parallel-size 2", "--all2all-backend flashinfer_nvlink_two_sided"):
+        assert flag in a.lift_detail
+    ev = {e.what: e for e in a.evidence}
+    assert "all2all.py:679" in ev["MNNVL transport import (inside the manager's initialize(), not a check)"].source
+    one, _ = _read(wheels, monkeypatch, args={"--enable-expert-parallel": True,
+                                              "--all2all-backend": "flashinfer_nvlink_two_sided"})
+    assert one["ep-flashinfer-a2a"].status == "opt-in" and "--data-parallel-size 2" in one["ep-flashinfer-a2a"].cause
+    all3, _ = _read(wheels, monkeypatch, args={"--enable-expert-parallel": True, "--data-parallel-size": "2",
+                                               "--all2all-backend": "flashinfer_nvlink_two_sided"})
+    assert all3["ep-flashinfer-a2a"].status == "on-as-configured"
+
+
+def test_fusion_pass_lift_names_the_size_override(wheels, monkeypatch):
+    flag = {"--compilation-config": '{"pass_config": {"fuse_allreduce_rms": true}}'}
+    got, _ = _read(wheels, monkeypatch, args=flag)
+    v = got["flashinfer-allreduce-fusion"]
+    assert v.status == "falls-back-if-set" and v.lift == "setting"
+    assert '"fi_allreduce_fusion_max_size_mb": N' in v.lift_detail and "not read here" in v.lift_detail
+    assert "vllm/config/compilation.py:162" in v.lift_detail and "vllm/config/compilation.py:191" in v.lift_detail
+    over, _ = _read(wheels, monkeypatch, args={"--compilation-config": '{"pass_config": {"fuse_allreduce_rms": true, '
+                                                                       '"fi_allreduce_fusion_max_size_mb": 4}}'})
+    o = over["flashinfer-allreduce-fusion"]
+    assert o.status == "on-as-configured" and any("not read here" in w for w in o.warnings)
+
+
+def test_fusion_override_gone_is_an_error(wheels, monkeypatch, tmp_path):
+    root = _copy(wheels, tmp_path, "vllm/config/compilation.py", "max_size_mb = self.fi_allreduce_fusion_max_size_mb",
+                 "max_size_mb = None")
+    got, _ = _read(wheels, monkeypatch, root=root)
+    v = got["flashinfer-allreduce-fusion"]
+    assert v.status == "error" and "vllm 0.33.0" in v.cause and "compilation.py" in v.cause
+
+
+def test_all2all_dp_rule_gone_is_an_error(wheels, monkeypatch, tmp_path):
+    root = _copy(wheels, tmp_path, "vllm/config/parallel.py", "            self.data_parallel_size > 1\n            or",
+                 "            self.data_parallel_size > 0\n            or")
+    got, _ = _read(wheels, monkeypatch, root=root)
+    v = got["ep-flashinfer-a2a"]
+    assert v.status == "error" and "vllm 0.33.0" in v.cause and "parallel.py" in v.cause
+
+
+def test_dispatch_carries_the_configuration(wheels, monkeypatch):
+    _, d = _read(wheels, monkeypatch, env={"VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC": "1"})
+    assert d["config"]["describe"] == "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1"
+    from stackprobe.report import dispatch_markdown
+    assert "(vllm 0.33.0, VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1)" in dispatch_markdown(d)[1]
+
+
+def test_pcie_ipc_setup_catches_nothing(wheels, monkeypatch, tmp_path):
+    got, _ = _read(wheels, monkeypatch)
+    v = got["flashinfer-pcie-ipc-allreduce"]
+    assert "catches nothing" in v.cause and "stops start-up" in v.cause
+    assert f"{DC}/flashinfer_pcie_ipc_all_reduce.py:127" in v.cause and "kernel_warmup.py:263" in v.cause
+    root = _copy(wheels, tmp_path, "vllm/model_executor/warmup/kernel_warmup.py",
+                 "        flashinfer_pcie_ipc_all_reduce.warmup_flashinfer_pcie_ipc_allreduce(worker)\n",
+                 "        try:\n            flashinfer_pcie_ipc_all_reduce.warmup_flashinfer_pcie_ipc_allreduce(worker)\n"
+                 "        except Exception:\n            pass\n")
+    caught, _ = _read(wheels, monkeypatch, root=root)
+    assert caught["flashinfer-pcie-ipc-allreduce"].status == "error"
+    assert "kernel_warmup.py" in caught["flashinfer-pcie-ipc-allreduce"].cause

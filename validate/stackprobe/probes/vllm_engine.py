@@ -399,11 +399,47 @@ def _pcie_ipc(ctx, eng: Engine) -> Verdict:
                  f"flashinfer-python {fi_ver} has no PcieIpcAllReduceWorkspace: vLLM warns and falls back",
                  LIFT_PACKAGE, "flashinfer-python>=0.7.2 (vLLM's own pin: flashinfer-python==0.7.2.post1)",
                  value=f"flashinfer-python {fi_ver or 'absent'}", on_fail="decline", falls_to=PYNCCL))
+    uncaught = _pcie_ipc_setup_uncaught(eng)
     v = ans.verdict(f"vLLM {eng.version} builds FlashInferPcieIpcAllReduce on the TP group and sets its workspace up "
                     "before CUDA graph capture (warmup_flashinfer_pcie_ipc_allreduce: no capture sizes, as with "
                     "--enforce-eager, or multi-ubatch execution leave it unset), for {bf16, fp16} 2-D tensors of the "
-                    "model's hidden size that FlashInfer's workspace.supports() admits")
+                    "model's hidden size that FlashInfer's workspace.supports() admits. vLLM catches nothing in that "
+                    "set-up: a failed JIT build, CUDA IPC open or tune stops start-up rather than falling back to "
+                    f"pynccl ({'; '.join(uncaught)})")
+    v.add("set-up with no exception handler (a failure stops start-up, no fall-back)", uncaught,
+          "ast: no try/except around these calls")
     return v
+
+
+def _not_in_try(fn: ast.AST, node: ast.AST) -> bool:
+    """Whether ``node`` (inside ``fn``) lies outside every ``try`` body of ``fn`` that has an ``except`` handler."""
+    return not any(isinstance(t, ast.Try) and t.handlers and any(node is n for b in t.body for n in ast.walk(b))
+                   for t in ast.walk(fn))
+
+
+def _pcie_ipc_setup_uncaught(eng: Engine) -> list[str]:
+    """``["vllm/FILE:LINE `call`", ...]``: the PCIe IPC set-up calls that no ``try``/``except`` wraps, from the
+    workspace's construction and tune in ``FlashInferPcieIpcAllReduce.setup`` up to ``kernel_warmup``'s call of
+    ``warmup_flashinfer_pcie_ipc_allreduce``. Raises GateNotFound when a call is missing or a handler now wraps it
+    (vLLM then catches the failure: this reader does not know where it goes)."""
+    rel = f"{DC}/flashinfer_pcie_ipc_all_reduce.py"
+    warm = "model_executor/warmup/kernel_warmup.py"
+    setup = eng.method(rel, "FlashInferPcieIpcAllReduce", "setup")
+    warmup = eng.function(rel, "warmup_flashinfer_pcie_ipc_allreduce")
+    kw = eng.function(warm, "kernel_warmup")
+    steps = ((setup, rel, "PcieIpcAllReduceWorkspace", "FlashInferPcieIpcAllReduce.setup builds the workspace"),
+             (setup, rel, ".tune", "FlashInferPcieIpcAllReduce.setup tunes the workspace"),
+             (warmup, rel, ".setup", "warmup_flashinfer_pcie_ipc_allreduce calls setup"),
+             (kw, warm, "warmup_flashinfer_pcie_ipc_allreduce", "kernel_warmup calls warmup_flashinfer_pcie_ipc_allreduce"))
+    out = []
+    for fn, r, marker, what in steps:
+        call = _find(fn, lambda n, m=marker: isinstance(n, ast.Call) and ast.unparse(n.func).endswith(m),
+                     f"no call ending in {marker} ({what})", eng, r)
+        if not _not_in_try(fn, call):
+            raise GateNotFound(f"gate changed in vllm {eng.version} at vllm/{r}:{call.lineno}: {what} inside a "
+                               "try/except now; this suite does not read where that failure goes")
+        out.append(_where(eng, r, call, ast.unparse(call.func)))
+    return out
 
 
 def _fi_size_table(ctx, eng: Engine):
@@ -465,10 +501,67 @@ def _fusion_pass(ctx, eng: Engine) -> Verdict:
                  "neither", LIFT_SETTING, flag, value={"family": fam, "exact": exact}, flag="--compilation-config",
                  set_to="'{\"pass_config\": {\"fuse_allreduce_rms\": true}}'", opt_in=not auto, configured=asked))
     init = eng.method(FUSION, "AllReduceFusionPass", "__init__")
-    _find(init, lambda n: isinstance(n, ast.Call) and "flashinfer_max_size" in ast.unparse(n.func),
-          "AllReduceFusionPass.__init__ no longer reads pass_config.flashinfer_max_size", eng, FUSION)
-    ans.add(_fi_table_gate(ctx, eng, f"AllReduceFusionPass (vllm/{FUSION}:{init.lineno})"))
-    return ans.verdict(f"vLLM {eng.version}'s compile pass fuses allreduce + RMSNorm into FlashInfer's kernel")
+    call = _find(init, lambda n: isinstance(n, ast.Call) and "flashinfer_max_size" in ast.unparse(n.func),
+                 "AllReduceFusionPass.__init__ no longer reads pass_config.flashinfer_max_size", eng, FUSION)
+    override, fi_sizes = _fi_override(eng)
+    given = _pass_config(cc).get(FI_OVERRIDE) if isinstance(cc, str) else None
+    gate = _fi_table_gate(ctx, eng, f"AllReduceFusionPass ({_where(eng, FUSION, call, ast.unparse(call.func))})")
+    past = ("what happens past the size (FlashInfer's allreduce-fusion workspace: its multicast backend fails on PCIe, "
+            "then the trtllm one) is not read here (runtime)")
+    example = f'--compilation-config {{"pass_config": {{"fuse_allreduce_rms": true, "{FI_OVERRIDE}": N}}}}'
+    if given is not None:
+        gate = replace(gate, admits=ctx.world_size in fi_sizes, value={"keys": gate.value, FI_OVERRIDE: given},
+                       where=f"{gate.where}; overridden by PassConfig.{FI_OVERRIDE} ({override})")
+    ans.add(replace(gate, lift=LIFT_SETTING,
+                    cause=gate.cause.replace("; no CUDA upgrade lifts a Python table", "")
+                    + f"; PassConfig.{FI_OVERRIDE}, unset here, would replace the table ({override})",
+                    lift_detail=f"{example} (N in MB; PassConfig.{FI_OVERRIDE} replaces the table, {override}); "
+                                f"{past}"))
+    v = ans.verdict(f"vLLM {eng.version}'s compile pass fuses allreduce + RMSNorm into FlashInfer's kernel")
+    if given is not None:
+        v.warnings.append(f"PassConfig.{FI_OVERRIDE}={given} replaces the size table; {past}")
+    return v
+
+
+#: the PassConfig field that replaces FI_ALLREDUCE_FUSION_MAX_SIZE_MB in PassConfig.flashinfer_max_size
+FI_OVERRIDE = "fi_allreduce_fusion_max_size_mb"
+
+
+def _pass_config(cc: str) -> dict:
+    try:
+        pc = json.loads(cc).get("pass_config") or {}
+    except (ValueError, AttributeError):
+        return {}
+    return pc if isinstance(pc, dict) else {}
+
+
+def _fi_override(eng: Engine) -> tuple[str, list]:
+    """``("vllm/config/compilation.py:LINE PassConfig.fi_allreduce_fusion_max_size_mb, honoured at ...", [2, 4, 8,
+    16])``: the field, the line of ``PassConfig.flashinfer_max_size`` that reads it before the table's default
+    (``max_size_mb = self.fi_allreduce_fusion_max_size_mb``, then ``if max_size_mb is None:`` the table), and the world
+    sizes that function admits at all (``FI_SUPPORTED_WORLD_SIZES``). Raises GateNotFound when any is missing (the
+    override may be gone: the table then decides alone)."""
+    rel = "config/compilation.py"
+    field_line = next((n.lineno for n in eng.cls(rel, "PassConfig").body if isinstance(n, ast.AnnAssign)
+                       and isinstance(n.target, ast.Name) and n.target.id == FI_OVERRIDE), None)
+    if field_line is None:
+        raise GateNotFound(f"gate not found in vllm {eng.version} at vllm/{rel}: no field PassConfig.{FI_OVERRIDE}")
+    fn = eng.method(rel, "PassConfig", "flashinfer_max_size")
+    read = _find(fn, lambda n: isinstance(n, ast.Assign) and ast.unparse(n.value) == f"self.{FI_OVERRIDE}",
+                 f"PassConfig.flashinfer_max_size no longer reads self.{FI_OVERRIDE}", eng, rel)
+    var = ast.unparse(read.targets[0])
+    _find(fn, lambda n: isinstance(n, ast.If) and ast.unparse(n.test) == f"{var} is None"
+          and "default_fi_allreduce_fusion_max_size_mb" in ast.unparse(n),
+          f"PassConfig.flashinfer_max_size no longer falls to the table only when {var} is None", eng, rel)
+    ws = _find(fn, lambda n: isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "FI_SUPPORTED_WORLD_SIZES",
+               "PassConfig.flashinfer_max_size has no FI_SUPPORTED_WORLD_SIZES", eng, rel)
+    try:
+        sizes = list(ast.literal_eval(ws.value))
+    except (ValueError, TypeError) as e:
+        raise GateNotFound(f"gate not readable in vllm {eng.version} at vllm/{rel}:{ws.lineno}: "
+                           f"FI_SUPPORTED_WORLD_SIZES is not a literal ({e})") from e
+    return (f"vllm/{rel}:{field_line} PassConfig.{FI_OVERRIDE}, honoured at vllm/{rel}:{read.lineno} "
+            f"`{ast.unparse(read)}` for world sizes {sizes} (vllm/{rel}:{ws.lineno})"), sizes
 
 
 def _quick_allreduce(ctx, eng: Engine) -> Verdict:
@@ -505,17 +598,84 @@ def _all2all(ctx, eng: Engine) -> Verdict:
                  flag="--enable-expert-parallel", opt_in=True, configured=ep))
     pick = next((n for n in fi if "two_sided" in n), fi[0])
     ans.add(Gate("--all2all-backend", given in fi, where, GATE_SETTING, f"--all2all-backend defaults to {default!r}",
-                 LIFT_SETTING, f"--all2all-backend {pick}", value={"default": default, "flashinfer": fi},
+                 LIFT_SETTING, f"--all2all-backend {pick}" + (f" (or {', '.join(n for n in fi if n != pick)})"
+                                                              if len(fi) > 1 else ""), value={"default": default, "flashinfer": fi},
                  flag="--all2all-backend", set_to=pick, opt_in=True, configured=given in fi))
+    dp_where = _use_all2all(eng)
+    dp = _int_flag(ctx, "--data-parallel-size")
+    ans.add(Gate("--data-parallel-size > 1 (ParallelConfig.use_all2all)", dp > 1, dp_where, GATE_SETTING,
+                 f"no all-to-all manager is built at data parallel size {dp}: ParallelConfig.use_all2all needs "
+                 "data_parallel_size > 1 (or expert parallelism with prefill context parallelism), and the EP group "
+                 "is made with use_all2all from it", LIFT_SETTING, "--data-parallel-size 2 (or more)",
+                 value={"data_parallel_size": dp}, flag="--data-parallel-size", set_to="2", opt_in=True,
+                 configured=dp > 1))
+    v = ans.verdict(f"vLLM {eng.version} dispatches MoE tokens through FlashInfer's all-to-all ({', '.join(fi)}); "
+                    f"the {'PCIe' if ctx.topology == 'pcie' else ctx.topology} outcome is not read here "
+                    "(runtime): no check in vLLM or FlashInfer declines the topology, and FlashInfer's MNNVL memory "
+                    "uses POSIX-fd handles where FABRIC ones are not supported")
     rel = f"{DC}/all2all.py"
     mn = _find(eng.tree(rel), lambda n: isinstance(n, ast.ImportFrom) and (n.module or "").startswith("flashinfer.comm.mnnvl"),
                "no import from flashinfer.comm.mnnvl in the all2all managers", eng, rel)
-    ans.add(Gate("MNNVL (NVLink) transport", ctx.topology == "nvlink", _where(eng, rel, mn, ast.unparse(mn)),
-                 GATE_TOPOLOGY, f"vLLM's FlashInfer all-to-all backends ({', '.join(fi)}) run over FlashInfer's MNNVL "
-                 f"(multi-node NVLink) transport; {ctx.topology} has none (what start-up does there is not read here)",
-                 LIFT_NOTHING, "an NVLink host; on PCIe the default allgather_reducescatter stays",
-                 value=f"topology {ctx.topology}"))
-    return ans.verdict(f"vLLM {eng.version} dispatches MoE tokens through FlashInfer's all-to-all")
+    v.add("MNNVL transport import (inside the manager's initialize(), not a check)", ast.unparse(mn),
+          _where(eng, rel, mn))
+    v.add("FlashInfer MNNVL memory handle fall-back", *_mnnvl_posix_fallback())
+    return v
+
+
+def _int_flag(ctx, *names: str) -> int:
+    for n in names:
+        val = _flag(ctx, n)
+        if val is not None and val is not True:
+            try:
+                return int(val)
+            except ValueError:
+                return 1
+    return 1
+
+
+def _use_all2all(eng: Engine) -> str:
+    """Where vLLM builds an all-to-all manager only when data parallelism is on: ``ParallelConfig.use_all2all``'s
+    ``self.data_parallel_size > 1`` (config/parallel.py), the EP group made with ``use_all2all=`` from it
+    (distributed/parallel_state.py) and ``FusedMoEParallelConfig.use_all2all_kernels``'s ``dp_size > 1``
+    (model_executor/layers/fused_moe/config.py), as ``"vllm/FILE:LINE ...; ..."``. Raises GateNotFound when one is
+    missing."""
+    par = "config/parallel.py"
+    ua = eng.method(par, "ParallelConfig", "use_all2all")
+    cmp = _find(ua, lambda n: isinstance(n, ast.Compare) and ast.unparse(n) == "self.data_parallel_size > 1",
+                "ParallelConfig.use_all2all no longer tests self.data_parallel_size > 1", eng, par)
+    ps = "distributed/parallel_state.py"
+    grp = _find(eng.tree(ps), lambda n: isinstance(n, ast.Call) and ast.unparse(n.func) == "init_model_parallel_group"
+                and any(k.arg == "group_name" and isinstance(k.value, ast.Constant) and k.value.value == "ep"
+                        for k in n.keywords) and any(k.arg == "use_all2all" for k in n.keywords),
+                "the EP group is no longer made with init_model_parallel_group(..., group_name='ep', use_all2all=...)",
+                eng, ps)
+    src = next((n for n in ast.walk(eng.tree(ps)) if isinstance(n, ast.Assign)
+                and ast.unparse(n.value) == "parallel_config.use_all2all"), None)
+    if src is None:
+        raise GateNotFound(f"gate not found in vllm {eng.version} at vllm/{ps}: use_all2all is no longer read from "
+                           "parallel_config.use_all2all")
+    moe = "model_executor/layers/fused_moe/config.py"
+    k = eng.method(moe, "FusedMoEParallelConfig", "use_all2all_kernels")
+    kc = _find(k, lambda n: isinstance(n, ast.Compare) and ast.unparse(n) == "self.dp_size > 1",
+               "FusedMoEParallelConfig.use_all2all_kernels no longer tests self.dp_size > 1", eng, moe)
+    return "; ".join((_where(eng, par, cmp, ast.unparse(cmp)), _where(eng, ps, src, ast.unparse(src)),
+                      _where(eng, ps, grp, "init_model_parallel_group(..., group_name='ep', use_all2all=use_all2all)"),
+                      _where(eng, moe, kc, ast.unparse(kc))))
+
+
+def _mnnvl_posix_fallback() -> tuple[str, str]:
+    """(what, source) for FlashInfer's MNNVL memory choosing POSIX-fd handles without FABRIC support
+    (``flashinfer/comm/mnnvl.py``'s ``CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR``); evidence, not a gate."""
+    fi = source.package_dir("flashinfer")
+    p = fi / "comm" / "mnnvl.py" if fi else None
+    if p is None or not p.is_file():
+        return "not read: flashinfer-python not installed", "flashinfer/comm/mnnvl.py"
+    hit = next((i for i, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+                if "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR" in line), None)
+    if hit is None:
+        return "no POSIX-fd handle type in MnnvlMemory: not read", "flashinfer/comm/mnnvl.py"
+    return ("MnnvlMemory allocates with POSIX-fd handles where FABRIC handles are not supported: no topology check",
+            f"flashinfer/comm/mnnvl.py:{hit} (flashinfer-python {dist_version('flashinfer-python')})")
 
 
 def _b12x(ctx, eng: Engine) -> Verdict:
@@ -595,9 +755,10 @@ def read_dispatch(eng: Engine) -> list[tuple[str, str]]:
     return [(b, w) for _, b, w in sorted(found)]
 
 
-def apply_dispatch(verdicts: list[Verdict], eng: Engine) -> dict:
+def apply_dispatch(verdicts: list[Verdict], eng: Engine, config: ServerConfig | None = None) -> dict:
     """The first open path of the dispatch claims the decode tensor; a later path that would serve becomes
-    ``preempted`` naming it. Returns the report's dispatch section ``{"vllm", "steps", "serves", "preempted"}``."""
+    ``preempted`` naming it. Returns the report's dispatch section ``{"vllm", "config", "tensor", "steps", "serves",
+    "preempted"}`` (``config``: the configuration asked about, ``ServerConfig.to_json()``, as SGLang's)."""
     steps = read_dispatch(eng)
     by = {v.backend: v for v in verdicts}
     serves, preempted, rows = "", {}, []
@@ -621,8 +782,8 @@ def apply_dispatch(verdicts: list[Verdict], eng: Engine) -> dict:
     for v in verdicts:
         v.add("TP allreduce dispatch: the path a decode-step allreduce takes", serves, f"vllm/{CUDA_COMM} "
               "CudaCommunicator.all_reduce")
-    return {"vllm": eng.version, "tensor": decode_tensor().to_json(), "steps": rows, "serves": serves,
-            "preempted": preempted}
+    return {"vllm": eng.version, "config": (config or ServerConfig()).to_json(), "tensor": decode_tensor().to_json(),
+            "steps": rows, "serves": serves, "preempted": preempted}
 
 
 def engine_verdicts(ctx, backends=None, engine: Engine | None = None) -> tuple[list[Verdict], dict]:
@@ -648,13 +809,13 @@ def engine_verdicts(ctx, backends=None, engine: Engine | None = None) -> tuple[l
         v.engine = DIST
         out.append(v)
     try:
-        dispatch = apply_dispatch(out, eng)
+        dispatch = apply_dispatch(out, eng, ctx.server_config)
     except GateNotFound as e:
         for v in out:
             if v.status in (ON_BY_DEFAULT, ON_AS_CONFIGURED):
                 v.add("verdict before the dispatch order", f"{v.status}: {v.cause}", "engine gates")
                 v.status, v.gate, v.cause = ERROR, "", f"the TP allreduce dispatch of vllm {eng.version} cannot be read: {e}"
-        dispatch = {"vllm": eng.version, "error": str(e)}
+        dispatch = {"vllm": eng.version, "config": (ctx.server_config or ServerConfig()).to_json(), "error": str(e)}
     return out, dispatch
 
 

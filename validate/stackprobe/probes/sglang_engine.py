@@ -54,12 +54,14 @@ class Engine:
 
     version: str
     root: Path
+    #: the package folder's name, in every error (a second engine's reader subclasses this one)
+    pkg = "sglang"
 
     def file(self, rel: str) -> Path:
         """``srt/layers/x.py`` -> its path; raises :class:`GateNotFound` naming package, version, file."""
         p = self.root / rel
         if not p.is_file():
-            raise GateNotFound(f"gate not found in sglang {self.version} at sglang/{rel}: the file does not exist")
+            raise GateNotFound(f"gate not found in {self.pkg} {self.version} at {self.pkg}/{rel}: the file does not exist")
         return p
 
     def tree(self, rel: str) -> ast.Module:
@@ -67,12 +69,12 @@ class Engine:
         try:
             return source.parse(p)
         except (SyntaxError, ValueError) as e:
-            raise GateNotFound(f"gate not readable in sglang {self.version} at sglang/{rel}: {e}") from e
+            raise GateNotFound(f"gate not readable in {self.pkg} {self.version} at {self.pkg}/{rel}: {e}") from e
 
     def function(self, rel: str, name: str) -> ast.FunctionDef:
         fn = source.functions(self.tree(rel)).get(name)
         if fn is None:
-            raise GateNotFound(f"gate not found in sglang {self.version} at sglang/{rel}: no function {name}")
+            raise GateNotFound(f"gate not found in {self.pkg} {self.version} at {self.pkg}/{rel}: no function {name}")
         return fn
 
     def references(self, *needles: str) -> list[str]:

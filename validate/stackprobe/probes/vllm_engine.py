@@ -61,7 +61,7 @@ PYNCCL = "NCCL (pynccl, vLLM's last step of CudaCommunicator.all_reduce)"
 
 
 @dataclass
-class Engine:
+class Engine(se.Engine):
     """The installed vLLM: ``version`` (distribution metadata) and ``root`` (the ``vllm`` folder). Same methods as
     :class:`.sglang_engine.Engine`; errors name ``vllm <version>`` and ``vllm/FILE``."""
 
@@ -69,19 +69,7 @@ class Engine:
     root: Path
     title: str = "vLLM"
     dist: str = DIST
-
-    def file(self, rel: str) -> Path:
-        p = self.root / rel
-        if not p.is_file():
-            raise GateNotFound(f"gate not found in vllm {self.version} at vllm/{rel}: the file does not exist")
-        return p
-
-    def tree(self, rel: str) -> ast.Module:
-        p = self.file(rel)
-        try:
-            return source.parse(p)
-        except (SyntaxError, ValueError) as e:
-            raise GateNotFound(f"gate not readable in vllm {self.version} at vllm/{rel}: {e}") from e
+    pkg = "vllm"
 
     def cls(self, rel: str, name: str) -> ast.ClassDef:
         c = next((n for n in ast.walk(self.tree(rel)) if isinstance(n, ast.ClassDef) and n.name == name), None)
@@ -93,12 +81,6 @@ class Engine:
         fn = next((n for n in self.cls(rel, cls).body if isinstance(n, ast.FunctionDef) and n.name == name), None)
         if fn is None:
             raise GateNotFound(f"gate not found in vllm {self.version} at vllm/{rel}: no method {cls}.{name}")
-        return fn
-
-    def function(self, rel: str, name: str) -> ast.FunctionDef:
-        fn = source.functions(self.tree(rel)).get(name)
-        if fn is None:
-            raise GateNotFound(f"gate not found in vllm {self.version} at vllm/{rel}: no function {name}")
         return fn
 
     def table(self, rel: str, name: str):

@@ -78,9 +78,14 @@ def test_an_op_that_does_nothing_sits_on_the_floor_and_is_an_error():
     def make(nbytes):
         buf = torch.empty(nbytes // 4)
         return Op(buf, buf, lambda: None, in_place=True)   # in place at world size 1: "correct", and no work
-    # 1 MB: the floor (one add over 256K floats per call) dwarfs Python's call overhead, even on a loaded host
-    units = measure(make, 1 << 20)
-    rec = size_record(1 << 20, units["op"], units[FLOOR], units["op"], 1, False)
+    # 1 MB: the floor (one add over 256K floats per call) dwarfs Python's call overhead. The rule's margin is 5 % of
+    # the floor, which a CPU host's timing noise can pass now and then (seen once in a clean-clone CI run): the
+    # no-op must read "no work" in one of three measurements; the real-work twin below must never read so.
+    for _ in range(3):
+        units = measure(make, 1 << 20)
+        rec = size_record(1 << 20, units["op"], units[FLOOR], units["op"], 1, False)
+        if rec["no_gpu_work"]:
+            break
     assert rec["no_gpu_work"] is True
     row = {"backend": "noop", "world_size": 1, "kind": "backend", "outcome": "ok", "sweep": [rec],
            "pairing": "in-process"}
@@ -91,8 +96,9 @@ def test_an_op_that_does_nothing_sits_on_the_floor_and_is_an_error():
         buf = torch.empty(nbytes // 4)
         scratch = torch.empty(nbytes // 4 * 16)          # 16x the floor's memory traffic
         return Op(buf, buf, lambda: (scratch.mul_(1.0), None)[1], in_place=True)
-    units = measure(make_real, 1 << 20)
-    assert size_record(1 << 20, units["op"], units[FLOOR], units["op"], 1, False)["no_gpu_work"] is False
+    for _ in range(3):
+        units = measure(make_real, 1 << 20)
+        assert size_record(1 << 20, units["op"], units[FLOOR], units["op"], 1, False)["no_gpu_work"] is False
 
 
 def test_checked_values_must_stay_exact_in_the_dtype():

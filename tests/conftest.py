@@ -20,6 +20,20 @@ def recipes_copy(tmp_path):
 
 
 @pytest.fixture
+def engine():
+    """A cudastack Engine on the live Docker daemon (skip when there is none; a file that needs another scope
+    defines its own)."""
+    pytest.importorskip("docker")
+    from cudastack.engine import Engine
+    from cudastack.errors import EnvironmentError_
+
+    try:
+        return Engine.connect()
+    except EnvironmentError_ as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture
 def docker_engine_scratch():
     """``(client, made)``: a docker SDK client to a live engine (skip when none answers) and a list the test
     appends image references to; every reference in it is removed afterwards."""

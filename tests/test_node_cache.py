@@ -76,18 +76,6 @@ def small_plan(tmp: Path, nonce: str, *, wheel_bytes: int = 4096):
                      wheelhouse="wheelhouse/cachetest")
 
 
-@pytest.fixture
-def engine():
-    pytest.importorskip("docker")
-    from cudastack.engine import Engine
-    from cudastack.errors import EnvironmentError_
-
-    try:
-        return Engine.connect()
-    except EnvironmentError_ as exc:
-        pytest.skip(str(exc))
-
-
 def empty_engine(client, plan) -> None:
     """Remove every name of every node's image (tags and the registry digests pulls leave): the engine then holds
     none of the plan, as on a fresh builder."""

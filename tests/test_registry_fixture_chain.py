@@ -21,19 +21,6 @@ TEST_PREFIX = "cudastack-test"   # image repositories of the fixture chain, apar
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.network]
 
 
-@pytest.fixture
-def engine():
-    """A cudastack Engine on the live Docker daemon (skip when there is none)."""
-    pytest.importorskip("docker")
-    from cudastack.engine import Engine
-    from cudastack.errors import EnvironmentError_
-
-    try:
-        return Engine.connect()
-    except EnvironmentError_ as exc:
-        pytest.skip(str(exc))
-
-
 def fixture_plan_and_lock(engine, tmp_path):
     """The fixture chain's plan and its lock, resolved for real into ``tmp_path/lockfiles``: (plan, path, lock)."""
     from cudastack.plan import make_plan

@@ -18,9 +18,18 @@ mkdir -p "$SITE" "$OUT"
 shopt -s nullglob
 # or the packages already unpacked and packed as one .gpurun/site.tar.xz (xz packs the Python text about 6x
 # better than the wheels' zip: what fits in one call)
-if [ -f "$ROOT/.gpurun/site.tar.xz" ]; then
-  tar -xJf "$ROOT/.gpurun/site.tar.xz" -C "$SITE" || { echo "unpacking .gpurun/site.tar.xz failed" >&2; exit 1; }
+# or in pieces carried call by call (scripts/gpu_carry.sh: site.tar.xz.part-*, joined and checked against
+# site.tar.xz.sha256 here), and extra-*.tar.xz archives (the trimmed sglang-kernel) unpacked beside it
+parts=("$ROOT"/.gpurun/site.tar.xz.part-*)
+if [ ${#parts[@]} -gt 0 ]; then
+  cat "${parts[@]}" > "$ROOT/.gpurun/site.tar.xz"
+  (cd "$ROOT/.gpurun" && sha256sum -c --quiet site.tar.xz.sha256) \
+    || { echo "the joined .gpurun/site.tar.xz does not match site.tar.xz.sha256: a piece is missing or stale" >&2; exit 1; }
 fi
+for archive in "$ROOT/.gpurun/site.tar.xz" "$ROOT"/.gpurun/extra-*.tar.xz; do
+  [ -f "$archive" ] || continue
+  tar -xJf "$archive" -C "$SITE" || { echo "unpacking $archive failed" >&2; exit 1; }
+done
 wheels=("$ROOT"/.gpurun/wheels*/*.whl)
 if [ ${#wheels[@]} -gt 0 ]; then
   python -m pip install -q --no-deps --no-index --disable-pip-version-check --target "$SITE" --upgrade "${wheels[@]}" \
@@ -32,10 +41,11 @@ import importlib.metadata as m, torch
 try: nccl = torch.cuda.nccl.version()
 except Exception as e: nccl = f"unavailable ({e})"
 print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", nccl, "gpus", torch.cuda.device_count())
-for d in ("sglang", "transformers", "compressed-tensors", "torchvision", "triton", "pillow"):
+for d in ("sglang", "sglang-kernel", "transformers", "compressed-tensors", "torchvision", "triton", "pillow"):
     try: print(d, m.version(d))
     except m.PackageNotFoundError: print(d, "not installed")
 PY
+[ -f "$ROOT/.gpurun/extra-sgl-kernel.omitted" ] && sed 's/^/sglang-kernel file left out: /' "$ROOT/.gpurun/extra-sgl-kernel.omitted" >> "$OUT/versions.txt"
 cat "$OUT/versions.txt"
 # optional: which top-level modules the bring-up imports that are not here (a stub answers each, names recorded)
 if [ -f "$ROOT/.gpurun/discover.py" ]; then

@@ -19,6 +19,7 @@ Output: one JSON object on stdout (``{"server_args", "launch_env", "communicator
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import json
 import os
@@ -70,6 +71,47 @@ def observe(group, calls: list):
                     delattr(obj, name)      # the instance attribute goes; the class's method shows again
                 if getattr(obj, name) is not orig:
                     setattr(obj, name, orig)
+
+
+def construction_gates(source: str) -> dict:
+    """Where ``GroupCoordinator.__init__`` builds each communicator of :data:`COMMS`, and the ``if`` tests that
+    must hold for it to be built, read from ``source`` (the text of the installed
+    ``sglang/srt/distributed/parallel_state.py``).
+
+    Returns ``{attr: {"built_at": line, "tests": [{"line", "test"}, ...]}}`` (outermost test first; a test on an
+    ``else`` branch reads ``not (...)``); an attribute the constructor never assigns a call to maps to
+    ``{"built_at": None, "tests": []}``. Line numbers are the file's. Raises ValueError when the source has no
+    ``GroupCoordinator.__init__`` (a moved class: the caller reports the gates as unread, never guessed)."""
+    tree = ast.parse(source)
+    init = next((f for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "GroupCoordinator"
+                 for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+    if init is None:
+        raise ValueError("no GroupCoordinator.__init__ in parallel_state.py: the communicators' gates are unread")
+    out: dict = {a: {"built_at": None, "tests": []} for a in COMMS}
+
+    def assigned(node) -> str | None:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        if not isinstance(getattr(node, "value", None), ast.Call):
+            return None
+        for t in targets:
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self" and t.attr in out:
+                return t.attr
+        return None
+
+    def walk(stmts, tests):
+        for st in stmts:
+            attr = assigned(st)
+            if attr and out[attr]["built_at"] is None:
+                out[attr] = {"built_at": st.lineno, "tests": list(tests)}
+            if isinstance(st, ast.If):
+                text = ast.get_source_segment(source, st.test) or ast.unparse(st.test)
+                walk(st.body, tests + [{"line": st.lineno, "test": " ".join(text.split())}])
+                walk(st.orelse, tests + [{"line": st.lineno, "test": f"not ({' '.join(text.split())})"}])
+            else:
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    walk(getattr(st, field, []) or [], tests)
+    walk(init.body, [])
+    return out
 
 
 def served_by(group, tensor) -> dict:
@@ -133,6 +175,11 @@ def bring_up(server_args: str, world_size: int = 1, rank: int = 0, backend: str 
             rep["launch_env"] = {"applied": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         rep["launch_env"].update(before=before, after={k: os.environ.get(k) for k in LAUNCH_VARS})
         from sglang.srt.distributed import parallel_state as ps
+        try:
+            with open(ps.__file__, encoding="utf-8") as fh:
+                rep["construction_gates"] = construction_gates(fh.read())
+        except (OSError, SyntaxError, ValueError) as exc:
+            rep["construction_gates"] = {"unread": f"{type(exc).__name__}: {exc}"}
         from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
         if backend == "nccl":
             torch.cuda.set_device(rank % max(torch.cuda.device_count(), 1))

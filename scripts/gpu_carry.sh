@@ -23,7 +23,7 @@ LOCK="${1:-$ROOT/lockfiles/13.1.lock.yaml}"
 PIECE_MIB="${2:-40}"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
 WORK="$ROOT/.gpurun/build"
-EXCLUDE='^(torch|torchvision|torchaudio|torchcodec|triton|nvidia-.*|cuda-.*|flashinfer-.*|sglang-kernel|pillow|numpy|sympy|networkx|mpmath|jinja2|markupsafe|fsspec|filelock|typing-extensions|setuptools|xgrammar|llguidance|z3-solver|outlines|outlines-core|openai-harmony|torch-memory-saver|torch-c-dlpack-ext|flash-attn|flash-attn-4|humming-kernels|sgl-deep-gemm|sgl-flash-mla|py-spy|pip|wheel|build|ninja|cython|modelscope|modelscope-hub|mistral-common|anthropic|pycountry|deepseek-recipe|timm|openai|nccl4py|nccl-extensions|cryptography|lxml|datasets|tml-renderers|sentencepiece|tiktoken|hf-xet|jedi|parso|kernels|kernels-data|pycryptodomex|gguf|zstandard|smg-grpc-proto|smg-grpc-servicer)$'
+EXCLUDE='^(torch|torchvision|torchaudio|torchcodec|triton|nvidia-.*|cuda-.*|flashinfer-.*|sglang-kernel|pillow|numpy|sympy|networkx|mpmath|jinja2|markupsafe|fsspec|filelock|typing-extensions|setuptools|xgrammar|llguidance|z3-solver|outlines|outlines-core|openai-harmony|torch-memory-saver|torch-c-dlpack-ext|flash-attn|flash-attn-4|humming-kernels|sgl-deep-gemm|sgl-flash-mla|py-spy|pip|wheel|build|ninja|cython|modelscope|modelscope-hub|mistral-common|anthropic|pycountry|deepseek-recipe|timm|openai|nccl4py|nccl-extensions|cryptography|lxml|datasets|tml-renderers|sentencepiece|tiktoken|hf-xet|jedi|parso|kernels|kernels-data|pycryptodomex|gguf|zstandard|smg-grpc-proto|smg-grpc-servicer|scipy|pandas|pyarrow|numba|llvmlite|tilelang|nvshmem.*|deep-ep|sgl-deep-ep|grpcio|grpcio-.*|opencv-.*|decord|av|soundfile|scikit-.*|cupy-.*|nixl|mooncake-.*|quack-kernels|nvidia-cutlass-.*|cutlass-.*|apache-tvm|xformers)$'
 PLATFORMS=(--python-version 3.12 --implementation cp --only-binary=:all:)
 for p in manylinux_2_34 manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux2014 linux; do
   PLATFORMS+=(--platform "${p}_x86_64")
@@ -54,6 +54,9 @@ echo "$(wc -l < "$WORK/site.txt") of $(wc -l < "$WORK/pins.txt") pins go into th
 "$PY" -m pip install -q --no-deps --no-index --target "$WORK/site" "${PLATFORMS[@]}" "$WORK"/wheels/*.whl
 rm -rf "$WORK/site/bin" "$WORK/site/share"
 find "$WORK/site" -name __pycache__ -prune -exec rm -rf {} +
+# test suites shipped inside packages (SGLang's own stays: its sglang.test helpers are imported)
+find "$WORK/site" -mindepth 2 -path "$WORK/site/sglang" -prune -o -type d -name tests -prune -exec rm -rf {} +
+du -sm "$WORK/site" | sed 's/\t.*/ MiB unpacked/'
 tar -cf - -C "$WORK/site" . | xz -T0 -6 > "$ROOT/.gpurun/site.tar.xz"
 (cd "$ROOT/.gpurun" && sha256sum site.tar.xz > site.tar.xz.sha256 && split -b "${PIECE_MIB}M" site.tar.xz site.tar.xz.part-)
 rm -f "$ROOT/.gpurun/site.tar.xz"

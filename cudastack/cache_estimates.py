@@ -108,7 +108,7 @@ def read_history(records_dir: Union[str, Path]) -> History:
                                                         "not a positive number of seconds")
                 else:
                     hist.builds[n["hash"]] = PastBuild(s, f.name, run, host, str(n.get("builder") or ""))
-            c = n.get("cache") if isinstance(n.get("cache"), dict) else {}
+            c = n["cache"] if isinstance(n.get("cache"), dict) else {}
             b, s = c.get("downloaded_bytes"), _seconds(c.get("pull_s"))
             if c.get("status") == "pulled" and isinstance(b, int) and b > 0 and s:
                 got, secs, pulled = got + b, secs + s, pulled + 1
@@ -202,7 +202,7 @@ class Basis:
 # ------------------------------------------------------------------------------------------ the lines
 def _dur(seconds: float) -> str:
     if seconds < 60:
-        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+        return "under 0.1 s" if seconds < 0.05 else f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
     h, rem = divmod(int(round(seconds)), 3600)
     return f"{h} h {rem // 60:02d} min" if h else f"{rem // 60} min {rem % 60:02d} s"
 

@@ -269,11 +269,12 @@ def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None,
             wheels = f", wheels: {', '.join(entry['wheels'])}" if entry["wheels"] else ""
             say(f"[{i}/{len(plan.nodes)}] {node.name}: built in {_fmt_s(entry['duration_s'])}{size}{wheels}")
             if cache is not None and not cache.read_only:
-                if entry.get("builder") and node.kind == "wheels":
-                    entry["cache"] = {"status": "not pushed", "error": "built on another builder: this engine "
-                                      "holds a marker image without the wheels"}
+                journal()
+                if entry.get("builder") and node.kind == "wheels":    # this engine holds only its marker
+                    from cudastack.builders import push_from_builder
+
+                    push_from_builder(cache, engine, node, entry, common, log, say, f"[{i}/{len(plan.nodes)}] {node.name}")
                 else:
-                    journal()
                     push_node(cache, node, entry, say, f"[{i}/{len(plan.nodes)}] {node.name}")
         except StackError as exc:
             if isinstance(exc, BuildError) and getattr(plan, "locked", False):

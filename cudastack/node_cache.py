@@ -30,7 +30,7 @@ inside the engine's requests (``X-Registry-Auth``) and appear in no message: a p
 refused without echoing it.
 
 Build record (:mod:`cudastack.build`): a node's ``"cache"`` is ``{"status": "pulled" | "pushed" | "pull failed" |
-"push failed" | "refused" | "not pushed", "reference", "digest", "pull_s" / "push_s", "layers_downloaded",
+"push failed" | "refused", "reference", "digest", "pull_s" / "push_s", "by" (the builder that pushed), "layers_downloaded",
 "layers_present", "downloaded_bytes", "error"}``; the record's ``"cache"`` is ``{"prefix", "read_only"}`` and ``"cache_failures"``
 ``[{"node", "op" ("probe" | "pull" | "push"), "error"}]``; a node's status is "pulling" while it is pulled and
 "pulled" after.

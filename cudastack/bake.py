@@ -18,6 +18,16 @@ the bake variable ``CUDASTACK_CA_BUNDLE`` (override with the environment variabl
 interpolates ``${VAR}`` in JSON files too). A node whose recipe names a private index with a login gets the
 secret ``pipindex`` from the environment variable :func:`index_secret_env` names (set it to the index URL with
 its login when running bake); the file itself holds the URL without the login.
+
+With a node cache (``invoke bake --cache REGISTRY/PREFIX``, or ``CUDASTACK_NODE_CACHE``; :mod:`cudastack.node_cache`)
+the file shares the cache through the node tags, as ``invoke build --cache`` does: each node's cache tag is asked
+for when the file is written, and a node the registry serves gets no target; its children build ``FROM`` it by
+digest (``PARENT_IMAGE=HOST/PREFIX/<repository>@sha256:...``, which any builder that reaches the registry pulls)
+instead of through a named context. Each node the file builds gets a second target ``<name>-cache`` in the
+default group (unless the cache is read-only) that pushes it to its cache tag (``output: type=registry``): the
+same Dockerfile, context and args, so BuildKit serves it from the first build; a wheels node pushes its
+``builder`` stage, whose ``/wheels`` a pull exports. A served wheels node's wheels reach the runtime's context only
+from the local wheelhouse (``invoke build --cache`` pulls them there).
 """
 from __future__ import annotations
 
@@ -49,16 +59,22 @@ def index_secret_env(node_name: str) -> str:
 
 def bake_dict(plan, *, contexts: dict[str, str], dockerfiles: dict[str, str], wheel_outputs: dict[str, str],
               wheel_names: Optional[dict[str, str]] = None, extra_args: Optional[dict[str, dict[str, str]]] = None,
-              ca_secret: bool = True) -> dict:
+              ca_secret: bool = True, served: Optional[dict[str, str]] = None,
+              push_to: Optional[dict[str, str]] = None) -> dict:
     """The bake file as a dict (pure). ``contexts``/``dockerfiles``/``wheel_outputs``: per node name, the
     build-context folder, the Dockerfile path and (wheel nodes) the export folder, all as they should appear
     in the file (relative to the bake file's folder). ``wheel_names``: the runtime node's WHEEL_NAMES.
     ``extra_args``: per node, build args to add (e.g. the
-    lock's ``*_LOCKED`` args)."""
+    lock's ``*_LOCKED`` args). ``served``: {node name: its pinned reference in the node cache} for nodes the file
+    does not build (children take them by digest); ``push_to``: {node name: its cache tag} for the ``-cache``
+    targets (module doc)."""
+    served, push_to = served or {}, push_to or {}
     targets: dict[str, dict] = {}
     groups: dict[str, list[str]] = {"default": [], "images": [], "wheels": [], "runtime": []}
     by_name = {n.name: n for n in plan.nodes}
     for node in plan.nodes:
+        if node.name in served:
+            continue
         t = target_name(node.name)
         args = {k: v for k, v in node.build_args.items() if not (k == "WHEEL_NAMES" and node.kind != "runtime")}
         if node.kind == "runtime":
@@ -75,7 +91,10 @@ def bake_dict(plan, *, contexts: dict[str, str], dockerfiles: dict[str, str], wh
         for p in node.parents:
             pn = by_name.get(p)
             if pn is not None and pn.kind != "wheels" and args.get("PARENT_IMAGE") == pn.tag:
-                parent_contexts[pn.tag] = f"target:{target_name(pn.name)}"
+                if pn.name in served:
+                    args["PARENT_IMAGE"] = served[pn.name]
+                else:
+                    parent_contexts[pn.tag] = f"target:{target_name(pn.name)}"
         if parent_contexts:
             entry["contexts"] = parent_contexts
         if node.kind == "wheels":
@@ -92,6 +111,14 @@ def bake_dict(plan, *, contexts: dict[str, str], dockerfiles: dict[str, str], wh
             entry.setdefault("secret", []).append(f"id=pipindex,env={index_secret_env(node.name)}")
         targets[t] = entry
         groups["default"].append(t)
+        if node.name in push_to:
+            push = {k: v for k, v in entry.items() if k not in ("output", "tags", "target")}
+            push.update(tags=[push_to[node.name]], output=["type=registry"])
+            if node.kind == "wheels":
+                push["target"] = "builder"
+            targets[f"{t}-cache"] = push
+            groups.setdefault("cache", []).append(f"{t}-cache")
+            groups["default"].append(f"{t}-cache")
     out = {"group": {g: {"targets": ts} for g, ts in groups.items() if ts}, "target": targets}
     if ca_secret:
         out["variable"] = {"CUDASTACK_CA_BUNDLE": {"default": "/etc/ssl/certs/ca-certificates.crt"}}
@@ -99,11 +126,14 @@ def bake_dict(plan, *, contexts: dict[str, str], dockerfiles: dict[str, str], wh
 
 
 def write_bake(plan, out_path: str | Path, *, state_dir: str | Path = ".stack", lock: Optional[dict] = None,
-               ca_secret: bool = True) -> dict:
+               ca_secret: bool = True, cache=None) -> dict:
     """Write ``docker-bake.json`` for ``plan`` to ``out_path`` (atomically) and materialise each node's build
     context under ``<out dir>/ctx/<node>``. With ``lock`` (a verified lock), the plan becomes its locked
-    build first (:func:`cudastack.lock.apply_lock`: locked build args and tags). Returns the bake dict.
-    Raises UsageError when ``out_path`` is not a ``.json`` file."""
+    build first (:func:`cudastack.lock.apply_lock`: locked build args and tags). ``cache``: an opened
+    :class:`cudastack.node_cache.NodeCache` (module doc); the nodes it serves are returned under the dict's
+    ``"x-cudastack-served"`` key ({node: pinned reference}), which is not written to the file. Returns the bake
+    dict. Raises UsageError when ``out_path`` is not a ``.json`` file, RegistryError when the cache cannot be
+    read."""
     from cudastack.build import Wheelhouse, _abs_dockerfile, _make_context
 
     out_path = Path(out_path).resolve()
@@ -117,7 +147,20 @@ def write_bake(plan, out_path: str | Path, *, state_dir: str | Path = ".stack", 
     if lock is not None:
         from cudastack.lock import apply_lock
         apply_lock(plan, lock)       # locked build args, tags and the runtime's WHEELS_LOCKED
+    served: dict[str, str] = {}
+    push_to: dict[str, str] = {}
+    if cache is not None:
+        from cudastack.registry import parse_reference
+
+        for node in plan.nodes:
+            digest = cache.probe(node)
+            if digest:
+                served[node.name] = parse_reference(cache.target(node)).with_digest(digest).pinned()
+            elif not cache.read_only:
+                push_to[node.name] = cache.target(node)
     for node in plan.nodes:
+        if node.name in served:
+            continue
         ctx, made = _make_context(ctx_root, node, wheelhouse, plan)
         made.pop("_source", None)
         if "WHEEL_NAMES" in made:
@@ -132,6 +175,6 @@ def write_bake(plan, out_path: str | Path, *, state_dir: str | Path = ".stack", 
         dockerfiles[node.name] = "Dockerfile"
         outputs[node.name] = os.path.relpath(Path(wheelhouse.path) / "export" / target_name(node.name), root)
     data = bake_dict(plan, contexts=contexts, dockerfiles=dockerfiles, wheel_outputs=outputs, wheel_names=names,
-                     extra_args=extra, ca_secret=ca_secret)
+                     extra_args=extra, ca_secret=ca_secret, served=served, push_to=push_to)
     write_atomic(out_path, json.dumps(data, indent=2) + "\n")
-    return data
+    return {**data, "x-cudastack-served": served} if cache is not None else data

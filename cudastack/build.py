@@ -269,11 +269,12 @@ def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None,
             wheels = f", wheels: {', '.join(entry['wheels'])}" if entry["wheels"] else ""
             say(f"[{i}/{len(plan.nodes)}] {node.name}: built in {_fmt_s(entry['duration_s'])}{size}{wheels}")
             if cache is not None and not cache.read_only:
-                if entry.get("builder") and node.kind == "wheels":
-                    entry["cache"] = {"status": "not pushed", "error": "built on another builder: this engine "
-                                      "holds a marker image without the wheels"}
+                journal()
+                if entry.get("builder") and node.kind == "wheels":    # this engine holds only its marker
+                    from cudastack.builders import push_from_builder
+
+                    push_from_builder(cache, engine, node, entry, common, log, say, f"[{i}/{len(plan.nodes)}] {node.name}")
                 else:
-                    journal()
                     push_node(cache, node, entry, say, f"[{i}/{len(plan.nodes)}] {node.name}")
         except StackError as exc:
             if isinstance(exc, BuildError) and getattr(plan, "locked", False):
@@ -358,7 +359,9 @@ def dry_run(plan: BuildPlan, *, state_dir: str | Path = ".stack", engine: Engine
     whose image exists but whose wheels this state folder lacks (a fresh checkout) reads "to export": the run
     exports its wheels again from BuildKit's cache, with no compile. With ``cache`` (an opened
     :class:`cudastack.node_cache.NodeCache`), a node not cached here that the registry holds reads "in the registry
-    cache (sha256:...)"."""
+    cache (sha256:...)". Each node to build or pull gets the time the plan expects each way, from the build
+    records under ``<state_dir>/records``, the registry's manifest sizes and the pull rate
+    (:mod:`cudastack.cache_estimates`). Raises UsageError for a bad ``CUDASTACK_NODE_CACHE_MIBPS``."""
     cached = None
     note = ""
     export: set[str] = set()
@@ -371,5 +374,11 @@ def dry_run(plan: BuildPlan, *, state_dir: str | Path = ".stack", engine: Engine
     except EnvironmentError_ as exc:
         note = f"\n(no cached state: {exc})"
     remote = cache.probe_plan(plan, cached, _say_default, for_push=False) if cache and cached is not None else {}
+    from cudastack import cache_estimates as E
+
+    basis = E.Basis(E.read_history(Path(state_dir) / "records"))
+    if cache is not None:
+        basis.rate = E.pull_rate(basis.history, cache.prefix.split("/", 1)[0])
+        basis.blobs = E.read_blobs(cache, plan, remote)
     return render_plan(plan, cached, state_dir=str(state_dir), export=export, remote=remote,
-                       cache_prefix=cache.prefix if cache is not None else "") + note
+                       cache_prefix=cache.prefix if cache is not None else "", basis=basis) + note

@@ -19,6 +19,16 @@ The builder must reach each node's parent image: its engine holds it (``docker``
 build; load it with ``docker save TAG | docker --context CTX load``), or the parent is in a registry it can
 pull from (``invoke push``). Errors (UsageError, exit 2, before any build): no such builder (``docker buildx
 inspect NAME`` fails), a ``docker``-driver builder whose engine lacks a parent.
+
+With a node cache (``--cache``, :mod:`cudastack.node_cache`) the builder shares it through the node tags: a node
+the registry holds is pulled here before anything is sent, so the builder never builds it (nor needs its
+parent: :func:`check_parents` leaves such nodes out); an image node built there comes back with ``--load`` and is
+pushed from this engine as a local build's; a wheels node built there is pushed by the builder itself
+(:func:`push_from_builder`: its ``builder`` stage, which holds ``/wheels``, built again from the builder's own
+BuildKit cache with ``--push`` to the node's cache tag), since this engine holds only its marker image.
+BuildKit's registry cache (``--cache-to type=registry``) is not used: the ``docker`` driver refuses it ("Cache
+export is not supported for the docker driver", buildx 0.13.1 on dockerd 20.10.24, measured), and it would key
+layers rather than nodes, so no node could be skipped.
 """
 from __future__ import annotations
 
@@ -86,11 +96,13 @@ def _image_on_context(docker: str, context: str, tag: str) -> bool:
     return r.returncode == 0
 
 
-def check_parents(builder: Builder, plan, scope: str, local_context: str = "", docker: str = "docker") -> list[str]:
+def check_parents(builder: Builder, plan, scope: str, local_context: str = "", docker: str = "docker",
+                  served: frozenset | set = frozenset()) -> list[str]:
     """Before any build: for a ``docker``-driver builder on another engine, each sent node's parent image must
-    be there (or be built there by this run). Returns notes for the dry run / log; raises UsageError listing
-    the missing parents and how to load them."""
-    nodes = [n for n in plan.nodes if sent(n, scope)]
+    be there (or be built there by this run). ``served``: names of nodes that will not be built at all (cached
+    here, or in the node cache): they send nothing. Returns notes for the dry run / log; raises UsageError
+    listing the missing parents and how to load them."""
+    nodes = [n for n in plan.nodes if sent(n, scope) and n.name not in served]
     if not nodes:
         return [f"builder {builder.name}: no node of this plan is sent (--builder-nodes {scope})"]
     if builder.driver != "docker" or not builder.endpoint or builder.endpoint == (local_context or "default"):
@@ -118,3 +130,38 @@ FROM ${PARENT_IMAGE}
 ARG BUILDER
 LABEL org.cudastack.builder="${BUILDER}"
 """
+
+
+def push_from_builder(cache, engine, node, entry: dict, build_kwargs: dict, log, say, label: str) -> None:
+    """Push ``node`` (a wheels node just built on ``build_kwargs["builder"]``) to the node ``cache`` from that
+    builder (module doc) and record it in the build record's ``entry["cache"]`` (``"by"``: the builder); the
+    digest is read back from the registry. A failure is reported as :func:`cudastack.node_cache.push_node`'s is
+    (warning, ``entry["cache"]``, the cache's failures) and never changes the node's own result."""
+    import time
+
+    from cudastack.errors import RegistryError, StackError
+    from cudastack.registry import parse_reference
+
+    bx = build_kwargs["builder"]
+    target = cache.target(node)
+    t0 = time.monotonic()
+    try:
+        engine.build(name=f"{node.name} (push from {bx.name})", log_path=log, say=say, target="builder", tag=target,
+                     push=True, **build_kwargs)
+        digest = cache.probe(node)
+        if not digest:
+            raise RegistryError(f"builder {bx.name} pushed {target}, but the registry does not serve it")
+    except StackError as exc:
+        entry["cache"] = {"status": "push failed", "error": str(exc), "by": bx.name}
+        cache.failures.append({"node": node.name, "op": "push", "error": str(exc)})
+        say(f"warning: {label}: pushing it to the node cache from builder {bx.name} failed; the build's result "
+            f"stands: {exc}")
+        return
+    finally:
+        if bx.driver == "docker":          # that engine keeps the pushed name: drop it (its tag is what marks done)
+            subprocess.run([engine.buildkit.docker, "--context", bx.endpoint or bx.name, "image", "rm", target],
+                           capture_output=True, timeout=120)
+    pinned = parse_reference(target).with_digest(digest).pinned()
+    entry["cache"] = {"status": "pushed", "reference": pinned, "digest": digest, "by": bx.name,
+                      "push_s": round(time.monotonic() - t0, 1)}
+    say(f"{label}: pushed to the node cache as {pinned} by builder {bx.name}")

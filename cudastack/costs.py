@@ -353,12 +353,17 @@ def cost_input(component, entry, knobs, toolchain) -> dict:
 
 
 def cost_lines(node, resources, state_dir: str | Path = ".stack") -> list[str]:
-    """The dry run's cost lines for one source or aot node (empty for other nodes). The units are counted from
-    the source on this builder (an aot node: its generators' sources in the pinned FlashInfer wheel,
-    :mod:`cudastack.costs_aot`); until it is here, from the recipe's ``units_reference`` when it has one."""
+    """The dry run's cost lines for one source or aot node (empty for other nodes): :func:`cost_estimate`'s."""
+    return cost_estimate(node, resources, state_dir)[0]
+
+
+def cost_estimate(node, resources, state_dir: str | Path = ".stack") -> tuple[list[str], float | None]:
+    """(cost lines, estimated seconds or None) for one source or aot node (([], None) for other nodes). The units
+    are counted from the source on this builder (an aot node: its generators' sources in the pinned FlashInfer
+    wheel, :mod:`cudastack.costs_aot`); until it is here, from the recipe's ``units_reference`` when it has one."""
     info = getattr(node, "cost", None) or {}
     if getattr(node, "method", "") not in ("source", "aot") or not info:   # recipes.COMPILING_METHODS (it imports us)
-        return []
+        return [], None
     flags = arch_flags(info["style"], info.get("value", ""), info.get("separator", ";"), tuple(info.get("fixed", ())))
     jobs = next((int(k.value) for k in node.knobs if k.name in info.get("jobs_knobs", ())), 1)
     cores = resources.cores if resources else 1
@@ -389,4 +394,4 @@ def cost_lines(node, resources, state_dir: str | Path = ".stack") -> list[str]:
         out.append(f"    time    unknown until the source is fetched; {jobs_note}; basis {basis}")
     else:
         out.append(f"    time    about {_fmt(est)} with {jobs_note}; basis {basis}")
-    return out
+    return out, est

@@ -242,18 +242,19 @@ class Engine:
     def build_command(self, *, context: str, dockerfile: str, tag: str | None = None, target: str | None = None,
                       build_args: dict[str, str] | None = None, secrets: dict[str, str] | None = None,
                       output_dir: str | None = None, labels: dict[str, str] | None = None,
-                      builder=None) -> tuple[list[str], dict]:
+                      builder=None, push: bool = False) -> tuple[list[str], dict]:
         """The docker CLI command line and environment for one BuildKit build (pure). ``builder``: a
         :class:`cudastack.builders.Builder` (or its name) to build on: ``docker buildx build --builder NAME``,
         or for a ``docker``-driver builder, which is a docker context, ``docker --context CTX buildx build``
-        (buildx refuses --builder for another context's docker driver). Needs the buildx path.
+        (buildx refuses --builder for another context's docker driver). Needs the buildx path. ``push``: the
+        builder pushes the image to ``tag`` (a registry reference) instead of loading it (``--push``; buildx only).
         ``CUDASTACK_BUILD_NETWORK`` in the environment (e.g. ``host``) becomes ``--network``: for a Docker host
         whose default bridge cannot attach build containers ("could not find bridge docker0"); the network mode
         is no input of the cache."""
         bk = self.buildkit
         env = dict(os.environ)
         name = getattr(builder, "name", builder)
-        if builder and bk.mode != "buildx":
+        if (builder or push) and bk.mode != "buildx":
             raise UsageError(f"--builder {name} needs the docker buildx plugin; this client ({bk.docker}) builds "
                              "with DOCKER_BUILDKIT=1 docker build. Install docker-buildx, or build without --builder.")
         if bk.mode == "buildx":
@@ -262,7 +263,7 @@ class Engine:
             else:
                 cmd = [bk.docker, "buildx", "build"] + (["--builder", name] if builder else [])
             if not output_dir:
-                cmd.append("--load")
+                cmd.append("--push" if push else "--load")
         else:
             cmd = [bk.docker, "build"]
             env["DOCKER_BUILDKIT"] = "1"

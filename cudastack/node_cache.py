@@ -30,8 +30,8 @@ inside the engine's requests (``X-Registry-Auth``) and appear in no message: a p
 refused without echoing it.
 
 Build record (:mod:`cudastack.build`): a node's ``"cache"`` is ``{"status": "pulled" | "pushed" | "pull failed" |
-"push failed" | "refused" | "not pushed", "reference", "digest", "pull_s" / "push_s", "layers_downloaded",
-"layers_present", "error"}``; the record's ``"cache"`` is ``{"prefix", "read_only"}`` and ``"cache_failures"``
+"push failed" | "refused", "reference", "digest", "pull_s" / "push_s", "by" (the builder that pushed), "layers_downloaded",
+"layers_present", "downloaded_bytes", "error"}``; the record's ``"cache"`` is ``{"prefix", "read_only"}`` and ``"cache_failures"``
 ``[{"node", "op" ("probe" | "pull" | "push"), "error"}]``; a node's status is "pulling" while it is pulled and
 "pulled" after.
 
@@ -159,8 +159,9 @@ class NodeCache:
     def restore(self, node, digest: str, wheelhouse, *, say: Say) -> dict:
         """Pull ``node`` from the cache by ``digest``, check it (label, lock) and tag it as ``node.tag``; for a
         wheels node, move its wheels into ``wheelhouse``. Returns ``{"image_id", "size_bytes", "wheels",
-        "reference", "digest", "pull_s", "layers_downloaded", "layers_present"}`` (layers the engine fetched, and
-        found already on it). Raises CacheUnusable (the caller builds the node instead; nothing
+        "reference", "digest", "pull_s", "layers_downloaded", "layers_present", "downloaded_bytes"}`` (layers the
+        engine fetched, and found already on it; the compressed bytes of the fetched ones, as the engine's progress
+        reports their sizes: the dry run's pull rate, :mod:`cudastack.cache_estimates`). Raises CacheUnusable (the caller builds the node instead; nothing
         was added to the wheelhouse and the node's tag is not set) or LockError (the pulled content differs
         from the lock: refused, the tag removed)."""
         import docker.errors
@@ -171,15 +172,15 @@ class NodeCache:
         ref = parse_reference(self.target(node)).with_digest(digest)
         pinned = ref.pinned()
         t0 = time.monotonic()
-        seen: set[str] = set()
+        seen: dict[str, int] = {}       # layer id -> compressed bytes the engine said it downloads
         present: set[str] = set()
 
         def on_chunk(chunk: dict) -> None:
             if chunk.get("status") == "Already exists":
                 present.add(str(chunk.get("id")))
             if chunk.get("status") == "Downloading" and chunk.get("id") not in seen:
-                seen.add(str(chunk.get("id")))
-                total = (chunk.get("progressDetail") or {}).get("total") or 0
+                total = int((chunk.get("progressDetail") or {}).get("total") or 0)
+                seen[str(chunk.get("id"))] = total
                 say(f"  cache: downloading layer {chunk.get('id')}" + (f" ({total / 2**20:.0f} MiB)" if total else ""))
 
         try:
@@ -202,7 +203,8 @@ class NodeCache:
         image.tag(repo, tag)
         return {"image_id": image.id, "size_bytes": int(image.attrs.get("Size", 0)), "wheels": wheels,
                 "reference": pinned, "digest": digest, "pull_s": round(time.monotonic() - t0, 1),
-                "layers_downloaded": len(seen), "layers_present": len(present)}
+                "layers_downloaded": len(seen), "layers_present": len(present),
+                "downloaded_bytes": sum(seen.values())}
 
     def _drop(self, name: str) -> None:
         """Remove the reference ``name`` from the engine (the image goes with it when nothing else names it)."""
@@ -342,8 +344,8 @@ def serve_node(cache: NodeCache, node, digest: str, entry: dict, wheelhouse, say
         return False
     entry.update(status="pulled", image_id=got["image_id"], size_bytes=got["size_bytes"],
                  duration_s=round(time.monotonic() - t0, 1),
-                 cache={"status": "pulled", **{k: got[k] for k in ("reference", "digest", "pull_s",
-                                                                  "layers_downloaded", "layers_present")}})
+                 cache={"status": "pulled", **{k: got[k] for k in ("reference", "digest", "pull_s", "layers_downloaded",
+                                                                  "layers_present", "downloaded_bytes")}})
     if node.kind == "wheels":
         entry["wheels"] = got["wheels"]
     say(f"{label}: pulled in {_fmt_s(entry['duration_s'])}"

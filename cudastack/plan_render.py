@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cudastack import costs, rules
+from cudastack import cache_estimates, costs, rules
 
 if TYPE_CHECKING:                  # cudastack.plan imports this module
     from cudastack.plan import BuildPlan
@@ -13,12 +13,14 @@ if TYPE_CHECKING:                  # cudastack.plan imports this module
 
 def render_plan(plan: BuildPlan, cached: dict[str, bool] | None = None, *, state_dir: str = ".stack",
                 export: set[str] | frozenset = frozenset(), remote: dict[str, str | None] | None = None,
-                cache_prefix: str = "") -> str:
+                cache_prefix: str = "", basis: cache_estimates.Basis | None = None) -> str:
     """The ``--dry-run`` text of ``plan`` (a :class:`cudastack.plan.BuildPlan`): header (toolchain, base, archs,
     builder, memory rule), then each node with its hash, its state (``cached here``, ``in the registry cache``
     with the digest ``remote`` gives for it, ``to export``, ``to build``; ``cached`` None: unknown, no daemon
     asked), tag, parents, build args and every knob with its value, source and why. ``remote``: {node: digest or
-    None} read from the node cache at ``cache_prefix``. Pure; returns the text."""
+    None} read from the node cache at ``cache_prefix``. ``basis``: what the time each way rests on (past builds,
+    manifest sizes, pull rate: :mod:`cudastack.cache_estimates`); with it and a known state, a node to build or to
+    pull gets ``expect`` lines and the text a closing "Expected time" line. Pure; returns the text."""
     lines = []
     res = plan.resources
     base_desc = plan.base_image
@@ -39,6 +41,10 @@ def render_plan(plan: BuildPlan, cached: dict[str, bool] | None = None, *, state
         lines.append(f"Node cache: {cache_prefix}")
     remote = remote or {}
     todo = 0.0
+    built: list = []
+    pulled: list = []
+    seen: set = set()
+    pulled_bytes = 0
     for i, n in enumerate(plan.nodes, 1):
         state = "unknown" if cached is None else ("cached here" if cached.get(n.name) else "to build")
         if cached is not None and not cached.get(n.name) and remote.get(n.name):
@@ -51,6 +57,17 @@ def render_plan(plan: BuildPlan, cached: dict[str, bool] | None = None, *, state
         method = f" ({n.method})" if n.method else ""
         lines.append("")
         lines.append(f"[{i}] {n.name}  kind {n.kind}{method}  {state}")
+        cost, unit_s = costs.cost_estimate(n, res, state_dir) if n.name not in export else ([], None)
+        if basis is not None and cached is not None and not cached.get(n.name) and n.name not in export:
+            b_s, b_text = cache_estimates.build_expectation(n, basis.history, unit_s)
+            if remote.get(n.name):
+                p_s, nbytes, p_text = cache_estimates.pull_expectation(basis.blobs.get(n.name), seen, basis.rate)
+                pulled.append((n.name, p_s))
+                pulled_bytes += nbytes
+                lines += [f"    expect  pull: {p_text}", f"    expect  build instead: {b_text}"]
+            else:
+                built.append((n.name, b_s))
+                lines.append(f"    expect  build: {b_text}")
         lines.append(f"    hash    {n.hash}")
         lines.append(f"    tag     {n.tag}")
         lines.append(f"    needs   {', '.join(n.parents) or '-'}")
@@ -66,8 +83,8 @@ def render_plan(plan: BuildPlan, cached: dict[str, bool] | None = None, *, state
             lines.append(f"    knob    {knob.name}={knob.value}  [{knob.source}]{why}")
         for note in n.notes:
             lines.append(f"    note    {note}")
-        if n.name not in export and not remote.get(n.name):
-            lines += costs.cost_lines(n, res, state_dir)     # source nodes: arch flags, units, jobs, time
+        if not remote.get(n.name):
+            lines += cost                                    # source nodes: arch flags, units, jobs, time
     lines.append("")
     if cached is not None:
         here = sum(1 for n in plan.nodes if cached.get(n.name))
@@ -75,6 +92,8 @@ def render_plan(plan: BuildPlan, cached: dict[str, bool] | None = None, *, state
         lines.append(f"{here} of {len(plan.nodes)} nodes cached"
                      + (f" here, {pulls} in the registry cache" if cache_prefix else "")
                      + f"; about {todo:g} GiB of disk needed for the rest.")
+        if basis is not None:
+            lines.append(cache_estimates.summary(built, pulled, pulled_bytes))
     else:
         lines.append("Cached state unknown (no Docker daemon asked).")
     for w in plan.warnings:

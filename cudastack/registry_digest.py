@@ -109,13 +109,23 @@ def engine_digest_or_none(ref: ImageReference, client, *, creds: Optional[dict] 
 
 def skopeo_digest(ref: ImageReference, *, creds: Optional[dict] = None, timeout: float = 120.0) -> str:
     """The manifest digest of ``ref`` read without a Docker engine: sha256 of ``skopeo inspect --raw``'s
-    output (the manifest bytes as served). ``creds`` (from the credential store) reach skopeo through a
-    private ``--authfile`` (containers-auth.json(5) format, mode 0600, deleted afterwards), never the command
-    line. Pass ``creds`` from :func:`checked_login`. Raises EnvironmentError_ (no skopeo), RegistryError."""
+    output (the manifest bytes as served, :func:`skopeo_manifest`). Raises EnvironmentError_ (no skopeo),
+    RegistryError."""
+    reference = ref.digest or ref.tag or "latest"
+    raw = skopeo_manifest(ref, creds=creds, timeout=timeout, why="Reading a digest without a Docker engine")
+    return _checked(ref, reference, "sha256:" + hashlib.sha256(raw).hexdigest(), "skopeo")
+
+
+def skopeo_manifest(ref: ImageReference, *, creds: Optional[dict] = None, timeout: float = 120.0,
+                    why: str = "Reading a manifest") -> bytes:
+    """The manifest of ``ref`` (tag or digest) exactly as the registry serves it: ``skopeo inspect --raw``.
+    ``creds`` (from the credential store) reach skopeo through a private ``--authfile`` (containers-auth.json(5)
+    format, mode 0600, deleted afterwards), never the command line. Pass ``creds`` from :func:`checked_login`.
+    Raises EnvironmentError_ (no skopeo; ``why`` says what needed it), RegistryError (one paragraph)."""
     exe = shutil.which("skopeo")
     if not exe:
-        raise EnvironmentError_("Reading a digest without a Docker engine needs skopeo (Debian/Ubuntu: "
-                                "`apt-get install skopeo`); or start the Docker engine.")
+        raise EnvironmentError_(f"{why} needs skopeo (Debian/Ubuntu: `apt-get install skopeo`); or start the "
+                                "Docker engine.")
     reference = ref.digest or ref.tag or "latest"
     sep = "@" if reference.startswith("sha256:") else ":"
     entry = {}
@@ -142,7 +152,7 @@ def skopeo_digest(ref: ImageReference, *, creds: Optional[dict] = None, timeout:
         err = p.stderr.decode(errors="replace").strip()
         m = re.search(r'msg="((?:[^"\\]|\\.)*)"', err)
         raise _read_failure(ref, reference, (m.group(1).replace('\\"', '"') if m else err[-500:]), creds, "skopeo")
-    return _checked(ref, reference, "sha256:" + hashlib.sha256(p.stdout).hexdigest(), "skopeo")
+    return p.stdout
 
 
 def resolve_digest(ref: str, *, client=None, timeout: float = 120.0) -> str:

@@ -249,7 +249,15 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
         check_base_registry(plan, engine)
         if bx is not None:
             from cudastack.builders import check_parents
-            for note in check_parents(bx, plan, builder_nodes, docker=engine.buildkit.docker):
+            served: set = set()
+            if node_cache is not None:     # nodes pulled from the cache are never sent: their parents need not be there
+                from pathlib import Path
+
+                from cudastack.build import Wheelhouse, cached_map
+                here = cached_map(engine, Wheelhouse(Path(state_dir).resolve() / plan.wheelhouse), plan)
+                remote = node_cache.probe_plan(plan, here, lambda m: print(m, file=sys.stderr), for_push=False)
+                served = {n for n, c in here.items() if c} | {n for n, d in remote.items() if d}
+            for note in check_parents(bx, plan, builder_nodes, docker=engine.buildkit.docker, served=served):
                 print(f"note: {note}", file=sys.stderr)
         _sigterm_as_interrupt()
         record = run_build(plan, state_dir=state_dir, ca_bundle=ca_bundle, engine=engine, builder=bx,

@@ -226,10 +226,15 @@ def cluster_job(c, cuda="13.1", scheduler=None, gpus=None, nodes=1, image=None, 
             "method": "As for invoke build: --method torch=source puts the source build in the bake file.",
             "source": "As for invoke build: --source NAME=DIR, a local source folder for a source build.",
             "builder": "The buildx builder that will run the file: checked now (an unknown one is an error), and "
-                       "the command to run printed."},
+                       "the command to run printed.",
+            "cache": "A registry node cache, REGISTRY[:PORT]/PREFIX (default: $CUDASTACK_NODE_CACHE): the nodes it "
+                     "holds get no target (their children build FROM them by digest), and every other node a "
+                     "'<name>-cache' target that pushes it there, as invoke build --cache does.",
+            "cache_read_only": "With --cache: take nodes from the cache, add no push targets."},
       iterable=["skip", "method", "source"], auto_shortflags=False)
 def bake(c, cuda="13.1", output="bake/docker-bake.json", arch=None, base=None, skip=None, recipes=None,
-         state_dir=".stack", locked=False, lockfiles=None, method=None, source=None, builder=None):
+         state_dir=".stack", locked=False, lockfiles=None, method=None, source=None, builder=None, cache=None,
+         cache_read_only=False):
     """Write the build plan as a buildx bake file for remote BuildKit builders.
 
     One target per node, parents chained through named contexts; run it with `docker buildx bake -f FILE`."""
@@ -255,7 +260,18 @@ def bake(c, cuda="13.1", output="bake/docker-bake.json", arch=None, base=None, s
             path = L.lock_path(plan.toolchain, lockfiles)
             lk = L.load_lock(path)
             L.verify_plan_against_lock(plan, lk, where=str(path))
-        B.write_bake(plan, output, state_dir=state_dir, lock=lk)
+        node_cache = None
+        from cudastack.node_cache import NodeCache, cache_prefix
+        prefix = cache_prefix(cache)
+        if cache_read_only and not prefix:
+            raise UsageError("--cache-read-only needs a node cache: add --cache REGISTRY/PREFIX or set "
+                             "CUDASTACK_NODE_CACHE.")
+        if prefix:
+            from cudastack.docker_engine import docker_client
+            node_cache = NodeCache.open(prefix, docker_client(), read_only=cache_read_only)
+        data = B.write_bake(plan, output, state_dir=state_dir, lock=lk, cache=node_cache)
+        for name, ref in (data.get("x-cudastack-served") or {}).items():
+            print(f"{name}: in the node cache ({ref}), no target", file=sys.stderr)
         print(output)
         if bx is not None:
             run = (f"docker --context {bx.endpoint} buildx bake" if bx.driver == "docker"

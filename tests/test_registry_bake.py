@@ -14,6 +14,7 @@ import pytest
 from cudastack import bake as B
 from cudastack.model import Plan
 from cudastack.plan import PlannedNode
+from registry_server import registry_server  # noqa: F401
 
 DOCKERFILES = {
     "base": "FROM scratch\nCOPY src/ /a/\n",
@@ -117,3 +118,125 @@ def _archive_names(container, path):
     stream, _ = container.get_archive(path)
     with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
         return tar.getnames()
+
+
+# ------------------------------------------------------------------------------------------ with a node cache
+def _buildx(tmp_path, monkeypatch) -> str:
+    """A docker CLI with the buildx plugin (CUDASTACK_TEST_BUILDX names a docker-buildx binary where the CLI has
+    none; DOCKER_CONFIG then points at a folder of this test's own); skip when there is none."""
+    plugin = os.environ.get("CUDASTACK_TEST_BUILDX", "")
+    if plugin:
+        cfg = tmp_path / "dockercfg"
+        (cfg / "cli-plugins").mkdir(parents=True)
+        shutil.copy2(plugin, cfg / "cli-plugins" / "docker-buildx")
+        monkeypatch.setenv("DOCKER_CONFIG", str(cfg))
+    docker_cli = shutil.which("docker") or "docker"
+    if subprocess.run([docker_cli, "buildx", "version"], capture_output=True).returncode != 0:
+        pytest.skip("no docker buildx plugin (set CUDASTACK_TEST_BUILDX to a docker-buildx binary)")
+    return docker_cli
+
+
+def _bake_run(docker_cli: str, out, data: dict, names: list[str]) -> None:
+    """Build the targets ``names`` of the bake dict as `docker buildx bake` hands them to BuildKit, one `docker
+    buildx build` each on this engine's docker driver (its BuildKit 0.8 has no named contexts: a parent comes by
+    its local tag or, from the cache, by digest): output type=registry is --push, type=local an export."""
+    for name in names:
+        t = data["target"][name]
+        ctx = out / t["context"]
+        cmd = [docker_cli, "buildx", "build", "--progress=plain", "-f", str(ctx / t["dockerfile"])]
+        for k, v in t["args"].items():
+            cmd += ["--build-arg", f"{k}={v}"]
+        for k, v in t["labels"].items():
+            cmd += ["--label", f"{k}={v}"]
+        for tag in t.get("tags", []):
+            cmd += ["-t", tag]
+        if t.get("target"):
+            cmd += ["--target", t["target"]]
+        for o in t.get("output", []):
+            cmd += ["--push"] if o == "type=registry" else ["--output", o.replace("dest=", f"dest={out}/", 1)]
+        r = subprocess.run(cmd + [str(ctx)], capture_output=True, text=True, cwd=out)
+        assert r.returncode == 0, f"{name}: {r.stderr[-2000:]}"
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+def test_bake_reads_and_fills_the_node_cache(tmp_path, monkeypatch, engine, registry_server):  # noqa: F811
+    import hashlib
+
+    import requests
+
+    from cudastack.node_cache import NodeCache
+    from cudastack.wheelhouse import Wheelhouse
+    from test_node_cache import empty_engine
+
+    docker_cli = _buildx(tmp_path, monkeypatch)
+    client = engine.client
+    plan = tiny_plan(tmp_path)
+    cache = NodeCache.open(f"{registry_server.host}/ci", client)
+    names = [cache.target(n) for n in plan.nodes]
+    try:
+        # an empty cache: every node is built, and pushed by its -cache target (a wheels node: its builder stage)
+        data = B.write_bake(plan, tmp_path / "out" / "docker-bake.json", state_dir=tmp_path / "state", cache=cache)
+        assert data["x-cudastack-served"] == {}
+        assert "x-cudastack-served" not in json.loads((tmp_path / "out" / "docker-bake.json").read_text())
+        assert data["group"]["default"]["targets"] == ["base", "base-cache", "app", "app-cache", "ext", "ext-cache"]
+        assert data["group"]["cache"]["targets"] == ["base-cache", "app-cache", "ext-cache"]
+        push = data["target"]["ext-cache"]
+        assert push["target"] == "builder" and push["tags"] == [cache.target(plan.nodes[2])]
+        assert push["output"] == ["type=registry"] and push["args"] == data["target"]["ext"]["args"]
+        _bake_run(docker_cli, tmp_path / "out", data, data["group"]["default"]["targets"])
+        digests = {n.name: cache.probe(n) for n in plan.nodes}
+        assert all(digests.values()), digests
+
+        # the ext node leaves the registry; base and app leave this engine: a second file builds ext FROM the
+        # cache's app by digest, and pushes ext again
+        ext = plan.nodes[2]
+        name = cache.target(ext).split("/", 1)[1].rsplit(":", 1)[0]
+        assert requests.delete(f"http://{registry_server.host}/v2/{name}/manifests/{digests['ext']}",
+                               timeout=10).status_code == 202
+        empty_engine(client, plan)
+        for ref in names:
+            subprocess.run([docker_cli, "rmi", "-f", ref], capture_output=True)
+        data2 = B.write_bake(plan, tmp_path / "out2" / "docker-bake.json", state_dir=tmp_path / "state",
+                             cache=cache)
+        app_ref = f"{cache.target(plan.nodes[1]).rsplit(':', 1)[0]}@{digests['app']}"
+        assert data2["x-cudastack-served"] == {"base": f"{cache.target(plan.nodes[0]).rsplit(':', 1)[0]}@"
+                                                       f"{digests['base']}", "app": app_ref}
+        assert data2["group"]["default"]["targets"] == ["ext", "ext-cache"]
+        assert set(data2["target"]) == {"ext", "ext-cache"}
+        assert data2["target"]["ext"]["args"]["PARENT_IMAGE"] == app_ref and "contexts" not in data2["target"]["ext"]
+        assert not (tmp_path / "out2" / "ctx" / "app").exists()
+        _bake_run(docker_cli, tmp_path / "out2", data2, ["ext", "ext-cache"])
+        assert (tmp_path / "out2" / data2["target"]["ext"]["output"][0].split("dest=", 1)[1] /
+                "ext-1.0-py3-none-any.whl").read_text() == "ext"
+        # what bake pushed is what invoke build --cache pulls: the node's label, its wheel in /wheels
+        digest = cache.probe(ext)
+        assert digest
+        got = cache.restore(ext, digest, Wheelhouse(tmp_path / "wh" / "cu9.9"), say=lambda s: None)
+        assert got["wheels"] == {"ext-1.0-py3-none-any.whl": hashlib.sha256(b"ext").hexdigest()}
+    finally:
+        empty_engine(client, plan)
+        for ref in names:
+            subprocess.run([docker_cli, "rmi", "-f", ref], capture_output=True)
+
+
+def test_bake_cache_bad_input_stops_before_anything_is_written(tmp_path):
+    """Through invoke: --cache-read-only without a cache is exit 2, a cache whose registry does not answer exit 8,
+    both in one paragraph and before the bake file or any context is written."""
+    import sys
+    from pathlib import Path
+
+    from registry_server import _free_port
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "out" / "docker-bake.json"
+    args = [sys.executable, "-m", "invoke", "-r", str(root), "bake", "--cuda", "13.1", "--recipes",
+            str(root / "tests" / "fixtures" / "recipes"), "--output", str(out), "--state-dir", str(tmp_path / "s")]
+    env = {k: v for k, v in os.environ.items() if k != "CUDASTACK_NODE_CACHE"}
+    env["PYTHONPATH"] = f"{root}:{root / 'validate'}"
+    p = subprocess.run(args + ["--cache-read-only"], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 2 and "--cache-read-only needs a node cache" in p.stderr, p.stderr
+    dead = f"127.0.0.1:{_free_port()}/ci"
+    p = subprocess.run(args + ["--cache", dead], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 8 and f"The node cache {dead}" in p.stderr and "does not answer" in p.stderr, p.stderr
+    assert not (tmp_path / "out").exists()

@@ -38,6 +38,7 @@ from .probes import registry
 from .report import load, write
 from .suite import default_probes, gpu_count, run_suite
 from .verdicts import DEFAULT_TOLERANCE
+from .dispatch import parse_env
 from .workload import PRESETS, default_sizes, preset
 
 _UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "M": 2**20, "MB": 2**20, "G": 2**30, "GB": 2**30}
@@ -113,17 +114,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--probe", default="", help=argparse.SUPPRESS)   # module:attr of a probe subclass (tests)
     g.add_argument("--out", default="stackprobe-dispatch")
     return p
-
-
-def parse_env(items: list[str]) -> dict[str, str]:
-    """``["K=V", ...]`` -> dict. Raises ``ValueError`` naming an item without ``=``."""
-    env = {}
-    for kv in items:
-        k, sep, v = kv.partition("=")
-        if not sep or not k:
-            raise ValueError(f"--env {kv!r}: write KEY=VALUE")
-        env[k] = v
-    return env
 
 
 def dispatch_main(args) -> int:

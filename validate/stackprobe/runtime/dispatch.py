@@ -65,6 +65,17 @@ def _truthy(v: str | None) -> bool:
     return (v or "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def parse_env(items: list[str]) -> dict[str, str]:
+    """``["K=V", ...]`` -> dict. Raises ``ValueError`` naming an item without ``=``."""
+    env = {}
+    for kv in items:
+        k, sep, v = kv.partition("=")
+        if not sep or not k:
+            raise ValueError(f"--env {kv!r}: write KEY=VALUE")
+        env[k] = v
+    return env
+
+
 def plan(server_args: str, env: dict[str, str], world_size: int, p2p_report: dict) -> dict:
     """What the ranks start with: ``{"server_args", "env", "p2p_reason", "skipped": [{"backend", "reason"}]}``.
 

@@ -176,7 +176,10 @@ def bring_up(server_args: str, world_size: int = 1, rank: int = 0, backend: str 
             publish(sa, role="test", ranks=SpawnRanks(world_rank=rank))
         get_parallel().override_permanently(world_group=ps._WORLD)
         rep["steps"].append("init_distributed_environment + publish")
-        rep["all_reduce_flags"] = apply_all_reduce_flags(ps)
+        try:
+            rep["all_reduce_flags"] = apply_all_reduce_flags(ps)
+        except Exception as exc:  # noqa: BLE001 - recorded; the group is built with SGLang's module defaults
+            rep["all_reduce_flags"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         with captured_logs() as log:
             ps.initialize_model_parallel(backend=backend, enable_symm_mem=bool(getattr(sa, "enable_symm_mem", False)))
         rep["steps"].append("initialize_model_parallel")

@@ -189,8 +189,7 @@ def test_every_result_says_measured_here_when_the_host_is_not_the_target(default
     for v in res["verdicts"]:
         assert v["measurements"]["measured_here"].startswith("measured here (SM?, none, ws 2)")
         assert "not a verdict for the target" in v["measurements"]["measured_here"]
-    assert "not a verdict for the target" in (Path(res["run"]["ranks"][0]["env"]["python"]) and
-                                              res["target_note"]["note"])
+    assert "not a verdict for the target" in (tmp := res["target_note"]["note"]) and "measured here" in tmp
 
 
 def test_plan_and_target_rules_on_their_own():

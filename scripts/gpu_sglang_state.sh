@@ -10,6 +10,13 @@
 # PARALLEL_STATE_DEPS, plus transformers/tokenizers/safetensors/huggingface-hub/regex/pyyaml/httpx2/
 # httpcore2/truststore/h11/compressed-tensors for runtime_context.publish (srt/configs) and uvloop for
 # srt/entrypoints/engine (_set_envs_and_config). Exit status: 0 when both runs wrote their JSON, else 1.
+#
+# With DISPATCH_WORLD_SIZE=N (N >= 2 GPUs on the host) it then runs the SGLang dispatch probe at world size N
+# (`python -m stackprobe.runtime dispatch`: which path serves a decode-shape all_reduce under SGLang's graph capture,
+# timed paired against the same group with that path off), with SERVER_ARGS (default none), without and with
+# SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1, into $OUT/dispatch-default/ and $OUT/dispatch-pcie-ipc/. NVLink multicast is
+# off in every process of those runs (NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1;
+# the ranks get them from the orchestrator too). DISPATCH_ARGS adds flags (e.g. "--rounds 30 --timeout 300").
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="${OUT:?set OUT to the folder the reports go to}"
@@ -63,4 +70,18 @@ run() {  # run NAME [VAR=VALUE ...]
 }
 run default
 run pcie-ipc SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1
+dispatch() {  # dispatch NAME [--env VAR=VALUE ...]
+  local name="$1"; shift
+  # shellcheck disable=SC2086
+  env NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 timeout 600 \
+    python -m stackprobe.runtime dispatch --world-size "$DISPATCH_WORLD_SIZE" --server-args="${SERVER_ARGS:-}" \
+    --env NCCL_NVLS_ENABLE=0 --env TORCH_SYMM_MEM_DISABLE_MULTICAST=1 --env NVSHMEM_DISABLE_NVLS=1 \
+    "$@" ${DISPATCH_ARGS:-} --out "$OUT/dispatch-$name" > "$OUT/dispatch-$name.log" 2>&1
+  echo "dispatch $name (world size $DISPATCH_WORLD_SIZE): exit $?"
+  [ -f "$OUT/dispatch-$name/dispatch.json" ] || rc=1
+}
+if [ "${DISPATCH_WORLD_SIZE:-1}" -ge 2 ]; then
+  dispatch default
+  dispatch pcie-ipc --env SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1
+fi
 exit $rc

@@ -16,6 +16,11 @@ Statistics flags and why their defaults are what they are:
 * ``--tolerance 0.05``: see :data:`stackprobe.runtime.verdicts.DEFAULT_TOLERANCE`.
 * ``--sweep-repeats 3``: rounds at the sizes other than the decode size (the plot's curve and its error bars,
   not a verdict).
+``python -m stackprobe.runtime dispatch --server-args "FLAGS" [--env K=V] [--world-size 2] [--out DIR]``: SGLang's own TP
+allreduce dispatch with those server arguments in world-size rank processes: which path served a decode-shape
+call under SGLang's graph capture, timed paired against the same group with only that path off
+(:mod:`stackprobe.runtime.dispatch`); writes ``dispatch.json`` / ``dispatch.md``. Exit 0 when it ran, 2 for bad
+input, 4 when the ranks hung or crashed.
 ``python -m stackprobe.runtime render REPORT.json [--out DIR]``: re-render Markdown and plot from a JSON.
 ``python -m stackprobe.runtime list``: the probes and the workload presets.
 
@@ -33,6 +38,7 @@ from .probes import registry
 from .report import load, write
 from .suite import default_probes, gpu_count, run_suite
 from .verdicts import DEFAULT_TOLERANCE
+from .dispatch import parse_env
 from .workload import PRESETS, default_sizes, preset
 
 _UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "M": 2**20, "MB": 2**20, "G": 2**30, "GB": 2**30}
@@ -85,10 +91,67 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decide the verdicts again from the recorded rows (after a change of rules or tolerance)")
     d.add_argument("--tolerance", type=float, default=None, help="with --recompute-verdicts: a new tolerance")
     sub.add_parser("list", help="list probes and presets")
+    g = sub.add_parser("dispatch", help="SGLang's own allreduce dispatch with the user's server args, paired "
+                                        "against the same group with the serving path off")
+    g.add_argument("--server-args", default="", metavar="FLAGS", help="SGLang server flags, one shell-quoted string")
+    g.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="set in every rank (repeatable)")
+    g.add_argument("--world-size", type=int, default=0, help="ranks (default: the GPUs present; 2 on CPU)")
+    g.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    g.add_argument("--preset", default="kimi-k2", help=f"workload preset ({', '.join(PRESETS)})")
+    g.add_argument("--tokens", type=int, default=None, help="rows of the decode tensor: batch x draft tokens")
+    g.add_argument("--calls", type=int, default=None, help="all_reduce calls per captured graph (default: the "
+                                                           "workload's per step)")
+    g.add_argument("--replays", type=int, default=10, help="graph replays per timed trial")
+    g.add_argument("--rounds", type=int, default=30, help="paired rounds")
+    g.add_argument("--warmup", type=int, default=3)
+    g.add_argument("--timeout", type=float, default=300.0, help="seconds for the whole rank group")
+    g.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE)
+    g.add_argument("--p2p-report", default="", metavar="JSON",
+                   help="a saved P2P report (python -m stackprobe.runtime.p2p --out) instead of this host's")
+    g.add_argument("--target-arch", default="12.0")
+    g.add_argument("--target-topology", default="pcie", choices=("pcie", "nvlink"))
+    g.add_argument("--target-world-size", type=int, default=8)
+    g.add_argument("--probe", default="", help=argparse.SUPPRESS)   # module:attr of a probe subclass (tests)
+    g.add_argument("--out", default="stackprobe-dispatch")
     return p
 
 
+def dispatch_main(args) -> int:
+    import json
+
+    from . import dispatch
+    try:
+        env = parse_env(args.env)
+        workload = preset(args.preset, args.tokens)
+        report = json.loads(Path(args.p2p_report).read_text()) if args.p2p_report else None
+        if report is not None and not all(k in report for k in ("peers", "iommu", "acs", "env")):
+            raise ValueError(f"--p2p-report {args.p2p_report}: not a P2P report (needs peers, iommu, acs, env: "
+                             "write one with python -m stackprobe.runtime.p2p --out DIR)")
+        ws = args.world_size or (gpu_count() if args.device == "cuda" else 2)
+        res = dispatch.run_dispatch(
+            args.server_args, env, ws, device=args.device, rows=workload.tokens, hidden=workload.hidden,
+            calls=args.calls or workload.calls_per_step, replays=args.replays, rounds=args.rounds,
+            warmup=args.warmup, timeout=args.timeout, p2p_report=report, tolerance=args.tolerance,
+            target={"compute_capability": args.target_arch, "topology": args.target_topology,
+                    "world_size": args.target_world_size},
+            probe_ref=args.probe or dispatch.PROBE_REF,
+            progress=lambda m: print(f"[dispatch] {m}", file=sys.stderr, flush=True))
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    paths = dispatch.write(res, args.out)
+    sys.stdout.write(dispatch.markdown(res))
+    print("\n".join(str(p) for p in paths.values()))
+    return 0 if res["run"]["status"] == "ok" else 4
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # "--server-args --flag": argparse would read a value starting with -- as a flag of its own
+    for i in range(len(argv) - 1):
+        if argv[i] == "--server-args":
+            argv[i:i + 2] = [f"--server-args={argv[i + 1]}"]
+            break
     args = build_parser().parse_args(argv)
     if args.cmd == "list":
         from .probes import NotRunnableProbe
@@ -98,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, w in PRESETS.items():
             print(f"preset {name}: {w.to_json()}")
         return 0
+    if args.cmd == "dispatch":
+        return dispatch_main(args)
     if args.cmd == "render":
         report = load(args.json)
         if args.recompute_verdicts:
@@ -119,12 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         workload = preset(args.preset, args.tokens)
         sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()] if args.sizes else \
             default_sizes(workload, largest=parse_size(args.max_size))
-        env = {}
-        for kv in args.env:
-            if "=" not in kv:
-                raise ValueError(f"--env {kv!r}: write KEY=VALUE")
-            k, v = kv.split("=", 1)
-            env[k] = v
+        env = parse_env(args.env)
         gpus = gpu_count()
         world_sizes = _ints(args.world_size) if args.world_size else [gpus if args.device == "cuda" else 2]
         if any(w < 1 for w in world_sizes):

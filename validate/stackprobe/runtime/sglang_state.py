@@ -151,15 +151,40 @@ def _comm_state(comm) -> dict:
     return out
 
 
+def apply_all_reduce_flags(ps) -> dict:
+    """The server's all-reduce switches, as SGLang 0.5.23's launch sets them before building its groups
+    (``srt/distributed/bootstrap.py`` ``_set_all_reduce_flags``: ``set_custom_all_reduce(not
+    comm.disable_custom_all_reduce)``, ``set_mscclpp(comm.enable_mscclpp)``,
+    ``set_torch_symm_mem_all_reduce(comm.enable_torch_symm_mem)``), read from the published config. Called here
+    rather than imported: ``bootstrap`` imports the HTTP server stack. Returns the values set."""
+    from sglang.srt.runtime_context import get_exec
+    comm = get_exec().comm
+    flags = {"custom_all_reduce": not comm.disable_custom_all_reduce, "mscclpp": bool(comm.enable_mscclpp),
+             "torch_symm_mem_all_reduce": bool(comm.enable_torch_symm_mem)}
+    ps.set_custom_all_reduce(flags["custom_all_reduce"])
+    ps.set_mscclpp(flags["mscclpp"])
+    ps.set_torch_symm_mem_all_reduce(flags["torch_symm_mem_all_reduce"])
+    return flags
+
+
 def bring_up(server_args: str, world_size: int = 1, rank: int = 0, backend: str = "nccl",
-             init_method: str = "tcp://127.0.0.1:29633", rows: int = 12, hidden: int = 7168) -> dict:
+             init_method: str = "tcp://127.0.0.1:29633", rows: int = 12, hidden: int = 7168,
+             before=None, after=None) -> dict:
     """Steps 1-4 of the module docstring in this process; returns the report (never raises: a failed step is
-    recorded with its error and the later steps are not run)."""
+    recorded with its error and the later steps are not run). Where ``torch.distributed`` is already
+    initialized (a runtime-tier rank), SGLang's ``init_distributed_environment`` keeps that default group and
+    ``init_method`` is unused.
+
+    ``before()``: called first (a caller's set-up, e.g. stand-ins for CUDA-only classes on CPU). ``after(tp,
+    rep)``: called with SGLang's TP ``GroupCoordinator`` after the observations and before the groups are
+    destroyed; what it returns is stored as ``rep["after"]`` (an exception there is recorded like any step's)."""
     import torch
 
     from .engine import captured_logs
     rep: dict = {"world_size": world_size, "rank": rank, "backend": backend, "steps": []}
     try:
+        if before is not None:
+            before()
         sa, asked = parse_server_args(server_args, world_size)
         rep["server_args"] = {"text": server_args, "tp_size_asked": asked, "tp_size_used": world_size,
                               "disable_custom_all_reduce": getattr(sa, "disable_custom_all_reduce", None),
@@ -198,6 +223,10 @@ def bring_up(server_args: str, world_size: int = 1, rank: int = 0, backend: str 
             publish(sa, role="test", ranks=SpawnRanks(world_rank=rank))
         get_parallel().override_permanently(world_group=ps._WORLD)
         rep["steps"].append("init_distributed_environment + publish")
+        try:
+            rep["all_reduce_flags"] = apply_all_reduce_flags(ps)
+        except Exception as exc:  # noqa: BLE001 - recorded; the group is built with SGLang's module defaults
+            rep["all_reduce_flags"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         with captured_logs() as log:
             ps.initialize_model_parallel(backend=backend, enable_symm_mem=bool(getattr(sa, "enable_symm_mem", False)))
         rep["steps"].append("initialize_model_parallel")
@@ -217,11 +246,14 @@ def bring_up(server_args: str, world_size: int = 1, rank: int = 0, backend: str 
                     rep["served_in_graph_capture"] = served_by(tp, x)
             g.replay()
             torch.cuda.synchronize()
+        rep["steps"].append("all_reduce observed")
+        rep["shape"] = [rows, hidden]
+        if after is not None:
+            rep["after"] = after(tp, rep)
+            rep["steps"].append("after")
         with contextlib.suppress(Exception):
             ps.destroy_model_parallel()
             ps.destroy_distributed_environment()
-        rep["steps"].append("all_reduce observed")
-        rep["shape"] = [rows, hidden]
     except Exception as exc:  # noqa: BLE001
         rep["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
         rep["traceback"] = traceback.format_exc()[-2000:]

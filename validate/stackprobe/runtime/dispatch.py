@@ -1,0 +1,523 @@
+"""SGLang's own TP allreduce dispatch at world size N: which path serves a decode-shape tensor under SGLang's graph
+capture with the user's server arguments, and whether it beats the same group with only that path switched off.
+
+:func:`run_dispatch` (``python -m stackprobe.runtime dispatch``; the ``--runtime`` tier of ``python -m stackprobe``,
+which the cluster job runs with the user's ``--server-args`` / ``--env``):
+
+1. **P2P first** (:mod:`stackprobe.runtime.p2p`): where P2P between any two GPUs of the group is off, or unknown
+   while the host shows a risk, the paths that map peers' memory are not started: ``--disable-custom-all-reduce``
+   is added to the server arguments and ``SGLANG_ENABLE_PCIE_IPC_ALLREDUCE`` set to ``0``, and each such path the
+   configuration would have started is reported "skipped: no P2P between GPU i and j" with what to check.
+2. **world_size rank processes** through :func:`stackprobe.runtime.orchestrate.run_probe` (own process group,
+   parent-death signal, guard, subreaper, timeout: a hang in set-up is reported as a hang and no rank survives),
+   the user's ``--env`` in every one of them, multicast off (``NCCL_NVLS_ENABLE=0``,
+   ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``, ``NVSHMEM_DISABLE_NVLS=1``) unless ``--env`` says otherwise.
+3. In each rank :func:`stackprobe.runtime.sglang_state.bring_up` (SGLang's parser, launch environment, its
+   all-reduce switches, ``init_distributed_environment``, ``publish``, ``initialize_model_parallel``), then inside
+   ONE ``tp.graph_capture()``: ``calls`` calls of ``tp.all_reduce`` on a bf16 ``[rows, hidden]`` tensor (rows =
+   batch x draft tokens) captured as one CUDA graph with the serving path on, the same with only that path
+   switched off (its ``disabled`` flag set, as SGLang itself switches a communicator off; the dispatch falls to
+   the next step, normally pynccl), and an input-writes-only floor graph. Which method served every call of
+   each graph is observed (:func:`stackprobe.runtime.sglang_state.observe`), not derived from the order.
+4. Paired rounds (order rotating, a barrier before each trial), work = time - floor, merged over ranks round by
+   round; the ratio ``work(on) / work(off)`` and its 95% bootstrap interval (:func:`stackprobe.runtime.stats.ratio_ci`)
+   give ``faster`` / ``parity`` / ``slower`` / ``inconclusive`` (:func:`stackprobe.runtime.stats.status`). Each
+   graph's output is poisoned and checked after a replay against the exact sum.
+
+Faults that are never a ratio: the off-variant served by the same method as the on-variant (switching the path
+off did not reach the dispatch), calls of one graph served by different methods, a wrong sum, a run that hung
+or crashed. Every verdict carries the host it was measured on: a result from a host whose compute capability,
+topology or world size differ from the target's is "measured here", never the target's verdict (case C20).
+
+On a host without CUDA (gloo ranks) there are no CUDA graphs: the calls run eagerly inside the same
+``graph_capture()`` context, and SGLang sends CPU tensors to gloo before asking any communicator
+(``GroupCoordinator.all_reduce``: ``if input_.is_cpu``), so the CPU tests plant communicator stand-ins at that
+edge (tests/sglang_dispatch_standins.py) and keep SGLang's own dispatch between them.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shlex
+import statistics
+import time
+
+from . import stats
+from .probes import Probe
+from .verdicts import DEFAULT_TOLERANCE
+
+PROBE_REF = "stackprobe.runtime.dispatch:SglangDispatchProbe"
+PCIE_OPT_IN = "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"
+DISABLE_CA = "--disable-custom-all-reduce"
+# GroupCoordinator attribute -> the runtime row name (stackprobe.runtime.engine's)
+ROW = {"ca_comm": "sglang-custom-allreduce", "pcie_ipc_comm": "sglang-pcie-ipc", "qr_comm": "sglang-quick-allreduce",
+       "pymscclpp_comm": "sglang-mscclpp", "torch_symm_mem_comm": "sglang-torch-symm-mem",
+       "pynccl_comm": "sglang-pynccl", "flashinfer_allreduce": "sglang-flashinfer-fusion-workspace",
+       "torch.distributed": "torch-distributed"}
+# the last steps of SGLang's dispatch: nothing behind them to fall to, so nothing to switch off
+FALLBACKS = ("pynccl_comm", "torch.distributed")
+ON, OFF, FLOOR = "on", "off", "floor"
+
+
+# --------------------------------------------------------------------------------------------- parent side
+def _truthy(v: str | None) -> bool:
+    return (v or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def parse_env(items: list[str]) -> dict[str, str]:
+    """``["K=V", ...]`` -> dict. Raises ``ValueError`` naming an item without ``=``."""
+    env = {}
+    for kv in items:
+        k, sep, v = kv.partition("=")
+        if not sep or not k:
+            raise ValueError(f"--env {kv!r}: write KEY=VALUE")
+        env[k] = v
+    return env
+
+
+def plan(server_args: str, env: dict[str, str], world_size: int, p2p_report: dict) -> dict:
+    """What the ranks start with: ``{"server_args", "env", "p2p_reason", "skipped": [{"backend", "reason"}]}``.
+
+    ``p2p_report``: :func:`stackprobe.runtime.p2p.host_report` (or a saved one). Where
+    :func:`stackprobe.runtime.p2p.skip_reason` refuses the group's GPUs ``0..world_size-1``, custom allreduce is
+    switched off by SGLang's own flag and the PCIe IPC opt-in set to 0; a path the configuration would have
+    started is listed as skipped with the reason. Raises ``ValueError`` for server arguments that are not one
+    shell-quoted string."""
+    from . import p2p
+    try:
+        argv = shlex.split(server_args or "")
+    except ValueError as exc:
+        raise ValueError(f"--server-args {server_args!r} is not one shell-quoted string of SGLang flags ({exc}); "
+                         "write it as after `python -m sglang.launch_server`, e.g. \"--disable-custom-all-reduce\"") \
+            from None
+    env = dict(env)
+    reason = p2p.skip_reason(p2p_report, list(range(world_size))) if world_size > 1 else None
+    skipped = []
+    if reason:
+        if DISABLE_CA not in argv:
+            argv.append(DISABLE_CA)
+            skipped.append({"backend": ROW["ca_comm"], "reason": reason})
+        if _truthy(env.get(PCIE_OPT_IN)):
+            skipped.append({"backend": ROW["pcie_ipc_comm"], "reason": reason})
+        env[PCIE_OPT_IN] = "0"
+    return {"server_args": shlex.join(argv), "env": env, "p2p_reason": reason, "skipped": skipped}
+
+
+def merge(ranks: list[dict]) -> dict:
+    """The ranks' ``after`` records merged: ``{"rounds", "samples_us": {unit: [per-round mean over ranks]},
+    "paths": rank 0's, "paths_per_rank", "checks": {unit: all ranks' AND (None where unchecked)}}``."""
+    recs = [(r.get("bring_up") or {}).get("after") or {} for r in ranks]
+    out: dict = {"paths_per_rank": [r.get("paths") for r in recs], "paths": recs[0].get("paths") if recs else None}
+    units = [u for u in (ON, OFF, FLOOR) if all(u in (r.get("samples_us") or {}) for r in recs)]
+    out["samples_us"] = {}
+    for u in units:
+        per = [r["samples_us"][u] for r in recs]
+        n = min(len(p) for p in per)
+        out["samples_us"][u] = [statistics.fmean(p[i] for p in per) for i in range(n)]
+    checks: dict = {}
+    for u in (ON, OFF):
+        vals = [(r.get("checks") or {}).get(u) for r in recs]
+        checks[u] = False if False in vals else (True if vals and all(v is True for v in vals) else None)
+    out["checks"] = checks
+    out["rounds"] = min((len(v) for v in out["samples_us"].values()), default=0)
+    return out
+
+
+def _ci(vals: list[float]) -> dict:
+    m, lo, hi = stats.mean_ci(vals)
+    return {"mean": m, "low": lo, "high": hi}
+
+
+def paired(merged: dict) -> dict:
+    """``{"work_us": {on, off}, "ratio": {"value", "low", "high"}, "rounds"}`` from :func:`merge`'s samples:
+    work = time - floor round by round, ratio = mean work(on) / mean work(off) with its 95% bootstrap interval.
+    Raises ``ValueError`` when a unit has no samples."""
+    s = merged["samples_us"]
+    if not all(s.get(u) for u in (ON, OFF, FLOOR)):
+        raise ValueError(f"no paired samples for {[u for u in (ON, OFF, FLOOR) if not s.get(u)]}")
+    n = min(len(s[u]) for u in (ON, OFF, FLOOR))
+    on, off = stats.net(s[ON][:n], s[FLOOR][:n]), stats.net(s[OFF][:n], s[FLOOR][:n])
+    r, lo, hi = stats.ratio_ci(off, on)
+    return {"rounds": n, "work_us": {ON: _ci(on), OFF: _ci(off)}, "time_us": {u: _ci(s[u][:n]) for u in s},
+            "ratio": {"value": r, "low": lo, "high": hi}}
+
+
+def target_note(host: dict, target: dict | None) -> dict:
+    """``{"for_target": bool, "note": "..."}``: whether ``host`` (compute_capability, topology, world_size) is the
+    ``target``'s; otherwise the result is "measured here (SMxx, topology, ws N)", not the target's verdict (C20)."""
+    from ..report import host_label
+    here = f"measured here ({host_label(host)})"
+    if not target:
+        return {"for_target": False, "note": f"{here}; no target given, so no verdict for one"}
+    same = all(host.get(k) is not None and str(host.get(k)).rstrip("af") == str(target.get(k)).rstrip("af")
+               for k in ("compute_capability", "topology", "world_size") if target.get(k) is not None)
+    if same and host.get("compute_capability") is not None:
+        return {"for_target": True, "note": f"{here}, which is the target"}
+    return {"for_target": False, "note": f"{here}; the target is {host_label(target)}: not a verdict for the target"}
+
+
+def verdicts(result: dict, tolerance: float = DEFAULT_TOLERANCE) -> list:
+    """Runtime verdicts (scope ``engine``) of one :func:`run_dispatch` result (see the module docstring)."""
+    from ..verdict import (BASELINE, BLOCKED, ERROR, GATE_CRASH, GATE_HANG, GATE_TOPOLOGY, GATE_WRONG,
+                           LIFT_NONE_NEEDED, LIFT_UNKNOWN, SCOPE_ENGINE, SKIPPED, Verdict)
+    host, where = dict(result["host"]), result["target_note"]
+    ws = host.get("world_size")
+
+    def verdict(name, status, **kw) -> Verdict:
+        v = Verdict(name, status, tier="runtime", scope=SCOPE_ENGINE, host=dict(host),
+                    measurements={"world_size": ws, "measured_here": where["note"], "for_target": where["for_target"],
+                                  "server_args": result["plan"]["server_args"]}, **kw)
+        return v
+    out = [verdict(s["backend"], SKIPPED, gate=GATE_TOPOLOGY, lift=LIFT_UNKNOWN, cause=s["reason"])
+           for s in result["plan"]["skipped"]]
+    run = result["run"]
+    if run["status"] != "ok":
+        gate = GATE_HANG if run["status"] == "hang" else GATE_CRASH
+        last = next((ln for ln in reversed(run.get("tail") or []) if ln.strip()), "")
+        what = (f"no result within {result['timeout_s']} s; every rank was killed (left alive: "
+                f"{run.get('leftover_pids') or 'none'})" if run["status"] == "hang"
+                else f"rank {run.get('failed_rank')} exited with "
+                     f"{(run.get('returncodes') or [None])[run.get('failed_rank') or 0]}")
+        v = verdict("sglang-dispatch", BLOCKED, gate=gate, lift=LIFT_UNKNOWN,
+                    cause=f"{run['status']} while bringing SGLang up or timing it: {what}; last line: {last}")
+        v.add("last lines of output", run.get("tail") or [], "rank process log")
+        return out + [v]
+    bu = [r.get("bring_up") or {} for r in run["ranks"]]
+    err = next((b["error"] for b in bu if b.get("error")), None)
+    if err:
+        v = verdict("sglang-dispatch", ERROR, gate=GATE_CRASH, lift=LIFT_UNKNOWN,
+                    cause=f"SGLang's bring-up failed at step {len(bu[0].get('steps', []))}: {err}")
+        v.add("bring-up steps (rank 0)", bu[0].get("steps"), "stackprobe.runtime.sglang_state.bring_up")
+        return out + [v]
+    m = result["merged"]
+    paths = m["paths"] or {}
+    on = paths.get(ON)
+    name = ROW.get((on or "").split(".")[0] if on and not on.startswith("torch.distributed") else "torch.distributed",
+                   on or "sglang-dispatch")
+    ev = {"paths (rank 0)": paths, "paths per rank": m["paths_per_rank"],
+          "server args as parsed (rank 0)": bu[0].get("server_args"),
+          "all-reduce switches (rank 0)": bu[0].get("all_reduce_flags"),
+          "communicators (rank 0)": bu[0].get("communicators")}
+
+    def evidence(v):
+        for k, val in ev.items():
+            v.add(k, val, "SGLang's own GroupCoordinator, observed")
+        return v
+    if any(p != m["paths_per_rank"][0] for p in m["paths_per_rank"]):
+        return out + [evidence(verdict(name, ERROR, gate=GATE_CRASH, lift=LIFT_UNKNOWN,
+                                       cause="the ranks were served by different paths: "
+                                             f"{m['paths_per_rank']}; no comparison"))]
+    for unit in (ON, OFF):
+        mixed = paths.get(f"{unit}_mixed")
+        if mixed:
+            return out + [evidence(verdict(name, ERROR, gate=GATE_CRASH, lift=LIFT_UNKNOWN,
+                                           cause=f"the calls of the {unit} graph were served by different methods "
+                                                 f"({mixed}); no comparison"))]
+    if not on:
+        return out + [evidence(verdict(name, ERROR, lift=LIFT_UNKNOWN,
+                                       cause="no observed method served the call (a path the observation does "
+                                             "not list); attribution unknown, not guessed"))]
+    attr = on.split(".")[0]
+    if attr in FALLBACKS or on.startswith("torch.distributed"):
+        return out + [evidence(verdict(name, BASELINE, lift=LIFT_NONE_NEEDED,
+                                       cause=f"served by {on} under SGLang's graph capture: the last step of the "
+                                             "dispatch, nothing behind it to switch to; it is the baseline here"))]
+    off = paths.get(OFF)
+    if off == on:
+        return out + [evidence(verdict(name, ERROR, gate=GATE_CRASH, lift=LIFT_UNKNOWN,
+                                       cause=f"fault: with {attr} switched off the calls were still served by {on}; "
+                                             "switching the path off did not reach the dispatch, so no ratio is "
+                                             "reported"))]
+    wrong = [u for u in (ON, OFF) if m["checks"].get(u) is False]
+    if wrong:
+        return out + [evidence(verdict(name, BLOCKED, gate=GATE_WRONG, lift=LIFT_UNKNOWN,
+                                       cause=f"wrong sum after a replay with the output poisoned: {', '.join(wrong)} "
+                                             f"({on} / {off})"))]
+    try:
+        p = paired(m)
+    except ValueError as exc:
+        return out + [evidence(verdict(name, ERROR, lift=LIFT_UNKNOWN, cause=f"no paired timing: {exc}"))]
+    r = p["ratio"]
+    st = stats.status(r["low"], r["high"], tolerance, p["rounds"])
+    v = evidence(verdict(name, st, lift=LIFT_NONE_NEEDED if st == stats.FASTER else LIFT_UNKNOWN,
+                         cause=(f"served by {on} under SGLang's graph capture; ratio of work per call to the same "
+                                f"group with {attr} switched off (served by {off}) {r['value']:.3f}, 95% interval "
+                                f"[{r['low']:.3f}, {r['high']:.3f}] over {p['rounds']} paired rounds (tolerance "
+                                f"{tolerance:.0%}); {p['work_us'][ON]['mean']:.2f} vs {p['work_us'][OFF]['mean']:.2f} "
+                                f"us; {where['note']}")))
+    unchecked = [u for u in (ON, OFF) if m["checks"].get(u) is None]
+    if unchecked:
+        v.warnings.append(f"output not checked for {', '.join(unchecked)} (no values: a meta tensor)")
+    v.measurements.update(ratio_to_baseline=r["value"], ratio_low=r["low"], ratio_high=r["high"],
+                          rounds=p["rounds"], work_us=p["work_us"][ON]["mean"],
+                          work_low_us=p["work_us"][ON]["low"], work_high_us=p["work_us"][ON]["high"],
+                          baseline_work_us=p["work_us"][OFF]["mean"], baseline_path=off, path=on)
+    return out + [v]
+
+
+def host_of(run, world_size: int, device: str) -> dict:
+    """The host block of a run: compute capability, topology (``nvlink`` / ``pcie`` / ``none`` on CPU), world size."""
+    env = (run.ranks[0].get("env") if run.ranks else {}) or {}
+    if device != "cuda":
+        return {"compute_capability": None, "topology": "none", "world_size": world_size, "torch": env.get("torch")}
+    from .suite import topology
+    topo = topology()
+    return {"compute_capability": env.get("compute_capability"), "gpu": env.get("gpu_name"),
+            "topology": ("nvlink" if topo.get("nvlink") else "pcie") if topo else None, "world_size": world_size,
+            "torch": env.get("torch"), "nccl": env.get("torch_nccl_version")}
+
+
+def run_dispatch(server_args: str = "", env: dict[str, str] | None = None, world_size: int = 2, *,
+                 device: str = "cuda", rows: int = 12, hidden: int = 7168, calls: int = 122, replays: int = 10,
+                 rounds: int = 30, warmup: int = 3, timeout: float = 300.0, p2p_report: dict | None = None,
+                 target: dict | None = None, tolerance: float = DEFAULT_TOLERANCE, probe_ref: str = PROBE_REF,
+                 progress=None) -> dict:
+    """Run the probe (module docstring) and return ``{"plan", "p2p", "host", "target_note", "config", "run",
+    "merged", "timeout_s", "verdicts"}``.
+
+    ``env``: the user's ``--env`` (set in every rank, over the suite's defaults). ``p2p_report``: a saved
+    :func:`stackprobe.runtime.p2p.host_report` (default: this host's, read before any rank starts, with ``env``
+    over the process environment). ``target``: ``{"compute_capability", "topology", "world_size"}`` the verdicts
+    are for (C20). ``rows`` x ``hidden``: the decode tensor (bf16); ``calls``: all_reduce calls per captured graph;
+    ``replays``: graph replays per timed trial; ``rounds``: paired rounds. Raises ``ValueError`` for bad input,
+    before any rank starts."""
+    from . import p2p
+    from .orchestrate import run_probe
+    env = dict(env or {})
+    if world_size < 1 or rows < 1 or hidden < 1 or calls < 1 or replays < 1:
+        raise ValueError(f"world size {world_size}, rows {rows}, hidden {hidden}, calls {calls}, replays {replays}: "
+                         "each must be at least 1")
+    if rounds < 2:
+        raise ValueError(f"--rounds {rounds}: an interval needs at least 2 paired rounds")
+    if not 0 < tolerance < 1:
+        raise ValueError(f"--tolerance {tolerance}: write a fraction between 0 and 1 (0.05 = 5 %)")
+    top = world_size * 6 + world_size * (world_size - 1) // 2
+    if top > 256:
+        raise ValueError(f"world size {world_size}: checked sums up to {top} are not exact in bf16 (256)")
+    report = p2p_report if p2p_report is not None else p2p.host_report(env={**os.environ, **env})
+    pl = plan(server_args, env, world_size, report)
+    config = {"rows": rows, "hidden": hidden, "calls": calls, "replays": replays, "rounds": rounds, "warmup": warmup}
+    run = run_probe(probe_ref, world_size, {"sizes": [rows * hidden * 2]}, device=device, timeout=timeout,
+                    env_overrides=pl["env"], name="sglang-dispatch", progress=progress,
+                    extra={"server_args": pl["server_args"], "dispatch": config})
+    host = host_of(run, world_size, device)
+    result = {"plan": pl, "p2p": report, "host": host, "target_note": target_note(host, target), "config": config,
+              "tolerance": tolerance, "timeout_s": timeout, "run": run.to_json(),
+              "merged": merge(run.ranks) if run.status == "ok" else None}
+    result["verdicts"] = [v.to_json() for v in verdicts(result, tolerance)]
+    return result
+
+
+def markdown(result: dict) -> str:
+    """A short Markdown page of one :func:`run_dispatch` result."""
+    from .. import mdtable
+    h, pl = result["host"], result["plan"]
+    lines = ["# SGLang's allreduce dispatch, measured", "",
+             f"Server args as run: `{pl['server_args'] or '(none)'}`; env {pl['env'] or '{}'}; world size "
+             f"{h.get('world_size')}; {result['target_note']['note']}.", "",
+             f"P2P: {pl['p2p_reason'] or 'no reason to skip a peer-memory path'}", "",
+             f"Run: {result['run']['status']} in {result['run']['seconds']} s.", "",
+             *mdtable.header(("path", "status", "gate", "ratio to path off [95%]", "why"))]
+    for v in result["verdicts"]:
+        m = v.get("measurements") or {}
+        ratio = (f"{m['ratio_to_baseline']:.3f} [{m['ratio_low']:.3f}, {m['ratio_high']:.3f}]"
+                 if m.get("ratio_to_baseline") is not None else "-")
+        lines.append(mdtable.row((v["backend"], v["status"], v.get("gate") or "-", ratio, v["cause"])))
+    return "\n".join(lines) + "\n"
+
+
+def write(result: dict, out_dir) -> dict:
+    """``dispatch.json`` and ``dispatch.md`` in ``out_dir`` (atomically); returns their paths."""
+    import json
+    from pathlib import Path
+
+    from ..atomic import write_atomic
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "dispatch.json", "markdown": out / "dispatch.md"}
+    write_atomic(paths["json"], json.dumps(result, indent=2, default=str) + "\n")
+    write_atomic(paths["markdown"], markdown(result))
+    return paths
+
+
+# ----------------------------------------------------------------------------------------------- rank side
+@contextlib.contextmanager
+def switched_off(tp, attr: str):
+    """Inside, ``tp.<attr>`` is off for SGLang's dispatch: its ``disabled`` flag set (how SGLang switches a
+    communicator off), or the attribute set to None where the communicator has no such flag."""
+    comm = getattr(tp, attr)
+    if hasattr(comm, "disabled"):
+        old = comm.disabled
+        comm.disabled = True
+        try:
+            yield
+        finally:
+            comm.disabled = old
+    else:
+        setattr(tp, attr, None)
+        try:
+            yield
+        finally:
+            setattr(tp, attr, comm)
+
+
+def expected(numel: int, world_size: int, device):
+    """The exact sum every rank's output must hold: ``n * (i % 7) + n(n-1)/2`` (fp32), for inputs
+    ``(i % 7) + rank`` (:func:`fill`)."""
+    import torch
+    idx = torch.arange(numel, device=device) % 7
+    return (world_size * idx + world_size * (world_size - 1) // 2).to(torch.float32)
+
+
+def fill(t, rank: int) -> None:
+    """``t = (i % 7) + rank`` over its flattened elements (nothing for a meta tensor)."""
+    import torch
+    if t.is_meta:
+        return
+    idx = torch.arange(t.numel(), device=t.device) % 7
+    t.copy_((idx + rank).to(t.dtype).view(t.shape))
+
+
+class SglangDispatchProbe(Probe):
+    """The rank side: :meth:`run` brings SGLang up (:func:`stackprobe.runtime.sglang_state.bring_up`) and times
+    its dispatch in the ``after`` hook. Subclasses (the CPU tests') override :meth:`before` and :meth:`tensor`."""
+
+    name = "sglang-dispatch"
+    label = "SGLang's own TP all_reduce dispatch"
+    requires = ("torch", "sglang")
+    group = "sglang-dispatch"
+
+    def before(self, ctx) -> None:
+        """Called in the rank before the bring-up (nothing here)."""
+
+    def tensor(self, tp, rows: int, hidden: int, ctx):
+        """The decode tensor: bf16 ``[rows, hidden]`` on the group's device."""
+        import torch
+        return torch.empty(rows, hidden, dtype=torch.bfloat16, device=tp.device)
+
+    def run(self, ctx) -> dict:
+        from . import sglang_state
+        spec = ctx.spec
+        cfg = spec["dispatch"]
+        cuda = ctx.device.startswith("cuda")
+        rep = sglang_state.bring_up(spec.get("server_args", ""), ctx.world_size, ctx.rank,
+                                    backend="nccl" if cuda else "gloo", rows=cfg["rows"], hidden=cfg["hidden"],
+                                    before=lambda: self.before(ctx),
+                                    after=lambda tp, rep: self.measure(tp, ctx, cfg, cuda))
+        ctx.log(f"bring-up steps {rep.get('steps')}; error {rep.get('error')}")
+        return {"bring_up": rep}
+
+    def measure(self, tp, ctx, cfg: dict, cuda: bool) -> dict:
+        """In the rank: the on / off / floor units inside one ``tp.graph_capture()``, their observed paths, checks
+        and paired samples (us per call)."""
+        import torch
+
+        from .sglang_state import observe
+        x = self.tensor(tp, cfg["rows"], cfg["hidden"], ctx)
+        src = torch.empty_like(x)
+        fill(src, ctx.rank)
+        n = cfg["calls"]
+        out: dict = {"paths": {}, "checks": {}, "samples_us": {}, "graph": "cuda" if cuda else "eager (no CUDA)"}
+        units: dict = {}
+        off_attr: list = [None]
+
+        def body(unit: str, holder: list, calls: list | None = None, served: list | None = None):
+            def run_calls():
+                for _ in range(n):
+                    x.copy_(src)
+                    if unit != FLOOR:
+                        start = len(calls) if calls is not None else 0
+                        holder[0] = tp.all_reduce(x)
+                        if served is not None:      # the first method this call reached: the one that served it
+                            served.append(calls[start] if calls is not None and len(calls) > start else None)
+            return run_calls
+
+        def build(unit: str, stream):
+            holder = [None]
+            calls: list = []
+            served: list = []
+            fn = body(unit, holder, calls, served)
+            with observe(tp, calls):
+                if cuda:
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g, stream=stream):
+                        fn()
+                    replay = g.replay
+                    units[unit] = {"graph": g}
+                else:
+                    fn()
+                    plain = body(unit, holder)      # timed without the observation; eager calls dispatch anew,
+                    if unit == OFF:                 # so the off variant's replays run with the path off again
+
+                        def replay(plain=plain, attr=off_attr[0]):
+                            with switched_off(tp, attr):
+                                plain()
+                    else:
+                        replay = plain
+            if unit != FLOOR:
+                labels = sorted(set(served), key=str)
+                out["paths"][unit] = served[0] if served else None
+                if len(labels) > 1:
+                    out["paths"][f"{unit}_mixed"] = {str(lb): served.count(lb) for lb in labels}
+            units.setdefault(unit, {}).update(replay=replay, holder=holder)
+
+        try:
+            ctx_gc = tp.graph_capture()
+            gc = ctx_gc.__enter__()
+        except Exception as exc:  # noqa: BLE001 - CPU: no device stream; recorded, eager calls instead
+            out["graph_capture"] = f"not entered: {type(exc).__name__}: {str(exc)[:200]}"
+            ctx_gc, gc = None, None
+        try:
+            stream = gc.stream if gc is not None else None
+            build(ON, stream)
+            attr = (out["paths"].get(ON) or "").split(".")[0]
+            if attr and attr in ROW and attr not in FALLBACKS and getattr(tp, attr, None) is not None:
+                off_attr[0] = attr
+                with switched_off(tp, attr):
+                    build(OFF, stream)
+            build(FLOOR, stream)
+        finally:
+            if ctx_gc is not None:
+                ctx_gc.__exit__(None, None, None)
+        if OFF not in units:
+            return out
+        sync = torch.cuda.synchronize if cuda else (lambda: None)
+        want = None
+        for u in (ON, OFF):
+            units[u]["replay"]()
+            sync()
+            got = units[u]["holder"][0]
+            if got is None or getattr(got, "is_meta", False):
+                out["checks"][u] = None
+                continue
+            if want is None:
+                want = expected(got.numel(), ctx.world_size, got.device)
+            if not got.dtype.is_floating_point:
+                out["checks"][u] = False
+                continue
+            got.fill_(float("nan"))
+            units[u]["replay"]()
+            sync()
+            out["checks"][u] = bool(torch.equal(units[u]["holder"][0].float().flatten(), want))
+        live = [u for u in (ON, OFF, FLOOR) if u in units]
+        for _ in range(cfg["warmup"]):
+            for u in live:
+                units[u]["replay"]()
+        sync()
+        samples: dict = {u: [] for u in live}
+        per = n * cfg["replays"]
+        for r in range(cfg["rounds"]):
+            order = live[r % len(live):] + live[:r % len(live)]
+            for u in order:
+                sync()
+                ctx.barrier()
+                t0 = time.perf_counter()
+                for _ in range(cfg["replays"]):
+                    units[u]["replay"]()
+                sync()
+                samples[u].append((time.perf_counter() - t0) * 1e6 / per)
+        out["samples_us"] = samples
+        out["finite"] = all(math.isfinite(v) for s in samples.values() for v in s)
+        return out
+

@@ -11,6 +11,21 @@ if TYPE_CHECKING:                  # cudastack.plan imports this module
     from cudastack.plan import BuildPlan
 
 
+ARG_LINES = 3       # a build arg longer than this many lines shows its first lines and a count
+
+
+def _arg_text(name: str, value: str) -> str:
+    """A build arg as the dry run shows it: whole when it has at most :data:`ARG_LINES` lines; else its first
+    :data:`ARG_LINES` lines and how many more (a locked closure of hundreds of ``--hash`` pins; its full text is
+    in the lockfile and goes into the node hash whole)."""
+    if not value:
+        return "(filled at build time)" if name == "WHEEL_NAMES" else value
+    rows = value.splitlines()
+    if len(rows) <= ARG_LINES:
+        return value
+    return "\n".join(rows[:ARG_LINES]) + f"\n            ... {len(rows) - ARG_LINES} more lines (the whole text is hashed)"
+
+
 def render_plan(plan: BuildPlan, cached: dict[str, bool] | None = None, *, state_dir: str = ".stack",
                 export: set[str] | frozenset = frozenset(), remote: dict[str, str | None] | None = None,
                 cache_prefix: str = "", basis: cache_estimates.Basis | None = None) -> str:
@@ -77,7 +92,7 @@ def render_plan(plan: BuildPlan, cached: dict[str, bool] | None = None, *, state
         for k, v in n.build_args.items():
             if k in ("BUILD_ENV",):
                 continue
-            lines.append(f"    arg     {k}={v if v else '(filled at build time)' if k == 'WHEEL_NAMES' else v}")
+            lines.append(f"    arg     {k}={_arg_text(k, v)}")
         for knob in n.knobs:
             why = f"  -- {knob.why}" if knob.why else ""
             lines.append(f"    knob    {knob.name}={knob.value}  [{knob.source}]{why}")

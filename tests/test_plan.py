@@ -347,3 +347,15 @@ def test_a_probe_change_leaves_every_tag_unchanged(tmp_path):
     shutil.copytree(PROJECT_ROOT / "images", images)
     (images / "runtime.Dockerfile").write_text((images / "runtime.Dockerfile").read_text() + "\n# changed\n")
     assert hashes(plan(stackprobe_dir=suite, images_dir=images))["runtime"] != hashes(before)["runtime"]
+
+
+def test_the_dry_run_shortens_a_long_build_arg_and_says_how_much_it_left_out():
+    from cudastack.plan_render import ARG_LINES, _arg_text
+    closure = "\n".join(f"pkg{i}==1.0 --hash=sha256:{i:064d}" for i in range(40))
+    shown = _arg_text("PIP_SPECS_LOCKED", closure)
+    assert shown.splitlines()[:ARG_LINES] == closure.splitlines()[:ARG_LINES]
+    assert f"... {40 - ARG_LINES} more lines" in shown
+    assert "pkg39==" not in shown
+    short = "\n".join(closure.splitlines()[:ARG_LINES])
+    assert _arg_text("PIP_SPECS_LOCKED", short) == short          # at the limit: whole, no count
+    assert _arg_text("WHEEL_NAMES", "") == "(filled at build time)"

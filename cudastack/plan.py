@@ -33,6 +33,7 @@ from cudastack.plan_graph import (arch_dependent, image_repository, node_kind, n
 from cudastack.plan_hash import (HASH_FORMAT, UNHASHED_CONTEXT, canonical_json, content_hash, dir_digest,
                                  node_hash_inputs)
 from cudastack.plan_render import plan_summary, render_plan
+from cudastack.recipe_graph import ancestors, available, stack_differences
 from cudastack.recipes import COMPILING_METHODS, Component, RecipeSet, Toolchain, load_recipes
 from cudastack import costs, rules
 from cudastack.rules import Resources, nvcc_gencode_flags
@@ -83,6 +84,8 @@ class BuildPlan(Plan):
     base_image: str = ""           # OS image (pip base) or NVIDIA image (nvidia base)
     os_suite: str = ""
     locked: bool = False           # set by cudastack.lock.apply_lock: locked build args, hashes and tags
+    unavailable: dict[str, str] = field(default_factory=dict)   # node -> why this toolchain cannot take it
+    stacks: list[str] = field(default_factory=list)   # runtimes whose chains pin different versions (one line each)
 
     def node(self, name: str) -> PlannedNode:
         return {n.name: n for n in self.nodes}[name]      # KeyError for an unknown name, as Plan.node
@@ -233,10 +236,11 @@ def _component_knobs(c: Component, recipes: RecipeSet, tc: Toolchain, target, ar
 
 
 def _component_build_args(p: _NodeParts, c: Component, tc: Toolchain, parent_tag: str,
-                          planned: list[PlannedNode], probe_dir: Path) -> None:
+                          planned: list[PlannedNode], probe_dir: Path, recipes_components: dict) -> None:
     """Fill ``p.args`` (and the runtime's context and env knobs) for a non-base component, per kind, as the
     Dockerfile contract (:mod:`cudastack.model`) names them. ``planned``: the nodes planned so far (the
-    runtime image collects their environment knobs)."""
+    runtime image collects the environment knobs of those in its own image chain; ``recipes_components``: the
+    recipes' components, whose ``needs`` give that chain)."""
     e = c.toolchains[tc.name]
     env_text = build_env(p.knobs)
     args = p.args
@@ -265,7 +269,10 @@ def _component_build_args(p: _NodeParts, c: Component, tc: Toolchain, parent_tag
     else:  # runtime
         args.update({"PIP_SPECS": " ".join(p.specs), "WHEEL_NAMES": ""})
         collected: dict[str, Knob] = {}
+        chain = set(ancestors(recipes_components, c.name))   # this runtime's own image chain, not another's
         for n in planned:
+            if n.name not in chain:
+                continue
             for k in n.env_knobs:
                 collected[k.name] = k
         for k in p.env_knobs:
@@ -329,8 +336,9 @@ def make_plan(
     base_kind = base or tc.default_base
     if base_kind not in tc.bases:
         raise UsageError(f"Unknown base '{base_kind}' for toolchain {tc.name}: use one of {', '.join(tc.bases)}.")
-    skipped = resolve_skips(recipes, skip)
-    comps = [c for c in topo_order(recipes.components, tc.name) if c.name not in skipped]
+    unavailable = available(recipes.components, tc.name)
+    skipped = resolve_skips(recipes, skip, unavailable)
+    comps = [c for c in topo_order(recipes.components, tc.name) if c.name not in skipped | set(unavailable)]
     sources = [c for c in comps if c.toolchains[tc.name].method in COMPILING_METHODS]
     rules.check_base(tc, base_kind, sources)
     res = resources or host_resources()
@@ -346,12 +354,12 @@ def make_plan(
     for c in comps:
         e = c.toolchains[tc.name]
         kind = node_kind(c, base_kind)
-        parents, image_parent = node_parents(c, recipes, skipped)
+        parents, image_parent = node_parents(c, recipes, skipped | set(unavailable))
         if c.kind == "base":
             p = _base_parts(tc, bc, base_kind)
         else:
             p = _component_knobs(c, recipes, tc, target, arch_src, res, max_jobs, nvcc_threads, warnings)
-            _component_build_args(p, c, tc, by_name[image_parent].tag, nodes, probe_dir)
+            _component_build_args(p, c, tc, by_name[image_parent].tag, nodes, probe_dir, recipes.components)
 
         # an image node built from source (torch) has its own Dockerfile, so the wheel one's hash stays
         dockerfile = images / (f"{kind}-source.Dockerfile" if (c.kind == "image" and e.method == "source")
@@ -391,7 +399,9 @@ def make_plan(
         toolchain=tc.name, cuda_version=tc.cuda_version, target_archs=[str(a) for a in target],
         base_kind=base_kind, nodes=nodes, wheelhouse=f"wheelhouse/cu{tc.name}", warnings=warnings,
         resources=res, recipes_dir=str(recipes.dir), prefix=prefix, skipped=sorted(skipped),
-        base_image=bc.os_image if bc.kind == "pip" else bc.image, os_suite=bc.os_suite)
+        base_image=bc.os_image if bc.kind == "pip" else bc.image, os_suite=bc.os_suite,
+        unavailable={n: why for n, why in unavailable.items() if n not in skipped},
+        stacks=stack_differences(recipes.components, tc.name))
 
 
 def exists_fn_for_tags(tags: set[str]) -> Callable[[Node], bool]:

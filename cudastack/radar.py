@@ -30,6 +30,7 @@ from cudastack.errors import RecipeError, StackError, UsageError
 from cudastack.pkgindex import Index
 from cudastack.radar_checks import Checker, Pin, engine_runtimes
 from cudastack.radar_checks import KERNELS, recipe_pins  # noqa: F401 - re-exported: callers import them from here
+from cudastack.recipe_graph import stacks
 from cudastack.recipes import RecipeSet, Toolchain, load_recipes
 from cudastack.scan import scan_package, scan_release
 from stackprobe import mdtable
@@ -70,12 +71,15 @@ class Radar:
 
 
 # ------------------------------------------------------------------------------------ pins
-def lock_versions(tc_name: str, lock_dir: Path = LOCK_DIR) -> dict[str, str] | None:
-    """name -> version the lockfile records (packages asked for by name first), None without a lock."""
+def lock_versions(tc_name: str, lock_dir: Path = LOCK_DIR, nodes: list[str] | None = None) -> dict[str, str] | None:
+    """name -> version the lockfile records (packages asked for by name first), None without a lock. ``nodes``:
+    read only these nodes' entries (one runtime's image chain: vLLM's torch 2.14.0 is not SGLang's 2.14.1)."""
     p = Path(lock_dir) / f"{tc_name}.lock.yaml"
     if not p.is_file():
         return None
     data = yaml.safe_load(p.read_text()) or {}
+    if nodes is not None:
+        data = {**data, "nodes": {n: e for n, e in (data.get("nodes") or {}).items() if n in nodes}}
     found: dict[str, tuple[bool, str]] = {}
 
     def walk(o):
@@ -173,7 +177,8 @@ def radar(cuda: str, *, index: Index | None = None, recipes: RecipeSet | str | P
     tc = recipes.toolchain(cuda)
     target = parse_arch(target_arch)
     ck = Checker(index, recipes, tc, runtime)
-    locked = lock_versions(tc.name, lock_dir)
+    chain = dict(stacks(recipes.components, tc.name)).get(ck.runtime) if ck.runtime else None
+    locked = lock_versions(tc.name, lock_dir, chain)
     engine_reqs, engine_label = engine_requirements(ck)
     rows = []
     for name in ck.components:

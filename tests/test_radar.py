@@ -107,6 +107,12 @@ def test_outdated_names_the_pins_that_hold_each_toolchain(tmp_path):
     # 12.8: FlashInfer held at 0.6.3 by sglang 0.5.9; moving it would open the fusion gate from 0.6.17
     fi = check_held_by_engine(data, "12.8", "flashinfer-python", "0.6.3", known_newer="0.7.4")
     check_gate_lift(fi, "fusion", "[9, 10]", first="0.6.17")
+    # 13.1, vLLM's own chain: vllm 0.33.0 holds its torch at 2.14.0 and FlashInfer at 0.7.2.post1 (cu13.1-vllm.md)
+    check_held_by_engine(data, "13.1", "torch", "2.14.0", known_newer="2.14.1", runtime="vllm")
+    check_held_by_engine(data, "13.1", "flashinfer-python", "0.7.2.post1", known_newer="0.7.4", runtime="vllm")
+    assert [r["component"] for r in next(t for t in data if t.get("runtime") == "vllm")["rows"]][2:4] == ["b12x", "vllm"]
+    assert (tmp_path / "cu13.1-vllm.md").is_file() and not any(t.get("runtime") == "vllm" for t in data
+                                                               if t["toolchain"] != "13.1")
 
 
 @pytest.mark.network
@@ -374,6 +380,10 @@ def test_the_radar_covers_vllm_and_b12x_in_vllms_own_chain(tmp_path):
         assert any("vllm 0.34.0 Requires-Dist `torch==2.15.0`" in h and "CUDA 13.2" in h for h in row["held_back_by"])
         assert "not scanned" in row["move"] and "invoke validate --engine vllm" in row["move"]
         assert radar_row(data, "13.1", "torch", "runtime")["pinned"] == "2.14.1"     # SGLang's chain unchanged
+        # the lock is read per chain too: vLLM's torch row names vLLM's locked torch, not SGLang's
+        assert radar_row(data, "13.1", "torch", "vllm")["locked"] == "2.14.0"
+        assert radar_row(data, "13.1", "torch", "runtime")["locked"] == "2.14.1"
+        assert R.lock_versions("13.1")["torch"] == "2.14.1"       # planted fault: the flat read takes SGLang's
         assert vl["conflicts"] == [] and "vllm's image chain" in R.render_markdown(R.radar(
             "13.1", index=ix, recipes=recipes, runtime="vllm", verdicts=False))
         assert R.out_name("13.1", "vllm") == "cu13.1-vllm.md" and R.out_name("13.1", "runtime") == "cu13.1.md"

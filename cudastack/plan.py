@@ -19,7 +19,6 @@ content_hash, render_plan``).
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +35,7 @@ from cudastack.plan_render import plan_summary, render_plan
 from cudastack.recipe_graph import ancestors, available, stack_differences
 from cudastack.recipes import COMPILING_METHODS, Component, RecipeSet, Toolchain, load_recipes
 from cudastack import costs, rules
-from cudastack.rules import Resources, nvcc_gencode_flags
+from cudastack.rules import Resources, host_resources, nvcc_gencode_flags  # noqa: F401 - host_resources: importable from here
 from cudastack.sources import cmake_args_knob
 
 __all__ = ["PROJECT_ROOT", "DEFAULT_ARCH", "DEFAULT_PREFIX", "STACKPROBE_DIR", "HASH_FORMAT", "UNHASHED_CONTEXT",
@@ -89,44 +88,6 @@ class BuildPlan(Plan):
 
     def node(self, name: str) -> PlannedNode:
         return {n.name: n for n in self.nodes}[name]      # KeyError for an unknown name, as Plan.node
-
-
-def _cgroup_value(*paths: str) -> str | None:
-    for p in paths:
-        try:
-            return Path(p).read_text().strip()
-        except OSError:
-            continue
-    return None
-
-
-def host_resources() -> Resources:
-    """This host's usable cores (affinity and cgroup CPU quota) and memory (the smaller of MemTotal and the
-    cgroup limit), from /proc and /sys/fs/cgroup. Units: cores, GiB. MemAvailable is not an input: it moves
-    with the load (a running compile), and a dry run must print the MAX_JOBS the build will use."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    quota = _cgroup_value("/sys/fs/cgroup/cpu.max")
-    if quota and not quota.startswith("max"):
-        q, period = quota.split()[:2]
-        cores = max(1, min(cores, int(int(q) // int(period))))
-    mem = {}
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            k, v = line.split(":", 1)
-            mem[k] = int(v.split()[0]) * 1024
-    except OSError:
-        pass
-    total = mem.get("MemTotal", 0)
-    limit = _cgroup_value("/sys/fs/cgroup/memory.max")
-    candidates = [total] if total else []
-    if limit and limit.isdigit():
-        candidates.append(int(limit))
-    gib = min(candidates) / 2**30 if candidates else 1.0
-    cg = f", cgroup limit {int(limit) / 2**30:.1f} GiB" if limit and limit.isdigit() else ""
-    return Resources(cores, round(gib, 1), f"host: {cores} cores, MemTotal {total / 2**30:.1f} GiB{cg}")
 
 
 # --------------------------------------------------------------------------------------- planning
@@ -270,9 +231,7 @@ def _component_build_args(p: _NodeParts, c: Component, tc: Toolchain, parent_tag
         args.update({"PIP_SPECS": " ".join(p.specs), "WHEEL_NAMES": ""})
         collected: dict[str, Knob] = {}
         chain = set(ancestors(recipes_components, c.name))   # this runtime's own image chain, not another's
-        for n in planned:
-            if n.name not in chain:
-                continue
+        for n in (m for m in planned if m.name in chain):
             for k in n.env_knobs:
                 collected[k.name] = k
         for k in p.env_knobs:

@@ -19,7 +19,6 @@ content_hash, render_plan``).
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,9 +32,10 @@ from cudastack.plan_graph import (arch_dependent, image_repository, node_kind, n
 from cudastack.plan_hash import (HASH_FORMAT, UNHASHED_CONTEXT, canonical_json, content_hash, dir_digest,
                                  node_hash_inputs)
 from cudastack.plan_render import plan_summary, render_plan
+from cudastack.recipe_graph import ancestors, available, stack_differences
 from cudastack.recipes import COMPILING_METHODS, Component, RecipeSet, Toolchain, load_recipes
 from cudastack import costs, rules
-from cudastack.rules import Resources, nvcc_gencode_flags
+from cudastack.rules import Resources, host_resources, nvcc_gencode_flags  # noqa: F401 - host_resources: importable from here
 from cudastack.sources import cmake_args_knob
 
 __all__ = ["PROJECT_ROOT", "DEFAULT_ARCH", "DEFAULT_PREFIX", "STACKPROBE_DIR", "HASH_FORMAT", "UNHASHED_CONTEXT",
@@ -83,47 +83,11 @@ class BuildPlan(Plan):
     base_image: str = ""           # OS image (pip base) or NVIDIA image (nvidia base)
     os_suite: str = ""
     locked: bool = False           # set by cudastack.lock.apply_lock: locked build args, hashes and tags
+    unavailable: dict[str, str] = field(default_factory=dict)   # node -> why this toolchain cannot take it
+    stacks: list[str] = field(default_factory=list)   # runtimes whose chains pin different versions (one line each)
 
     def node(self, name: str) -> PlannedNode:
         return {n.name: n for n in self.nodes}[name]      # KeyError for an unknown name, as Plan.node
-
-
-def _cgroup_value(*paths: str) -> str | None:
-    for p in paths:
-        try:
-            return Path(p).read_text().strip()
-        except OSError:
-            continue
-    return None
-
-
-def host_resources() -> Resources:
-    """This host's usable cores (affinity and cgroup CPU quota) and memory (the smaller of MemTotal and the
-    cgroup limit), from /proc and /sys/fs/cgroup. Units: cores, GiB. MemAvailable is not an input: it moves
-    with the load (a running compile), and a dry run must print the MAX_JOBS the build will use."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    quota = _cgroup_value("/sys/fs/cgroup/cpu.max")
-    if quota and not quota.startswith("max"):
-        q, period = quota.split()[:2]
-        cores = max(1, min(cores, int(int(q) // int(period))))
-    mem = {}
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            k, v = line.split(":", 1)
-            mem[k] = int(v.split()[0]) * 1024
-    except OSError:
-        pass
-    total = mem.get("MemTotal", 0)
-    limit = _cgroup_value("/sys/fs/cgroup/memory.max")
-    candidates = [total] if total else []
-    if limit and limit.isdigit():
-        candidates.append(int(limit))
-    gib = min(candidates) / 2**30 if candidates else 1.0
-    cg = f", cgroup limit {int(limit) / 2**30:.1f} GiB" if limit and limit.isdigit() else ""
-    return Resources(cores, round(gib, 1), f"host: {cores} cores, MemTotal {total / 2**30:.1f} GiB{cg}")
 
 
 # --------------------------------------------------------------------------------------- planning
@@ -233,10 +197,11 @@ def _component_knobs(c: Component, recipes: RecipeSet, tc: Toolchain, target, ar
 
 
 def _component_build_args(p: _NodeParts, c: Component, tc: Toolchain, parent_tag: str,
-                          planned: list[PlannedNode], probe_dir: Path) -> None:
+                          planned: list[PlannedNode], probe_dir: Path, recipes_components: dict) -> None:
     """Fill ``p.args`` (and the runtime's context and env knobs) for a non-base component, per kind, as the
     Dockerfile contract (:mod:`cudastack.model`) names them. ``planned``: the nodes planned so far (the
-    runtime image collects their environment knobs)."""
+    runtime image collects the environment knobs of those in its own image chain; ``recipes_components``: the
+    recipes' components, whose ``needs`` give that chain)."""
     e = c.toolchains[tc.name]
     env_text = build_env(p.knobs)
     args = p.args
@@ -265,7 +230,8 @@ def _component_build_args(p: _NodeParts, c: Component, tc: Toolchain, parent_tag
     else:  # runtime
         args.update({"PIP_SPECS": " ".join(p.specs), "WHEEL_NAMES": ""})
         collected: dict[str, Knob] = {}
-        for n in planned:
+        chain = set(ancestors(recipes_components, c.name))   # this runtime's own image chain, not another's
+        for n in (m for m in planned if m.name in chain):
             for k in n.env_knobs:
                 collected[k.name] = k
         for k in p.env_knobs:
@@ -329,8 +295,9 @@ def make_plan(
     base_kind = base or tc.default_base
     if base_kind not in tc.bases:
         raise UsageError(f"Unknown base '{base_kind}' for toolchain {tc.name}: use one of {', '.join(tc.bases)}.")
-    skipped = resolve_skips(recipes, skip)
-    comps = [c for c in topo_order(recipes.components, tc.name) if c.name not in skipped]
+    unavailable = available(recipes.components, tc.name)
+    skipped = resolve_skips(recipes, skip, unavailable)
+    comps = [c for c in topo_order(recipes.components, tc.name) if c.name not in skipped | set(unavailable)]
     sources = [c for c in comps if c.toolchains[tc.name].method in COMPILING_METHODS]
     rules.check_base(tc, base_kind, sources)
     res = resources or host_resources()
@@ -346,12 +313,12 @@ def make_plan(
     for c in comps:
         e = c.toolchains[tc.name]
         kind = node_kind(c, base_kind)
-        parents, image_parent = node_parents(c, recipes, skipped)
+        parents, image_parent = node_parents(c, recipes, skipped | set(unavailable))
         if c.kind == "base":
             p = _base_parts(tc, bc, base_kind)
         else:
             p = _component_knobs(c, recipes, tc, target, arch_src, res, max_jobs, nvcc_threads, warnings)
-            _component_build_args(p, c, tc, by_name[image_parent].tag, nodes, probe_dir)
+            _component_build_args(p, c, tc, by_name[image_parent].tag, nodes, probe_dir, recipes.components)
 
         # an image node built from source (torch) has its own Dockerfile, so the wheel one's hash stays
         dockerfile = images / (f"{kind}-source.Dockerfile" if (c.kind == "image" and e.method == "source")
@@ -391,7 +358,9 @@ def make_plan(
         toolchain=tc.name, cuda_version=tc.cuda_version, target_archs=[str(a) for a in target],
         base_kind=base_kind, nodes=nodes, wheelhouse=f"wheelhouse/cu{tc.name}", warnings=warnings,
         resources=res, recipes_dir=str(recipes.dir), prefix=prefix, skipped=sorted(skipped),
-        base_image=bc.os_image if bc.kind == "pip" else bc.image, os_suite=bc.os_suite)
+        base_image=bc.os_image if bc.kind == "pip" else bc.image, os_suite=bc.os_suite,
+        unavailable={n: why for n, why in unavailable.items() if n not in skipped},
+        stacks=stack_differences(recipes.components, tc.name))
 
 
 def exists_fn_for_tags(tags: set[str]) -> Callable[[Node], bool]:

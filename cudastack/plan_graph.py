@@ -13,6 +13,17 @@ from cudastack.model import Knob
 from cudastack.recipes import COMPILING_METHODS, Component, RecipeSet
 
 
+def only_skips(recipes: RecipeSet, only: Iterable[str]) -> list[str]:
+    """The ``--skip`` list that ``--only NODE ...`` means: every component that is neither a named node nor one
+    of their ancestors (file stems). UsageError for an unknown name (:meth:`RecipeSet.component`)."""
+    from cudastack.recipe_graph import ancestors
+
+    keep: set[str] = set()
+    for o in only:
+        keep |= set(ancestors(recipes.components, recipes.component(o).name))
+    return [c.stem for c in recipes.components.values() if c.name not in keep]
+
+
 def topo_order(components: dict[str, Component], tc_name: str) -> list[Component]:
     """Parents before children; among the nodes ready at each step, wheel/image nodes before source and aot
     builds (a slow compile such as flash-attn goes last, so a failure or a long build there leaves every
@@ -29,9 +40,11 @@ def topo_order(components: dict[str, Component], tc_name: str) -> list[Component
     return [components[n] for n in done]
 
 
-def resolve_skips(recipes: RecipeSet, skip: Iterable[str]) -> set[str]:
+def resolve_skips(recipes: RecipeSet, skip: Iterable[str], unavailable: dict[str, str] | None = None) -> set[str]:
     """Node names to leave out for ``--skip`` values (node names or file stems). UsageError for an
-    unknown component or one that cannot be left out (the base; a node another kept node builds FROM)."""
+    unknown component or one that cannot be left out (the base; a node another kept node builds FROM).
+    ``unavailable``: nodes the toolchain cannot take (left out anyway; a node that needs them goes with them)."""
+    gone = set(unavailable or ())
     out = set()
     for s in skip:
         c = recipes.component(s)
@@ -39,7 +52,7 @@ def resolve_skips(recipes: RecipeSet, skip: Iterable[str]) -> set[str]:
             raise UsageError(f"Cannot skip '{s}': it is the base every other node builds on.")
         out.add(c.name)
     for c in recipes.components.values():
-        if c.name in out:
+        if c.name in out or c.name in gone:
             continue
         for n in c.needs:
             if n in out and not (c.kind == "runtime" and recipes.components[n].kind == "wheels"):

@@ -52,6 +52,10 @@ def render_plan(plan: BuildPlan, cached: dict[str, bool] | None = None, *, state
     lines.append(f"Wheelhouse: {state_dir}/{plan.wheelhouse}")
     if plan.skipped:
         lines.append(f"Skipped by --skip: {', '.join(plan.skipped)}")
+    for name, why in getattr(plan, "unavailable", {}).items():
+        lines.append(f"Not built for CUDA {plan.toolchain}: {name}: {why}")
+    for line in getattr(plan, "stacks", []):
+        lines.append(f"Engine stacks: {line}")
     if cache_prefix:
         lines.append(f"Node cache: {cache_prefix}")
     remote = remote or {}

@@ -28,8 +28,9 @@ from packaging.version import Version
 
 from cudastack.errors import RecipeError, StackError, UsageError
 from cudastack.pkgindex import Index
-from cudastack.radar_checks import COMPONENTS, ENGINE, STACK, Checker, Pin
+from cudastack.radar_checks import Checker, Pin, engine_runtimes
 from cudastack.radar_checks import KERNELS, recipe_pins  # noqa: F401 - re-exported: callers import them from here
+from cudastack.recipe_graph import stacks
 from cudastack.recipes import RecipeSet, Toolchain, load_recipes
 from cudastack.scan import scan_package, scan_release
 from stackprobe import mdtable
@@ -39,6 +40,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 LOCK_DIR = PROJECT_ROOT / "lockfiles"
 MAX_WALK = 60                      # releases checked per component, newest first
 SCANNED = {"torch", "flashinfer-python", "sglang", "sglang-kernel", "sgl-kernel"}   # scanned for verdicts
+UNSCANNED_ENGINE = {"vllm", "b12x"}   # vLLM's chain: the suite reads their gates from an install, not from a release
 
 
 @dataclass
@@ -65,15 +67,19 @@ class Radar:
     conflicts: list[str]
     index_url: str = ""
     as_of: str = ""                # UTC date of the oldest project page the answer used
+    runtime: str = ""              # the runtime node whose image chain this radar answers for (runtime, vllm)
 
 
 # ------------------------------------------------------------------------------------ pins
-def lock_versions(tc_name: str, lock_dir: Path = LOCK_DIR) -> dict[str, str] | None:
-    """name -> version the lockfile records (packages asked for by name first), None without a lock."""
+def lock_versions(tc_name: str, lock_dir: Path = LOCK_DIR, nodes: list[str] | None = None) -> dict[str, str] | None:
+    """name -> version the lockfile records (packages asked for by name first), None without a lock. ``nodes``:
+    read only these nodes' entries (one runtime's image chain: vLLM's torch 2.14.0 is not SGLang's 2.14.1)."""
     p = Path(lock_dir) / f"{tc_name}.lock.yaml"
     if not p.is_file():
         return None
     data = yaml.safe_load(p.read_text()) or {}
+    if nodes is not None:
+        data = {**data, "nodes": {n: e for n, e in (data.get("nodes") or {}).items() if n in nodes}}
     found: dict[str, tuple[bool, str]] = {}
 
     def walk(o):
@@ -96,35 +102,37 @@ def lock_versions(tc_name: str, lock_dir: Path = LOCK_DIR) -> dict[str, str] | N
 
 # ------------------------------------------------------------------------------------ the radar
 def engine_requirements(ck: Checker) -> tuple[dict[str, Requirement], str]:
-    pin = ck.pins.get(ENGINE)
+    pin = ck.pins.get(ck.engine)
     if pin is None:
         return {}, ""
-    reqs, fn = ck.requires(ENGINE, Version(pin.version))
-    return reqs, f"{ENGINE} {pin.version} ({fn} METADATA)"
+    reqs, fn = ck.requires(ck.engine, Version(pin.version))
+    return reqs, f"{ck.engine} {pin.version} ({fn} METADATA)"
 
 
-def engine_pin_conflicts(recipes: RecipeSet, tc: Toolchain, index: Index) -> list[str]:
-    """Each component pin of ``tc`` the pinned engine's ``Requires-Dist`` excludes, as one sentence naming
-    the engine's requirement and the recipe that pins the component. Empty when the set agrees."""
-    ck = Checker(index, recipes, tc)
+def engine_pin_conflicts(recipes: RecipeSet, tc: Toolchain, index: Index, runtime: str | None = None) -> list[str]:
+    """Each component pin of ``tc`` (in the image chain of runtime node ``runtime``; default SGLang's) the pinned
+    engine's ``Requires-Dist`` excludes, as one sentence naming the engine's requirement and the recipe that pins
+    the component. Empty when the set agrees."""
+    ck = Checker(index, recipes, tc, runtime)
+    engine, stack = ck.engine, ck.stack     # this chain's engine (sglang, vllm) and its rows
     reqs, label = engine_requirements(ck)
     out = []
     for name, pin in ck.pins.items():
-        if name == ENGINE or name not in reqs:
+        if name == engine or name not in reqs:
             continue
         r = reqs[name]
         if not r.specifier.contains(pin.version, prereleases=True):
             out.append(f"{label} Requires-Dist `{r}` but {pin.where} pins {name} {pin.version}: moving {name} alone is "
-                       f"refused; wait for an {ENGINE} release that admits {name} {pin.version} or pin {name} back")
+                       f"refused; wait for an {engine} release that admits {name} {pin.version} or pin {name} back")
     for name, pin in ck.pins.items():
-        if name in (ENGINE, "cuda-toolkit") or name not in STACK:
+        if name in (engine, "cuda-toolkit") or name not in stack:
             continue
         try:
             own, fn = ck.requires(name, Version(pin.version), pin.method)
         except UsageError:
             continue            # not on this index: the radar's row for it says so
         for dep, r in own.items():
-            if dep in ck.pins and dep in STACK and dep != name and not r.specifier.contains(ck.pins[dep].version, prereleases=True):
+            if dep in ck.pins and dep in stack and dep != name and not r.specifier.contains(ck.pins[dep].version, prereleases=True):
                 out.append(f"{name} {pin.version} ({fn}) Requires-Dist `{r}` but {ck.pins[dep].where} pins "
                            f"{dep} {ck.pins[dep].version}")
     return out
@@ -136,11 +144,13 @@ def refuse_engine_pin_conflicts(plan, index: Index | None = None, say: Callable[
     With ``say``, report instead of raising (dry run). An unreachable index is reported, not fatal."""
     recipes = load_recipes(plan.recipes_dir or None)
     tc = recipes.toolchain(plan.toolchain)
-    runtime = [c for c in recipes.components.values() if c.kind == "runtime"]
-    if not runtime or any(c.toolchains[tc.name].requires for c in runtime):
-        return      # the recipe records the engine's pins and the loader has checked them
+    runtime = [c for c in recipes.components.values() if c.kind == "runtime" and c.name in engine_runtimes(recipes, tc)]
+    unchecked = [c.name for c in runtime if not c.toolchains[tc.name].requires]
+    if not unchecked:
+        return      # each runtime recipe records its engine's pins and the loader has checked them
     try:
-        conflicts = engine_pin_conflicts(recipes, tc, index or Index())
+        index = index or Index()
+        conflicts = [x for r in unchecked for x in engine_pin_conflicts(recipes, tc, index, r)]
     except StackError as e:
         (say or (lambda m: None))(f"engine pins not checked against the index: {e}")
         return
@@ -156,19 +166,22 @@ def refuse_engine_pin_conflicts(plan, index: Index | None = None, say: Callable[
 
 def radar(cuda: str, *, index: Index | None = None, recipes: RecipeSet | str | Path | None = None,
           target_arch: str = "12.0", world_size: int = 8, topology: str = "pcie", lock_dir: Path = LOCK_DIR,
-          verdicts: bool = True, say: Callable[[str], None] = lambda m: None) -> Radar:
-    """The radar of toolchain ``cuda``: one :class:`Row` per pinned component. ``verdicts``: scan
-    the pinned and the newer releases of the gate-carrying packages (downloads, cached by hash)."""
+          verdicts: bool = True, say: Callable[[str], None] = lambda m: None, runtime: str | None = None) -> Radar:
+    """The radar of toolchain ``cuda`` for the image chain of runtime node ``runtime`` (default: the first,
+    SGLang's; ``"vllm"``: vLLM's torch, FlashInfer, b12x and vllm): one :class:`Row` per pinned component.
+    ``verdicts``: scan the pinned and the newer releases of the gate-carrying packages (downloads, cached by
+    hash)."""
     index = index or Index()
     if not isinstance(recipes, RecipeSet):
         recipes = load_recipes(recipes)
     tc = recipes.toolchain(cuda)
     target = parse_arch(target_arch)
-    ck = Checker(index, recipes, tc)
-    locked = lock_versions(tc.name, lock_dir)
+    ck = Checker(index, recipes, tc, runtime)
+    chain = dict(stacks(recipes.components, tc.name)).get(ck.runtime) if ck.runtime else None
+    locked = lock_versions(tc.name, lock_dir, chain)
     engine_reqs, engine_label = engine_requirements(ck)
     rows = []
-    for name in COMPONENTS:
+    for name in ck.components:
         pin = ck.pins.get(name)
         if pin is None:
             continue
@@ -203,11 +216,11 @@ def radar(cuda: str, *, index: Index | None = None, recipes: RecipeSet | str | P
         say(f"{tc.name}: {name} pinned {pin.version}, newest {row.newest}, allowed {row.allowed}")
     for row in rows:
         row.move = move_effect(row, index, ck, target, world_size, topology, verdicts, say)
-    conflicts = engine_pin_conflicts(recipes, tc, index)
+    conflicts = engine_pin_conflicts(recipes, tc, index, ck.runtime)
     fetched = [pr.fetched_at for pr in index._projects.values() if pr.fetched_at]
     as_of = time.strftime("%Y-%m-%d", time.gmtime(min(fetched))) if fetched else ""
     return Radar(tc.name, tc.cuda_version, ck.base_note, target.cc, engine_label, rows, conflicts,
-                 index.url, as_of)
+                 index.url, as_of, runtime=ck.runtime or "")
 
 
 def move_effect(row: Row, index: Index, ck: Checker, target, world_size: int, topology: str, verdicts: bool,
@@ -229,6 +242,9 @@ def move_effect(row: Row, index: Index, ck: Checker, target, world_size: int, to
         fmt = lambda c: f"CUDA {c[0]}.{c[1]}" if c else "no CUDA"  # noqa: E731
         cu_p = ck.torch_cuda(pv)[0]
         prefix = {v: f"build {fmt(cu_p)} -> {fmt(ck.torch_cuda(v)[0])}; " for v in (av, nv)}
+    if name in UNSCANNED_ENGINE:
+        return (f"not scanned: the release scan reads torch, FlashInfer and SGLang gates; {name}'s are read in an "
+                "image by `invoke validate --engine vllm`")
     if name not in SCANNED or not verdicts:
         return "no gate of the suite reads this package statically" if name not in SCANNED else "not scanned (--no-verdicts)"
     try:
@@ -303,7 +319,8 @@ def _toolkit_effect(ck: Checker, pv: Version, av: Version, nv: Version, target) 
 # ------------------------------------------------------------------------------------ output
 def render_markdown(r: Radar) -> str:
     """One Markdown table for one toolchain, with the engine-pin conflicts under it."""
-    lines = [f"## CUDA {r.toolchain} (toolkit {r.cuda_version}; {r.python}; target {r.target})", "",
+    chain = f", {r.runtime}'s image chain" if r.runtime and r.runtime != "runtime" else ""
+    lines = [f"## CUDA {r.toolchain}{chain} (toolkit {r.cuda_version}; {r.python}; target {r.target})", "",
              f"Engine: {r.engine or 'none pinned'}. Read from {r.index_url} (project pages of {r.as_of or 'unknown date'}) "
              "and from the released files; `invoke outdated` writes this table.", "",
              *mdtable.header(("component", "pinned", "newest", "newest allowed", "held back by",
@@ -326,7 +343,7 @@ def render_markdown(r: Radar) -> str:
 
 
 def render_text(r: Radar) -> str:
-    out = [f"CUDA {r.toolchain} ({r.python}); engine {r.engine}"]
+    out = [f"CUDA {r.toolchain} ({r.python}); engine {r.engine}" + (f" ({r.runtime}'s image chain)" if r.runtime else "")]
     for row in r.rows:
         out.append(f"  {row.name:18} pinned {row.pinned.version:12} newest {row.newest:12} allowed {row.allowed}")
         for h in row.holds:
@@ -339,7 +356,8 @@ def render_text(r: Radar) -> str:
 
 
 def to_json(r: Radar) -> dict:
-    return {"toolchain": r.toolchain, "cuda_version": r.cuda_version, "base": r.python, "target": r.target,
+    return {"toolchain": r.toolchain, "runtime": r.runtime, "cuda_version": r.cuda_version, "base": r.python,
+            "target": r.target,
             "index": r.index_url, "as_of": r.as_of,
             "engine": r.engine, "conflicts": r.conflicts,
             "rows": [{"component": x.name, "pinned": x.pinned.version, "pinned_where": x.pinned.where,
@@ -357,5 +375,12 @@ def toolchain_names(recipes: RecipeSet | None, cuda: str | None) -> list[str]:
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
-def out_name(tc: str) -> str:
-    return f"cu{_SAFE.sub('_', tc)}.md"
+def out_name(tc: str, runtime: str = "") -> str:
+    """``cu13.1.md`` for SGLang's chain (runtime node ``runtime``), ``cu13.1-vllm.md`` for another runtime's."""
+    tail = f"-{_SAFE.sub('_', runtime)}" if runtime and runtime != "runtime" else ""
+    return f"cu{_SAFE.sub('_', tc)}{tail}.md"
+
+
+def runtimes(recipes: RecipeSet, tc_name: str) -> list[str]:
+    """The runtime nodes toolchain ``tc_name`` takes (one radar each), SGLang's first; [""] with none."""
+    return list(engine_runtimes(recipes, recipes.toolchain(tc_name))) or [""]

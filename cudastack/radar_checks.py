@@ -38,6 +38,12 @@ ENGINE = "sglang"
 COMPONENTS = ("torch", "flash-attn", "sglang-kernel", "sgl-kernel", "flashinfer-python", "flashinfer-cubin",
               "sglang", "cuda-toolkit")
 STACK = set(COMPONENTS) - {"cuda-toolkit"}
+#: per engine (the first package its runtime recipe pins): the rows of its radar, in order. vLLM's chain is its
+#: own torch, FlashInfer as vLLM pins it, b12x (the `vllm[b12x]` extra) and vllm itself.
+ENGINE_COMPONENTS = {"sglang": COMPONENTS,
+                     "vllm": ("torch", "flashinfer-python", "b12x", "vllm", "cuda-toolkit")}
+#: extras of the engine the image installs, whose Requires-Dist count as the engine's pins (vllm[b12x]: b12x==1.5.1)
+ENGINE_EXTRAS = {"vllm": ("b12x",)}
 KERNELS = {"sglang-kernel", "sgl-kernel"}   # compiled wheels whose CUDA build is read from their libcudart soname
 # glibc of the base OS images (Debian 12 bookworm ships glibc 2.36; Ubuntu 24.04 ships 2.39, 22.04 2.35)
 _GLIBC = {"bookworm": (2, 36), "trixie": (2, 41), "ubuntu24.04": (2, 39), "ubuntu22.04": (2, 35)}
@@ -61,20 +67,31 @@ def _base_env(tc: Toolchain) -> tuple[str, tuple[int, int], str]:
     return b.python, glibc, f"{tc.default_base} base: Python {b.python}, glibc {glibc[0]}.{glibc[1]} ({key or 'assumed'})"
 
 
-def recipe_pins(recipes: RecipeSet, tc: Toolchain) -> dict[str, Pin]:
-    """Every pinned package of toolchain ``tc`` (canonical name -> Pin), cuda-toolkit from the toolchain."""
+def engine_runtimes(recipes: RecipeSet, tc: Toolchain) -> dict[str, str]:
+    """{runtime node: engine} of toolchain ``tc``, in file order: the runtime nodes the toolchain takes, each with
+    the first package its recipe pins (sglang, vllm). Empty when the recipes have no runtime."""
+    from cudastack.recipe_graph import stacks
+
+    out = {}
+    for label, _ in stacks(recipes.components, tc.name):
+        if label:
+            pkgs = recipes.components[label].toolchains[tc.name].packages
+            out[label] = canonicalize_name(Requirement(pkgs[0]).name) if pkgs else ""
+    return out
+
+
+def recipe_pins(recipes: RecipeSet, tc: Toolchain, runtime: str | None = None) -> dict[str, Pin]:
+    """Every package the image chain of runtime node ``runtime`` pins for toolchain ``tc`` (canonical name -> Pin;
+    default: SGLang's chain, the first runtime), cuda-toolkit from the toolchain. One chain only: vLLM's torch
+    2.14.0 never stands in SGLang's row, nor SGLang's 2.14.1 in vLLM's."""
+    from cudastack.recipe_graph import chain_pins
+
     out: dict[str, Pin] = {}
-    for c in recipes.components.values():
-        e = c.toolchains.get(tc.name)
-        if e is None:
-            continue
+    for name, (version, c) in chain_pins(recipes.components, tc.name, runtime).items():
+        e = c.toolchains[tc.name]
         where = f"recipes/{c.file.name} toolchains.{tc.name}"
-        for spec in e.packages:
-            r = Requirement(spec)
-            out[canonicalize_name(r.name)] = Pin(canonicalize_name(r.name), next(iter(r.specifier)).version, where)
-        if e.sdist:
-            n = canonicalize_name(e.sdist["package"])
-            out[n] = Pin(n, str(e.sdist["version"]), where, "source")
+        sd = e.sdist and canonicalize_name(e.sdist["package"]) == name
+        out[name] = Pin(name, str(version), where, "source" if sd else "wheel")
     out["cuda-toolkit"] = Pin("cuda-toolkit", tc.cuda_version,
                               f"recipes/toolchains.yaml toolchains.{tc.name}.cuda_version", "toolchain")
     return out
@@ -84,12 +101,19 @@ def recipe_pins(recipes: RecipeSet, tc: Toolchain) -> dict[str, Pin]:
 class Checker:
     """Reads the index for one toolchain: files a Python can install, torch's CUDA build, Requires-Dist."""
 
-    def __init__(self, index: Index, recipes: RecipeSet, tc: Toolchain):
+    def __init__(self, index: Index, recipes: RecipeSet, tc: Toolchain, runtime: str | None = None):
+        """``runtime``: the runtime node whose image chain and engine this view answers for (default: the first,
+        SGLang's); its engine is the first package the runtime recipe pins."""
         self.index, self.recipes, self.tc = index, recipes, tc
         self.python, self.glibc, self.base_note = _base_env(tc)
         self.tags = set(supported_tags(self.python, self.glibc))
         self.env = marker_env(self.python)
-        self.pins = recipe_pins(recipes, tc)
+        runtimes = engine_runtimes(recipes, tc)
+        self.runtime = runtime or next(iter(runtimes), None)
+        self.engine = runtimes.get(self.runtime, ENGINE) if self.runtime else ENGINE
+        self.components = ENGINE_COMPONENTS.get(self.engine, COMPONENTS)
+        self.stack = set(self.components) - {"cuda-toolkit"}
+        self.pins = recipe_pins(recipes, tc, self.runtime)
         self.cuda = version_tuple(tc.cuda_version)[:2]
 
     def file_for(self, name: str, v: Version, method: str = "wheel") -> IndexFile | None:
@@ -103,7 +127,11 @@ class Checker:
         f = self.file_for(name, v, method) or pick_file(self.index.project(name).files.get(v, []), self.python, self.glibc)
         if f is None:
             return {}, ""
-        return {canonicalize_name(r.name): r for r in self.index.requires(f, self.env)}, f.filename
+        reqs = list(self.index.requires(f, self.env))
+        if canonicalize_name(name) == self.engine:     # the extras the image installs (vllm[b12x]) pin too
+            for extra in ENGINE_EXTRAS.get(self.engine, ()):
+                reqs += [r for r in self.index.requires(f, dict(self.env, extra=extra)) if r.marker is not None]
+        return {canonicalize_name(r.name): r for r in reqs}, f.filename
 
     def torch_cuda(self, v: Version) -> tuple[tuple[int, int] | None, str]:
         """(major, minor) of the CUDA that torch ``v``'s installable wheel is built for, and the evidence."""
@@ -144,13 +172,13 @@ class Checker:
             if major is not None and major != self.cuda[0]:
                 out.append(f"cuda-variant: {name} {v} is a CUDA {major} build ({ev}); toolchain {self.tc.name} is "
                            f"CUDA {self.tc.cuda_version}")
-        if name in engine_reqs and name != ENGINE and not engine_reqs[name].specifier.contains(v, prereleases=True):
+        if name in engine_reqs and name != self.engine and not engine_reqs[name].specifier.contains(v, prereleases=True):
             out.append(f"pin: {engine_label} Requires-Dist `{engine_reqs[name]}`")
         own, fn = self.requires(name, v, method)
         for dep, r in own.items():
-            if dep not in STACK or dep == name:
+            if dep not in self.stack or dep == name:
                 continue
-            if name == ENGINE:
+            if name == self.engine:
                 ok, why = self.satisfiable(dep, r)
                 if not ok:
                     out.append(f"pin: {name} {v} Requires-Dist `{r}`, {why}")

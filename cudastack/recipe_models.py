@@ -283,9 +283,17 @@ class EntrySpec(Section):
     for the component's suffixed arch knob (12.0f on CUDA 13.x, 12.0a on 12.8) under the memory rule, then packs
     the modules into a ``flashinfer-jit-cache`` wheel of the same version, which the installed FlashInfer loads
     instead of JIT-compiling. Its ``patches`` edit files of the installed ``flashinfer`` package before the
-    modules are generated: they change the compiled modules only."""
+    modules are generated: they change the compiled modules only.
 
-    method: Optional[Literal["wheel", "source", "aot"]] = Field(None, description="base components leave it out")
+    Method ``unavailable`` (with ``why``): this toolchain cannot take the component, e.g. vLLM 0.33.0 pins a
+    CUDA 13.0 torch, which no CUDA 12 toolchain holds. The plan leaves the node (and every node that needs it)
+    out and prints ``why``; nothing else may be set."""
+
+    method: Optional[Literal["wheel", "source", "aot", "unavailable"]] = Field(
+        None, description="base components leave it out; unavailable: this toolchain cannot take the component "
+                          "(say why; the plan leaves the node out and prints the reason)")
+    why: str = Field("", description="method unavailable: why this toolchain cannot take the component (one line "
+                                     "naming the pin that stops it)")
     packages: list[Pin] = []
     index: str = Field("", description='index URL ("" = PyPI)')
     sdist: Optional[Sdist] = None

@@ -46,6 +46,7 @@ DEFAULT_RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 
 NODE_KINDS = ("base", "image", "wheels", "runtime")
 METHODS = ("wheel", "source", "aot")
+UNAVAILABLE = "unavailable"   # a toolchain that cannot take the component (Entry.why says why)
 COMPILING_METHODS = ("source", "aot")   # compile on the builder: memory rule, a base with nvcc, built last
 ARCH_STYLES = ("torch-list", "numbers", "suffixed", "cmake-fixed")
 BASE_KINDS = ("pip", "nvidia")
@@ -112,7 +113,7 @@ class Parallelism:
 class Entry:
     """A component's recipe for one toolchain."""
 
-    method: str                    # "wheel" | "source" | "aot" | "" (base)
+    method: str                    # "wheel" | "source" | "aot" | "unavailable" | "" (base)
     packages: tuple[str, ...] = ()
     index: str = ""
     sdist: dict | None = None
@@ -135,6 +136,7 @@ class Entry:
     units_from: str = "lists"      # how the dry run counts units: the build's source lists, or the whole tree
     units_reference: dict | None = None   # {"cu", "cpp", "how"}: counted elsewhere, until the source is here
     alternative: "Entry | None" = None   # a wheel entry's `source:` build (--method NAME=source)
+    why: str = ""                  # method unavailable: why this toolchain cannot take the component
 
     @property
     def source_kind(self) -> str:
@@ -289,6 +291,17 @@ def _entry(s: EntrySpec, raw: dict, file: Path, key: str, kind: str) -> Entry:
         raise _fail(file, f"{key}.method", "a base node takes its method from toolchains.yaml and --base.")
     if kind != "base" and not method:
         raise _fail(file, f"{key}.method", f"required key is missing ({' or '.join(METHODS)}).")
+    if method == UNAVAILABLE:
+        if not s.why.strip():
+            raise _fail(file, f"{key}.why", "method unavailable needs a one-line why (the pin or rule that keeps this "
+                                             "toolchain from taking the component), which the plan prints.")
+        extra = sorted(k for k in s.model_fields_set if k not in ("method", "why"))
+        if extra:
+            raise _fail(file, f"{key}.{extra[0]}", "an unavailable entry takes only `why`: nothing is built for this "
+                                                   "toolchain.")
+        return Entry(method, raw=raw, spec=s, why=s.why.strip())
+    if s.why:
+        raise _fail(file, f"{key}.why", "only method unavailable takes a why.")
     if kind == "runtime" and method != "wheel":
         raise _fail(file, f"{key}.method", "a runtime node installs pinned wheels: method must be 'wheel'.")
     e = Entry(method, packages=tuple(s.packages), index=s.index, requires=dict(s.requires), knobs=dict(s.knobs),

@@ -19,8 +19,10 @@ new toolkit is a data change. The spelling of arch specs is :mod:`stackprobe.arc
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from cudastack.errors import ArchError, UsageError
 from cudastack.model import Knob
@@ -246,3 +248,41 @@ def nvcc_gencode_flags(arch_list: str) -> list[str]:
         n = f"{m.group(1)}{m.group(2)}{m.group(3)}"
         out.append(f"-gencode=arch=compute_{n},code=sm_{n}")
     return out
+
+
+def _cgroup_value(*paths: str) -> str | None:
+    for p in paths:
+        try:
+            return Path(p).read_text().strip()
+        except OSError:
+            continue
+    return None
+
+
+def host_resources() -> Resources:
+    """This host's usable cores (affinity and cgroup CPU quota) and memory (the smaller of MemTotal and the
+    cgroup limit), from /proc and /sys/fs/cgroup. Units: cores, GiB. MemAvailable is not an input: it moves
+    with the load (a running compile), and a dry run must print the MAX_JOBS the build will use."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    quota = _cgroup_value("/sys/fs/cgroup/cpu.max")
+    if quota and not quota.startswith("max"):
+        q, period = quota.split()[:2]
+        cores = max(1, min(cores, int(int(q) // int(period))))
+    mem = {}
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            k, v = line.split(":", 1)
+            mem[k] = int(v.split()[0]) * 1024
+    except OSError:
+        pass
+    total = mem.get("MemTotal", 0)
+    limit = _cgroup_value("/sys/fs/cgroup/memory.max")
+    candidates = [total] if total else []
+    if limit and limit.isdigit():
+        candidates.append(int(limit))
+    gib = min(candidates) / 2**30 if candidates else 1.0
+    cg = f", cgroup limit {int(limit) / 2**30:.1f} GiB" if limit and limit.isdigit() else ""
+    return Resources(cores, round(gib, 1), f"host: {cores} cores, MemTotal {total / 2**30:.1f} GiB{cg}")

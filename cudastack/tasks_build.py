@@ -18,6 +18,8 @@ _HELP = {
                "and build nothing.",
     "skip": "Leave a component out (repeatable): --skip flash-attn --skip sgl-kernel. The runtime image is "
             "built without its wheels.",
+    "only": "Build only this node and what it needs (repeatable): --only vllm builds the vLLM runtime image on its "
+            "own torch and the base, and nothing of SGLang's stack. The same as --skip of every other component.",
     "max_jobs": "Override MAX_JOBS (compile jobs) of source builds; default from the memory rule.",
     "nvcc_threads": "Override NVCC_THREADS (threads per nvcc job) of source builds; default from the memory rule.",
     "ca_bundle": "CA bundle (PEM) given to builds as the BuildKit secret 'cabundle' for an intercepting HTTPS "
@@ -79,6 +81,20 @@ def _pairs(flag: str, values) -> dict[str, str]:
                              + ("torch=source." if flag == "method" else "sgl-kernel=/path/to/sgl-kernel."))
         out[name] = val
     return out
+
+
+def only_to_skip(only, skip, recipes) -> list | None:
+    """``--skip`` values for ``--only`` (every component that no named node needs); with no ``--only`` the
+    given ``skip``. UsageError for an unknown name, or for --only with --skip (say one or the other)."""
+    if not only:
+        return skip
+    from cudastack.plan_graph import only_skips
+    from cudastack.recipes import load_recipes
+
+    if skip:
+        raise UsageError("--only and --skip together: give --only NODE (it leaves out everything NODE does not need) "
+                         "or --skip NAME, not both.")
+    return only_skips(load_recipes(recipes), only)
 
 
 def _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=None, prefix=None, method=None,
@@ -164,11 +180,11 @@ def _open_cache(prefix: str, read_only: bool, optional: bool, client):
                           say=lambda m: print(m, file=sys.stderr, flush=True))
 
 
-@task(help=_HELP, iterable=["skip", "method", "source"], auto_shortflags=False)
+@task(help=_HELP, iterable=["skip", "method", "source", "only"], auto_shortflags=False)
 def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jobs=None, nvcc_threads=None,
           ca_bundle=None, recipes=None, state_dir=".stack", locked=False, prefix=None,
           lockfiles=None, method=None, source=None, builder=None, builder_nodes="source", cache=None,
-          cache_read_only=False, cache_optional=False):
+          cache_read_only=False, cache_optional=False, only=None):
     """Build a toolchain's images (base -> torch -> wheels -> runtime) with BuildKit; cached nodes are skipped."""
     from cudastack.build import dry_run as render_dry_run, run_build
     from cudastack.node_cache import cache_prefix
@@ -176,6 +192,7 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
 
     arch_source = None     # the arch list's source in the dry run: cli, default, or the lock it came from
     try:
+        skip = only_to_skip(only, skip, recipes)
         prefix_cache = cache_prefix(cache)   # --cache, else $CUDASTACK_NODE_CACHE; a login in it is refused
         if (cache_read_only or cache_optional) and not prefix_cache:
             raise UsageError("--cache-read-only and --cache-optional need a node cache: add --cache REGISTRY/PREFIX "
@@ -274,14 +291,15 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
 
 
 @task(help={k: _HELP[k] for k in ("cuda", "arch", "base", "skip", "max_jobs", "nvcc_threads", "recipes",
-                                  "state_dir", "method", "source")}, iterable=["skip", "method", "source"],
+                                  "state_dir", "method", "source", "only")}, iterable=["skip", "method", "source", "only"],
       auto_shortflags=False)
 def plan(c, cuda="13.1", arch=None, base=None, skip=None, max_jobs=None, nvcc_threads=None, recipes=None,
-         state_dir=".stack", method=None, source=None):
+         state_dir=".stack", method=None, source=None, only=None):
     """Print the build plan (same as build --dry-run)."""
     from cudastack.build import dry_run as render_dry_run
 
     try:
+        skip = only_to_skip(only, skip, recipes)
         _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, method=method, source=source)   # input errors first
         print(render_dry_run(_plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes,
                                    resources=_builder_resources(), method=method, source=source), state_dir=state_dir))

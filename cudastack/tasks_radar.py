@@ -61,13 +61,14 @@ def outdated(c, cuda=None, index=None, refresh=False, recipes=None, target_arch=
         rs = load_recipes(recipes)
         ix = _index(index, refresh)
         results = []
-        for name in R.toolchain_names(rs, cuda):
+        for name, rt in ((n, rt) for n in R.toolchain_names(rs, cuda) for rt in R.runtimes(rs, n)):
             r = R.radar(name, index=ix, recipes=rs, target_arch=str(target_arch), world_size=ws, topology=topology,
-                        verdicts=not no_verdicts, say=lambda m: print(m, file=sys.stderr, flush=True))
+                        verdicts=not no_verdicts, say=lambda m: print(m, file=sys.stderr, flush=True),
+                        runtime=rt or None)
             results.append(r)
             print(R.render_text(r))
             if out:
-                path = Path(out) / R.out_name(r.toolchain)
+                path = Path(out) / R.out_name(r.toolchain, r.runtime)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write(path, R.render_markdown(r).encode())
                 print(f"wrote {path}", file=sys.stderr)

@@ -143,15 +143,18 @@ class FakeIndex:
 # (cudastack.radar.to_json) and asserts relations (the newest is at least a release known to exist; the
 # engine's pin holds a component at its pin; the first release that lifts a gate), never which release is
 # newest today.
-def radar_row(data: list[dict], tc: str, component: str) -> dict:
-    t = next(t for t in data if t["toolchain"] == tc)
+def radar_row(data: list[dict], tc: str, component: str, runtime: str | None = None) -> dict:
+    """The row of ``component`` in ``tc``'s radar for runtime node ``runtime`` (default: the first, SGLang's)."""
+    t = next(t for t in data if t["toolchain"] == tc and runtime in (None, t.get("runtime")))
     return next(r for r in t["rows"] if r["component"] == component)
 
 
-def check_held_by_engine(data: list[dict], tc: str, component: str, pin: str, known_newer: str) -> dict:
+def check_held_by_engine(data: list[dict], tc: str, component: str, pin: str, known_newer: str,
+                         runtime: str | None = None) -> dict:
     """``component`` of ``tc`` is pinned at ``pin``, the engine's ``Requires-Dist `<component>==<pin>``` holds
-    it there, and the index's newest is at least ``known_newer`` (a release known to exist past the pin)."""
-    r = radar_row(data, tc, component)
+    it there, and the index's newest is at least ``known_newer`` (a release known to exist past the pin).
+    ``runtime``: whose image chain (default SGLang's; "vllm")."""
+    r = radar_row(data, tc, component, runtime)
     assert r["pinned"] == pin, r
     assert Version(r["newest"]) >= Version(known_newer) > Version(pin), r
     assert r["newest_allowed"] == pin, r

@@ -37,7 +37,7 @@ def hashes(p):
 # ------------------------------------------------------------------------------------- DAG shape
 def test_13_1_plan_is_the_full_dag_with_the_compiling_nodes_last_before_runtime():
     p = plan()
-    names = [n.name for n in p.nodes]
+    names = [n.name for n in p.nodes if n.name not in ("vllm-torch", "vllm")]   # SGLang's chain (vLLM's: below)
     assert names[0] == "base" and names[1] == "torch" and names[-1] == "runtime"
     assert set(names[2:5]) == {"flashinfer", "sgl-kernel", "flash-attn"}
     assert names[3:5] == ["flash-attn", "flashinfer"]    # the source and aot builds go last (file order)
@@ -245,7 +245,7 @@ def test_changing_a_dockerfile_changes_its_nodes_and_their_descendants(tmp_path)
 
 def test_changing_the_target_arch_changes_only_arch_dependent_nodes():
     a, b = hashes(plan(archs="12.0")), hashes(plan(archs="12.0;9.0"))
-    assert {n for n in a if a[n] != b[n]} == {"flash-attn", "flashinfer", "runtime"}   # aot: FLASHINFER_CUDA_ARCH_LIST
+    assert {n for n in a if a[n] != b[n]} == {"flash-attn", "flashinfer", "runtime", "vllm"}   # aot: FLASHINFER_CUDA_ARCH_LIST; vllm: its runtime env
 
 
 def test_local_source_content_is_hashed(tmp_path):
@@ -274,7 +274,9 @@ def test_skip_errors():
         plan(skip=["base"])
     with pytest.raises(UsageError, match="Cannot skip 'torch'"):
         plan(skip=["torch"])
-    assert [n.name for n in plan(skip=["sglang"]).nodes][-1] == "flashinfer"   # by file stem
+    assert [n.name for n in plan(skip=["sglang", "vllm"]).nodes][-1] == "flashinfer"   # by file stem
+    with pytest.raises(UsageError, match="Cannot skip 'vllm-torch': 'vllm' needs it"):
+        plan(skip=["vllm-torch"])
 
 
 # --------------------------------------------------------------------------------------- rendering
@@ -289,7 +291,7 @@ def test_dry_run_text_lists_every_node_hash_state_and_knob_source():
     assert "FLASH_ATTENTION_FORCE_BUILD=TRUE  [recipe]" in text
     assert "FLASHINFER_CUDA_ARCH_LIST=12.0f  [toolchain]" in text
     assert "CUDA_VERSION=13.1.1  [toolchain]" in text
-    assert "2 of 6 nodes cached" in text
+    assert "2 of 8 nodes cached" in text     # SGLang's six nodes and vLLM's two (vllm-torch, vllm)
     assert "FLASH_ATTN_CUDA_ARCHS=120  [cli]" in render_plan(plan(archs="12.0"))
 
 

@@ -17,7 +17,7 @@ from cudastack import scan as S
 from cudastack.errors import RegistryError, UsageError
 from cudastack.pkgindex import Index
 from cudastack.recipes import load_recipes
-from radar_support import (FakeIndex, check_engine_refuses, check_gate_lift, check_held_by_engine, comm_py,
+from radar_support import (FakeIndex, check_engine_refuses, check_gate_lift, check_held_by_engine, comm_py, radar_row,
                            make_sdist, make_wheel)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,6 +107,12 @@ def test_outdated_names_the_pins_that_hold_each_toolchain(tmp_path):
     # 12.8: FlashInfer held at 0.6.3 by sglang 0.5.9; moving it would open the fusion gate from 0.6.17
     fi = check_held_by_engine(data, "12.8", "flashinfer-python", "0.6.3", known_newer="0.7.4")
     check_gate_lift(fi, "fusion", "[9, 10]", first="0.6.17")
+    # 13.1, vLLM's own chain: vllm 0.33.0 holds its torch at 2.14.0 and FlashInfer at 0.7.2.post1 (cu13.1-vllm.md)
+    check_held_by_engine(data, "13.1", "torch", "2.14.0", known_newer="2.14.1", runtime="vllm")
+    check_held_by_engine(data, "13.1", "flashinfer-python", "0.7.2.post1", known_newer="0.7.4", runtime="vllm")
+    assert [r["component"] for r in next(t for t in data if t.get("runtime") == "vllm")["rows"]][2:4] == ["b12x", "vllm"]
+    assert (tmp_path / "cu13.1-vllm.md").is_file() and not any(t.get("runtime") == "vllm" for t in data
+                                                               if t["toolchain"] != "13.1")
 
 
 @pytest.mark.network
@@ -325,3 +331,64 @@ def test_radar_relations_hold_when_the_newest_release_moves_forward(tmp_path, fo
     check_gate_lift(fi, "fusion", "[9, 10]", first="0.7.3")
     # the exact strings the live test used to assert are what a moved index breaks
     assert ("fusion blocks ([9, 10]) -> admits ([9, 10, 12]) (first in 0.7.3)" in fi["move"]) is not forward
+
+
+# ------------------------------------------------------------------------------------ vLLM's image chain
+def _vllm_index(w: Path) -> None:
+    """A local index with what vLLM's radar reads on 13.1: torch 2.14.0/2.14.1 (CUDA 13.0) and 2.15.0 (13.2),
+    FlashInfer 0.7.2.post1 and 0.7.4, b12x 1.5.1 and a newer 1.6.0, vllm 0.33.0 (its real exact pins: torch==2.14.0,
+    flashinfer-python==0.7.2.post1, b12x==1.5.1 under the `b12x` extra) and a vllm 0.34.0 on torch 2.15.0."""
+    w.mkdir(exist_ok=True)
+    for v, cu in (("2.14.0", "13.0.3"), ("2.14.1", "13.0.3"), ("2.15.0", "13.2.2")):
+        make_wheel(w, "torch", v, [f"cuda-toolkit[cudart]=={cu}"], tag="cp311-cp311-manylinux_2_28_x86_64")
+    _fake_flashinfer(w, {"0.7.2": [9, 10, 12], "0.7.2.post1": [9, 10, 12], "0.7.4": [9, 10, 12]})
+    for v in ("1.5.1", "1.6.0"):
+        make_wheel(w, "b12x", v, ["torch"])
+    for v, (t, fi, b) in {"0.33.0": ("2.14.0", "0.7.2.post1", "1.5.1"), "0.34.0": ("2.15.0", "0.7.4", "1.6.0")}.items():
+        make_wheel(w, "vllm", v, [f"torch=={t}", "torchvision==0.29.0", f"flashinfer-python=={fi}",
+                                  f'b12x=={b}; extra == "b12x"'], tag="cp38-abi3-manylinux_2_28_x86_64")
+    make_wheel(w, "sglang", "0.5.23", ["torch==2.14.1", "sglang-kernel==0.4.10", "flashinfer-python==0.7.2"])
+    make_wheel(w, "sglang-kernel", "0.4.10", ["torch==2.14.1"], tag="cp310-abi3-manylinux2014_x86_64",
+               files={"sgl_kernel/common_ops.so": _kernel_so(13)})
+    make_sdist(w, "flash-attn", "2.8.3.post2", ["torch"])
+    for v in ("13.1.1", "13.2.2"):
+        make_wheel(w, "cuda-toolkit", v, tag="py3-none-manylinux_2_28_x86_64")
+
+
+def test_the_radar_covers_vllm_and_b12x_in_vllms_own_chain(tmp_path):
+    """vLLM's radar reads vLLM's chain (its torch 2.14.0, not SGLang's 2.14.1): torch and FlashInfer are held by
+    vllm 0.33.0's exact pins, b12x by the pin of its `b12x` extra (an extra the image installs), and the newer
+    vllm 0.34.0 by its torch 2.15.0, a CUDA 13.2 build. SGLang's radar of the same toolchain keeps its own pins.
+    Planted fault: read without the extra, the b12x pin is lost and 1.6.0 would look allowed."""
+    from cudastack import radar_checks as RC
+
+    _vllm_index(tmp_path / "w")
+    recipes = load_recipes()
+    assert R.runtimes(recipes, "13.1") == ["runtime", "vllm"] and R.runtimes(recipes, "12.8") == ["runtime"]
+    with FakeIndex(tmp_path / "w") as fx:
+        ix = Index(fx.url, cache=tmp_path / "c")
+        data = [R.to_json(R.radar("13.1", index=ix, recipes=recipes, runtime=rt, verdicts=False))
+                for rt in ("runtime", "vllm")]
+        sgl, vl = data
+        assert vl["runtime"] == "vllm" and vl["engine"].startswith("vllm 0.33.0")
+        assert [r["component"] for r in vl["rows"]] == ["torch", "flashinfer-python", "b12x", "vllm", "cuda-toolkit"]
+        check_held_by_engine(data, "13.1", "torch", "2.14.0", known_newer="2.14.1", runtime="vllm")
+        check_held_by_engine(data, "13.1", "flashinfer-python", "0.7.2.post1", known_newer="0.7.4", runtime="vllm")
+        check_held_by_engine(data, "13.1", "b12x", "1.5.1", known_newer="1.6.0", runtime="vllm")
+        row = radar_row(data, "13.1", "vllm", "vllm")
+        assert row["pinned"] == "0.33.0" and row["newest"] == "0.34.0" and row["newest_allowed"] == "0.33.0"
+        assert any("vllm 0.34.0 Requires-Dist `torch==2.15.0`" in h and "CUDA 13.2" in h for h in row["held_back_by"])
+        assert "not scanned" in row["move"] and "invoke validate --engine vllm" in row["move"]
+        assert radar_row(data, "13.1", "torch", "runtime")["pinned"] == "2.14.1"     # SGLang's chain unchanged
+        # the lock is read per chain too: vLLM's torch row names vLLM's locked torch, not SGLang's
+        assert radar_row(data, "13.1", "torch", "vllm")["locked"] == "2.14.0"
+        assert radar_row(data, "13.1", "torch", "runtime")["locked"] == "2.14.1"
+        assert R.lock_versions("13.1")["torch"] == "2.14.1"       # planted fault: the flat read takes SGLang's
+        assert vl["conflicts"] == [] and "vllm's image chain" in R.render_markdown(R.radar(
+            "13.1", index=ix, recipes=recipes, runtime="vllm", verdicts=False))
+        assert R.out_name("13.1", "vllm") == "cu13.1-vllm.md" and R.out_name("13.1", "runtime") == "cu13.1.md"
+        ck = RC.Checker(ix, recipes, recipes.toolchain("13.1"), "vllm")
+        reqs, _ = R.engine_requirements(ck)
+        assert str(reqs["b12x"].specifier) == "==1.5.1"
+        ck.engine = "not-vllm"                                   # the planted fault: no extra read
+        assert "b12x" not in ck.requires("vllm", Version("0.33.0"))[0]

@@ -28,16 +28,11 @@ def test_real_recipes_load_with_both_toolchains_and_every_component():
     assert r.toolchains["12.8"].default_base == "nvidia"
 
 
-def _pins(r, tc):
-    out = {}
-    for c in r.components.values():
-        e = c.toolchains[tc]
-        for spec in e.packages:
-            name, ver = spec.split("==")
-            out[name.split("[")[0]] = ver
-        if e.sdist:
-            out[e.sdist["package"]] = e.sdist["version"]
-    return out
+def _pins(r, tc, runtime="runtime"):
+    """{name: version} the image chain of runtime node ``runtime`` pins (SGLang's by default; vLLM's is "vllm")."""
+    from cudastack.recipe_graph import chain_pins
+
+    return {n: v for n, (v, _) in chain_pins(r.components, tc, runtime).items()}
 
 
 def _exact_pins(requires_dist: list[str], names: set[str]) -> dict[str, str]:

@@ -96,6 +96,10 @@ def test_flashinfer_allreduce_and_fusion_pass_table_has_no_120(real):
     for v in (fi, fusion):
         assert "no 120" in v["cause"] and "vllm/compilation/passes/fusion/allreduce_rms_fusion.py:104" in v["cause"]
     assert "vllm/config/vllm.py:179" in fusion["cause"] and "fuse_allreduce_rms" in fusion["cause"]
+    # the standalone path is cited at the default-table read that decides it (not FlashInferAllReduce.__init__ at
+    # :394), and the pass-config override is said not to reach it (from the review against the wheel)
+    assert "flashinfer_all_reduce.py:420, reading only the default table" in fi["cause"]
+    assert "flashinfer_all_reduce.py:394" not in fi["cause"]
 
 
 def test_quick_allreduce_rocm_only_all2all_b12x(real):

@@ -86,7 +86,7 @@ def resolve_lock(plan, *, target: Optional[dict] = None, python: str = sys.execu
     find_links = [str(f) for f in find_links]
     nodes: dict[str, dict] = {}
     warnings: list[str] = []
-    seen: dict[str, tuple[str, str]] = {}
+    seen: dict[tuple[str, str], tuple[str, str, str]] = {}
     for node in plan.nodes:
         entry: dict = {"kind": node.kind}
         if node.method:
@@ -128,12 +128,15 @@ def resolve_lock(plan, *, target: Optional[dict] = None, python: str = sys.execu
             installs[arg] = {"requested": _requested_specs(inst["specs"]), "no_deps": inst["no_deps"],
                              "packages": pkgs}
             where_key = arg if arg in SEPARATE_PREFIX_INSTALLS else "env"
+            chain = _plan_ancestors(plan, node)
             for p in pkgs:
                 prev = seen.get((where_key, p["name"]))
+                if prev and prev[2] not in chain:   # another image chain (vLLM's torch beside SGLang's)
+                    prev = None
                 if prev and prev[0] != p["version"]:
                     warnings.append(f"{p['name']}: {prev[1]} installs {prev[0]}, {node.name} ({arg}) installs "
                                     f"{p['version']} on top")
-                seen[(where_key, p["name"])] = (p["version"], f"{node.name} ({arg})")
+                seen[(where_key, p["name"])] = (p["version"], f"{node.name} ({arg})", node.name)
             progress(f"{node.name}: {arg}: {len(pkgs)} packages pinned")
         if installs:
             entry["installs"] = installs
@@ -181,6 +184,21 @@ def _os_image_record(tag: str, client) -> dict:
         raise LockError(f"The OS image {tag} is not on this host, so its id cannot be pinned. Bootstrap it first "
                         "(invoke bootstrap-base) and lock again.") from None
     return {k: v for k, v in rec.items() if v != "" or k in ("tag", "image_id")}
+
+
+def _plan_ancestors(plan, node) -> set[str]:
+    """``node``'s name and every plan node it needs, directly or not (all parents, wheels nodes included): the
+    nodes whose installs can meet this one's in one environment. Two runtimes' chains (SGLang's torch 2.14.1,
+    vLLM's 2.14.0) never do."""
+    by_name = {n.name: n for n in plan.nodes}
+    out, todo = set(), [node.name]
+    while todo:
+        n = todo.pop()
+        if n in out or n not in by_name:
+            continue
+        out.add(n)
+        todo.extend(by_name[n].parents)
+    return out
 
 
 def _chain_pins(plan, node, resolved: dict[str, dict]) -> dict[str, str]:

@@ -451,9 +451,13 @@ def _flashinfer_allreduce(ctx, eng: Engine) -> Verdict:
     ans = _ans("flashinfer-allreduce", eng, ctx)
     ans.add(env_gate(eng, ctx, "VLLM_ALLREDUCE_USE_FLASHINFER", "the standalone FlashInfer allreduce"))
     init = eng.method(rel, "FlashInferAllReduce", "__init__")
-    _find(init, lambda n: isinstance(n, ast.Call) and "default_fi_allreduce_fusion_max_size_mb" in ast.unparse(n.func),
-          "FlashInferAllReduce.__init__ no longer sizes itself with default_fi_allreduce_fusion_max_size_mb", eng, rel)
-    ans.add(_fi_table_gate(ctx, eng, f"FlashInferAllReduce (vllm/{rel}:{init.lineno})"))
+    sized = _find(init, lambda n: isinstance(n, ast.Call) and "default_fi_allreduce_fusion_max_size_mb" in ast.unparse(n.func),
+                  "FlashInferAllReduce.__init__ no longer sizes itself with default_fi_allreduce_fusion_max_size_mb",
+                  eng, rel)
+    # the line that reads the default table (its own warning then names the world size, not the capability); the
+    # pass_config override fi_allreduce_fusion_max_size_mb does not reach this standalone path
+    ans.add(_fi_table_gate(ctx, eng, f"FlashInferAllReduce (vllm/{rel}:{sized.lineno}, reading only the default "
+                                     "table: PassConfig.fi_allreduce_fusion_max_size_mb does not reach it)"))
     return ans.verdict(f"vLLM {eng.version} builds FlashInferAllReduce (FlashInfer's allreduce_fusion kernel, "
                        "pattern kAllReduce) on the TP group")
 

@@ -266,4 +266,4 @@ def summary(built: list, pulled: list, pulled_bytes: int) -> str:
                                    if missing and known else f" for {', '.join(missing)}" if missing else "")
     parts = ([part("building", built)] if built else []) + (
         [part("pulling", pulled) + f", up to {_size(pulled_bytes)} compressed"] if pulled else [])
-    return "Expected time: " + ("; ".join(parts) if parts else "nothing to build or pull") + "."
+    return "Expected time: " + ("; ".join(parts) if parts else "none: no node is built or pulled") + "."

@@ -106,7 +106,7 @@ def test_quick_allreduce_rocm_only_all2all_b12x(real):
     q = _v(real, "quick-allreduce")
     assert q["status"] == "not-integrated" and "only on ROCm" in q["cause"] and "cuda_communicator.py:185" in q["cause"]
     a = _v(real, "ep-flashinfer-a2a")
-    assert (a["status"], a["gate"]) == ("opt-in", "setting") and "the PCIe outcome is not read here" in a["cause"]
+    assert (a["status"], a["gate"]) == ("opt-in", "setting") and "is not read here (runtime)" in a["cause"]
     b = _v(real, "b12x")
     assert b["status"] == "not-integrated" and "b12x_fp6 = b12x.integration.vllm.plugin:register_b12x_fp6" in b["cause"]
 
@@ -237,7 +237,7 @@ def test_all2all_is_opt_in_needing_ep_dp_and_backend(wheels, monkeypatch):
     got, _ = _read(wheels, monkeypatch)
     a = got["ep-flashinfer-a2a"]
     assert (a.status, a.gate, a.lift) == ("opt-in", "setting", "setting"), a.cause
-    assert "the PCIe outcome is not read here (runtime)" in a.cause
+    assert "the PCIe outcome of flashinfer_all2allv, flashinfer_nvlink_two_sided is not read here (runtime)" in a.cause
     assert "vllm/config/parallel.py:790" in a.cause and "parallel_state.py:2339" in a.cause
     assert "fused_moe/config.py:1037" in a.cause
     for flag in ("--enable-expert-parallel", "--data-parallel-size 2", "--all2all-backend flashinfer_nvlink_two_sided"):
@@ -300,3 +300,26 @@ def test_pcie_ipc_setup_catches_nothing(wheels, monkeypatch, tmp_path):
     caught, _ = _read(wheels, monkeypatch, root=root)
     assert caught["flashinfer-pcie-ipc-allreduce"].status == "error"
     assert "kernel_warmup.py" in caught["flashinfer-pcie-ipc-allreduce"].cause
+
+
+def test_one_sided_all2all_is_a_start_up_failure_on_pcie_not_an_alternative(wheels, monkeypatch, tmp_path):
+    """From the fresh review: vLLM's flashinfer_nvlink_one_sided goes through flashinfer.moe_ep, whose
+    mnnvl_mapping_and_config raises RuntimeError on every rank without NVLink (nvlink_common.py:86 in 0.7.2)."""
+    got, _ = _read(wheels, monkeypatch)
+    a = got["ep-flashinfer-a2a"]
+    assert "flashinfer_nvlink_one_sided is a start-up failure without NVLink" in a.cause
+    assert "nvlink_common.py:86 `raise RuntimeError(...)`" in a.cause
+    assert "one_sided" not in a.lift_detail                 # not offered as an alternative on PCIe
+    ev = {e.what: e for e in a.evidence}
+    assert ev["flashinfer_nvlink_one_sided set-up: FlashInfer's NVLink check (raises, vLLM does not catch it)"].value is True
+    nv, _ = _read(wheels, monkeypatch, topology="nvlink")
+    assert "flashinfer_nvlink_one_sided" in nv["ep-flashinfer-a2a"].lift_detail   # on NVLink it stays an option
+    # failing twin: a FlashInfer copy whose check no longer raises -> nothing is said of one-sided
+    rel = "flashinfer/moe_ep/backends/split/comm/nvlink_common.py"
+    src = (wheels["fi"] / rel).read_text()
+    raised = src[src.index("        raise RuntimeError("):src.index("        )", src.index("        raise RuntimeError(")) + 10]
+    edited = engine_copy(wheels["fi"], tmp_path / "fi", {rel: (raised, "        pass\n")})
+    monkeypatch.setitem(wheels, "fi", edited)
+    quiet, _ = _read(wheels, monkeypatch)
+    q = quiet["ep-flashinfer-a2a"]
+    assert "start-up failure" not in q.cause and "flashinfer_nvlink_one_sided" in q.lift_detail

@@ -583,22 +583,36 @@ def _all2all(ctx, eng: Engine) -> Verdict:
                  GATE_SETTING, "expert parallelism is off by default", LIFT_SETTING, "--enable-expert-parallel",
                  flag="--enable-expert-parallel", opt_in=True, configured=ep))
     pick = next((n for n in fi if "two_sided" in n), fi[0])
+    one_sided = _one_sided_nvlink_check(eng) if any("one_sided" in n for n in fi) else None
+    # a backend whose set-up raises without NVLink is no alternative on PCIe
+    alts = [n for n in fi if n != pick and not (one_sided and one_sided[0] and "one_sided" in n
+                                               and ctx.topology == "pcie")]
     ans.add(Gate("--all2all-backend", given in fi, where, GATE_SETTING, f"--all2all-backend defaults to {default!r}",
-                 LIFT_SETTING, f"--all2all-backend {pick}" + (f" (or {', '.join(n for n in fi if n != pick)})"
-                                                              if len(fi) > 1 else ""), value={"default": default, "flashinfer": fi},
+                 LIFT_SETTING, f"--all2all-backend {pick}" + (f" (or {', '.join(alts)})" if alts else ""),
+                 value={"default": default, "flashinfer": fi},
                  flag="--all2all-backend", set_to=pick, opt_in=True, configured=given in fi))
     dp_where = _use_all2all(eng)
     dp = _int_flag(ctx, "--data-parallel-size")
     ans.add(Gate("--data-parallel-size > 1 (ParallelConfig.use_all2all)", dp > 1, dp_where, GATE_SETTING,
                  f"no all-to-all manager is built at data parallel size {dp}: ParallelConfig.use_all2all needs "
                  "data_parallel_size > 1 (or expert parallelism with prefill context parallelism), and the EP group "
-                 "is made with use_all2all from it", LIFT_SETTING, "--data-parallel-size 2 (or more)",
+                 "is made with use_all2all from it", LIFT_SETTING,
+                 "--data-parallel-size 2 (or more; it takes DP x TP GPUs: on 8 GPUs that is TP 4 x DP 2, a smaller TP "
+                 "allreduce than the one read here)",
                  value={"data_parallel_size": dp}, flag="--data-parallel-size", set_to="2", opt_in=True,
                  configured=dp > 1))
+    others = ", ".join(n for n in fi if "one_sided" not in n) if one_sided and one_sided[0] else ", ".join(fi)
+    ended = ""
+    if one_sided and one_sided[0]:
+        ended = (f"; flashinfer_nvlink_one_sided is a start-up failure without NVLink: {one_sided[1]}"
+                 if ctx.topology == "pcie" else f"; flashinfer_nvlink_one_sided needs NVLink: {one_sided[1]}")
     v = ans.verdict(f"vLLM {eng.version} dispatches MoE tokens through FlashInfer's all-to-all ({', '.join(fi)}); "
-                    f"the {'PCIe' if ctx.topology == 'pcie' else ctx.topology} outcome is not read here "
-                    "(runtime): no check in vLLM or FlashInfer declines the topology, and FlashInfer's MNNVL memory "
-                    "uses POSIX-fd handles where FABRIC ones are not supported")
+                    f"the {'PCIe' if ctx.topology == 'pcie' else ctx.topology} outcome of {others} is not read "
+                    "here (runtime): no check on their path in vLLM or FlashInfer declines the topology, and "
+                    "FlashInfer's MNNVL memory uses POSIX-fd handles where FABRIC ones are not supported" + ended)
+    if one_sided:
+        v.add("flashinfer_nvlink_one_sided set-up: FlashInfer's NVLink check (raises, vLLM does not catch it)",
+              one_sided[0], one_sided[1])
     rel = f"{DC}/all2all.py"
     mn = _find(eng.tree(rel), lambda n: isinstance(n, ast.ImportFrom) and (n.module or "").startswith("flashinfer.comm.mnnvl"),
                "no import from flashinfer.comm.mnnvl in the all2all managers", eng, rel)
@@ -647,6 +661,38 @@ def _use_all2all(eng: Engine) -> str:
     return "; ".join((_where(eng, par, cmp, ast.unparse(cmp)), _where(eng, ps, src, ast.unparse(src)),
                       _where(eng, ps, grp, "init_model_parallel_group(..., group_name='ep', use_all2all=use_all2all)"),
                       _where(eng, moe, kc, ast.unparse(kc))))
+
+
+def _one_sided_nvlink_check(eng: Engine) -> tuple[bool, str]:
+    """Whether vLLM's ``flashinfer_nvlink_one_sided`` set-up reaches FlashInfer's NVLink check that raises:
+    ``FlashInferNVLinkOneSidedManager.initialize`` (``distributed/device_communicators/all2all.py``) builds its
+    communication through ``flashinfer.moe_ep``, whose ``mnnvl_mapping_and_config``
+    (``flashinfer/moe_ep/backends/split/comm/nvlink_common.py``, flashinfer-python 0.7.2.post1) gathers
+    ``nvlink_platform_supported()`` from every rank and raises ``RuntimeError`` on all of them if any rank lacks
+    P2P-capable NVLinks (found by a fresh review against the wheels). Returns ``(raises, where)``; ``(False, why)``
+    when either side is not found (the verdict then says nothing about one-sided: never a guess)."""
+    rel = f"{DC}/all2all.py"
+    cls = next((n for n in eng.tree(rel).body if isinstance(n, ast.ClassDef) and n.name == "FlashInferNVLinkOneSidedManager"),
+               None)
+    imp = next((n for n in ast.walk(cls) if isinstance(n, ast.ImportFrom) and n.module == "flashinfer.moe_ep"),
+               None) if cls is not None else None
+    if imp is None:
+        return False, f"vllm/{rel}: FlashInferNVLinkOneSidedManager does not import from flashinfer.moe_ep: not read"
+    fi = source.package_dir("flashinfer")
+    p = fi / "moe_ep" / "backends" / "split" / "comm" / "nvlink_common.py" if fi else None
+    if p is None or not p.is_file():
+        return False, "flashinfer/moe_ep/backends/split/comm/nvlink_common.py not installed: not read"
+    tree = ast.parse(p.read_text(encoding="utf-8", errors="replace"))
+    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "mnnvl_mapping_and_config"), None)
+    calls_check = fn is not None and any(isinstance(n, ast.Call) and ast.unparse(n.func).endswith(
+        "nvlink_platform_supported") for n in ast.walk(fn))
+    raise_ = next((n for n in ast.walk(fn) if isinstance(n, ast.Raise) and n.exc is not None
+                   and ast.unparse(n.exc).startswith("RuntimeError(")), None) if calls_check else None
+    if raise_ is None:
+        return False, "nvlink_common.py: mnnvl_mapping_and_config no longer raises on a rank without NVLink: not read"
+    return True, (f"{_where(eng, rel, imp, 'from flashinfer.moe_ep import ...')} -> flashinfer/moe_ep/backends/split/"
+                  f"comm/nvlink_common.py:{raise_.lineno} `raise RuntimeError(...)` when nvlink_platform_supported() "
+                  f"is False on any EP rank (flashinfer-python {dist_version('flashinfer-python')})")
 
 
 def _mnnvl_posix_fallback() -> tuple[str, str]:

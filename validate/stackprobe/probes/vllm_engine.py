@@ -684,10 +684,11 @@ def _one_sided_nvlink_check(eng: Engine) -> tuple[bool, str]:
         return False, "flashinfer/moe_ep/backends/split/comm/nvlink_common.py not installed: not read"
     tree = ast.parse(p.read_text(encoding="utf-8", errors="replace"))
     fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "mnnvl_mapping_and_config"), None)
-    calls_check = fn is not None and any(isinstance(n, ast.Call) and ast.unparse(n.func).endswith(
-        "nvlink_platform_supported") for n in ast.walk(fn))
-    raise_ = next((n for n in ast.walk(fn) if isinstance(n, ast.Raise) and n.exc is not None
-                   and ast.unparse(n.exc).startswith("RuntimeError(")), None) if calls_check else None
+    raise_ = None
+    if fn is not None and any(isinstance(n, ast.Call) and ast.unparse(n.func).endswith("nvlink_platform_supported")
+                              for n in ast.walk(fn)):
+        raise_ = next((n for n in ast.walk(fn) if isinstance(n, ast.Raise) and n.exc is not None
+                       and ast.unparse(n.exc).startswith("RuntimeError(")), None)
     if raise_ is None:
         return False, "nvlink_common.py: mnnvl_mapping_and_config no longer raises on a rank without NVLink: not read"
     return True, (f"{_where(eng, rel, imp, 'from flashinfer.moe_ep import ...')} -> flashinfer/moe_ep/backends/split/"

@@ -82,15 +82,7 @@ def test_bake_targets_build(tmp_path):
             for parent_tag, ref in t.get("contexts", {}).items():
                 assert ref.startswith("target:") and ref[len("target:"):] in built
             ctx = out / t["context"]
-            cmd = [docker_cli, "build", "--progress=plain", "-f", str(ctx / t["dockerfile"])]
-            for k, v in t["args"].items():
-                cmd += ["--build-arg", f"{k}={v}"]
-            for tag in t.get("tags", []):
-                cmd += ["-t", tag]
-            if t.get("target"):
-                cmd += ["--target", t["target"]]
-            for o in t.get("output", []):
-                cmd += ["--output", o.replace("dest=", f"dest={out}/", 1)]
+            cmd = _target_command([docker_cli, "build"], t, out, labels=False, push=False)
             r = subprocess.run(cmd + [str(ctx)], capture_output=True, text=True, cwd=out,
                                env={**os.environ, "DOCKER_BUILDKIT": "1"})
             assert r.returncode == 0, r.stderr[-2000:]
@@ -143,17 +135,7 @@ def _bake_run(docker_cli: str, out, data: dict, names: list[str]) -> None:
     for name in names:
         t = data["target"][name]
         ctx = out / t["context"]
-        cmd = [docker_cli, "buildx", "build", "--progress=plain", "-f", str(ctx / t["dockerfile"])]
-        for k, v in t["args"].items():
-            cmd += ["--build-arg", f"{k}={v}"]
-        for k, v in t["labels"].items():
-            cmd += ["--label", f"{k}={v}"]
-        for tag in t.get("tags", []):
-            cmd += ["-t", tag]
-        if t.get("target"):
-            cmd += ["--target", t["target"]]
-        for o in t.get("output", []):
-            cmd += ["--push"] if o == "type=registry" else ["--output", o.replace("dest=", f"dest={out}/", 1)]
+        cmd = _target_command([docker_cli, "buildx", "build"], t, out, labels=True, push=True)
         r = subprocess.run(cmd + [str(ctx)], capture_output=True, text=True, cwd=out)
         assert r.returncode == 0, f"{name}: {r.stderr[-2000:]}"
 
@@ -240,3 +222,22 @@ def test_bake_cache_bad_input_stops_before_anything_is_written(tmp_path):
     p = subprocess.run(args + ["--cache", dead], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 8 and f"The node cache {dead}" in p.stderr and "does not answer" in p.stderr, p.stderr
     assert not (tmp_path / "out").exists()
+
+
+def _target_command(build: list, t: dict, out, *, labels: bool, push: bool) -> list:
+    """The docker build command line (without the context) for one bake target ``t`` of a file written in
+    ``out``: its Dockerfile, build args, (labels), tags, target stage and outputs (a ``type=registry`` output as
+    ``--push`` when ``push``; a local ``dest=`` made relative to ``out``)."""
+    ctx = out / t["context"]
+    cmd = [*build, "--progress=plain", "-f", str(ctx / t["dockerfile"])]
+    for k, v in t["args"].items():
+        cmd += ["--build-arg", f"{k}={v}"]
+    for k, v in (t["labels"].items() if labels else ()):
+        cmd += ["--label", f"{k}={v}"]
+    for tag in t.get("tags", []):
+        cmd += ["-t", tag]
+    if t.get("target"):
+        cmd += ["--target", t["target"]]
+    for o in t.get("output", []):
+        cmd += ["--push"] if push and o == "type=registry" else ["--output", o.replace("dest=", f"dest={out}/", 1)]
+    return cmd

@@ -180,9 +180,16 @@ def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None,
             entry["image_id"], entry["size_bytes"] = info["id"], info["size_bytes"]
             if node.kind == "wheels":
                 entry["wheels"] = (wheelhouse.entry(node.name) or {}).get("wheels", {})
+                if (info.get("labels") or {}).get("org.cudastack.builder"):     # a marker (_mark_local)
+                    entry["builder"] = info["labels"]["org.cudastack.builder"]
             say(f"[{i}/{len(plan.nodes)}] {node.name}: cached ({node.tag})")
             if cache is not None and not cache.read_only and node.name in in_cache and not in_cache[node.name]:
-                push_node(cache, node, entry, say, f"[{i}/{len(plan.nodes)}] {node.name}")
+                if entry.get("builder"):     # only a marker here: its wheels image is on that builder
+                    say(f"warning: [{i}/{len(plan.nodes)}] {node.name}: not pushed to the node cache: this engine "
+                        f"holds only a marker of it (built on builder {entry['builder']}); rebuild it there with "
+                        "--cache to fill the cache")
+                else:
+                    push_node(cache, node, entry, say, f"[{i}/{len(plan.nodes)}] {node.name}")
             continue
         if in_cache.get(node.name):
             from cudastack.node_cache import serve_node

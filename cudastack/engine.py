@@ -230,9 +230,10 @@ class Engine:
             return False
 
     def inspect(self, tag: str) -> dict:
-        """``{"id": "sha256:...", "size_bytes": int, "created": str}`` of a local image."""
+        """``{"id": "sha256:...", "size_bytes": int, "created": str, "labels": {name: value}}`` of a local image."""
         img = self.client.images.get(tag)
-        return {"id": img.id, "size_bytes": int(img.attrs.get("Size", 0)), "created": img.attrs.get("Created", "")}
+        return {"id": img.id, "size_bytes": int(img.attrs.get("Size", 0)), "created": img.attrs.get("Created", ""),
+                "labels": dict((img.attrs.get("Config") or {}).get("Labels") or {})}
 
     def tag(self, source: str, target: str) -> None:
         repo, _, tag = target.rpartition(":")

@@ -16,7 +16,9 @@ REGISTRY/PREFIX`` (or ``CUDASTACK_NODE_CACHE=REGISTRY/PREFIX`` in the environmen
 
 Under ``--locked`` a pulled node is checked against the lock before it is used: its image id against
 ``outputs.<node>.image_id`` and its wheels against ``outputs.<node>.wheels`` (where the lock recorded outputs for
-this tag) and against the sha256 of every locked package file of the same name. A difference is a LockError
+this tag) and against the sha256 of every locked package file of the same name. A wheels node that was built on
+another builder has no image id in the lock (this engine held only a marker of it); its manifest digest is checked
+against ``outputs.<node>.cache_digest``, what that builder pushed, before anything is pulled. A difference is a LockError
 (exit 7) naming the node, both values and what to do; the pulled tag is removed first, so the image is never
 used.
 
@@ -171,6 +173,11 @@ class NodeCache:
 
         ref = parse_reference(self.target(node)).with_digest(digest)
         pinned = ref.pinned()
+        want_digest = self._locked_outputs(node).get("cache_digest")
+        if want_digest and want_digest != digest:
+            raise self._refuse(node, pinned, f"the cache serves {digest}, the lock's outputs.{node.name}.cache_digest "
+                                             f"is {want_digest} (what builder "
+                                             f"{self._locked_outputs(node).get('built_on', '?')} pushed)")
         t0 = time.monotonic()
         seen: dict[str, int] = {}       # layer id -> compressed bytes the engine said it downloads
         present: set[str] = set()

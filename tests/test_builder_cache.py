@@ -9,7 +9,10 @@ tests/test_node_cache.py's three small nodes, its wheels node marked as one that
    runtime are built here and pushed from here.
 2. A second builder (buildx's ``default``, this engine's docker driver) on an emptied engine with an empty state
    folder gets every node from the cache: no docker build is issued anywhere, the wheel has the same sha256.
-3. The parent check leaves out the nodes the cache serves: the big builder's engine lacks the wheels node's parent,
+3. Under a lock: the wheels node built on the big builder is recorded by where it was built and the digest that
+   builder pushed, not by its marker's id (made on this engine, pullable nowhere), so a locked second builder gets
+   it from the cache; a lock holding the marker's id, or another digest, refuses it, naming the node.
+4. The parent check leaves out the nodes the cache serves: the big builder's engine lacks the wheels node's parent,
    which is an error when the node would be sent there and none when the cache serves it.
 
 Needs root, dockerd, the docker buildx plugin (CUDASTACK_TEST_BUILDX names a docker-buildx binary where the CLI has
@@ -23,7 +26,8 @@ import subprocess
 
 import pytest
 
-from cudastack.errors import UsageError
+from cudastack.errors import LockError, UsageError
+from cudastack.lock.outputs import apply_build_outputs
 from registry_server import registry_server  # noqa: F401
 from test_builder_integration import buildx_config, second_dockerd, second_engine  # noqa: F401
 from test_node_cache import empty_engine, small_plan
@@ -77,12 +81,37 @@ def test_a_node_built_on_a_builder_fills_the_cache_and_a_second_builder_pulls_it
         assert engine.client.images.get(wnode.tag).labels["org.cudastack.builder"] == ctx
         (wheel, digest), = by["wheels"]["wheels"].items()
 
-        # a second builder, on an emptied engine with an empty state folder: every node comes from the cache
-        empty_engine(engine.client, plan)
+        # what a locked build records: no image id for the wheels node (its marker is made here and names nothing
+        # another machine can pull), the builder and the digest it pushed; the others' image ids as built here
+        lock = {"nodes": {n.name: {} for n in plan.nodes}}
+        apply_build_outputs(lock, first)
+        wout = lock["outputs"]["wheels"]
+        assert "image_id" not in wout and wout["built_on"] == ctx, wout
+        assert wout["cache_digest"] == by["wheels"]["cache"]["digest"]
+        assert wout["wheels"] == [{"filename": wheel, "sha256": digest}]
+        assert lock["outputs"]["runtime"]["image_id"] == by["runtime"]["image_id"]
         small = inspect_builder("default")
+
+        def locked_pull(lock_dict: dict, state: str):
+            empty_engine(engine.client, plan)
+            cache.lock = lock_dict
+            return run_build(plan, state_dir=tmp_path / state, engine=engine, cache=cache, builder=small,
+                             builder_nodes="source", say=lambda s: None)
+
+        # failing twins: the marker's id in the lock (what was recorded before), a cache digest edited in the lock
+        marker = {**lock, "outputs": {**lock["outputs"], "wheels": {**wout, "image_id": by["wheels"]["image_id"]}}}
+        with pytest.raises(LockError, match=r"The node cache's wheels .* its image id is sha256:"):
+            locked_pull(marker, "s-marker")
+        edited = {**lock, "outputs": {**lock["outputs"], "wheels": {**wout, "cache_digest": "sha256:" + "2" * 64}}}
+        with pytest.raises(LockError, match=r"The node cache's wheels .*outputs.wheels.cache_digest is sha256:2{64} "
+                                            rf"\(what builder {ctx} pushed\)"):
+            locked_pull(edited, "s-edited")
+        assert not (tmp_path / "s-edited" / plan.wheelhouse / wheel).exists()
+
+        # a second builder, on an emptied engine with an empty state folder, under the lock: every node comes from
+        # the cache
         builds = engine.builds_issued
-        second = run_build(plan, state_dir=tmp_path / "s2", engine=engine, cache=cache, builder=small,
-                           builder_nodes="source", say=lambda s: None)
+        second = locked_pull(lock, "s2")
         assert [n["status"] for n in second["nodes"]] == ["pulled"] * 3, second["nodes"]
         assert second["docker_builds"] == 0 and engine.builds_issued == builds
         sec = {n["name"]: n for n in second["nodes"]}

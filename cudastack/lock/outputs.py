@@ -57,29 +57,50 @@ def record_push(path: str | Path, node: str, pushed) -> dict:
 def record_build_outputs(path: str | Path, build_record: dict) -> dict:
     """Record a build record's results (``cudastack.build.run_build``'s dict: ``nodes[].{name, status,
     image_id, tag, plan_hash, wheels: {file: sha256}}``) into ``outputs`` of the lock at ``path``, atomically,
-    for every node that was built, found cached or pulled from a node cache. The node's ``plan_hash`` becomes
-    the plan hash the build used (the lock was verified against that plan: a change that leaves every pin as it
-    was, such as the suite's code, needs no relock), so a later relock of the same plan keeps these outputs. A push recorded
-    for another image of the node is dropped: it no longer describes what the lock's outputs are."""
-    def fn(lock):
-        for n in build_record.get("nodes", []):
-            if n.get("status") not in ("built", "skipped", "pulled") or n.get("name") not in lock["nodes"]:
-                continue
-            if n.get("plan_hash"):
-                lock["nodes"][n["name"]]["plan_hash"] = n["plan_hash"]
-            pushed = (lock.get("pushed") or {}).get(n["name"])
-            if pushed and n.get("image_id") and pushed.get("image_id") != n["image_id"]:
-                del lock["pushed"][n["name"]]
-                if not lock["pushed"]:
-                    del lock["pushed"]
-            out = lock.setdefault("outputs", {}).setdefault(n["name"], {})
-            if n.get("image_id"):
-                out["image_id"] = n["image_id"]
-            if n.get("tag"):
-                out["tag"] = n["tag"]
-            if n.get("wheels"):
-                out["wheels"] = [{"filename": f, "sha256": d} for f, d in sorted(n["wheels"].items())]
-    return update_lock(path, fn)
+    for every node that was built, found cached or pulled from a node cache (:func:`apply_build_outputs`)."""
+    return update_lock(path, lambda lock: apply_build_outputs(lock, build_record))
+
+
+def apply_build_outputs(lock: dict, build_record: dict) -> None:
+    """:func:`record_build_outputs` on a lock dict in memory. The node's ``plan_hash`` becomes the plan hash the
+    build used (the lock was verified against that plan: a change that leaves every pin as it was, such as the
+    suite's code, needs no relock), so a later relock of the same plan keeps these outputs. A push recorded for
+    another image of the node is dropped: it no longer describes what the lock's outputs are.
+
+    A wheels node built on another builder (the record's ``builder``) has only a marker image in this engine
+    (:func:`cudastack.build._mark_local`: its id is made here, at this time, and names nothing another machine
+    can pull), so its ``image_id`` is not recorded. The lock keeps ``built_on`` (the builder), the wheels'
+    sha256 and, when that builder pushed it to a node cache, ``cache_digest``: the manifest digest a pull of the
+    node must get (:class:`cudastack.node_cache.NodeCache` refuses any other)."""
+    for n in build_record.get("nodes", []):
+        if n.get("status") not in ("built", "skipped", "pulled") or n.get("name") not in lock["nodes"]:
+            continue
+        if n.get("plan_hash"):
+            lock["nodes"][n["name"]]["plan_hash"] = n["plan_hash"]
+        remote = n.get("status") in ("built", "skipped") and n.get("builder") and n.get("kind") == "wheels"
+        pushed = (lock.get("pushed") or {}).get(n["name"])
+        if pushed and n.get("image_id") and pushed.get("image_id") != n["image_id"]:
+            del lock["pushed"][n["name"]]
+            if not lock["pushed"]:
+                del lock["pushed"]
+        out = lock.setdefault("outputs", {}).setdefault(n["name"], {})
+        if remote:
+            out.pop("image_id", None)
+            out["built_on"] = n["builder"]
+            cache = n.get("cache") or {}
+            if cache.get("status") == "pushed" and cache.get("digest"):
+                out["cache_digest"] = cache["digest"]
+            elif n.get("status") == "built":
+                out.pop("cache_digest", None)
+        elif n.get("status") == "built":
+            for k in ("built_on", "cache_digest"):
+                out.pop(k, None)
+        if n.get("image_id") and not remote:
+            out["image_id"] = n["image_id"]
+        if n.get("tag"):
+            out["tag"] = n["tag"]
+        if n.get("wheels"):
+            out["wheels"] = [{"filename": f, "sha256": d} for f, d in sorted(n["wheels"].items())]
 
 
 _LIST_SCRIPT = (

@@ -1,7 +1,9 @@
 """The bake file: structure of the docker-bake.json format, and every target really builds with BuildKit when
-its fields (context, dockerfile, args, tags, target, output) are handed to `docker build` in the group's
-order (buildx itself is not installed here; `contexts` maps each parent tag to its target, which a plain
-`docker build` satisfies with the locally built parent tag)."""
+its fields (context, dockerfile, args, tags, target, output) are handed to `docker build` in the group's order
+(`contexts` maps each parent tag to its target, which a plain `docker build` satisfies with the locally built parent
+tag). With the docker buildx plugin (0.13 here, on this engine's docker driver, whose BuildKit is 0.8): buildx's own
+`bake --print` reads the file, and `docker buildx bake` itself builds a file whose parents come from the node cache
+by digest; a file with named contexts (BuildKit >= 0.10) is built target by target."""
 from __future__ import annotations
 
 import json
@@ -128,6 +130,15 @@ def _buildx(tmp_path, monkeypatch) -> str:
     return docker_cli
 
 
+def _ca_file(tmp_path):
+    """A CA bundle file for the bake's ``cabundle`` secret (the system's where there is one)."""
+    f = tmp_path / "ca.pem"
+    if not f.exists():
+        sys_ca = "/etc/ssl/certs/ca-certificates.crt"
+        f.write_text(open(sys_ca).read() if os.path.isfile(sys_ca) else "")
+    return f
+
+
 def _bake_run(docker_cli: str, out, data: dict, names: list[str]) -> None:
     """Build the targets ``names`` of the bake dict as `docker buildx bake` hands them to BuildKit, one `docker
     buildx build` each on this engine's docker driver (its BuildKit 0.8 has no named contexts: a parent comes by
@@ -166,6 +177,18 @@ def test_bake_reads_and_fills_the_node_cache(tmp_path, monkeypatch, engine, regi
         push = data["target"]["ext-cache"]
         assert push["target"] == "builder" and push["tags"] == [cache.target(plan.nodes[2])]
         assert push["output"] == ["type=registry"] and push["args"] == data["target"]["ext"]["args"]
+        # buildx's own parser reads the file: groups, targets, the cabundle secret's variable
+        env = dict(os.environ, CUDASTACK_CA_BUNDLE=str(_ca_file(tmp_path)))
+        r = subprocess.run([docker_cli, "buildx", "bake", "-f", "docker-bake.json", "--print"], capture_output=True,
+                           text=True, cwd=tmp_path / "out", env=env, timeout=120)
+        assert r.returncode == 0, r.stderr[-3000:]
+        printed = json.loads(r.stdout)
+        assert printed["group"]["default"]["targets"] == data["group"]["default"]["targets"]
+        assert printed["target"]["ext-cache"]["output"] == ["type=registry"]
+        assert printed["target"]["app"]["contexts"] == {plan.nodes[0].tag: "target:base"}
+        assert printed["target"]["base"]["secret"] == [f"id=cabundle,src={_ca_file(tmp_path)}"]
+        # named contexts need BuildKit >= 0.10; this engine's docker driver has 0.8, so these targets are built
+        # one `docker buildx build` each (a parent by its local tag)
         _bake_run(docker_cli, tmp_path / "out", data, data["group"]["default"]["targets"])
         digests = {n.name: cache.probe(n) for n in plan.nodes}
         assert all(digests.values()), digests
@@ -188,7 +211,11 @@ def test_bake_reads_and_fills_the_node_cache(tmp_path, monkeypatch, engine, regi
         assert set(data2["target"]) == {"ext", "ext-cache"}
         assert data2["target"]["ext"]["args"]["PARENT_IMAGE"] == app_ref and "contexts" not in data2["target"]["ext"]
         assert not (tmp_path / "out2" / "ctx" / "app").exists()
-        _bake_run(docker_cli, tmp_path / "out2", data2, ["ext", "ext-cache"])
+        # this file has no named contexts (its parent comes by digest), so buildx's own bake runs it here
+        env = dict(os.environ, CUDASTACK_CA_BUNDLE=str(_ca_file(tmp_path)))
+        r = subprocess.run([docker_cli, "buildx", "bake", "-f", "docker-bake.json", "ext", "ext-cache"],
+                           capture_output=True, text=True, cwd=tmp_path / "out2", env=env, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
         assert (tmp_path / "out2" / data2["target"]["ext"]["output"][0].split("dest=", 1)[1] /
                 "ext-1.0-py3-none-any.whl").read_text() == "ext"
         # what bake pushed is what invoke build --cache pulls: the node's label, its wheel in /wheels

@@ -73,6 +73,20 @@ def pip_target(spec: str, *, deps: bool = False) -> Path:
     return d
 
 
+def pip_requirements(path: Path) -> Path:
+    """``pip install --no-deps --target <cache>/<file>-<hash> -r path`` in one pip call (a pinned closure: every
+    line ``name==version``); returns the folder."""
+    text = Path(path).read_text()
+    d = CACHE / "targets" / f"{Path(path).stem}-{_key(text)}"
+    if (d / ".ready").is_file():
+        return d
+    shutil.rmtree(d, ignore_errors=True)
+    _run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", "--target", d,
+          "-r", path], timeout=1800)
+    (d / ".ready").write_text("ok")
+    return d
+
+
 def cuda_home() -> Path:
     """CUDA_HOME of the PyPI CUDA 13.1 toolkit (nvcc, cudart headers, CCCL, crt, nvvm)."""
     home = pip_target(CUDA_TOOLKIT_SPEC, deps=True) / "nvidia" / "cu13"

@@ -95,29 +95,36 @@ def run_runtime(report, args) -> dict:
     out = Path(json_path).with_suffix("").as_posix() + "-runtime" if json_path and json_path != "-" else "stackprobe-runtime"
     paths = write(rt, out)
     report.options["runtime_report"] = {k: str(p) for k, p in paths.items()}
-    report.options["sglang_dispatch"] = run_sglang_dispatch(report, args, ws, out, progress)
+    names = [e.get("name") for e in report.engines] or ["sglang"]
+    for name in ("sglang", "vllm"):
+        if name in names:
+            report.options[f"{name}_dispatch"] = run_sglang_dispatch(
+                report, args, ws, out if name == "sglang" else f"{out}/vllm", progress, engine=name)
     return rt
 
 
-def run_sglang_dispatch(report, args, ws: int, out: str, progress) -> dict | str:
-    """The runtime tier's SGLang dispatch probe (:mod:`.dispatch`) with the user's ``--server-args`` / ``--env``
-    (the ones the static answer took; the cluster job passes both) at world size ``ws``; its verdicts go into
-    ``report`` with the host they were measured on (a host that is not the target's reads "measured here": C20),
-    ``dispatch.json`` / ``dispatch.md`` into ``out``. Returns what ``options.sglang_dispatch`` records, or why
-    it did not run (world size 1: SGLang returns the input unchanged; SGLang not importable)."""
+def run_sglang_dispatch(report, args, ws: int, out: str, progress, engine: str = "sglang") -> dict | str:
+    """The runtime tier's dispatch probe (:mod:`.dispatch`) for ``engine`` (``sglang``; ``vllm`` when the report
+    answered for vLLM) with the user's ``--server-args`` / ``--env`` (the ones the static answer took; the cluster
+    job passes both) at world size ``ws``; its verdicts go into ``report`` with the host they were measured on (a
+    host that is not the target's reads "measured here": C20), ``dispatch.json`` / ``dispatch.md`` into ``out``.
+    Returns what ``options.<engine>_dispatch`` records, or why it did not run (world size 1: the engine returns
+    the input unchanged; the engine not importable)."""
     import importlib.util
 
     from ..verdict import Verdict
-    from .dispatch import parse_env, run_dispatch, write
+    from .dispatch import engine_of, parse_env, run_dispatch, write
+    title = engine_of(engine).title
     if ws < 2:
-        return "not run: world size 1 (SGLang's all_reduce returns its input unchanged: no path to attribute)"
-    if importlib.util.find_spec("sglang") is None:
-        return "not run: sglang is not importable here"
+        return f"not run: world size 1 ({title}'s all_reduce returns its input unchanged: no path to attribute)"
+    if importlib.util.find_spec(engine) is None:
+        return f"not run: {engine} is not importable here"
     try:
         res = run_dispatch(getattr(args, "server_args", "") or "", parse_env(getattr(args, "env", None) or []), ws,
                            target={"compute_capability": report.target_arch,
                                    "topology": report.options.get("topology"),
-                                   "world_size": report.options.get("world_size")}, progress=progress)
+                                   "world_size": report.options.get("world_size")}, progress=progress,
+                           engine=engine)
     except ValueError as exc:
         return f"not run: {exc}"
     for v in res["verdicts"]:

@@ -16,9 +16,10 @@ Statistics flags and why their defaults are what they are:
 * ``--tolerance 0.05``: see :data:`stackprobe.runtime.verdicts.DEFAULT_TOLERANCE`.
 * ``--sweep-repeats 3``: rounds at the sizes other than the decode size (the plot's curve and its error bars,
   not a verdict).
-``python -m stackprobe.runtime dispatch --server-args "FLAGS" [--env K=V] [--world-size 2] [--out DIR]``: SGLang's own TP
-allreduce dispatch with those server arguments in world-size rank processes: which path served a decode-shape
-call under SGLang's graph capture, timed paired against the same group with only that path off
+``python -m stackprobe.runtime dispatch [--engine sglang|vllm] --server-args "FLAGS" [--env K=V] [--world-size 2]
+[--out DIR]``: the engine's own TP allreduce dispatch (SGLang's GroupCoordinator, or vLLM's CudaCommunicator)
+with those server arguments in world-size rank processes: which path served a decode-shape call under the engine's
+graph capture, timed paired against the same group with only that path off
 (:mod:`stackprobe.runtime.dispatch`); writes ``dispatch.json`` / ``dispatch.md``. Exit 0 when it ran, 2 for bad
 input, 4 when the ranks hung or crashed.
 ``python -m stackprobe.runtime render REPORT.json [--out DIR]``: re-render Markdown and plot from a JSON.
@@ -111,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--target-arch", default="12.0")
     g.add_argument("--target-topology", default="pcie", choices=("pcie", "nvlink"))
     g.add_argument("--target-world-size", type=int, default=8)
+    g.add_argument("--engine", default="sglang", choices=("sglang", "vllm"),
+                   help="whose dispatch: SGLang's GroupCoordinator or vLLM's CudaCommunicator (default sglang)")
     g.add_argument("--probe", default="", help=argparse.SUPPRESS)   # module:attr of a probe subclass (tests)
     g.add_argument("--out", default="stackprobe-dispatch")
     return p
@@ -134,7 +137,7 @@ def dispatch_main(args) -> int:
             warmup=args.warmup, timeout=args.timeout, p2p_report=report, tolerance=args.tolerance,
             target={"compute_capability": args.target_arch, "topology": args.target_topology,
                     "world_size": args.target_world_size},
-            probe_ref=args.probe or dispatch.PROBE_REF,
+            probe_ref=args.probe, engine=args.engine,
             progress=lambda m: print(f"[dispatch] {m}", file=sys.stderr, flush=True))
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -37,6 +37,7 @@ edge (tests/sglang_dispatch_standins.py) and keep SGLang's own dispatch between 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import shlex
@@ -60,6 +61,44 @@ FALLBACKS = ("pynccl_comm", "torch.distributed")
 ON, OFF, FLOOR = "on", "off", "floor"
 
 
+@dataclasses.dataclass(frozen=True)
+class RuntimeEngine:
+    """What the dispatch probe needs to know of one engine: its ``name`` (``--engine``), ``title``, the rank-side
+    probe (``probe_ref``, module:attr), the variable that opts into its PCIe IPC allreduce (set to 0 where P2P is
+    off), ``rows`` (communicator attribute -> row name) and ``fallbacks`` (the dispatch's last steps: nothing
+    behind them to switch to)."""
+
+    name: str
+    title: str
+    probe_ref: str
+    pcie_opt_in: str
+    pcie_attr: str
+    rows: dict
+    fallbacks: tuple = FALLBACKS
+    state: str = ""          # the module that brings the engine up (cited in the evidence)
+
+
+SGLANG = RuntimeEngine("sglang", "SGLang", PROBE_REF, PCIE_OPT_IN, "pcie_ipc_comm", ROW,
+                       state="stackprobe.runtime.sglang_state.bring_up")
+# vLLM 0.33.0 CudaCommunicator attribute -> row (vllm/distributed/device_communicators/cuda_communicator.py)
+VLLM_ROW = {"fi_pcie_ipc_ar_comm": "vllm-flashinfer-pcie-ipc", "fi_ar_comm": "vllm-flashinfer-allreduce",
+            "qr_comm": "vllm-quick-allreduce", "aiter_ar_comm": "vllm-aiter-custom-allreduce",
+            "ca_comm": "vllm-custom-allreduce", "symm_mem_comm": "vllm-torch-symm-mem",
+            "nccl_symm_mem": "vllm-nccl-symm-mem", "pynccl_comm": "vllm-pynccl",
+            "torch.distributed": "torch-distributed"}
+VLLM = RuntimeEngine("vllm", "vLLM", "stackprobe.runtime.vllm_state:VllmDispatchProbe",
+                     "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC", "fi_pcie_ipc_ar_comm", VLLM_ROW,
+                     state="stackprobe.runtime.vllm_state.bring_up")
+ENGINES = {e.name: e for e in (SGLANG, VLLM)}
+
+
+def engine_of(name: str) -> RuntimeEngine:
+    """The :class:`RuntimeEngine` named ``name``; raises ``ValueError`` naming the choices."""
+    if name not in ENGINES:
+        raise ValueError(f"--engine {name!r}: the dispatch probe knows {', '.join(ENGINES)}")
+    return ENGINES[name]
+
+
 # --------------------------------------------------------------------------------------------- parent side
 def _truthy(v: str | None) -> bool:
     return (v or "").strip().lower() in ("1", "true", "yes", "on")
@@ -76,7 +115,8 @@ def parse_env(items: list[str]) -> dict[str, str]:
     return env
 
 
-def plan(server_args: str, env: dict[str, str], world_size: int, p2p_report: dict) -> dict:
+def plan(server_args: str, env: dict[str, str], world_size: int, p2p_report: dict,
+         engine: RuntimeEngine = SGLANG) -> dict:
     """What the ranks start with: ``{"server_args", "env", "p2p_reason", "skipped": [{"backend", "reason"}]}``.
 
     ``p2p_report``: :func:`stackprobe.runtime.p2p.host_report` (or a saved one). Where
@@ -88,8 +128,9 @@ def plan(server_args: str, env: dict[str, str], world_size: int, p2p_report: dic
     try:
         argv = shlex.split(server_args or "")
     except ValueError as exc:
-        raise ValueError(f"--server-args {server_args!r} is not one shell-quoted string of SGLang flags ({exc}); "
-                         "write it as after `python -m sglang.launch_server`, e.g. \"--disable-custom-all-reduce\"") \
+        raise ValueError(f"--server-args {server_args!r} is not one shell-quoted string of {engine.title} flags "
+                         f"({exc}); write it as after the engine's server command, e.g. "
+                         "\"--disable-custom-all-reduce\"") \
             from None
     env = dict(env)
     reason = p2p.skip_reason(p2p_report, list(range(world_size))) if world_size > 1 else None
@@ -97,10 +138,10 @@ def plan(server_args: str, env: dict[str, str], world_size: int, p2p_report: dic
     if reason:
         if DISABLE_CA not in argv:
             argv.append(DISABLE_CA)
-            skipped.append({"backend": ROW["ca_comm"], "reason": reason})
-        if _truthy(env.get(PCIE_OPT_IN)):
-            skipped.append({"backend": ROW["pcie_ipc_comm"], "reason": reason})
-        env[PCIE_OPT_IN] = "0"
+            skipped.append({"backend": engine.rows["ca_comm"], "reason": reason})
+        if _truthy(env.get(engine.pcie_opt_in)):
+            skipped.append({"backend": engine.rows[engine.pcie_attr], "reason": reason})
+        env[engine.pcie_opt_in] = "0"
     return {"server_args": shlex.join(argv), "env": env, "p2p_reason": reason, "skipped": skipped}
 
 
@@ -163,6 +204,8 @@ def verdicts(result: dict, tolerance: float = DEFAULT_TOLERANCE) -> list:
                            LIFT_NONE_NEEDED, LIFT_UNKNOWN, SCOPE_ENGINE, SKIPPED, Verdict)
     host, where = dict(result["host"]), result["target_note"]
     ws = host.get("world_size")
+    eng = engine_of(result.get("engine", "sglang"))
+    whole, title = f"{eng.name}-dispatch", eng.title
 
     def verdict(name, status, **kw) -> Verdict:
         v = Verdict(name, status, tier="runtime", scope=SCOPE_ENGINE, host=dict(host),
@@ -179,22 +222,22 @@ def verdicts(result: dict, tolerance: float = DEFAULT_TOLERANCE) -> list:
                 f"{run.get('leftover_pids') or 'none'})" if run["status"] == "hang"
                 else f"rank {run.get('failed_rank')} exited with "
                      f"{(run.get('returncodes') or [None])[run.get('failed_rank') or 0]}")
-        v = verdict("sglang-dispatch", BLOCKED, gate=gate, lift=LIFT_UNKNOWN,
-                    cause=f"{run['status']} while bringing SGLang up or timing it: {what}; last line: {last}")
+        v = verdict(whole, BLOCKED, gate=gate, lift=LIFT_UNKNOWN,
+                    cause=f"{run['status']} while bringing {title} up or timing it: {what}; last line: {last}")
         v.add("last lines of output", run.get("tail") or [], "rank process log")
         return out + [v]
     bu = [r.get("bring_up") or {} for r in run["ranks"]]
     err = next((b["error"] for b in bu if b.get("error")), None)
     if err:
-        v = verdict("sglang-dispatch", ERROR, gate=GATE_CRASH, lift=LIFT_UNKNOWN,
-                    cause=f"SGLang's bring-up failed at step {len(bu[0].get('steps', []))}: {err}")
-        v.add("bring-up steps (rank 0)", bu[0].get("steps"), "stackprobe.runtime.sglang_state.bring_up")
+        v = verdict(whole, ERROR, gate=GATE_CRASH, lift=LIFT_UNKNOWN,
+                    cause=f"{title}'s bring-up failed at step {len(bu[0].get('steps', []))}: {err}")
+        v.add("bring-up steps (rank 0)", bu[0].get("steps"), eng.state)
         return out + [v]
     m = result["merged"]
     paths = m["paths"] or {}
     on = paths.get(ON)
-    name = ROW.get((on or "").split(".")[0] if on and not on.startswith("torch.distributed") else "torch.distributed",
-                   on or "sglang-dispatch")
+    name = eng.rows.get((on or "").split(".")[0] if on and not on.startswith("torch.distributed")
+                        else "torch.distributed", on or whole)
     ev = {"paths (rank 0)": paths, "paths per rank": m["paths_per_rank"],
           "server args as parsed (rank 0)": bu[0].get("server_args"),
           "all-reduce switches (rank 0)": bu[0].get("all_reduce_flags"),
@@ -202,7 +245,7 @@ def verdicts(result: dict, tolerance: float = DEFAULT_TOLERANCE) -> list:
 
     def evidence(v):
         for k, val in ev.items():
-            v.add(k, val, "SGLang's own GroupCoordinator, observed")
+            v.add(k, val, f"{title}'s own GroupCoordinator, observed")
         return v
     if any(p != m["paths_per_rank"][0] for p in m["paths_per_rank"]):
         return out + [evidence(verdict(name, ERROR, gate=GATE_CRASH, lift=LIFT_UNKNOWN,
@@ -219,9 +262,9 @@ def verdicts(result: dict, tolerance: float = DEFAULT_TOLERANCE) -> list:
                                        cause="no observed method served the call (a path the observation does "
                                              "not list); attribution unknown, not guessed"))]
     attr = on.split(".")[0]
-    if attr in FALLBACKS or on.startswith("torch.distributed"):
+    if attr in eng.fallbacks or on.startswith("torch.distributed"):
         return out + [evidence(verdict(name, BASELINE, lift=LIFT_NONE_NEEDED,
-                                       cause=f"served by {on} under SGLang's graph capture: the last step of the "
+                                       cause=f"served by {on} under {title}'s graph capture: the last step of the "
                                              "dispatch, nothing behind it to switch to; it is the baseline here"))]
     off = paths.get(OFF)
     if off == on:
@@ -241,7 +284,7 @@ def verdicts(result: dict, tolerance: float = DEFAULT_TOLERANCE) -> list:
     r = p["ratio"]
     st = stats.status(r["low"], r["high"], tolerance, p["rounds"])
     v = evidence(verdict(name, st, lift=LIFT_NONE_NEEDED if st == stats.FASTER else LIFT_UNKNOWN,
-                         cause=(f"served by {on} under SGLang's graph capture; ratio of work per call to the same "
+                         cause=(f"served by {on} under {title}'s graph capture; ratio of work per call to the same "
                                 f"group with {attr} switched off (served by {off}) {r['value']:.3f}, 95% interval "
                                 f"[{r['low']:.3f}, {r['high']:.3f}] over {p['rounds']} paired rounds (tolerance "
                                 f"{tolerance:.0%}); {p['work_us'][ON]['mean']:.2f} vs {p['work_us'][OFF]['mean']:.2f} "
@@ -271,8 +314,8 @@ def host_of(run, world_size: int, device: str) -> dict:
 def run_dispatch(server_args: str = "", env: dict[str, str] | None = None, world_size: int = 2, *,
                  device: str = "cuda", rows: int = 12, hidden: int = 7168, calls: int = 122, replays: int = 10,
                  rounds: int = 30, warmup: int = 3, timeout: float = 300.0, p2p_report: dict | None = None,
-                 target: dict | None = None, tolerance: float = DEFAULT_TOLERANCE, probe_ref: str = PROBE_REF,
-                 progress=None) -> dict:
+                 target: dict | None = None, tolerance: float = DEFAULT_TOLERANCE, probe_ref: str = "",
+                 progress=None, engine: str = "sglang") -> dict:
     """Run the probe (module docstring) and return ``{"plan", "p2p", "host", "target_note", "config", "run",
     "merged", "timeout_s", "verdicts"}``.
 
@@ -280,11 +323,13 @@ def run_dispatch(server_args: str = "", env: dict[str, str] | None = None, world
     :func:`stackprobe.runtime.p2p.host_report` (default: this host's, read before any rank starts, with ``env``
     over the process environment). ``target``: ``{"compute_capability", "topology", "world_size"}`` the verdicts
     are for (C20). ``rows`` x ``hidden``: the decode tensor (bf16); ``calls``: all_reduce calls per captured graph;
-    ``replays``: graph replays per timed trial; ``rounds``: paired rounds. Raises ``ValueError`` for bad input,
+    ``replays``: graph replays per timed trial; ``rounds``: paired rounds. ``engine``: ``sglang`` or ``vllm``
+    (:data:`ENGINES`); ``probe_ref`` (module:attr) replaces its rank-side probe. Raises ``ValueError`` for bad input,
     before any rank starts."""
     from . import p2p
     from .orchestrate import run_probe
     env = dict(env or {})
+    eng = engine_of(engine)
     if world_size < 1 or rows < 1 or hidden < 1 or calls < 1 or replays < 1:
         raise ValueError(f"world size {world_size}, rows {rows}, hidden {hidden}, calls {calls}, replays {replays}: "
                          "each must be at least 1")
@@ -296,13 +341,13 @@ def run_dispatch(server_args: str = "", env: dict[str, str] | None = None, world
     if top > 256:
         raise ValueError(f"world size {world_size}: checked sums up to {top} are not exact in bf16 (256)")
     report = p2p_report if p2p_report is not None else p2p.host_report(env={**os.environ, **env})
-    pl = plan(server_args, env, world_size, report)
+    pl = plan(server_args, env, world_size, report, eng)
     config = {"rows": rows, "hidden": hidden, "calls": calls, "replays": replays, "rounds": rounds, "warmup": warmup}
-    run = run_probe(probe_ref, world_size, {"sizes": [rows * hidden * 2]}, device=device, timeout=timeout,
-                    env_overrides=pl["env"], name="sglang-dispatch", progress=progress,
+    run = run_probe(probe_ref or eng.probe_ref, world_size, {"sizes": [rows * hidden * 2]}, device=device,
+                    timeout=timeout, env_overrides=pl["env"], name=f"{eng.name}-dispatch", progress=progress,
                     extra={"server_args": pl["server_args"], "dispatch": config})
     host = host_of(run, world_size, device)
-    result = {"plan": pl, "p2p": report, "host": host, "target_note": target_note(host, target), "config": config,
+    result = {"engine": eng.name, "plan": pl, "p2p": report, "host": host, "target_note": target_note(host, target), "config": config,
               "tolerance": tolerance, "timeout_s": timeout, "run": run.to_json(),
               "merged": merge(run.ranks) if run.status == "ok" else None}
     result["verdicts"] = [v.to_json() for v in verdicts(result, tolerance)]
@@ -313,7 +358,7 @@ def markdown(result: dict) -> str:
     """A short Markdown page of one :func:`run_dispatch` result."""
     from .. import mdtable
     h, pl = result["host"], result["plan"]
-    lines = ["# SGLang's allreduce dispatch, measured", "",
+    lines = [f"# {engine_of(result.get('engine', 'sglang')).title}'s allreduce dispatch, measured", "",
              f"Server args as run: `{pl['server_args'] or '(none)'}`; env {pl['env'] or '{}'}; world size "
              f"{h.get('world_size')}; {result['target_note']['note']}.", "",
              f"P2P: {pl['p2p_reason'] or 'no reason to skip a peer-memory path'}", "",
@@ -380,13 +425,16 @@ def fill(t, rank: int) -> None:
 
 
 class SglangDispatchProbe(Probe):
-    """The rank side: :meth:`run` brings SGLang up (:func:`stackprobe.runtime.sglang_state.bring_up`) and times
-    its dispatch in the ``after`` hook. Subclasses (the CPU tests') override :meth:`before` and :meth:`tensor`."""
+    """The rank side: :meth:`run` brings the engine up (SGLang here: :func:`stackprobe.runtime.sglang_state.bring_up`)
+    and times its dispatch in the ``after`` hook. Subclasses (the CPU tests') override :meth:`before` and
+    :meth:`tensor`; another engine's probe (:class:`stackprobe.runtime.vllm_state.VllmDispatchProbe`) overrides
+    ``engine``, :meth:`bring_up`, :meth:`observe` and :meth:`switched_off`."""
 
     name = "sglang-dispatch"
     label = "SGLang's own TP all_reduce dispatch"
     requires = ("torch", "sglang")
     group = "sglang-dispatch"
+    engine = SGLANG
 
     def before(self, ctx) -> None:
         """Called in the rank before the bring-up (nothing here)."""
@@ -396,15 +444,32 @@ class SglangDispatchProbe(Probe):
         import torch
         return torch.empty(rows, hidden, dtype=torch.bfloat16, device=tp.device)
 
-    def run(self, ctx) -> dict:
+    def bring_up(self, server_args: str, ctx, cfg: dict, cuda: bool, after) -> dict:
+        """The engine's bring-up in this rank; ``after(tp, rep)`` is called with its TP group. Returns its report."""
         from . import sglang_state
+        return sglang_state.bring_up(server_args, ctx.world_size, ctx.rank, backend="nccl" if cuda else "gloo",
+                                     rows=cfg["rows"], hidden=cfg["hidden"], before=lambda: self.before(ctx),
+                                     after=after)
+
+    def observe(self, tp, calls: list):
+        """A context manager: inside, every serving method of the group appends its label to ``calls``."""
+        from .sglang_state import observe
+        return observe(tp, calls)
+
+    def switched_off(self, tp, attr: str):
+        """A context manager: inside, the path ``attr`` is off for the engine's dispatch."""
+        return switched_off(tp, attr)
+
+    def switchable(self, tp, attr: str) -> bool:
+        """Whether the path ``attr`` exists in this group and can be switched off."""
+        return getattr(tp, attr, None) is not None
+
+    def run(self, ctx) -> dict:
         spec = ctx.spec
         cfg = spec["dispatch"]
         cuda = ctx.device.startswith("cuda")
-        rep = sglang_state.bring_up(spec.get("server_args", ""), ctx.world_size, ctx.rank,
-                                    backend="nccl" if cuda else "gloo", rows=cfg["rows"], hidden=cfg["hidden"],
-                                    before=lambda: self.before(ctx),
-                                    after=lambda tp, rep: self.measure(tp, ctx, cfg, cuda))
+        rep = self.bring_up(spec.get("server_args", ""), ctx, cfg, cuda,
+                            after=lambda tp, rep: self.measure(tp, ctx, cfg, cuda))
         ctx.log(f"bring-up steps {rep.get('steps')}; error {rep.get('error')}")
         return {"bring_up": rep}
 
@@ -412,8 +477,6 @@ class SglangDispatchProbe(Probe):
         """In the rank: the on / off / floor units inside one ``tp.graph_capture()``, their observed paths, checks
         and paired samples (us per call)."""
         import torch
-
-        from .sglang_state import observe
         x = self.tensor(tp, cfg["rows"], cfg["hidden"], ctx)
         src = torch.empty_like(x)
         fill(src, ctx.rank)
@@ -438,7 +501,7 @@ class SglangDispatchProbe(Probe):
             calls: list = []
             served: list = []
             fn = body(unit, holder, calls, served)
-            with observe(tp, calls):
+            with self.observe(tp, calls):
                 if cuda:
                     g = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(g, stream=stream):
@@ -451,7 +514,7 @@ class SglangDispatchProbe(Probe):
                     if unit == OFF:                 # so the off variant's replays run with the path off again
 
                         def replay(plain=plain, attr=off_attr[0]):
-                            with switched_off(tp, attr):
+                            with self.switched_off(tp, attr):
                                 plain()
                     else:
                         replay = plain
@@ -472,9 +535,10 @@ class SglangDispatchProbe(Probe):
             stream = gc.stream if gc is not None else None
             build(ON, stream)
             attr = (out["paths"].get(ON) or "").split(".")[0]
-            if attr and attr in ROW and attr not in FALLBACKS and getattr(tp, attr, None) is not None:
+            eng = self.engine
+            if attr and attr in eng.rows and attr not in eng.fallbacks and self.switchable(tp, attr):
                 off_attr[0] = attr
-                with switched_off(tp, attr):
+                with self.switched_off(tp, attr):
                     build(OFF, stream)
             build(FLOOR, stream)
         finally:

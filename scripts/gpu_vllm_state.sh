@@ -1,0 +1,74 @@
+#!/bin/bash
+# vLLM 0.33.0's parallel state at world size 1 on a one-GPU host (torch + CUDA 13 and NCCL installed, nothing
+# downloadable): `python -m stackprobe.runtime.vllm_state` without and with VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1,
+# both JSON outputs, their logs and versions.txt written to $OUT.
+#
+# What it reads, under the repository root (ignored folders, carried call by call: a warm machine keeps them):
+#   .gpucarry/vllm-py.tar.xz          vllm's Python files from the 0.33.0 wheel (no vllm-rs, no third_party, no .so)
+#   .gpucarry*/so.xz.part-*           optional: the wheel's vllm/_C_stable_libtorch.abi3.so, xz-packed, in pieces
+#                                     (one folder a call), joined in name order and checked against the
+#                                     so.xz.sha256 beside one of them (the CUDA platform's
+#                                     vllm/platforms/cuda.py imports it at the top)
+#   .whl/*.whl                        the import closure's wheels the host lacks (tests/fixtures/
+#                                     vllm_bring_up_requirements.txt less what the host has), for its Python
+# With DISPATCH_WORLD_SIZE=N (N >= 2 GPUs) it then runs `python -m stackprobe.runtime dispatch --engine vllm` at world
+# size N, without and with the PCIe IPC opt-in, NVLink multicast off in every process. Exit 0 when both bring-up
+# runs wrote their JSON, else 1.
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+OUT="${OUT:?set OUT to the folder the reports go to}"
+SITE="${TMPDIR:-/tmp}/gpu-vllm-site"
+mkdir -p "$SITE" "$OUT"
+shopt -s nullglob
+tar -xJf "$ROOT/.gpucarry/vllm-py.tar.xz" -C "$SITE" || { echo "no .gpucarry/vllm-py.tar.xz to unpack" >&2; exit 1; }
+parts=("$ROOT"/.gpucarry*/so.xz.part-*)
+sums=("$ROOT"/.gpucarry*/so.xz.sha256)
+if [ ${#parts[@]} -gt 0 ]; then
+  cat "${parts[@]}" > "$SITE/so.xz"
+  (cd "$SITE" && sha256sum -c --quiet "${sums[0]}") \
+    || { echo "the joined so.xz does not match ${sums[0]:-so.xz.sha256}: a piece is missing or stale" >&2; exit 1; }
+  xz -dc "$SITE/so.xz" > "$SITE/vllm/_C_stable_libtorch.abi3.so" || exit 1
+fi
+wheels=("$ROOT"/.whl/*.whl)
+if [ ${#wheels[@]} -gt 0 ]; then
+  python -m pip install -q --no-deps --no-index --disable-pip-version-check --target "$SITE" --upgrade "${wheels[@]}" \
+    || { echo "unpacking the carried wheels into $SITE failed" >&2; exit 1; }
+fi
+export PYTHONPATH="$SITE:$ROOT/validate${PYTHONPATH:+:$PYTHONPATH}"
+python - <<'PY' > "$OUT/versions.txt" 2>&1
+import importlib.metadata as m, os, sys, torch
+try: nccl = torch.cuda.nccl.version()
+except Exception as e: nccl = f"unavailable ({e})"
+print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", nccl, "gpus", torch.cuda.device_count())
+print("python", sys.version.split()[0])
+for d in ("transformers", "pydantic", "flashinfer-python", "triton"):
+    try: print(d, m.version(d))
+    except m.PackageNotFoundError: print(d, "not installed")
+so = os.path.join(os.environ["PYTHONPATH"].split(":")[0], "vllm", "_C_stable_libtorch.abi3.so")
+print("vllm 0.33.0 (Python files of the wheel)", "with _C_stable_libtorch" if os.path.exists(so) else "without its .so files")
+PY
+cat "$OUT/versions.txt"
+rc=0
+run() {  # run NAME [VAR=VALUE ...]
+  local name="$1"; shift
+  env "$@" timeout 300 python -m stackprobe.runtime.vllm_state --world-size 1 --backend nccl \
+    > "$OUT/vllm-state-$name.json" 2> "$OUT/vllm-state-$name.log"
+  echo "$name: exit $? ($(wc -c < "$OUT/vllm-state-$name.json") bytes of JSON)"
+  python -c "import json,sys; json.load(open(sys.argv[1]))" "$OUT/vllm-state-$name.json" 2>/dev/null || rc=1
+}
+run default
+run pcie-ipc VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1
+dispatch() {  # dispatch NAME [--env VAR=VALUE ...]
+  local name="$1"; shift
+  env NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 timeout 600 \
+    python -m stackprobe.runtime dispatch --engine vllm --world-size "$DISPATCH_WORLD_SIZE" \
+    --env NCCL_NVLS_ENABLE=0 --env TORCH_SYMM_MEM_DISABLE_MULTICAST=1 --env NVSHMEM_DISABLE_NVLS=1 \
+    "$@" --out "$OUT/dispatch-$name" > "$OUT/dispatch-$name.log" 2>&1
+  echo "dispatch $name (world size $DISPATCH_WORLD_SIZE): exit $?"
+  [ -f "$OUT/dispatch-$name/dispatch.json" ] || rc=1
+}
+if [ "${DISPATCH_WORLD_SIZE:-1}" -ge 2 ]; then
+  dispatch default
+  dispatch pcie-ipc --env VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1
+fi
+exit $rc

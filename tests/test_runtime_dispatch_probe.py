@@ -252,9 +252,13 @@ def test_the_runtime_tier_says_why_the_dispatch_probe_did_not_run():
     import importlib.util
     from types import SimpleNamespace
 
-    from stackprobe.runtime import run_sglang_dispatch
+    from stackprobe.runtime import run_engine_dispatch
     from stackprobe.report import Report
     r, args = Report(target_arch="12.0"), SimpleNamespace(server_args="", env=[])
-    assert run_sglang_dispatch(r, args, 1, "x", print).startswith("not run: world size 1")
+    assert run_engine_dispatch(r, args, 1, "x", print).startswith("not run: world size 1")
     if importlib.util.find_spec("sglang") is None:
-        assert run_sglang_dispatch(r, args, 2, "x", print) == "not run: sglang is not importable here"
+        assert run_engine_dispatch(r, args, 2, "x", print) == "not run: sglang is not importable here"
+    assert run_engine_dispatch(r, args, 1, "x", print, engine="vllm").startswith(
+        "not run: world size 1 (vLLM's all_reduce returns its input unchanged")
+    if importlib.util.find_spec("vllm") is None:
+        assert run_engine_dispatch(r, args, 2, "x", print, engine="vllm") == "not run: vllm is not importable here"

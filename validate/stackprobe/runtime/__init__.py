@@ -98,12 +98,12 @@ def run_runtime(report, args) -> dict:
     names = [e.get("name") for e in report.engines] or ["sglang"]
     for name in ("sglang", "vllm"):
         if name in names:
-            report.options[f"{name}_dispatch"] = run_sglang_dispatch(
+            report.options[f"{name}_dispatch"] = run_engine_dispatch(
                 report, args, ws, out if name == "sglang" else f"{out}/vllm", progress, engine=name)
     return rt
 
 
-def run_sglang_dispatch(report, args, ws: int, out: str, progress, engine: str = "sglang") -> dict | str:
+def run_engine_dispatch(report, args, ws: int, out: str, progress, engine: str = "sglang") -> dict | str:
     """The runtime tier's dispatch probe (:mod:`.dispatch`) for ``engine`` (``sglang``; ``vllm`` when the report
     answered for vLLM) with the user's ``--server-args`` / ``--env`` (the ones the static answer took; the cluster
     job passes both) at world size ``ws``; its verdicts go into ``report`` with the host they were measured on (a

@@ -10,9 +10,11 @@ Claims and their failing twins:
 * with no flags vLLM builds custom allreduce and pynccl, its own log names them in dispatch order, custom allreduce
   serves and beats the same group with it switched off (served by pynccl): a 1 ms path against an 8 ms fallback;
 * ``--disable-custom-all-reduce`` reaches vLLM's parser and its switch in every rank: custom allreduce is not built
-  and pynccl serves (the baseline: nothing behind it);
+  and pynccl serves (the baseline: the dispatch's NCCL step);
 * the attribution follows vLLM's order, not SGLang's: with ``VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1`` PCIe IPC
   serves, and with it switched off custom allreduce serves (SGLang asks custom allreduce first);
+* PCIe IPC serves only once vLLM's warmup step set its workspace up (the bring-up calls it): without it custom
+  allreduce serves;
 * a P2P-off topology skips custom allreduce and PCIe IPC before any rank starts: the planted hang in the
   custom-allreduce constructor is never reached and pynccl serves;
 * a planted fault is reported as such, never as a ratio: custom allreduce that ignores being switched off, or that
@@ -78,6 +80,9 @@ def test_no_flags_custom_allreduce_serves_and_beats_pynccl(venv_env, tmp_path):
         assert b["device_communicator"] == "CudaCommunicator"
         assert b["communicators"]["ca_comm"]["built"] and b["communicators"]["pynccl_comm"]["built"]
         assert not b["communicators"]["fi_pcie_ipc_ar_comm"]["built"]       # opt-in, not set
+        assert b["pcie_ipc_setup"] == "not run: not built"
+        fi = b["communicators"]["fi_ar_comm"]     # vLLM's own class: built by default, disables itself here
+        assert (fi["built"], fi["class"], fi["disabled"]) == (True, "FlashInferAllReduce", True)
         assert b["all_reduce_flags"] == {"custom_all_reduce": True}
         assert b["after"]["paths"] == {"on": "ca_comm.custom_all_reduce", "off": "pynccl_comm.all_reduce"}
         assert b["after"]["checks"] == {"on": True, "off": True}            # real sums of the real inputs
@@ -88,7 +93,9 @@ def test_no_flags_custom_allreduce_serves_and_beats_pynccl(venv_env, tmp_path):
     assert (v["backend"], v["status"]) == ("vllm-custom-allreduce", "faster")
     m = v["measurements"]
     assert m["ratio_high"] < 0.95 and m["baseline_path"] == "pynccl_comm.all_reduce"
-    assert "under vLLM's graph capture" in v["cause"] and "not a verdict for the target" in v["cause"]
+    # a CPU host has no CUDA graph: the cause says the calls were eager, never "under graph capture"
+    assert "in eager calls inside vLLM's graph_capture() context" in v["cause"]
+    assert "under vLLM's graph capture" not in v["cause"] and "not a verdict for the target" in v["cause"]
 
 
 def test_disable_custom_all_reduce_reaches_vllms_switch_and_pynccl_serves(venv_env, tmp_path):
@@ -101,7 +108,7 @@ def test_disable_custom_all_reduce_reaches_vllms_switch_and_pynccl_serves(venv_e
         assert not b["communicators"]["ca_comm"]["built"]
     v = only(res)
     assert (v["backend"], v["status"]) == ("vllm-pynccl", "baseline")
-    assert "last step of the dispatch" in v["cause"]
+    assert "the dispatch's NCCL step" in v["cause"]
 
 
 def test_pcie_ipc_opt_in_serves_ahead_of_custom_allreduce_in_vllms_order(venv_env, tmp_path):
@@ -110,10 +117,20 @@ def test_pcie_ipc_opt_in_serves_ahead_of_custom_allreduce_in_vllms_order(venv_en
     for b in ranks(res):
         assert b["launch_env"]["VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC"]["vllm.envs"] is True
         assert b["communicators"]["fi_pcie_ipc_ar_comm"]["built"] and b["communicators"]["ca_comm"]["built"]
+        assert b["pcie_ipc_setup"] == {"workspace": True, "disabled": False}     # vLLM's warmup step, decode shape
         assert b["after"]["paths"] == {"on": "fi_pcie_ipc_ar_comm.all_reduce", "off": "ca_comm.custom_all_reduce"}
     v = only(res)
     assert v["backend"] == "vllm-flashinfer-pcie-ipc"
     assert v["status"] == "slower"                              # 3 ms against custom allreduce's 1 ms
+
+
+def test_pcie_ipc_without_its_warmup_set_up_declines_and_custom_allreduce_serves(venv_env, tmp_path):
+    rc, res, log = dispatch(venv_env, tmp_path, "--env", "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1", mode="no-setup")
+    assert rc == 0, log[-3000:]
+    for b in ranks(res):
+        assert b["communicators"]["fi_pcie_ipc_ar_comm"]["workspace"] is False
+        assert b["after"]["paths"]["on"] == "ca_comm.custom_all_reduce"
+    assert only(res)["backend"] == "vllm-custom-allreduce"
 
 
 def test_p2p_off_skips_both_peer_paths_before_any_set_up(venv_env, tmp_path):

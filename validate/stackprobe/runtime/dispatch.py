@@ -235,6 +235,10 @@ def verdicts(result: dict, tolerance: float = DEFAULT_TOLERANCE) -> list:
         return out + [v]
     m = result["merged"]
     paths = m["paths"] or {}
+    aft = bu[0].get("after") or {}
+    where_run = (f"under {title}'s graph capture" if aft.get("graph") == "cuda" and not aft.get("graph_capture")
+                 else f"in eager calls inside {title}'s graph_capture() context (no CUDA graph on this host: "
+                      f"{aft.get('graph_capture') or aft.get('graph') or 'not recorded'})")
     on = paths.get(ON)
     name = eng.rows.get((on or "").split(".")[0] if on and not on.startswith("torch.distributed")
                         else "torch.distributed", on or whole)
@@ -264,8 +268,9 @@ def verdicts(result: dict, tolerance: float = DEFAULT_TOLERANCE) -> list:
     attr = on.split(".")[0]
     if attr in eng.fallbacks or on.startswith("torch.distributed"):
         return out + [evidence(verdict(name, BASELINE, lift=LIFT_NONE_NEEDED,
-                                       cause=f"served by {on} under {title}'s graph capture: the last step of the "
-                                             "dispatch, nothing behind it to switch to; it is the baseline here"))]
+                                       cause=f"served by {on} {where_run}: the dispatch's NCCL step (behind it "
+                                             "only torch.distributed on the same group), so nothing to compare it "
+                                             "with; it is the baseline here"))]
     off = paths.get(OFF)
     if off == on:
         return out + [evidence(verdict(name, ERROR, gate=GATE_CRASH, lift=LIFT_UNKNOWN,
@@ -284,7 +289,7 @@ def verdicts(result: dict, tolerance: float = DEFAULT_TOLERANCE) -> list:
     r = p["ratio"]
     st = stats.status(r["low"], r["high"], tolerance, p["rounds"])
     v = evidence(verdict(name, st, lift=LIFT_NONE_NEEDED if st == stats.FASTER else LIFT_UNKNOWN,
-                         cause=(f"served by {on} under {title}'s graph capture; ratio of work per call to the same "
+                         cause=(f"served by {on} {where_run}; ratio of work per call to the same "
                                 f"group with {attr} switched off (served by {off}) {r['value']:.3f}, 95% interval "
                                 f"[{r['low']:.3f}, {r['high']:.3f}] over {p['rounds']} paired rounds (tolerance "
                                 f"{tolerance:.0%}); {p['work_us'][ON]['mean']:.2f} vs {p['work_us'][OFF]['mean']:.2f} "

@@ -6,18 +6,22 @@ later steps are not run):
 
 1. the user's server arguments are parsed by vLLM's own parser (``EngineArgs.add_cli_args`` on a
    ``FlexibleArgumentParser``, then ``EngineArgs.from_cli_args``: ``vllm/engine/arg_utils.py``);
-2. a ``ParallelConfig`` is made from them as ``EngineArgs.create_engine_config`` makes it (tensor-parallel size =
-   the group's world size; the parallel flags a TP group reads: ``disable_custom_all_reduce``,
-   ``enable_expert_parallel``, ``all2all_backend``), inside a ``VllmConfig`` (whose post-init asks the platform,
-   e.g. ``current_platform.use_custom_allreduce()``), set as the current config;
+2. a ``ParallelConfig`` from them with the fields of ``EngineArgs.create_engine_config``'s (``arg_utils.py:2569``)
+   that the TP group's communicators read (tensor-parallel size = the group's world size,
+   ``disable_custom_all_reduce``; ``enable_expert_parallel`` and ``all2all_backend`` recorded: the TP group is
+   built with ``use_all2all=False``), whose ``_verify_args`` asks the platform (``use_custom_allreduce()``,
+   ``config/parallel.py:1167``), inside a ``VllmConfig`` without a model (so ``use_cumem_cudagraph_pool``, which
+   decides custom allreduce's graph-buffer registration, keeps its default), set as the current config;
 3. vLLM's own ``init_worker_distributed_environment`` (``vllm/v1/worker/gpu_worker.py``): its all-reduce switch
    (``set_custom_all_reduce(not parallel_config.disable_custom_all_reduce)``), ``init_distributed_environment`` and
-   ``ensure_model_parallel_initialized``; where that module does not import, the same three calls from
-   ``vllm.distributed.parallel_state`` (the report says which);
+   ``ensure_model_parallel_initialized``; where that module does not import, those three calls from
+   ``vllm.distributed.parallel_state`` (the report says which; ``init_batch_invariance`` and the EPLB override are
+   then not run);
+   then, where the PCIe IPC communicator was built, vLLM's warmup step for it (:func:`setup_pcie_ipc`);
 4. the TP group's ``CudaCommunicator`` attributes are listed (built or not, ``disabled``, the log lines vLLM wrote),
    and the group's own ``all_reduce`` is called at the decode shape (bf16 ``[rows, hidden]``), eagerly and, on
    CUDA, inside its own ``graph_capture()``, with every method ``CudaCommunicator.all_reduce`` can end in observed
-   (:func:`observe`): the path recorded is the method that was called.
+   (:func:`observe`): the path recorded is the first method the call reached, not one derived from the order.
 
 vLLM builds no device communicator at world size 1 (``GroupCoordinator.__init__``: ``use_device_communicator and
 self.world_size > 1``) and its ``all_reduce`` returns the input there; the report says so ("input returned
@@ -38,12 +42,16 @@ import json
 import shlex
 import sys
 import traceback
+from pathlib import Path
 
 from .dispatch import VLLM, SglangDispatchProbe
 
 # the methods vllm 0.33.0's CudaCommunicator.all_reduce can end in (vllm/distributed/device_communicators/
-# cuda_communicator.py), by the attribute holding the communicator, in the order the dispatch asks them
-SERVING = {"fi_pcie_ipc_ar_comm": ("all_reduce",), "fi_ar_comm": ("all_reduce",), "qr_comm": ("quick_all_reduce",),
+# cuda_communicator.py:372-446), by the attribute holding the communicator, in the order the dispatch asks them
+# (NCCL symmetric memory, :data:`NCCL_SYMM`, is asked before all of them; ROCm's batch-invariant all_reduce between
+# custom allreduce and torch symmetric memory is not observed: it reads "no observed method"; behind pynccl only
+# ``torch.distributed.all_reduce`` on the device group, observed too)
+SERVING = {"qr_comm": ("quick_all_reduce",), "fi_pcie_ipc_ar_comm": ("all_reduce",), "fi_ar_comm": ("all_reduce",),
            "aiter_ar_comm": ("custom_all_reduce",), "ca_comm": ("custom_all_reduce",),
            "symm_mem_comm": ("all_reduce",), "pynccl_comm": ("all_reduce",)}
 COMMS = tuple(SERVING) + ("all2all_manager",)
@@ -52,7 +60,9 @@ COMMS = tuple(SERVING) + ("all2all_manager",)
 NCCL_SYMM = "nccl_symm_mem"
 #: the variables vLLM's TP group reads when it builds its communicators (vllm/envs.py)
 ENV_VARS = ("VLLM_ALLREDUCE_USE_SYMM_MEM", "VLLM_ALLREDUCE_USE_FLASHINFER", "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC",
-            "VLLM_USE_NCCL_SYMM_MEM", "VLLM_BATCH_INVARIANT")
+            "VLLM_USE_NCCL_SYMM_MEM", "VLLM_BATCH_INVARIANT", "VLLM_DISABLE_PYNCCL", "VLLM_FLASHINFER_ALLREDUCE_BACKEND")
+#: set by this suite in every rank (multicast off); torch reads it when it sets up symmetric memory
+SUITE_VARS = ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS")
 
 
 def _cuda_comm_module():
@@ -64,7 +74,9 @@ def _cuda_comm_module():
 def observe(group, calls: list):
     """While inside, every serving method of ``group.device_communicator``'s communicators (:data:`SERVING`), vLLM's
     NCCL symmetric-memory op (when it returns a tensor) and ``torch.distributed.all_reduce`` append
-    ``"<attr>.<method>"`` to ``calls`` before running (the symmetric-memory op: after, only when it served)."""
+    ``"<attr>.<method>"`` to ``calls`` before running; the symmetric-memory op's label is taken back when the op
+    returns None (the dispatch then goes on), so the first label of a call is the method that served it even
+    where that method calls another observed one (the op calls ``pynccl_comm.all_reduce`` inside)."""
     import torch
     import torch.distributed as dist
     undo = []
@@ -73,12 +85,11 @@ def observe(group, calls: list):
         orig = getattr(obj, name)
 
         def observed(*a, **k):
-            if not after:
-                calls.append(label)
-                return orig(*a, **k)
+            calls.append(label)
+            at = len(calls) - 1
             out = orig(*a, **k)
-            if out is not None:
-                calls.append(label)
+            if after and out is None:
+                del calls[at:]          # the op declined: neither it nor what it called served
             return out
         setattr(obj, name, observed)
         undo.append((obj, name, orig))
@@ -178,11 +189,35 @@ def _comm_state(comm) -> dict:
     if comm is None:
         return {"built": False}
     out = {"built": True, "class": type(comm).__name__}
-    for k in ("disabled", "available", "world_size", "full_nvlink", "max_size"):
+    for k in ("disabled", "available", "world_size", "fully_connected", "max_size", "max_workspace_size"):
         if hasattr(comm, k):
             v = getattr(comm, k)
             out[k] = v if isinstance(v, (bool, int, float, str, type(None))) else str(v)
+    if hasattr(comm, "workspace"):
+        out["workspace"] = comm.workspace is not None
     return out
+
+
+def setup_pcie_ipc(tp, rows: int, hidden: int, rep: dict) -> None:
+    """vLLM sets its PCIe IPC workspace up at warmup, before graph capture (``warmup_flashinfer_pcie_ipc_allreduce``,
+    ``vllm/distributed/device_communicators/flashinfer_pcie_ipc_all_reduce.py``, from
+    ``model_executor/warmup/kernel_warmup.py``); until then ``should_use`` declines every tensor. Here the same
+    ``setup`` call with the decode shape (``rows`` as the one capture size, ``hidden``, bf16) and a tune cache in a
+    temporary folder; recorded in ``rep["pcie_ipc_setup"]`` (an exception is recorded, not raised)."""
+    import tempfile
+
+    import torch
+    dc = tp.device_communicator
+    comm = getattr(dc, "fi_pcie_ipc_ar_comm", None) if dc is not None else None
+    if comm is None or comm.disabled:
+        rep["pcie_ipc_setup"] = "not run: not built" if comm is None else "not run: disabled"
+        return
+    try:
+        cache = Path(tempfile.mkdtemp(prefix="vllm-pcie-ipc-")) / f"pcie_ipc_allreduce_tp_{tp.world_size}.json"
+        comm.setup(hidden_dim=hidden, dtype=torch.bfloat16, capture_sizes=[rows], tune_cache=cache)
+        rep["pcie_ipc_setup"] = {"workspace": comm.workspace is not None, "disabled": comm.disabled}
+    except Exception as exc:  # noqa: BLE001 - vLLM does not catch it either: recorded as what start-up would meet
+        rep["pcie_ipc_setup"] = f"failed: {type(exc).__name__}: {str(exc)[:300]}"
 
 
 @contextlib.contextmanager
@@ -249,6 +284,7 @@ def bring_up(server_args: str, world_size: int = 1, rank: int = 0, backend: str 
         rep["steps"].append("server args parsed by EngineArgs.add_cli_args/from_cli_args")
         import vllm.envs as envs
         rep["launch_env"] = {k: {"environ": os.environ.get(k), "vllm.envs": getattr(envs, k, None)} for k in ENV_VARS}
+        rep["launch_env"].update({k: {"environ": os.environ.get(k)} for k in SUITE_VARS})
         from vllm.config import VllmConfig, set_current_vllm_config
         from vllm.platforms import current_platform
         rep["platform"] = type(current_platform).__name__
@@ -270,6 +306,7 @@ def bring_up(server_args: str, world_size: int = 1, rank: int = 0, backend: str 
             rep["log"] = [ln for ln in log if " vllm.distributed" in ln][-40:]   # the groups' own lines
             dc = tp.device_communicator
             rep["device_communicator"] = type(dc).__name__ if dc is not None else None
+            setup_pcie_ipc(tp, rows, hidden, rep)
             rep["communicators"] = {a: _comm_state(getattr(dc, a, None) if dc is not None else None) for a in COMMS}
             dev = tp.device if backend == "nccl" else torch.device("cpu")
             x = torch.ones(rows, hidden, dtype=torch.bfloat16, device=dev)

@@ -99,9 +99,10 @@ def test_no_flags_custom_allreduce_serves_and_beats_pynccl(venv_env, tmp_path):
 
 
 def test_disable_custom_all_reduce_reaches_vllms_switch_and_pynccl_serves(venv_env, tmp_path):
-    rc, res, log = dispatch(venv_env, tmp_path, "--server-args", "--disable-custom-all-reduce")
+    rc, res, log = dispatch(venv_env, tmp_path, "--server-args", "--disable-custom-all-reduce --port 8000")
     assert rc == 0, log[-3000:]
     for b in ranks(res):
+        assert b["server_args"]["not_engine_args"] == ["--port", "8000"]     # vllm serve's front end: no TP group reads it
         assert b["server_args"]["disable_custom_all_reduce"] is True
         assert b["parallel_config"]["disable_custom_all_reduce"] is True
         assert b["all_reduce_flags"] == {"custom_all_reduce": False}

@@ -164,8 +164,10 @@ def served_by(group, tensor) -> dict:
 
 
 def parse_server_args(text: str):
-    """vLLM's ``EngineArgs`` from a command-line string, by vLLM's own parser. Raises ``ValueError`` for a string
-    that is not shell-quoted, ``SystemExit`` (argparse's) for a flag vLLM does not know."""
+    """``(EngineArgs, left)``: vLLM's ``EngineArgs`` from a command-line string, by vLLM's own parser, and the
+    arguments it does not define (``vllm serve``'s front-end flags such as ``--host``/``--port``, which no TP group
+    reads; recorded, not an error). Raises ``ValueError`` for a string that is not shell-quoted, ``SystemExit``
+    (argparse's) for a bad value of a flag vLLM defines."""
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     try:
@@ -173,7 +175,8 @@ def parse_server_args(text: str):
     except ValueError as exc:
         raise ValueError(f"--server-args {text!r} is not one shell-quoted string ({exc})") from None
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
-    return EngineArgs.from_cli_args(parser.parse_args(argv))
+    ns, left = parser.parse_known_args(argv)
+    return EngineArgs.from_cli_args(ns), left
 
 
 def parallel_config(ea, world_size: int):
@@ -275,8 +278,8 @@ def bring_up(server_args: str, world_size: int = 1, rank: int = 0, backend: str 
     try:
         if before is not None:
             before()
-        ea = parse_server_args(server_args)
-        rep["server_args"] = {"text": server_args, "tp_size_asked": ea.tensor_parallel_size,
+        ea, left = parse_server_args(server_args)
+        rep["server_args"] = {"text": server_args, "not_engine_args": left, "tp_size_asked": ea.tensor_parallel_size,
                               "tp_size_used": world_size, "data_parallel_size_asked": ea.data_parallel_size,
                               "disable_custom_all_reduce": ea.disable_custom_all_reduce,
                               "enable_expert_parallel": ea.enable_expert_parallel,

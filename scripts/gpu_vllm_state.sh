@@ -11,6 +11,7 @@
 #                                     vllm/platforms/cuda.py imports it at the top)
 #   .whl/*.whl                        the import closure's wheels the host lacks (tests/fixtures/
 #                                     vllm_bring_up_requirements.txt less what the host has), for its Python
+# VLLM_C_STANDIN=1 with no pieces carried: an empty module stands in for that extension (named in versions.txt).
 # With DISPATCH_WORLD_SIZE=N (N >= 2 GPUs) it then runs `python -m stackprobe.runtime dispatch --engine vllm` at world
 # size N, without and with the PCIe IPC opt-in, NVLink multicast off in every process. Exit 0 when both bring-up
 # runs wrote their JSON, else 1.
@@ -29,6 +30,13 @@ if [ ${#parts[@]} -gt 0 ]; then
     || { echo "the joined so.xz does not match ${sums[0]:-so.xz.sha256}: a piece is missing or stale" >&2; exit 1; }
   xz -dc "$SITE/so.xz" > "$SITE/vllm/_C_stable_libtorch.abi3.so" || exit 1
 fi
+if [ ${#parts[@]} -eq 0 ] && [ "${VLLM_C_STANDIN:-0}" = 1 ]; then
+  # the compiled extension not carried (92 MB): an empty module stands in for it, so vllm/platforms/cuda.py imports;
+  # no op of it is called by the bring-up at world size 1 (no device communicator is built there), and the
+  # versions file says so
+  printf '"""Empty stand-in for vllm._C_stable_libtorch (not carried); registers no op."""\n' \
+    > "$SITE/vllm/_C_stable_libtorch.py"
+fi
 wheels=("$ROOT"/.whl/*.whl)
 if [ ${#wheels[@]} -gt 0 ]; then
   python -m pip install -q --no-deps --no-index --disable-pip-version-check --target "$SITE" --upgrade "${wheels[@]}" \
@@ -45,7 +53,10 @@ for d in ("transformers", "pydantic", "flashinfer-python", "triton"):
     try: print(d, m.version(d))
     except m.PackageNotFoundError: print(d, "not installed")
 so = os.path.join(os.environ["PYTHONPATH"].split(":")[0], "vllm", "_C_stable_libtorch.abi3.so")
-print("vllm 0.33.0 (Python files of the wheel)", "with _C_stable_libtorch" if os.path.exists(so) else "without its .so files")
+stub = so.replace(".abi3.so", ".py")
+print("vllm 0.33.0 (Python files of the wheel)", "with _C_stable_libtorch" if os.path.exists(so) else
+      "with an EMPTY STAND-IN for _C_stable_libtorch (no op registered)" if os.path.exists(stub) else
+      "without its .so files")
 PY
 cat "$OUT/versions.txt"
 rc=0

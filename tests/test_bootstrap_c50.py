@@ -4,8 +4,10 @@ same Release again (another machine, or this engine after the image is gone) giv
 ``invoke build --locked`` on an engine without the image makes it again and checks it. Where it cannot (the mirror
 moved past the locked Release; a lock made by debootstrap) the build is refused before any download, naming why.
 
-Honest limit: the two bootstraps run on one engine (the image and its tag removed between them), not on two
-machines; the image id depends only on the archive's config bytes, which hold the rootfs tarball's sha256."""
+The two bootstraps run in two engines: this host's, and a second, empty dockerd (its own data root, as a fresh
+builder has; ``second_dockerd`` of tests/test_builder_integration.py), where ``ensure_locked_os_image`` makes the
+image again through the docker CLI pointed at it. Both share this host's mmdebstrap and mirror, not a second
+machine's; the image id depends only on the archive's config bytes, which hold the rootfs tarball's sha256."""
 from __future__ import annotations
 
 import hashlib
@@ -17,6 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from cudastack.errors import LockError
+from test_builder_integration import second_dockerd  # noqa: F401 - the fixture: a second, empty dockerd
 
 pytestmark = [pytest.mark.docker, pytest.mark.network]
 
@@ -38,7 +41,9 @@ def _plan(tag: str):
     return SimpleNamespace(nodes=[SimpleNamespace(name="base", kind="base-pip", build_args={"OS_IMAGE": tag})])
 
 
-def test_c50_a_second_bootstrap_of_the_locked_release_gives_the_locked_id(client):
+def test_c50_a_second_bootstrap_of_the_locked_release_gives_the_locked_id(client, second_dockerd, monkeypatch):
+    import docker
+
     from cudastack.bootstrap import bootstrap_os_image, os_image_record
     from cudastack.lock.apply import ensure_locked_os_image
 
@@ -48,14 +53,17 @@ def test_c50_a_second_bootstrap_of_the_locked_release_gives_the_locked_id(client
     rec = os_image_record(TAG)
     assert rec["tool"].startswith("mmdebstrap ") and rec["image_id"] == first
     lock = {"nodes": {"base": {"os_image": rec}}}
-    client.images.remove(TAG, force=True)          # a fresh engine, as far as this tag goes
+    _, sock = second_dockerd
+    other = docker.DockerClient(base_url=f"unix://{sock}")
+    assert not other.images.list(), "the second engine is not empty"
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{sock}")       # the docker CLI that loads the image: the second engine
     said: list[str] = []
-    ensure_locked_os_image(_plan(TAG), lock, client, say=said.append)
-    assert client.images.get(TAG).id == first, "the same Release bootstrapped again gave another image id"
+    ensure_locked_os_image(_plan(TAG), lock, other, say=said.append)
+    assert other.images.get(TAG).id == first, "the same Release bootstrapped in another engine gave another image id"
     assert any("making it again from the locked Release" in s for s in said), said
-    # present now: nothing is made again
+    # present there now: nothing is made again
     said.clear()
-    ensure_locked_os_image(_plan(TAG), lock, client, say=said.append)
+    ensure_locked_os_image(_plan(TAG), lock, other, say=said.append)
     assert not said
 
 

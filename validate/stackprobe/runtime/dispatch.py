@@ -1,5 +1,8 @@
-"""SGLang's own TP allreduce dispatch at world size N: which path serves a decode-shape tensor under SGLang's graph
-capture with the user's server arguments, and whether it beats the same group with only that path switched off.
+"""An engine's own TP allreduce dispatch at world size N (SGLang's here; vLLM's through the same code, with
+:class:`RuntimeEngine` ``VLLM`` and :class:`stackprobe.runtime.vllm_state.VllmDispatchProbe`): which path serves a
+decode-shape tensor under the engine's graph capture with the user's server arguments, and whether it beats the same
+group with only that path switched off. What follows names SGLang's steps; vLLM's are in
+:mod:`stackprobe.runtime.vllm_state`.
 
 :func:`run_dispatch` (``python -m stackprobe.runtime dispatch``; the ``--runtime`` tier of ``python -m stackprobe``,
 which the cluster job runs with the user's ``--server-args`` / ``--env``):

@@ -90,9 +90,10 @@ class _LogCapture(logging.Handler):
 
 
 @contextlib.contextmanager
-def captured_logs():
+def captured_logs(name: str = "sglang"):
+    """What the ``name`` logger (SGLang's, or ``vllm``) writes while inside, at DEBUG."""
     h = _LogCapture()
-    root = logging.getLogger("sglang")
+    root = logging.getLogger(name)
     old = root.level
     root.addHandler(h)
     root.setLevel(logging.DEBUG)

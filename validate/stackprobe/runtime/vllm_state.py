@@ -223,24 +223,6 @@ def setup_pcie_ipc(tp, rows: int, hidden: int, rep: dict) -> None:
         rep["pcie_ipc_setup"] = f"failed: {type(exc).__name__}: {str(exc)[:300]}"
 
 
-@contextlib.contextmanager
-def captured_vllm_logs():
-    """What vLLM's loggers write while inside (``vllm`` logger, DEBUG)."""
-    import logging
-
-    from .engine import _LogCapture
-    h = _LogCapture()
-    root = logging.getLogger("vllm")
-    old = root.level
-    root.addHandler(h)
-    root.setLevel(logging.DEBUG)
-    try:
-        yield h.lines
-    finally:
-        root.removeHandler(h)
-        root.setLevel(old)
-
-
 def _init_worker(cfg, rank: int, init_method: str, backend: str, rep: dict) -> None:
     """vLLM's own ``init_worker_distributed_environment`` (``vllm/v1/worker/gpu_worker.py``), or the same three
     calls where that module does not import (recorded in ``rep["init"]``)."""
@@ -299,9 +281,11 @@ def bring_up(server_args: str, world_size: int = 1, rank: int = 0, backend: str 
                                   "all2all_backend": cfg.parallel_config.all2all_backend}
         rep["steps"].append("ParallelConfig + VllmConfig")
         from vllm.distributed import parallel_state as ps
+
+        from .engine import captured_logs
         if backend == "nccl":
             torch.cuda.set_device(rank % max(torch.cuda.device_count(), 1))
-        with set_current_vllm_config(cfg), captured_vllm_logs() as log:
+        with set_current_vllm_config(cfg), captured_logs("vllm") as log:
             _init_worker(cfg, rank, init_method, backend, rep)
             rep["all_reduce_flags"] = {"custom_all_reduce": bool(ps._ENABLE_CUSTOM_ALL_REDUCE)}
             rep["steps"].append("init_worker_distributed_environment")

@@ -17,8 +17,11 @@ Printed: both times, the ratio, the push time inside the cold run, the layers ea
 present, and whether the runtime image id of both runs is the same.
 
 ``--stack 12.8`` adds the locked CUDA 12.8 stack (pip base, ``--skip flash-attn``, the committed lock copied to a
-temporary folder so outputs are recorded there, never into ``lockfiles/``). About 12 min of builds on a 2-core
-builder, so it runs only when asked.
+temporary folder so outputs are recorded there, never into ``lockfiles/``), after the fixture chain in the same
+run. Before its cold run every BuildKit build-cache record of the engine but the cache mounts is removed (an
+earlier build of the same stack would otherwise serve its steps: the cold figure would be a cached one); the
+fixture chain's layer cache goes with them. About 12 min of builds on a 2-core builder, so it runs only when
+asked.
 
 Usage: ``python benchmarks/cold_builder.py [--stack 12.8] [--keep-build-cache] [--no-nonce] [--json out.json]``
 """
@@ -73,12 +76,25 @@ def empty_engine(client, plan, extra: tuple[str, ...] = ()) -> int:
 
 def prune_build_cache_since(client, since: datetime) -> int:
     """Remove the BuildKit build-cache records created at or after ``since`` (those of this benchmark's builds on
-    this engine), one ``POST /build/prune`` with an ``id`` filter each, in passes until none is left that may go
-    (a record a newer one builds on goes once that one is gone). Returns how many were removed."""
+    this engine). Returns how many were removed."""
+    return prune_build_records(client, lambda r: _created(r) >= since)
+
+
+def prune_layer_records(client) -> int:
+    """Remove every BuildKit build-cache record of this engine except the cache *mounts* (``Type``
+    ``exec.cachemount``: apt's, pip's and ccache's folders), so no RUN step of a later build is served from
+    BuildKit's cache while downloaded packages stay. Returns how many were removed."""
+    return prune_build_records(client, lambda r: r.get("Type") != "exec.cachemount")
+
+
+def prune_build_records(client, select) -> int:
+    """Remove the build-cache records ``select(record)`` is true for (``GET /system/df``'s ``BuildCache`` entries),
+    one ``POST /build/prune`` with an ``id`` filter each, in passes until none is left that may go (a record a
+    newer one builds on goes once that one is gone; one in use never goes). Returns how many were removed."""
     removed = 0
     for _ in range(20):
         records = client.api.df().get("BuildCache") or []
-        ours = [r for r in records if _created(r) >= since and not r.get("InUse")]
+        ours = [r for r in records if select(r) and not r.get("InUse")]
         if not ours:
             break
         gone = 0
@@ -142,13 +158,17 @@ def _ensure_fixture_os(engine: Engine) -> None:
 
 
 def measure(name: str, engine: Engine, make, cache_prefix: str, tmp: Path, *, keep_build_cache: bool,
-            extra_images: tuple[str, ...] = (), lock_for=None, after_cold=None) -> dict:
-    """Cold build (+ push) then the cache build of the plan ``make()`` returns, on emptied engines. ``lock_for``:
+            extra_images: tuple[str, ...] = (), lock_for=None, after_cold=None, cold_layers: bool = False) -> dict:
+    """Cold build (+ push) then the cache build of the plan ``make()`` returns, on emptied engines
+    (``cold_layers``: BuildKit's layer records removed first, :func:`prune_layer_records`). ``lock_for``:
     the lock a locked plan was prepared from (the cache checks pulls against it); ``after_cold(record)``: run
     between the two (a locked build records its outputs into the lock)."""
     client = engine.client
     plan = make()
     empty_engine(client, plan)
+    if cold_layers:
+        say(f"before the cold run: {prune_layer_records(client)} BuildKit build-cache records removed (cache "
+            "mounts kept), so no step is served from an earlier build")
     t_start = datetime.now(timezone.utc)
     cache = NodeCache.open(cache_prefix, client, lock=lock_for(plan) if lock_for else None)
     t0 = time.monotonic()
@@ -251,6 +271,7 @@ def _stack(cuda: str, engine: Engine, prefix: str, tmp: Path, keep_build_cache: 
 
     return measure(f"locked CUDA {cuda} stack (pip base, no flash-attn)", engine, make, prefix, tmp,
                    keep_build_cache=keep_build_cache, lock_for=lambda plan: locks[id(plan)],
+                   cold_layers=not keep_build_cache,
                    after_cold=lambda record: L.record_build_outputs(path, record))
 
 

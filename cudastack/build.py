@@ -171,6 +171,15 @@ def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None,
 
     secrets = {"cabundle": bundle} if bundle else {}
     error: StackError | None = None
+    cache_refs: dict[str, str] = {}     # a node's tag -> its node cache reference by digest (a builder pulls it)
+
+    def note_cache_ref(node, entry) -> None:
+        got = entry.get("cache") or {}
+        if got.get("status") in ("pulled", "pushed") and "@sha256:" in str(got.get("reference")):
+            cache_refs[node.tag] = got["reference"]
+        elif cache is not None and in_cache.get(node.name):
+            cache_refs[node.tag] = cache.pinned(node, in_cache[node.name])
+
     for i, (node, entry) in enumerate(zip(plan.nodes, record["nodes"]), 1):
         if error is not None:
             continue
@@ -190,6 +199,7 @@ def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None,
                         "--cache to fill the cache")
                 else:
                     push_node(cache, node, entry, say, f"[{i}/{len(plan.nodes)}] {node.name}")
+            note_cache_ref(node, entry)
             continue
         if in_cache.get(node.name):
             from cudastack.node_cache import serve_node
@@ -198,6 +208,7 @@ def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None,
             journal()
             try:
                 if serve_node(cache, node, in_cache[node.name], entry, wheelhouse, say, f"[{i}/{len(plan.nodes)}]"):
+                    note_cache_ref(node, entry)
                     journal()
                     continue
             except LockError as exc:
@@ -252,6 +263,11 @@ def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None,
                     entry["builder"] = remote
                     common["builder"] = builder
                     say(f"[{i}/{len(plan.nodes)}] {node.name}: on builder {remote} ({builder.driver})")
+                    if args.get("PARENT_IMAGE") in cache_refs:    # the builder pulls the parent by digest itself
+                        entry["parent_from_cache"] = cache_refs[args["PARENT_IMAGE"]]
+                        common["build_args"] = {**args, "PARENT_IMAGE": entry["parent_from_cache"]}
+                        say(f"[{i}/{len(plan.nodes)}] {node.name}: its parent comes to builder {remote} from the node "
+                            f"cache ({entry['parent_from_cache']})")
             if node.kind == "wheels":
                 wheelhouse.path.mkdir(parents=True, exist_ok=True)
                 tmp_out = Path(tempfile.mkdtemp(prefix=f".export-{node.name}-p{os.getpid()}-", dir=wheelhouse.path.parent))

@@ -97,11 +97,13 @@ def _image_on_context(docker: str, context: str, tag: str) -> bool:
 
 
 def check_parents(builder: Builder, plan, scope: str, local_context: str = "", docker: str = "docker",
-                  served: frozenset | set = frozenset()) -> list[str]:
+                  served: frozenset | set = frozenset(), pullable: frozenset | set = frozenset()) -> list[str]:
     """Before any build: for a ``docker``-driver builder on another engine, each sent node's parent image must
     be there (or be built there by this run). ``served``: names of nodes that will not be built at all (cached
-    here, or in the node cache): they send nothing. Returns notes for the dry run / log; raises UsageError
-    listing the missing parents and how to load them."""
+    here, or in the node cache): they send nothing. ``pullable``: names of nodes the node cache holds: a sent
+    child gets such a parent as ``PARENT_IMAGE=HOST/PREFIX/<repo>@sha256:...`` and the builder pulls it itself
+    (:func:`cudastack.build.run_build`). Returns notes for the dry run / log; raises UsageError listing the
+    missing parents and how to load them."""
     nodes = [n for n in plan.nodes if sent(n, scope) and n.name not in served]
     if not nodes:
         return [f"builder {builder.name}: no node of this plan is sent (--builder-nodes {scope})"]
@@ -110,9 +112,10 @@ def check_parents(builder: Builder, plan, scope: str, local_context: str = "", d
                 "`invoke push`) unless its engine already holds them"]
     sent_names = {n.name for n in nodes}
     missing = []
+    from_cache = sorted({n.parents[0] for n in nodes if n.parents and n.parents[0] in pullable} - sent_names)
     for n in nodes:
         parent = n.parents[0] if n.parents else ""
-        if parent and parent not in sent_names:
+        if parent and parent not in sent_names and parent not in pullable:
             tag = plan.node(parent).tag
             if not _image_on_context(docker, builder.endpoint, tag):
                 missing.append(tag)
@@ -122,7 +125,9 @@ def check_parents(builder: Builder, plan, scope: str, local_context: str = "", d
             f"which does not hold the parent image(s) {', '.join(sorted(set(missing)))}. Load them there first "
             f"(`docker save TAG | docker --context {builder.endpoint} load`), push them to a registry it pulls from, "
             "or send every node (--builder-nodes all). Nothing was built.")
-    return [f"builder {builder.name} (docker driver, context {builder.endpoint}): parents present there"]
+    notes = [f"builder {builder.name} (docker driver, context {builder.endpoint}): parents present there"
+             + (f"; {', '.join(from_cache)} pulled there from the node cache by digest" if from_cache else "")]
+    return notes
 
 
 MARKER_DOCKERFILE = """ARG PARENT_IMAGE

@@ -14,6 +14,9 @@ REGISTRY/PREFIX`` (or ``CUDASTACK_NODE_CACHE=REGISTRY/PREFIX`` in the environmen
   into a temporary folder beside the wheelhouse and moved in (:meth:`cudastack.wheelhouse.Wheelhouse.add`);
 * **to build**: built as without a cache, then pushed (``--cache-read-only``: never pushed).
 
+A pushed ``base-pip`` node takes its OS image along (:mod:`cudastack.os_image_cache`), so a fresh builder under
+``--locked`` pulls the locked OS image instead of bootstrapping it again.
+
 Under ``--locked`` a pulled node is checked against the lock before it is used: its image id against
 ``outputs.<node>.image_id`` and its wheels against ``outputs.<node>.wheels`` (where the lock recorded outputs for
 this tag) and against the sha256 of every locked package file of the same name. A wheels node that was built on
@@ -132,6 +135,12 @@ class NodeCache:
 
         return push_target(node.tag, self.prefix)
 
+    def pinned(self, node, digest: str) -> str:
+        """``HOST/NAMESPACE/<repository>@<digest>``: ``node``'s cache entry by the manifest digest it serves."""
+        from cudastack.registry import parse_reference
+
+        return parse_reference(self.target(node)).with_digest(digest).pinned()
+
     def probe(self, node) -> Optional[str]:
         """The manifest digest the registry serves for ``node``'s cache tag, or None when it has none.
         Raises RegistryError when the registry cannot be read (gone, login refused)."""
@@ -169,10 +178,9 @@ class NodeCache:
         import docker.errors
         import requests
 
-        from cudastack.registry import parse_reference, pull_by_digest
+        from cudastack.registry import pull_by_digest
 
-        ref = parse_reference(self.target(node)).with_digest(digest)
-        pinned = ref.pinned()
+        pinned = self.pinned(node, digest)
         want_digest = self._locked_outputs(node).get("cache_digest")
         if want_digest and want_digest != digest:
             raise self._refuse(node, pinned, f"the cache serves {digest}, the lock's outputs.{node.name}.cache_digest "
@@ -375,3 +383,14 @@ def push_node(cache: NodeCache, node, entry: dict, say: Say, label: str) -> None
         return
     entry["cache"] = {"status": "pushed", **{k: pushed[k] for k in ("reference", "digest", "push_s")}}
     say(f"{label}: pushed to the node cache as {pushed['reference']} ({_fmt_s(pushed['push_s'])})")
+    if node.kind == "base-pip" and node.build_args.get("OS_IMAGE"):    # a fresh locked builder pulls it too
+        from cudastack.os_image_cache import push_os_image
+
+        try:
+            entry["cache"]["os_image"] = push_os_image(cache, node.build_args["OS_IMAGE"], say)
+        except StackError as exc:
+            entry["cache"]["os_image"] = {"status": "push failed", "error": str(exc)}
+            cache.failures.append({"node": f"{node.name} (OS image)", "op": "push", "error": str(exc)})
+            say(f"warning: {label}: pushing its OS image to the node cache failed; the build's result stands: {exc}")
+            return
+        say(f"{label}: its OS image pushed to the node cache as {entry['cache']['os_image']['reference']}")

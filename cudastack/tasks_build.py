@@ -259,7 +259,8 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
         lock_file = None
         if locked:
             lock_file = L.lock_path(plan.toolchain, lockfiles)
-            lock = L.prepare_locked_build(plan, lock_file, client=engine.client, say=say, cache_dirs=caches(plan))
+            lock = L.prepare_locked_build(plan, lock_file, client=engine.client, say=say, cache_dirs=caches(plan),
+                                           cache=node_cache)
             say(f"{lock_file} verified against the plan")
             if node_cache is not None:
                 node_cache.lock = lock
@@ -267,14 +268,17 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
         if bx is not None:
             from cudastack.builders import check_parents
             served: set = set()
+            pullable: set = set()
             if node_cache is not None:     # nodes pulled from the cache are never sent: their parents need not be there
                 from pathlib import Path
 
                 from cudastack.build import Wheelhouse, cached_map
                 here = cached_map(engine, Wheelhouse(Path(state_dir).resolve() / plan.wheelhouse), plan)
-                remote = node_cache.probe_plan(plan, here, lambda m: print(m, file=sys.stderr), for_push=False)
-                served = {n for n, c in here.items() if c} | {n for n, d in remote.items() if d}
-            for note in check_parents(bx, plan, builder_nodes, docker=engine.buildkit.docker, served=served):
+                remote = node_cache.probe_plan(plan, {}, lambda m: print(m, file=sys.stderr), for_push=False)
+                pullable = {n for n, d in remote.items() if d}
+                served = {n for n, c in here.items() if c} | pullable
+            for note in check_parents(bx, plan, builder_nodes, docker=engine.buildkit.docker, served=served,
+                                      pullable=pullable):
                 print(f"note: {note}", file=sys.stderr)
         _sigterm_as_interrupt()
         record = run_build(plan, state_dir=state_dir, ca_bundle=ca_bundle, engine=engine, builder=bx,

@@ -14,6 +14,8 @@ tests/test_node_cache.py's three small nodes, its wheels node marked as one that
    it from the cache; a lock holding the marker's id, or another digest, refuses it, naming the node.
 4. The parent check leaves out the nodes the cache serves: the big builder's engine lacks the wheels node's parent,
    which is an error when the node would be sent there and none when the cache serves it.
+5. A node sent to the big builder whose parent only the cache holds: the parent is pulled here, and the builder is
+   given it as ``PARENT_IMAGE=HOST/PREFIX/<repo>@sha256:...``, which its engine pulls from the registry itself.
 
 Needs root, dockerd, the docker buildx plugin (CUDASTACK_TEST_BUILDX names a docker-buildx binary where the CLI has
 none) and docker-registry.
@@ -126,6 +128,27 @@ def test_a_node_built_on_a_builder_fills_the_cache_and_a_second_builder_pulls_it
             check_parents(big, plan, "source", docker=engine.buildkit.docker)
         note = check_parents(big, plan, "source", docker=engine.buildkit.docker, served={"wheels"})
         assert note == [f"builder {ctx}: no node of this plan is sent (--builder-nodes source)"]
+
+        # a sent node whose parent only the cache holds: the builder gets the parent by digest and pulls it itself
+        new = {n: dataclasses.replace(plan.node(n), hash=h, tag=f"cudastack-test/cache-{n}:{h[:16]}")
+               for n, h in (("wheels", os.urandom(32).hex()), ("runtime", os.urandom(32).hex()))}
+        plan5 = dataclasses.replace(plan, nodes=[base, new["wheels"], new["runtime"]])
+        assert cache.probe(new["wheels"]) is None and cache.probe(base)
+        note = check_parents(big, plan5, "source", docker=engine.buildkit.docker, served={"base"}, pullable={"base"})
+        assert note[0].endswith("base pulled there from the node cache by digest"), note
+        lines = []
+        fifth = run_build(plan5, state_dir=tmp_path / "s5", engine=engine, cache=cache, builder=big,
+                          builder_nodes="source", say=lines.append)
+        f5 = {n["name"]: n for n in fifth["nodes"]}
+        assert [f5[n]["status"] for n in ("base", "wheels", "runtime")] == ["pulled", "built", "built"], fifth["error"]
+        assert f5["wheels"]["builder"] == ctx and f5["wheels"]["parent_from_cache"] == f5["base"]["cache"]["reference"]
+        assert "@sha256:" in f5["wheels"]["parent_from_cache"]
+        # the builder's engine never held the parent's local tag: BuildKit there took the FROM from the registry
+        assert _on(sock, "image", "inspect", base.tag).returncode != 0
+        with pytest.raises(UsageError, match="does not hold the parent image"):     # without the cache: refused
+            check_parents(big, plan5, "source", docker=engine.buildkit.docker)
+        assert any("its parent comes to builder" in line for line in lines)
+        empty_engine(engine.client, plan5)
     finally:
         empty_engine(engine.client, plan)
         _on(sock, "image", "rm", "-f", base.tag)

@@ -237,8 +237,10 @@ def install_locked(lock: dict, node: str, arg: str, *, target_dir: str | Path, p
     return [f"{p['name']}=={p['version']}" for p in lock["nodes"][node]["installs"][arg]["packages"]]
 
 
-def ensure_locked_os_image(plan, lock: dict, client, *, say: Optional[Progress] = None) -> None:
-    """A fresh builder (case C50): where the pip base's OS image the lock pins is not on this engine, make it
+def ensure_locked_os_image(plan, lock: dict, client, *, say: Optional[Progress] = None, cache=None) -> None:
+    """A fresh builder (case C50): where the pip base's OS image the lock pins is not on this engine, pull it
+    from the node ``cache`` when one is given and holds that image id (:func:`cudastack.os_image_cache.pull_os_image`:
+    any other id is refused), else make it
     again from what the lock recorded (suite, mirror, variant), refusing first when the mirror now serves another
     Release than the locked one (LockError naming both), or when the lock's image was made by a tool that does
     not reproduce (debootstrap: LockError, relock once). The id is then checked by
@@ -257,6 +259,11 @@ def ensure_locked_os_image(plan, lock: dict, client, *, say: Optional[Progress] 
             continue
         except Exception:  # noqa: BLE001 - absent (or unreadable): made below
             pass
+        if cache is not None and rec.get("image_id"):
+            from cudastack.os_image_cache import pull_os_image
+
+            if pull_os_image(cache, tag, rec["image_id"], (lambda m: say(f"{node.name}: {m}")) if say else (lambda m: None)):
+                continue
         tool = rec.get("tool") or rec.get("debootstrap") or ""
         if not is_reproducible(tool):
             raise LockError(
@@ -274,15 +281,17 @@ def ensure_locked_os_image(plan, lock: dict, client, *, say: Optional[Progress] 
 
 
 def prepare_locked_build(plan, path: str | Path, *, client=None, check_hashes: bool = True,
-                         cache_dirs: Iterable[str | Path] = (), say: Optional[Progress] = None) -> dict:
+                         cache_dirs: Iterable[str | Path] = (), say: Optional[Progress] = None,
+                         cache=None) -> dict:
     """For ``invoke build --locked`` (and its dry run): load the lock at ``path``, verify ``plan`` against it
     (LockError naming every stale entry, before anything is built), check every locked sha256 against the
     index or cached files (:func:`verify_locked_hashes`, with ``check_hashes``) and turn the plan into its
     locked build in place (:func:`apply_lock`: hash-checking build args, pinned sdist digests, locked node
-    hashes and tags). Never writes the lock. Returns the lock."""
+    hashes and tags). ``cache``: a :class:`cudastack.node_cache.NodeCache` a missing OS image is pulled from
+    first. Never writes the lock. Returns the lock."""
     lock = load_lock(path)
     if client is not None:
-        ensure_locked_os_image(plan, lock, client, say=say)
+        ensure_locked_os_image(plan, lock, client, say=say, cache=cache)
     verify_plan_against_lock(plan, lock, client=client, where=str(path))
     if check_hashes:
         logins = {n.build_args.get("PIP_INDEX_URL", ""): n.index_secret for n in plan.nodes

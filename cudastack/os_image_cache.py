@@ -1,0 +1,93 @@
+"""The pip base's OS image through the registry node cache, so a fresh builder under ``--locked`` pulls it
+instead of running mmdebstrap again.
+
+A locked build checks the OS image's id on this engine against ``nodes.<base>.os_image.image_id`` of the lock
+(:func:`cudastack.lock.apply.verify_plan_against_lock`); a fresh builder lacks it, and before this module made it
+again from the locked Debian Release (:func:`cudastack.lock.apply.ensure_locked_os_image`: mmdebstrap, reproducible,
+about 20 s, a Debian mirror that still serves that Release and the mmdebstrap program needed). With a node cache:
+
+* **push**: whenever the base node is pushed to the cache (:func:`cudastack.node_cache.push_node`), its OS image
+  is pushed too, under ``<prefix>/<repository>:<tag>-<id16>`` (the local tag with the first 16 hex digits of
+  its image id appended: the name says which content it holds, so another Release never lands on the same tag);
+* **pull**: where the lock's OS image is not on this engine, ``<prefix>/<repository>:<tag>-<locked id16>`` is
+  pulled by the digest the registry serves for it, its image id compared with the lock's whole id (a difference
+  is refused: the pulled name removed, the image not tagged), and tagged as the plan's OS image tag.
+
+Anything short of a pulled image with the locked id (no such tag, a registry that does not answer, another id)
+is said, and the caller falls back to mmdebstrap, whose result the lock check verifies as before.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from cudastack.errors import RegistryError, UsageError
+
+Say = Callable[[str], None]
+
+
+def os_image_target(cache, tag: str, image_id: str) -> str:
+    """``HOST/NAMESPACE/<repository>:<tag>-<id16>`` for the OS image ``tag`` (``cudastack/debian:bookworm``)
+    whose id is ``image_id`` (``sha256:<64 hex>``), under the cache's prefix."""
+    from cudastack.registry import push_target
+
+    repo, _, name = tag.rpartition(":") if ":" in tag.rsplit("/", 1)[-1] else (tag, "", "latest")
+    return push_target(f"{repo}:{name}-{image_id.split(':', 1)[-1][:16]}", cache.prefix)
+
+
+def push_os_image(cache, tag: str, say: Say) -> dict:
+    """Push the OS image ``tag`` of this engine to :func:`os_image_target` (verified by digest:
+    :func:`cudastack.registry.push_image`); the extra local name is removed afterwards. Returns ``{"reference",
+    "digest", "image_id", "push_s"}``. Raises RegistryError or UsageError (the caller reports it; the build's
+    result stands)."""
+    import time
+
+    from cudastack.registry import push_image
+
+    try:
+        image_id = cache.client.images.get(tag).id
+    except Exception as exc:  # noqa: BLE001 - docker.errors.ImageNotFound and friends
+        raise UsageError(f"the OS image {tag} is not on this engine ({type(exc).__name__}); nothing to push") from None
+    target = os_image_target(cache, tag, image_id)
+    t0 = time.monotonic()
+    try:
+        pushed = push_image(tag, target, client=cache.client, progress=lambda s: say(f"  cache: {s}"))
+    finally:
+        cache._drop(target)
+    return {"target": target, "reference": pushed.reference, "digest": pushed.digest, "image_id": image_id,
+            "push_s": round(time.monotonic() - t0, 1)}
+
+
+def pull_os_image(cache, tag: str, image_id: str, say: Say) -> bool:
+    """Pull the OS image whose id the lock pins (``image_id``) from the cache and tag it ``tag``. Returns True
+    when this engine now has ``tag`` with exactly ``image_id``; False (said why: not in the cache, the registry
+    failed, another id) when it does not, with no name of the pulled image left behind."""
+    import docker.errors
+    import requests
+
+    from cudastack.registry import engine_digest_or_none, parse_reference, pull_by_digest, registry_credentials
+
+    target = os_image_target(cache, tag, image_id)
+    ref = parse_reference(target)
+    try:
+        digest = engine_digest_or_none(ref, cache.client, creds=registry_credentials(ref.registry))
+    except RegistryError as exc:
+        say(f"the node cache could not be read for the OS image ({target}: {exc})")
+        return False
+    if digest is None:
+        say(f"the node cache has no OS image {target}")
+        return False
+    pinned = ref.with_digest(digest).pinned()
+    try:
+        image = pull_by_digest(pinned, client=cache.client)
+    except (RegistryError, docker.errors.APIError, requests.exceptions.RequestException) as exc:
+        say(f"pulling the OS image {pinned} failed ({exc})")
+        return False
+    if image.id != image_id:
+        cache._drop(pinned)
+        say(f"refused the node cache's OS image {pinned}: its image id is {image.id}, the lock pins {image_id}")
+        return False
+    repo, _, name = tag.rpartition(":") if ":" in tag.rsplit("/", 1)[-1] else (tag, "", "latest")
+    image.tag(repo, name)
+    cache._drop(pinned)     # the image stays under the plan's tag
+    say(f"OS image {tag} pulled from the node cache ({pinned}), id {image_id[:19]} as locked")
+    return True

@@ -18,59 +18,31 @@ constructor never returns: a hang in the bring-up's set-up); ``sticky`` (custom 
 off); ``wrong`` (custom allreduce returns zeros).
 """
 import contextlib
-import os
-import time
 
 import torch
 import torch.distributed as dist
 
+from dispatch_standin_base import CustomAllreduceFaults, Work
+
 from stackprobe.runtime.dispatch import SglangDispatchProbe, fill
 
-COST_MS = {"ca": 1.0, "pcie_ipc": 3.0, "pynccl": 8.0}
 
 
-def _mode() -> str:
-    return os.environ.get("STANDIN_MODE", "ok")
-
-
-class _Work:
+class _Work(Work):
     def __init__(self, group, name):
-        self.group, self.name = group, name
+        super().__init__(group, name)
 
     def reduce(self, x):
         buf = torch.empty(x.numel(), dtype=torch.float32)
         fill(buf, dist.get_rank(self.group))
         dist.all_reduce(buf, group=self.group)
-        time.sleep(COST_MS[self.name] / 1000)
+        self.cost()
         return buf
 
 
-class StandInCA(_Work):
+class StandInCA(CustomAllreduceFaults, _Work):
     def __init__(self, group, device):
-        super().__init__(group, "ca")
-        if _mode() == "hang-setup":
-            time.sleep(3600)
-        self._disabled = False
-
-    @property
-    def disabled(self):
-        return self._disabled
-
-    @disabled.setter
-    def disabled(self, value):
-        if _mode() != "sticky":
-            self._disabled = value
-
-    def should_custom_ar(self, x):
-        return not self.disabled
-
-    def custom_all_reduce(self, x):
-        out = self.reduce(x)
-        return torch.zeros_like(out) if _mode() == "wrong" else out
-
-    @contextlib.contextmanager
-    def capture(self):
-        yield
+        super().__init__(group)
 
 
 class StandInPcieIpc(_Work):

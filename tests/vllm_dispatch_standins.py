@@ -30,60 +30,31 @@ never returns); ``sticky`` (custom allreduce ignores being switched off); ``wron
 zeros); ``no-setup`` (PCIe IPC's ``setup`` does nothing: no workspace, as before vLLM's warmup).
 """
 import contextlib
-import os
-import time
 
-import torch
 import torch.distributed as dist
+
+from dispatch_standin_base import CustomAllreduceFaults, Work, mode
 
 from stackprobe.runtime.vllm_state import VllmDispatchProbe
 
-COST_MS = {"ca": 1.0, "pcie_ipc": 3.0, "pynccl": 8.0}
 CUDA_COMM = "vllm.distributed.device_communicators.cuda_communicator.CudaCommunicator"
 
 
-def _mode() -> str:
-    return os.environ.get("STANDIN_MODE", "ok")
-
-
-class _Work:
+class _Work(Work):
     def __init__(self, group, name):
-        self.group, self.name = group, name
+        super().__init__(group, name)
         self.world_size = dist.get_world_size(group)
 
     def reduce(self, x):
         buf = x.detach().float().clone()
         dist.all_reduce(buf, group=self.group)
-        time.sleep(COST_MS[self.name] / 1000)
+        self.cost()
         return buf.to(x.dtype)
 
 
-class StandInCA(_Work):
+class StandInCA(CustomAllreduceFaults, _Work):
     def __init__(self, group, device, symm_mem_enabled=False, register_graph_buffers=True, **kw):
-        super().__init__(group, "ca")
-        if _mode() == "hang-setup":
-            time.sleep(3600)
-        self._disabled = False
-
-    @property
-    def disabled(self):
-        return self._disabled
-
-    @disabled.setter
-    def disabled(self, value):
-        if _mode() != "sticky":
-            self._disabled = value
-
-    def should_custom_ar(self, x):
-        return not self.disabled
-
-    def custom_all_reduce(self, x):
-        out = self.reduce(x)
-        return torch.zeros_like(out) if _mode() == "wrong" else out
-
-    @contextlib.contextmanager
-    def capture(self):
-        yield
+        super().__init__(group)
 
 
 class StandInPcieIpc(_Work):
@@ -93,7 +64,7 @@ class StandInPcieIpc(_Work):
         self.workspace = None
 
     def setup(self, *, hidden_dim, dtype, capture_sizes, tune_cache):
-        if _mode() == "no-setup":
+        if mode() == "no-setup":
             return
         self.hidden_dim, self.dtype, self.workspace = hidden_dim, dtype, ("prepared", tuple(capture_sizes))
 

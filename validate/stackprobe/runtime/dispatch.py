@@ -396,10 +396,11 @@ def write(result: dict, out_dir) -> dict:
 
 # ----------------------------------------------------------------------------------------------- rank side
 @contextlib.contextmanager
-def switched_off(tp, attr: str):
-    """Inside, ``tp.<attr>`` is off for SGLang's dispatch: its ``disabled`` flag set (how SGLang switches a
-    communicator off), or the attribute set to None where the communicator has no such flag."""
-    comm = getattr(tp, attr)
+def switched_off(holder, attr: str):
+    """Inside, the communicator ``holder.<attr>`` is off for the engine's dispatch: its ``disabled`` flag set (how
+    both engines switch a communicator off: SGLang's ``GroupCoordinator`` holds them, vLLM's ``CudaCommunicator``
+    does), or the attribute set to None where the communicator has no such flag."""
+    comm = getattr(holder, attr)
     if hasattr(comm, "disabled"):
         old = comm.disabled
         comm.disabled = True
@@ -408,11 +409,11 @@ def switched_off(tp, attr: str):
         finally:
             comm.disabled = old
     else:
-        setattr(tp, attr, None)
+        setattr(holder, attr, None)
         try:
             yield
         finally:
-            setattr(tp, attr, comm)
+            setattr(holder, attr, comm)
 
 
 def expected(numel: int, world_size: int, device):

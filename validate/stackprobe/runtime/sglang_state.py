@@ -236,32 +236,50 @@ def bring_up(server_args: str, world_size: int = 1, rank: int = 0, backend: str 
         from sglang.srt.distributed.device_communicators import pcie_ipc_ar
         rep["pcie_ipc_eligible_group"] = bool(pcie_ipc_ar.eligible_group(
             group_name="tp", world_size=tp.world_size, deterministic=tp._deterministic_collectives_enabled()))
-        dev = tp.device if backend == "nccl" else torch.device("cpu")
-        x = torch.ones(rows, hidden, dtype=torch.bfloat16, device=dev)
-        rep["served_eager"] = served_by(tp, x)
-        if backend == "nccl":
-            with tp.graph_capture() as gc:
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, stream=gc.stream):
-                    rep["served_in_graph_capture"] = served_by(tp, x)
-            g.replay()
-            torch.cuda.synchronize()
-        rep["steps"].append("all_reduce observed")
-        rep["shape"] = [rows, hidden]
-        if after is not None:
-            rep["after"] = after(tp, rep)
-            rep["steps"].append("after")
-        with contextlib.suppress(Exception):
-            ps.destroy_model_parallel()
-            ps.destroy_distributed_environment()
+        observe_and_destroy(ps, tp, rep, served_by=served_by, rows=rows, hidden=hidden, backend=backend, after=after)
     except Exception as exc:  # noqa: BLE001
         rep["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
         rep["traceback"] = traceback.format_exc()[-2000:]
     return rep
 
 
+def observe_and_destroy(ps, tp, rep: dict, *, served_by, rows: int, hidden: int, backend: str, after=None) -> None:
+    """The tail both engines' bring-ups share, on the tensor-parallel group ``tp`` of the engine's
+    ``parallel_state`` module ``ps``: one bf16 ``rows x hidden`` all-reduce observed eager (``served_by(tp, x)``:
+    the engine's own observer) into ``rep["served_eager"]`` and, with ``backend`` "nccl", inside the engine's
+    ``tp.graph_capture()`` context while a CUDA graph is captured (then replayed) into
+    ``rep["served_in_graph_capture"]``; ``rep["after"] = after(tp, rep)`` when given; then the engine's own
+    teardown (``ps.destroy_model_parallel``, ``ps.destroy_distributed_environment``; their errors are ignored)."""
+    import torch
+
+    dev = tp.device if backend == "nccl" else torch.device("cpu")
+    x = torch.ones(rows, hidden, dtype=torch.bfloat16, device=dev)
+    rep["served_eager"] = served_by(tp, x)
+    if backend == "nccl":
+        with tp.graph_capture() as gc:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=gc.stream):
+                rep["served_in_graph_capture"] = served_by(tp, x)
+        g.replay()
+        torch.cuda.synchronize()
+    rep["steps"].append("all_reduce observed")
+    rep["shape"] = [rows, hidden]
+    if after is not None:
+        rep["after"] = after(tp, rep)
+        rep["steps"].append("after")
+    with contextlib.suppress(Exception):
+        ps.destroy_model_parallel()
+        ps.destroy_distributed_environment()
+
+
 def main(argv=None) -> int:
-    a = argparse.ArgumentParser(prog="python -m stackprobe.runtime.sglang_state", description=__doc__.split("\n")[0])
+    return state_main("python -m stackprobe.runtime.sglang_state", __doc__.split("\n")[0], bring_up, argv)
+
+
+def state_main(prog: str, description: str, bring_up, argv=None) -> int:
+    """The command line of an engine's bring-up module (``bring_up(server_args, world_size, backend=, rows=,
+    hidden=)``): its report as one JSON line on stdout; exit 0, or 1 when the report holds an ``error``."""
+    a = argparse.ArgumentParser(prog=prog, description=description)
     a.add_argument("--server-args", default="")
     a.add_argument("--world-size", type=int, default=1)
     a.add_argument("--backend", default="nccl", choices=("nccl", "gloo"))

@@ -36,15 +36,14 @@ stdout).
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import shlex
 import sys
 import traceback
 from pathlib import Path
 
 from .dispatch import VLLM, SglangDispatchProbe
+from .dispatch import switched_off as dispatch_switched_off
 
 # the methods vllm 0.33.0's CudaCommunicator.all_reduce can end in (vllm/distributed/device_communicators/
 # cuda_communicator.py:372-446), by the attribute holding the communicator, in the order the dispatch asks them
@@ -135,21 +134,8 @@ def switched_off(group, attr: str):
         finally:
             mod.should_nccl_symm_mem_allreduce = orig
         return
-    dc = group.device_communicator
-    comm = getattr(dc, attr)
-    if hasattr(comm, "disabled"):
-        old = comm.disabled
-        comm.disabled = True
-        try:
-            yield
-        finally:
-            comm.disabled = old
-    else:
-        setattr(dc, attr, None)
-        try:
-            yield
-        finally:
-            setattr(dc, attr, comm)
+    with dispatch_switched_off(group.device_communicator, attr):
+        yield
 
 
 def served_by(group, tensor) -> dict:
@@ -283,6 +269,7 @@ def bring_up(server_args: str, world_size: int = 1, rank: int = 0, backend: str 
         from vllm.distributed import parallel_state as ps
 
         from .engine import captured_logs
+        from .sglang_state import observe_and_destroy
         if backend == "nccl":
             torch.cuda.set_device(rank % max(torch.cuda.device_count(), 1))
         with set_current_vllm_config(cfg), captured_logs("vllm") as log:
@@ -295,24 +282,8 @@ def bring_up(server_args: str, world_size: int = 1, rank: int = 0, backend: str 
             rep["device_communicator"] = type(dc).__name__ if dc is not None else None
             setup_pcie_ipc(tp, rows, hidden, rep)
             rep["communicators"] = {a: _comm_state(getattr(dc, a, None) if dc is not None else None) for a in COMMS}
-            dev = tp.device if backend == "nccl" else torch.device("cpu")
-            x = torch.ones(rows, hidden, dtype=torch.bfloat16, device=dev)
-            rep["served_eager"] = served_by(tp, x)
-            if backend == "nccl":
-                with tp.graph_capture() as gc:
-                    g = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g, stream=gc.stream):
-                        rep["served_in_graph_capture"] = served_by(tp, x)
-                g.replay()
-                torch.cuda.synchronize()
-            rep["steps"].append("all_reduce observed")
-            rep["shape"] = [rows, hidden]
-            if after is not None:
-                rep["after"] = after(tp, rep)
-                rep["steps"].append("after")
-            with contextlib.suppress(Exception):
-                ps.destroy_model_parallel()
-                ps.destroy_distributed_environment()
+            observe_and_destroy(ps, tp, rep, served_by=served_by, rows=rows, hidden=hidden, backend=backend,
+                                after=after)
     except BaseException as exc:  # noqa: BLE001 - argparse's SystemExit for an unknown flag is a result too
         if isinstance(exc, KeyboardInterrupt):
             raise
@@ -349,16 +320,9 @@ class VllmDispatchProbe(SglangDispatchProbe):
 
 
 def main(argv=None) -> int:
-    a = argparse.ArgumentParser(prog="python -m stackprobe.runtime.vllm_state", description=__doc__.split("\n")[0])
-    a.add_argument("--server-args", default="")
-    a.add_argument("--world-size", type=int, default=1)
-    a.add_argument("--backend", default="nccl", choices=("nccl", "gloo"))
-    a.add_argument("--rows", type=int, default=12, help="decode rows (batch x draft tokens)")
-    a.add_argument("--hidden", type=int, default=7168)
-    ns = a.parse_args(argv)
-    rep = bring_up(ns.server_args, ns.world_size, backend=ns.backend, rows=ns.rows, hidden=ns.hidden)
-    print(json.dumps(rep, default=str))
-    return 0 if "error" not in rep else 1
+    from .sglang_state import state_main
+
+    return state_main("python -m stackprobe.runtime.vllm_state", __doc__.split("\n")[0], bring_up, argv)
 
 
 if __name__ == "__main__":

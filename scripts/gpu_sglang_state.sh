@@ -23,6 +23,8 @@ OUT="${OUT:?set OUT to the folder the reports go to}"
 SITE="$ROOT/.gpurun/site"
 mkdir -p "$SITE" "$OUT"
 shopt -s nullglob
+# shellcheck source=scripts/gpu_state_lib.sh
+source "$ROOT/scripts/gpu_state_lib.sh"
 # or the packages already unpacked and packed as one .gpurun/site.tar.xz (xz packs the Python text about 6x
 # better than the wheels' zip: what fits in one call)
 # or in pieces carried call by call (scripts/gpu_carry.sh: site.tar.xz.part-*, joined and checked against
@@ -37,11 +39,7 @@ for archive in "$ROOT/.gpurun/site.tar.xz" "$ROOT"/.gpurun/extra-*.tar.xz; do
   [ -f "$archive" ] || continue
   tar -xJf "$archive" -C "$SITE" || { echo "unpacking $archive failed" >&2; exit 1; }
 done
-wheels=("$ROOT"/.gpurun/wheels*/*.whl)
-if [ ${#wheels[@]} -gt 0 ]; then
-  python -m pip install -q --no-deps --no-index --disable-pip-version-check --target "$SITE" --upgrade "${wheels[@]}" \
-    || { echo "unpacking the carried wheels into $SITE failed" >&2; exit 1; }
-fi
+install_wheels "$ROOT"/.gpurun/wheels*/*.whl
 export PYTHONPATH="$SITE:$ROOT/validate${PYTHONPATH:+:$PYTHONPATH}"
 python - <<'PY' > "$OUT/versions.txt" 2>&1
 import importlib.metadata as m, torch
@@ -61,27 +59,10 @@ if [ -f "$ROOT/.gpurun/discover.py" ]; then
 fi
 python -m stackprobe.runtime.p2p --out "$OUT" > /dev/null || echo "the P2P report failed" >&2
 rc=0
-run() {  # run NAME [VAR=VALUE ...]
-  local name="$1"; shift
-  env "$@" timeout 300 python -m stackprobe.runtime.sglang_state --world-size 1 --backend nccl \
-    > "$OUT/sglang-state-$name.json" 2> "$OUT/sglang-state-$name.log"
-  echo "$name: exit $? ($(wc -c < "$OUT/sglang-state-$name.json") bytes of JSON)"
-  python -c "import json,sys; json.load(open(sys.argv[1]))" "$OUT/sglang-state-$name.json" 2>/dev/null || rc=1
-}
-run default
-run pcie-ipc SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1
-dispatch() {  # dispatch NAME [--env VAR=VALUE ...]
-  local name="$1"; shift
-  # shellcheck disable=SC2086
-  env NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 timeout 600 \
-    python -m stackprobe.runtime dispatch --world-size "$DISPATCH_WORLD_SIZE" --server-args="${SERVER_ARGS:-}" \
-    --env NCCL_NVLS_ENABLE=0 --env TORCH_SYMM_MEM_DISABLE_MULTICAST=1 --env NVSHMEM_DISABLE_NVLS=1 \
-    "$@" ${DISPATCH_ARGS:-} --out "$OUT/dispatch-$name" > "$OUT/dispatch-$name.log" 2>&1
-  echo "dispatch $name (world size $DISPATCH_WORLD_SIZE): exit $?"
-  [ -f "$OUT/dispatch-$name/dispatch.json" ] || rc=1
-}
+state_run sglang default
+state_run sglang pcie-ipc SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1
 if [ "${DISPATCH_WORLD_SIZE:-1}" -ge 2 ]; then
-  dispatch default
-  dispatch pcie-ipc --env SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1
+  dispatch_run sglang default --server-args="${SERVER_ARGS:-}"
+  dispatch_run sglang pcie-ipc --server-args="${SERVER_ARGS:-}" --env SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1
 fi
 exit $rc

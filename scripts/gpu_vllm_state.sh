@@ -21,6 +21,8 @@ OUT="${OUT:?set OUT to the folder the reports go to}"
 SITE="${TMPDIR:-/tmp}/gpu-vllm-site"
 mkdir -p "$SITE" "$OUT"
 shopt -s nullglob
+# shellcheck source=scripts/gpu_state_lib.sh
+source "$ROOT/scripts/gpu_state_lib.sh"
 tar -xJf "$ROOT/.gpucarry/vllm-py.tar.xz" -C "$SITE" || { echo "no .gpucarry/vllm-py.tar.xz to unpack" >&2; exit 1; }
 parts=("$ROOT"/.gpucarry*/so.xz.part-*)
 sums=("$ROOT"/.gpucarry*/so.xz.sha256)
@@ -37,11 +39,7 @@ if [ ${#parts[@]} -eq 0 ] && [ "${VLLM_C_STANDIN:-0}" = 1 ]; then
   printf '"""Empty stand-in for vllm._C_stable_libtorch (not carried); registers no op."""\n' \
     > "$SITE/vllm/_C_stable_libtorch.py"
 fi
-wheels=("$ROOT"/.whl/*.whl)
-if [ ${#wheels[@]} -gt 0 ]; then
-  python -m pip install -q --no-deps --no-index --disable-pip-version-check --target "$SITE" --upgrade "${wheels[@]}" \
-    || { echo "unpacking the carried wheels into $SITE failed" >&2; exit 1; }
-fi
+install_wheels "$ROOT"/.whl/*.whl
 export PYTHONPATH="$SITE:$ROOT/validate${PYTHONPATH:+:$PYTHONPATH}"
 python - <<'PY' > "$OUT/versions.txt" 2>&1
 import importlib.metadata as m, os, sys, torch
@@ -60,26 +58,10 @@ print("vllm 0.33.0 (Python files of the wheel)", "with _C_stable_libtorch" if os
 PY
 cat "$OUT/versions.txt"
 rc=0
-run() {  # run NAME [VAR=VALUE ...]
-  local name="$1"; shift
-  env "$@" timeout 300 python -m stackprobe.runtime.vllm_state --world-size 1 --backend nccl \
-    > "$OUT/vllm-state-$name.json" 2> "$OUT/vllm-state-$name.log"
-  echo "$name: exit $? ($(wc -c < "$OUT/vllm-state-$name.json") bytes of JSON)"
-  python -c "import json,sys; json.load(open(sys.argv[1]))" "$OUT/vllm-state-$name.json" 2>/dev/null || rc=1
-}
-run default
-run pcie-ipc VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1
-dispatch() {  # dispatch NAME [--env VAR=VALUE ...]
-  local name="$1"; shift
-  env NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 timeout 600 \
-    python -m stackprobe.runtime dispatch --engine vllm --world-size "$DISPATCH_WORLD_SIZE" \
-    --env NCCL_NVLS_ENABLE=0 --env TORCH_SYMM_MEM_DISABLE_MULTICAST=1 --env NVSHMEM_DISABLE_NVLS=1 \
-    "$@" --out "$OUT/dispatch-$name" > "$OUT/dispatch-$name.log" 2>&1
-  echo "dispatch $name (world size $DISPATCH_WORLD_SIZE): exit $?"
-  [ -f "$OUT/dispatch-$name/dispatch.json" ] || rc=1
-}
+state_run vllm default
+state_run vllm pcie-ipc VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1
 if [ "${DISPATCH_WORLD_SIZE:-1}" -ge 2 ]; then
-  dispatch default
-  dispatch pcie-ipc --env VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1
+  dispatch_run vllm default
+  dispatch_run vllm pcie-ipc --env VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1
 fi
 exit $rc

@@ -63,6 +63,7 @@ from cudastack.build_journal import (  # noqa: F401 - re-exported: callers impor
     RunLock, _process_alive, _proc_start, recover_interrupted, remove_stale_exports, remove_stale_locks)
 from cudastack.credentials import scrub
 from cudastack.engine import Engine, _fmt_s, resolve_ca_bundle
+from cudastack.cache_parents import cache_reference
 from cudastack.node_cache import push_node
 from cudastack.errors import BuildError, EnvironmentError_, LockError, StackError
 from cudastack.plan import BuildPlan, PlannedNode, render_plan
@@ -171,15 +172,7 @@ def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None,
 
     secrets = {"cabundle": bundle} if bundle else {}
     error: StackError | None = None
-    cache_refs: dict[str, str] = {}     # a node's tag -> its node cache reference by digest (a builder pulls it)
-
-    def note_cache_ref(node, entry) -> None:
-        got = entry.get("cache") or {}
-        if got.get("status") in ("pulled", "pushed") and "@sha256:" in str(got.get("reference")):
-            cache_refs[node.tag] = got["reference"]
-        elif cache is not None and in_cache.get(node.name):
-            cache_refs[node.tag] = cache.pinned(node, in_cache[node.name])
-
+    cache_refs: dict[str, str | None] = {}     # a node's tag -> the node cache's entry of that very image, or None
     for i, (node, entry) in enumerate(zip(plan.nodes, record["nodes"]), 1):
         if error is not None:
             continue
@@ -199,7 +192,7 @@ def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None,
                         "--cache to fill the cache")
                 else:
                     push_node(cache, node, entry, say, f"[{i}/{len(plan.nodes)}] {node.name}")
-            note_cache_ref(node, entry)
+            cache_refs[node.tag] = cache_reference(cache, node, entry, in_cache.get(node.name))
             continue
         if in_cache.get(node.name):
             from cudastack.node_cache import serve_node
@@ -208,7 +201,7 @@ def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None,
             journal()
             try:
                 if serve_node(cache, node, in_cache[node.name], entry, wheelhouse, say, f"[{i}/{len(plan.nodes)}]"):
-                    note_cache_ref(node, entry)
+                    cache_refs[node.tag] = cache_reference(cache, node, entry, in_cache.get(node.name))
                     journal()
                     continue
             except LockError as exc:
@@ -263,7 +256,7 @@ def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None,
                     entry["builder"] = remote
                     common["builder"] = builder
                     say(f"[{i}/{len(plan.nodes)}] {node.name}: on builder {remote} ({builder.driver})")
-                    if args.get("PARENT_IMAGE") in cache_refs:    # the builder pulls the parent by digest itself
+                    if cache_refs.get(args.get("PARENT_IMAGE", "")):    # the builder pulls it by digest itself
                         entry["parent_from_cache"] = cache_refs[args["PARENT_IMAGE"]]
                         common["build_args"] = {**args, "PARENT_IMAGE": entry["parent_from_cache"]}
                         say(f"[{i}/{len(plan.nodes)}] {node.name}: its parent comes to builder {remote} from the node "

@@ -14,7 +14,7 @@ REGISTRY/PREFIX`` (or ``CUDASTACK_NODE_CACHE=REGISTRY/PREFIX`` in the environmen
   into a temporary folder beside the wheelhouse and moved in (:meth:`cudastack.wheelhouse.Wheelhouse.add`);
 * **to build**: built as without a cache, then pushed (``--cache-read-only``: never pushed).
 
-A pushed ``base-pip`` node takes its OS image along (:mod:`cudastack.os_image_cache`), so a fresh builder under
+A pushed ``base-pip`` node takes its OS image along (:mod:`cudastack.cache_parents`), so a fresh builder under
 ``--locked`` pulls the locked OS image instead of bootstrapping it again.
 
 Under ``--locked`` a pulled node is checked against the lock before it is used: its image id against
@@ -384,7 +384,7 @@ def push_node(cache: NodeCache, node, entry: dict, say: Say, label: str) -> None
     entry["cache"] = {"status": "pushed", **{k: pushed[k] for k in ("reference", "digest", "push_s")}}
     say(f"{label}: pushed to the node cache as {pushed['reference']} ({_fmt_s(pushed['push_s'])})")
     if node.kind == "base-pip" and node.build_args.get("OS_IMAGE"):    # a fresh locked builder pulls it too
-        from cudastack.os_image_cache import push_os_image
+        from cudastack.cache_parents import push_os_image
 
         try:
             entry["cache"]["os_image"] = push_os_image(cache, node.build_args["OS_IMAGE"], say)
@@ -394,3 +394,4 @@ def push_node(cache: NodeCache, node, entry: dict, say: Say, label: str) -> None
             say(f"warning: {label}: pushing its OS image to the node cache failed; the build's result stands: {exc}")
             return
         say(f"{label}: its OS image pushed to the node cache as {entry['cache']['os_image']['reference']}")
+

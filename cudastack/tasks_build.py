@@ -273,10 +273,13 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
                 from pathlib import Path
 
                 from cudastack.build import Wheelhouse, cached_map
+                from cudastack.cache_parents import cache_reference
                 here = cached_map(engine, Wheelhouse(Path(state_dir).resolve() / plan.wheelhouse), plan)
                 remote = node_cache.probe_plan(plan, {}, lambda m: print(m, file=sys.stderr), for_push=False)
-                pullable = {n for n, d in remote.items() if d}
-                served = {n for n, c in here.items() if c} | pullable
+                held = {n for n, d in remote.items() if d}
+                pullable = {n for n in held if not here.get(n)
+                            or cache_reference(node_cache, plan.node(n), {}, remote[n])}
+                served = {n for n, c in here.items() if c} | held
             for note in check_parents(bx, plan, builder_nodes, docker=engine.buildkit.docker, served=served,
                                       pullable=pullable):
                 print(f"note: {note}", file=sys.stderr)

@@ -19,7 +19,7 @@ import pytest
 from cudastack import lock as L
 from cudastack.node_cache import NodeCache
 from cudastack.plan import make_plan
-from cudastack.os_image_cache import os_image_target, pull_os_image
+from cudastack.cache_parents import os_image_target, pull_os_image
 from cudastack.registry import push_image
 from registry_server import auth_registry_server, docker_config  # noqa: F401
 from test_node_cache import cleanup, empty_engine  # noqa: F401

@@ -57,14 +57,17 @@ def venv_env():
 
 
 def dispatch(venv_env, tmp: Path, *args: str, mode: str = "ok", p2p: dict | None = None, timeout: int = 120,
-             rounds: int = 10) -> tuple[int, dict, str]:
+             rounds: int = 10, engine: str = "sglang", probe: str = PROBE) -> tuple[int, dict, str]:
+    """``python -m stackprobe.runtime dispatch`` for ``engine`` with the stand-in ``probe`` at world size 2 on CPU,
+    the P2P report ``p2p`` (default: peers on), ``STANDIN_MODE=mode`` in the ranks: (exit status, dispatch.json or
+    {}, its output)."""
     py, env = venv_env
     out = tmp / "out"
     report = tmp / "p2p.json"
     report.write_text(json.dumps(p2p or P2P_ON))
-    cmd = [str(py), "-m", "stackprobe.runtime", "dispatch", "--device", "cpu", "--world-size", "2", "--calls", "4",
-           "--replays", "2", "--rounds", str(rounds), "--warmup", "1", "--timeout", str(timeout), "--probe", PROBE,
-           "--p2p-report", str(report), "--out", str(out), "--env", f"STANDIN_MODE={mode}", *args]
+    cmd = [str(py), "-m", "stackprobe.runtime", "dispatch", "--engine", engine, "--device", "cpu", "--world-size", "2",
+           "--calls", "4", "--replays", "2", "--rounds", str(rounds), "--warmup", "1", "--timeout", str(timeout),
+           "--probe", probe, "--p2p-report", str(report), "--out", str(out), "--env", f"STANDIN_MODE={mode}", *args]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout + 120)
     res = json.loads((out / "dispatch.json").read_text()) if (out / "dispatch.json").is_file() else {}
     return p.returncode, res, p.stdout + p.stderr

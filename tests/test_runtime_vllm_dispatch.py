@@ -22,14 +22,13 @@ Claims and their failing twins:
 """
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from test_runtime_dispatch_probe import P2P_OFF, P2P_ON
+from test_runtime_dispatch_probe import P2P_OFF
+from test_runtime_dispatch_probe import dispatch as run_dispatch
 from validate_support import ROOT, pip_requirements, pip_target, suite_venv
 
 pytestmark = pytest.mark.network
@@ -48,16 +47,8 @@ def venv_env():
 
 def dispatch(venv_env, tmp: Path, *args: str, mode: str = "ok", p2p: dict | None = None, timeout: int = 150,
              rounds: int = 10) -> tuple[int, dict, str]:
-    py, env = venv_env
-    out = tmp / "out"
-    report = tmp / "p2p.json"
-    report.write_text(json.dumps(p2p or P2P_ON))
-    cmd = [str(py), "-m", "stackprobe.runtime", "dispatch", "--engine", "vllm", "--device", "cpu", "--world-size",
-           "2", "--calls", "4", "--replays", "2", "--rounds", str(rounds), "--warmup", "1", "--timeout", str(timeout),
-           "--probe", PROBE, "--p2p-report", str(report), "--out", str(out), "--env", f"STANDIN_MODE={mode}", *args]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout + 120)
-    res = json.loads((out / "dispatch.json").read_text()) if (out / "dispatch.json").is_file() else {}
-    return p.returncode, res, p.stdout + p.stderr
+    return run_dispatch(venv_env, tmp, *args, mode=mode, p2p=p2p, timeout=timeout, rounds=rounds, engine="vllm",
+                        probe=PROBE)
 
 
 def ranks(res: dict) -> list[dict]:

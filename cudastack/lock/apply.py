@@ -239,7 +239,7 @@ def install_locked(lock: dict, node: str, arg: str, *, target_dir: str | Path, p
 
 def ensure_locked_os_image(plan, lock: dict, client, *, say: Optional[Progress] = None, cache=None) -> None:
     """A fresh builder (case C50): where the pip base's OS image the lock pins is not on this engine, pull it
-    from the node ``cache`` when one is given and holds that image id (:func:`cudastack.os_image_cache.pull_os_image`:
+    from the node ``cache`` when one is given and holds that image id (:func:`cudastack.cache_parents.pull_os_image`:
     any other id is refused), else make it
     again from what the lock recorded (suite, mirror, variant), refusing first when the mirror now serves another
     Release than the locked one (LockError naming both), or when the lock's image was made by a tool that does
@@ -260,7 +260,7 @@ def ensure_locked_os_image(plan, lock: dict, client, *, say: Optional[Progress] 
         except Exception:  # noqa: BLE001 - absent (or unreadable): made below
             pass
         if cache is not None and rec.get("image_id"):
-            from cudastack.os_image_cache import pull_os_image
+            from cudastack.cache_parents import pull_os_image
 
             if pull_os_image(cache, tag, rec["image_id"], (lambda m: say(f"{node.name}: {m}")) if say else (lambda m: None)):
                 continue

@@ -1,5 +1,6 @@
-"""The pip base's OS image through the registry node cache, so a fresh builder under ``--locked`` pulls it
-instead of running mmdebstrap again.
+"""Parents from the registry node cache (:mod:`cudastack.node_cache`): the pip base's OS image, so a fresh builder
+under ``--locked`` pulls it instead of running mmdebstrap again, and the parent of a node sent to a builder
+(:func:`cache_reference`: the builder pulls it by digest itself).
 
 A locked build checks the OS image's id on this engine against ``nodes.<base>.os_image.image_id`` of the lock
 (:func:`cudastack.lock.apply.verify_plan_against_lock`); a fresh builder lacks it, and before this module made it
@@ -18,7 +19,7 @@ is said, and the caller falls back to mmdebstrap, whose result the lock check ve
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 from cudastack.errors import RegistryError, UsageError
 
@@ -91,3 +92,19 @@ def pull_os_image(cache, tag: str, image_id: str, say: Say) -> bool:
     cache._drop(pinned)     # the image stays under the plan's tag
     say(f"OS image {tag} pulled from the node cache ({pinned}), id {image_id[:19]} as locked")
     return True
+
+
+def cache_reference(cache, node, entry: dict, digest: Optional[str]) -> Optional[str]:
+    """``HOST/PREFIX/<repo>@sha256:...`` of the very image this engine has for ``node`` (its build record
+    ``entry``; ``digest``: what the cache serves for it, or None), or None: a node pulled or pushed in this run, or
+    one cached here whose ``RepoDigests`` list the cache's entry (another build under the same tag is not it)."""
+    got = entry.get("cache") or {}
+    if got.get("status") in ("pulled", "pushed") and "@sha256:" in str(got.get("reference")):
+        return got["reference"]
+    if cache is None or not digest:
+        return None
+    try:
+        held = cache.client.images.get(node.tag).attrs.get("RepoDigests") or []
+    except Exception:  # noqa: BLE001 - not here, or unreadable
+        return None
+    return cache.pinned(node, digest) if cache.pinned(node, digest) in held else None

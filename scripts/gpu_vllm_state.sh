@@ -4,7 +4,12 @@
 # both JSON outputs, their logs and versions.txt written to $OUT.
 #
 # What it reads, under the repository root (ignored folders, carried call by call: a warm machine keeps them):
-#   .gpucarry/vllm-py.tar.xz          vllm's Python files from the 0.33.0 wheel (no vllm-rs, no third_party, no .so)
+#   .gpucarry/vllm-py.tar.xz          vllm's Python files from the 0.33.0 wheel with its dist-info (vLLM's platform
+#                                     detection reads importlib.metadata.version("vllm") and falls back to no platform
+#                                     without it) and vllm/third_party/pynvml.py (its NVML probe); no vllm-rs, no
+#                                     other third_party, no .so. Made from `pip download vllm==0.33.0 --no-deps`:
+#                                     unzip, drop vllm-rs/, vllm/third_party/* but __init__.py and pynvml.py, *.so and
+#                                     the dist-info's RECORD, then tar | xz
 #   .gpucarry*/so.xz.part-*           optional: the wheel's vllm/_C_stable_libtorch.abi3.so, xz-packed, in pieces
 #                                     (one folder a call), joined in name order and checked against the
 #                                     so.xz.sha256 beside one of them (the CUDA platform's

@@ -18,10 +18,13 @@ present, and whether the runtime image id of both runs is the same.
 
 ``--stack 12.8`` adds the locked CUDA 12.8 stack (pip base, ``--skip flash-attn``, the committed lock copied to a
 temporary folder so outputs are recorded there, never into ``lockfiles/``), after the fixture chain in the same
-run. Before its cold run every BuildKit build-cache record of the engine but the cache mounts is removed (an
-earlier build of the same stack would otherwise serve its steps: the cold figure would be a cached one); the
-fixture chain's layer cache goes with them. About 12 min of builds on a 2-core builder, so it runs only when
-asked.
+run. About 12 min of builds on a 2-core builder, so it runs only when asked.
+
+Before each cold run every BuildKit build-cache record of the engine but the cache mounts is removed
+(:func:`prune_layer_records`): an earlier build of the same steps would otherwise serve them (the nonce OS image
+alone did not stop that: a re-labelled parent has the same layers), and the cold figure would be a cached one.
+This empties the layer cache the test suite's builds use on this engine too; ``--keep-build-cache`` keeps it
+(and then the figures say less).
 
 Usage: ``python benchmarks/cold_builder.py [--stack 12.8] [--keep-build-cache] [--no-nonce] [--json out.json]``
 """
@@ -234,7 +237,8 @@ def main(argv=None) -> int:
         rdir = fixture_recipes(tmp, os_image)
         rows.append(measure("CI fixture chain", engine,
                             lambda: make_plan(rdir, "13.1", resources=engine.resources(), prefix="cudastack-test"),
-                            prefix, tmp, keep_build_cache=a.keep_build_cache, extra_images=extra))
+                            prefix, tmp, keep_build_cache=a.keep_build_cache, extra_images=extra,
+                            cold_layers=not a.keep_build_cache))
         for cuda in a.stack:
             rows.append(_stack(cuda, engine, prefix, tmp, a.keep_build_cache))
     finally:

@@ -92,9 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decide the verdicts again from the recorded rows (after a change of rules or tolerance)")
     d.add_argument("--tolerance", type=float, default=None, help="with --recompute-verdicts: a new tolerance")
     sub.add_parser("list", help="list probes and presets")
-    g = sub.add_parser("dispatch", help="SGLang's own allreduce dispatch with the user's server args, paired "
-                                        "against the same group with the serving path off")
-    g.add_argument("--server-args", default="", metavar="FLAGS", help="SGLang server flags, one shell-quoted string")
+    g = sub.add_parser("dispatch", help="the engine's own allreduce dispatch (--engine sglang|vllm) with the "
+                                        "user's server args, paired against the same group with the serving path off")
+    g.add_argument("--server-args", default="", metavar="FLAGS", help="the engine's server flags, one shell-quoted string")
     g.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="set in every rank (repeatable)")
     g.add_argument("--world-size", type=int, default=0, help="ranks (default: the GPUs present; 2 on CPU)")
     g.add_argument("--device", choices=("cuda", "cpu"), default="cuda")

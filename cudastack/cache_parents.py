@@ -26,19 +26,25 @@ from cudastack.errors import RegistryError, UsageError
 Say = Callable[[str], None]
 
 
+def _split(tag: str) -> tuple[str, str]:
+    """``repo:name`` -> ``(repo, name)``; a tag without a name is ``latest`` (a registry port is not a name)."""
+    repo, _, name = tag.rpartition(":") if ":" in tag.rsplit("/", 1)[-1] else (tag, "", "latest")
+    return repo, name
+
+
 def os_image_target(cache, tag: str, image_id: str) -> str:
     """``HOST/NAMESPACE/<repository>:<tag>-<id16>`` for the OS image ``tag`` (``cudastack/debian:bookworm``)
     whose id is ``image_id`` (``sha256:<64 hex>``), under the cache's prefix."""
     from cudastack.registry import push_target
 
-    repo, _, name = tag.rpartition(":") if ":" in tag.rsplit("/", 1)[-1] else (tag, "", "latest")
+    repo, name = _split(tag)
     return push_target(f"{repo}:{name}-{image_id.split(':', 1)[-1][:16]}", cache.prefix)
 
 
 def push_os_image(cache, tag: str, say: Say) -> dict:
     """Push the OS image ``tag`` of this engine to :func:`os_image_target` (verified by digest:
-    :func:`cudastack.registry.push_image`); the extra local name is removed afterwards. Returns ``{"reference",
-    "digest", "image_id", "push_s"}``. Raises RegistryError or UsageError (the caller reports it; the build's
+    :func:`cudastack.registry.push_image`); the extra local name is removed afterwards. Returns ``{"target" (the
+    tag pushed), "reference" (by digest), "digest", "image_id", "push_s"}``. Raises RegistryError or UsageError (the caller reports it; the build's
     result stands)."""
     import time
 
@@ -87,8 +93,7 @@ def pull_os_image(cache, tag: str, image_id: str, say: Say) -> bool:
         cache._drop(pinned)
         say(f"refused the node cache's OS image {pinned}: its image id is {image.id}, the lock pins {image_id}")
         return False
-    repo, _, name = tag.rpartition(":") if ":" in tag.rsplit("/", 1)[-1] else (tag, "", "latest")
-    image.tag(repo, name)
+    image.tag(*_split(tag))
     cache._drop(pinned)     # the image stays under the plan's tag
     say(f"OS image {tag} pulled from the node cache ({pinned}), id {image_id[:19]} as locked")
     return True

@@ -42,26 +42,16 @@ def os_image_target(cache, tag: str, image_id: str) -> str:
 
 
 def push_os_image(cache, tag: str, say: Say) -> dict:
-    """Push the OS image ``tag`` of this engine to :func:`os_image_target` (verified by digest:
-    :func:`cudastack.registry.push_image`); the extra local name is removed afterwards. Returns ``{"target" (the
-    tag pushed), "reference" (by digest), "digest", "image_id", "push_s"}``. Raises RegistryError or UsageError (the caller reports it; the build's
-    result stands)."""
-    import time
-
-    from cudastack.registry import push_image
-
+    """Push the OS image ``tag`` of this engine to :func:`os_image_target` through the cache's own push
+    (:meth:`cudastack.node_cache.NodeCache.store`: verified by digest, the extra local name removed). Returns
+    ``{"target" (the tag pushed), "reference" (by digest), "digest", "image_id", "push_s"}``. Raises RegistryError
+    or UsageError (the caller reports it; the build's result stands)."""
     try:
         image_id = cache.client.images.get(tag).id
     except Exception as exc:  # noqa: BLE001 - docker.errors.ImageNotFound and friends
         raise UsageError(f"the OS image {tag} is not on this engine ({type(exc).__name__}); nothing to push") from None
     target = os_image_target(cache, tag, image_id)
-    t0 = time.monotonic()
-    try:
-        pushed = push_image(tag, target, client=cache.client, progress=lambda s: say(f"  cache: {s}"))
-    finally:
-        cache._drop(target)
-    return {"target": target, "reference": pushed.reference, "digest": pushed.digest, "image_id": image_id,
-            "push_s": round(time.monotonic() - t0, 1)}
+    return {"target": target, "image_id": image_id, **cache.store(None, say=say, local=tag, target=target)}
 
 
 def pull_os_image(cache, tag: str, image_id: str, say: Say) -> bool:
@@ -71,12 +61,12 @@ def pull_os_image(cache, tag: str, image_id: str, say: Say) -> bool:
     import docker.errors
     import requests
 
-    from cudastack.registry import engine_digest_or_none, parse_reference, pull_by_digest, registry_credentials
+    from cudastack.registry import parse_reference, pull_by_digest
 
     target = os_image_target(cache, tag, image_id)
     ref = parse_reference(target)
     try:
-        digest = engine_digest_or_none(ref, cache.client, creds=registry_credentials(ref.registry))
+        digest = cache.probe(None, target)
     except RegistryError as exc:
         say(f"the node cache could not be read for the OS image ({target}: {exc})")
         return False

@@ -141,12 +141,13 @@ class NodeCache:
 
         return parse_reference(self.target(node)).with_digest(digest).pinned()
 
-    def probe(self, node) -> Optional[str]:
-        """The manifest digest the registry serves for ``node``'s cache tag, or None when it has none.
-        Raises RegistryError when the registry cannot be read (gone, login refused)."""
+    def probe(self, node, target: Optional[str] = None) -> Optional[str]:
+        """The manifest digest the registry serves for ``node``'s cache tag (or for ``target``, another
+        ``HOST/PREFIX/<repo>:<tag>`` of this cache), or None when it has none. Raises RegistryError when the
+        registry cannot be read (gone, login refused)."""
         from cudastack.registry import engine_digest_or_none, parse_reference, registry_credentials
 
-        ref = parse_reference(self.target(node))
+        ref = parse_reference(target or self.target(node))
         return engine_digest_or_none(ref, self.client, creds=registry_credentials(ref.registry))
 
     def probe_plan(self, plan, cached: dict[str, bool], say: Say, *, for_push: bool = True) -> dict[str, Optional[str]]:
@@ -318,19 +319,19 @@ class NodeCache:
             shutil.rmtree(tmp, ignore_errors=True)
 
     # --- push ----------------------------------------------------------------------------------------
-    def store(self, node, *, say: Say) -> dict:
-        """Push ``node``'s image (its tag) to its cache tag through the engine, verified by digest
-        (:func:`cudastack.registry.push_image`); the extra local name the push needs is removed afterwards.
-        Returns ``{"reference", "digest", "push_s"}``. Raises RegistryError or UsageError (the caller reports
-        it; the build's result stands)."""
+    def store(self, node, *, say: Say, local: Optional[str] = None, target: Optional[str] = None) -> dict:
+        """Push ``node``'s image (its tag; or the image ``local`` to ``target``) to its cache tag through the
+        engine, verified by digest (:func:`cudastack.registry.push_image`); the extra local name the push needs is
+        removed afterwards. Returns ``{"reference", "digest", "push_s"}``. Raises RegistryError or UsageError (the
+        caller reports it; the build's result stands)."""
         from cudastack.registry import push_image
 
-        target = self.target(node)
+        local, target = local or node.tag, target or self.target(node)
         t0 = time.monotonic()
         try:
-            pushed = push_image(node.tag, target, client=self.client, progress=lambda s: say(f"  cache: {s}"))
+            pushed = push_image(local, target, client=self.client, progress=lambda s: say(f"  cache: {s}"))
         finally:
-            if target != node.tag:
+            if target != local:
                 self._drop(target)
         return {"reference": pushed.reference, "digest": pushed.digest, "push_s": round(time.monotonic() - t0, 1)}
 

@@ -34,10 +34,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cudastack.build import Wheelhouse, _make_context, _abs_dockerfile, cached_map, run_build  # noqa: E402
-from cudastack.engine import Engine, resolve_ca_bundle  # noqa: E402
-from cudastack.plan import make_plan  # noqa: E402
-from cudastack.recipes import DEFAULT_RECIPES_DIR  # noqa: E402
+from cudastack.build.executor import Wheelhouse, _make_context, _abs_dockerfile, cached_map, run_build  # noqa: E402
+from cudastack.build.engine import Engine, resolve_ca_bundle  # noqa: E402
+from cudastack.plan.planner import make_plan  # noqa: E402
+from cudastack.recipes.load import DEFAULT_RECIPES_DIR  # noqa: E402
 
 
 def plain_builds(engine: Engine, plan, state: Path, bundle: str | None) -> tuple[float, int]:

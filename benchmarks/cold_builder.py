@@ -46,10 +46,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "validate"))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from cudastack.build import run_build  # noqa: E402
-from cudastack.engine import Engine  # noqa: E402
-from cudastack.node_cache import NodeCache  # noqa: E402
-from cudastack.plan import make_plan  # noqa: E402
+from cudastack.build.executor import run_build  # noqa: E402
+from cudastack.build.engine import Engine  # noqa: E402
+from cudastack.build.node_cache import NodeCache  # noqa: E402
+from cudastack.plan.planner import make_plan  # noqa: E402
 
 FIXTURE_RECIPES = ROOT / "tests" / "fixtures" / "recipes"
 FIXTURE_OS = "cudastack-test/debian:bookworm"
@@ -154,7 +154,7 @@ def fixture_recipes(tmp: Path, os_image: str) -> Path:
 def _ensure_fixture_os(engine: Engine) -> None:
     if engine.exists(FIXTURE_OS):
         return
-    from cudastack.bootstrap import bootstrap_os_image
+    from cudastack.osimage.bootstrap import bootstrap_os_image
 
     say(f"{FIXTURE_OS} is missing: bootstrapping it (mmdebstrap), not timed")
     bootstrap_os_image("bookworm", tag=FIXTURE_OS, progress=say, docker_cli=engine.buildkit.docker)
@@ -258,7 +258,7 @@ def _stack(cuda: str, engine: Engine, prefix: str, tmp: Path, keep_build_cache: 
     """The locked ``cuda`` stack (12.8: pip base, flash-attn skipped), cold then from the cache, with the
     committed lock copied to a temporary lockfiles folder (outputs recorded there)."""
     from cudastack import lock as L
-    from cudastack.recipes import DEFAULT_RECIPES_DIR
+    from cudastack.recipes.load import DEFAULT_RECIPES_DIR
 
     lockdir = tmp / f"lockfiles-{cuda}"
     lockdir.mkdir()

@@ -10,7 +10,7 @@ image's glibc) on the same inputs, against the real index:
   with ``--no-cache-dir``: every run downloads every index page and metadata file again, so it is always cold);
 * **pip, cache on**: the same command with a persistent ``--cache-dir`` instead of ``--no-cache-dir``
   (not how the lock runs; what pip could do warm);
-* **uv cold**: ``cudastack.resolve_uv.uv_resolve`` with a new, empty uv cache each run;
+* **uv cold**: ``cudastack.lock.resolve_uv.uv_resolve`` with a new, empty uv cache each run;
 * **uv warm**: the same with a cache filled by one untimed run.
 
 Each is timed ``--repeat`` times (median, min, max). Then each install goes once through what
@@ -46,12 +46,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "validate"))
 
-from cudastack import cuda_wheels  # noqa: E402
+from cudastack.lock import cuda_wheels  # noqa: E402
 from cudastack import lock as L  # noqa: E402
 from cudastack.lock.resolve import _chain_pins  # noqa: E402
-from cudastack import resolve_uv as U  # noqa: E402
-from cudastack.errors import LockError  # noqa: E402
-from cudastack.plan import make_plan  # noqa: E402
+from cudastack.lock import resolve_uv as U  # noqa: E402
+from cudastack.core.errors import LockError  # noqa: E402
+from cudastack.plan.planner import make_plan  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------- timing

@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-from cudastack.validate_images import older_to_newer
+from cudastack.jobs.validate import older_to_newer
 from stackprobe.atomic import write_atomic
 from stackprobe.report import Report, comparison_markdown
 

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from cudastack.recipes import DEFAULT_RECIPES_DIR
+from cudastack.recipes.load import DEFAULT_RECIPES_DIR
 
 # In CI a skip is a failure, apart from GPU and full-stack tests (tests/require_all.py).
 pytest_plugins = ["require_all", "validate_fixtures"]   # validate_fixtures: the real SGLang / FlashInfer wheels
@@ -24,8 +24,8 @@ def engine():
     """A cudastack Engine on the live Docker daemon (skip when there is none; a file that needs another scope
     defines its own)."""
     pytest.importorskip("docker")
-    from cudastack.engine import Engine
-    from cudastack.errors import EnvironmentError_
+    from cudastack.build.engine import Engine
+    from cudastack.core.errors import EnvironmentError_
 
     try:
         return Engine.connect()
@@ -38,7 +38,7 @@ def docker_engine_scratch():
     """``(client, made)``: a docker SDK client to a live engine (skip when none answers) and a list the test
     appends image references to; every reference in it is removed afterwards."""
     pytest.importorskip("docker")
-    from cudastack.docker_engine import docker_client
+    from cudastack.core.docker_engine import docker_client
 
     try:
         c = docker_client()

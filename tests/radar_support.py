@@ -140,7 +140,7 @@ class FakeIndex:
 
 # ------------------------------------------------------------------------------------ relations that stay true
 # What the radar must answer whatever upstream publishes next: each check reads the radar's JSON rows
-# (cudastack.radar.to_json) and asserts relations (the newest is at least a release known to exist; the
+# (cudastack.radar.walk.to_json) and asserts relations (the newest is at least a release known to exist; the
 # engine's pin holds a component at its pin; the first release that lifts a gate), never which release is
 # newest today.
 def radar_row(data: list[dict], tc: str, component: str, runtime: str | None = None) -> dict:

@@ -106,7 +106,10 @@ def test_one_atomic_writer_in_the_tree():
 
 
 def test_build_side_uses_the_suite_writer():
-    from cudastack import bake, build, cluster, lock
+    from cudastack.build import bake
+    from cudastack.build import executor as build
+    from cudastack.registry import cluster
+    from cudastack import lock
 
     for mod in (bake, build, cluster, lock):
         assert mod.write_atomic is write_atomic, mod.__name__

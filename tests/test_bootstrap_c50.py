@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from cudastack.errors import LockError
+from cudastack.core.errors import LockError
 from test_builder_integration import second_dockerd  # noqa: F401 - the fixture: a second, empty dockerd
 
 pytestmark = [pytest.mark.docker, pytest.mark.network]
@@ -28,7 +28,7 @@ TAG = "cudastack-test/debian:c50"
 
 @pytest.fixture
 def client():
-    from cudastack.docker_engine import docker_client
+    from cudastack.core.docker_engine import docker_client
     c = docker_client()
     yield c
     try:
@@ -44,7 +44,7 @@ def _plan(tag: str):
 def test_c50_a_second_bootstrap_of_the_locked_release_gives_the_locked_id(client, second_dockerd, monkeypatch):
     import docker
 
-    from cudastack.bootstrap import bootstrap_os_image, os_image_record
+    from cudastack.osimage.bootstrap import bootstrap_os_image, os_image_record
     from cudastack.lock.apply import ensure_locked_os_image
 
     lines: list[str] = []
@@ -68,7 +68,7 @@ def test_c50_a_second_bootstrap_of_the_locked_release_gives_the_locked_id(client
 
 
 def test_c50_a_mirror_past_the_locked_release_is_refused_before_the_download(client):
-    from cudastack.bootstrap import bootstrap_os_image
+    from cudastack.osimage.bootstrap import bootstrap_os_image
 
     lines: list[str] = []
     with pytest.raises(LockError, match="moved past the locked Release.*Relock"):
@@ -90,7 +90,7 @@ def test_c50_a_lock_made_by_debootstrap_asks_for_one_relock(client):
 def test_image_archive_id_is_the_config_digest_and_moves_with_its_inputs(tmp_path):
     """Unit: the archive's image id is the sha256 of the config it holds, the same for the same inputs, and
     another for another rootfs byte or another label (so an id match means the same content)."""
-    from cudastack.bootstrap import image_archive
+    from cudastack.osimage.bootstrap import image_archive
 
     rootfs = tmp_path / "rootfs.tar"
     with tarfile.open(rootfs, "w") as t:

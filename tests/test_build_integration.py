@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cudastack.build import run_build, sha256_file
-from cudastack.engine import Engine
-from cudastack.errors import BuildError
-from cudastack.plan import host_resources, make_plan
+from cudastack.build.executor import run_build, sha256_file
+from cudastack.build.engine import Engine
+from cudastack.core.errors import BuildError
+from cudastack.plan.planner import host_resources, make_plan
 
 pytestmark = [pytest.mark.docker, pytest.mark.network]
 
@@ -108,7 +108,7 @@ def test_second_run_issues_no_docker_build(built, engine):
 def test_fresh_state_folder_dry_run_says_to_export_not_to_build(built, engine, tmp_path):
     """A wheels node whose image exists but whose wheels a fresh state folder lacks reads "to export" (no
     compile, no cost lines, no disk counted); with its wheels in the wheelhouse it reads "cached"."""
-    from cudastack.build import dry_run
+    from cudastack.build.executor import dry_run
 
     plan, state, _, _ = built
     fresh = dry_run(plan, state_dir=tmp_path / "fresh", engine=engine)

@@ -125,7 +125,7 @@ def test_sigkill_of_invoke_build_leaves_no_orphan_and_the_next_run_reports_it(tm
 def test_recovery_tells_dead_runs_from_live_ones(tmp_path):
     """Without docker: a "running" journal whose pid is gone becomes "interrupted"; one whose process lives
     (this one) is left alone; stale export and secret folders go, a live run's stay."""
-    from cudastack.build import _proc_start, recover_interrupted, remove_stale_exports
+    from cudastack.build.executor import _proc_start, recover_interrupted, remove_stale_exports
 
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -161,15 +161,15 @@ def test_the_run_lock_tells_a_live_holder_from_a_stale_record(tmp_path):
     and start time are this live process's (what a recycled pid looks like to the pid check); one whose lock a
     live process holds is left alone, with its export folder, until that holder is SIGKILLed; then the record,
     the folder and the lock file all go."""
-    from cudastack.build import _proc_start, recover_interrupted, remove_stale_exports, remove_stale_locks
-    from cudastack.build_journal import lock_held, lock_name
+    from cudastack.build.executor import _proc_start, recover_interrupted, remove_stale_exports, remove_stale_locks
+    from cudastack.build.journal import lock_held, lock_name
 
     rec_dir, locks, wh = tmp_path / "records", tmp_path / "locks", tmp_path / "wheelhouse"
     rec_dir.mkdir()
     locks.mkdir()
     wh.mkdir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom pathlib import Path\nfrom cudastack.build_journal import RunLock\n"
+        [sys.executable, "-c", "import sys, time\nfrom pathlib import Path\nfrom cudastack.build.journal import RunLock\n"
          "with RunLock(Path(sys.argv[1])) as lk:\n    print(lk.name, flush=True)\n    time.sleep(600)\n",
          str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=ROOT,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "validate")])})
@@ -208,7 +208,7 @@ def test_child_started_with_die_with_parent_ends_when_its_parent_is_sigkilled(tm
     import psutil
 
     script = ("import subprocess, sys, time\n"
-              "from cudastack.engine import die_with_parent\n"
+              "from cudastack.build.engine import die_with_parent\n"
               "use = sys.argv[1] == 'yes'\n"
               "p = subprocess.Popen(['sleep', '321.%s' % sys.argv[2]], preexec_fn=die_with_parent() if use else None)\n"
               "print(p.pid, flush=True)\n"

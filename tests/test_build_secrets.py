@@ -24,9 +24,9 @@ import pytest
 import yaml
 
 from cudastack import lock as L
-from cudastack.build import dry_run, run_build
-from cudastack.engine import Engine
-from cudastack.plan import host_resources, make_plan
+from cudastack.build.executor import dry_run, run_build
+from cudastack.build.engine import Engine
+from cudastack.plan.planner import host_resources, make_plan
 from lock_support import make_wheel
 
 pytestmark = [pytest.mark.docker, pytest.mark.network]

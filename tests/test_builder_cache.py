@@ -28,7 +28,7 @@ import subprocess
 
 import pytest
 
-from cudastack.errors import LockError, UsageError
+from cudastack.core.errors import LockError, UsageError
 from cudastack.lock.outputs import apply_build_outputs
 from registry_server import registry_server  # noqa: F401
 from test_builder_integration import buildx_config, second_dockerd, second_engine  # noqa: F401
@@ -43,10 +43,10 @@ def _on(sock, *args: str) -> subprocess.CompletedProcess:
 
 def test_a_node_built_on_a_builder_fills_the_cache_and_a_second_builder_pulls_it(second_engine, registry_server,  # noqa: F811
                                                                                 tmp_path):
-    from cudastack.build import run_build
-    from cudastack.builders import check_parents, inspect_builder
-    from cudastack.engine import Engine
-    from cudastack.node_cache import NodeCache
+    from cudastack.build.executor import run_build
+    from cudastack.build.builders import check_parents, inspect_builder
+    from cudastack.build.engine import Engine
+    from cudastack.build.node_cache import NodeCache
 
     ctx, sock = second_engine
     big = inspect_builder(ctx)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cudastack.errors import UsageError
+from cudastack.core.errors import UsageError
 
 pytestmark = [pytest.mark.docker, pytest.mark.network]
 
@@ -110,9 +110,9 @@ def second_engine(buildx_config, second_dockerd):
 def test_docker_context_use_moves_build_and_inspect_together(second_dockerd, tmp_path, monkeypatch):
     """`docker context use` to the second engine (in a DOCKER_CONFIG of this test's own, so no other docker
     client on the host is moved): the build (docker CLI) and the cache check / inspect (docker SDK, through
-    cudastack.docker_engine) both land there; `docker context use default` brings both back."""
-    from cudastack.docker_engine import engine_endpoint
-    from cudastack.engine import Engine
+    cudastack.core.docker_engine) both land there; `docker context use default` brings both back."""
+    from cudastack.core.docker_engine import engine_endpoint
+    from cudastack.build.engine import Engine
 
     name, sock = second_dockerd
     cfg = tmp_path / "dockercfg"
@@ -148,7 +148,7 @@ def test_docker_context_use_moves_build_and_inspect_together(second_dockerd, tmp
 
 
 def test_unknown_builder_is_a_usage_error_before_any_build(buildx_config):
-    from cudastack.builders import inspect_builder
+    from cudastack.build.builders import inspect_builder
 
     with pytest.raises(UsageError) as exc:
         inspect_builder("no-such-builder-cst")
@@ -157,10 +157,10 @@ def test_unknown_builder_is_a_usage_error_before_any_build(buildx_config):
 
 
 def test_source_node_builds_on_the_second_engine_and_its_wheel_lands_here(second_engine, tmp_path):
-    from cudastack.build import run_build
-    from cudastack.builders import check_parents, inspect_builder
-    from cudastack.engine import Engine
-    from cudastack.plan import host_resources, make_plan
+    from cudastack.build.executor import run_build
+    from cudastack.build.builders import check_parents, inspect_builder
+    from cudastack.build.engine import Engine
+    from cudastack.plan.planner import host_resources, make_plan
     from stackprobe.coverage import read_elf
 
     ctx, sock = second_engine

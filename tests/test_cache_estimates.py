@@ -1,4 +1,4 @@
-"""The dry run's time each way (cudastack.cache_estimates): a node to build is expected at a past build's duration at
+"""The dry run's time each way (cudastack.plan.cache_estimates): a node to build is expected at a past build's duration at
 the same hash (else its unit-cost estimate, else "no estimate" and why), a node in the registry node cache at its
 manifest's compressed size over a measured or configured pull rate (else "size only").
 
@@ -21,8 +21,8 @@ from types import SimpleNamespace
 import pytest
 import requests
 
-from cudastack import cache_estimates as E
-from cudastack.errors import RegistryError, UsageError
+from cudastack.plan import cache_estimates as E
+from cudastack.core.errors import RegistryError, UsageError
 from registry_server import docker_config, registry_server  # noqa: F401
 from test_node_cache import _big_layer_image, cleanup, empty_engine, small_plan  # noqa: F401
 
@@ -162,9 +162,9 @@ def _block(text: str, name: str) -> str:
 @pytest.mark.registry
 def test_the_dry_run_shows_digest_and_pull_time_in_the_registry_and_build_time_otherwise(
         tmp_path, engine, cleanup, registry_server, docker_config, monkeypatch):  # noqa: F811
-    from cudastack.build import dry_run, run_build
-    from cudastack.node_cache import NodeCache
-    from cudastack.registry import push_image
+    from cudastack.build.executor import dry_run, run_build
+    from cudastack.build.node_cache import NodeCache
+    from cudastack.registry.client import push_image
 
     monkeypatch.delenv(E.RATE_ENV, raising=False)
     client = engine.client

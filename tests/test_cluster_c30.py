@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from cudastack import cluster
-from cudastack.errors import UsageError
+from cudastack.registry import cluster
+from cudastack.core.errors import UsageError
 
 DIGEST = "sha256:" + "ab" * 32
 REMOTE = f"registry.example.com:5000/ci/runtime@{DIGEST}"

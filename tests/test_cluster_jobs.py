@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cudastack import cluster
-from cudastack.errors import UsageError
+from cudastack.registry import cluster
+from cudastack.core.errors import UsageError
 
 DIGEST = "sha256:" + "ab" * 32
 IMAGE = f"127.0.0.1:5000/ci/runtime@{DIGEST}"

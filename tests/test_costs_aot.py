@@ -1,5 +1,5 @@
 """Dry-run costs of a FlashInfer ahead-of-time node: its units are read from the generators' bodies in the
-pinned flashinfer-python wheel (cudastack.costs_aot), else the recipe's units_reference, else unknown."""
+pinned flashinfer-python wheel (cudastack.plan.costs_aot), else the recipe's units_reference, else unknown."""
 from __future__ import annotations
 
 import zipfile
@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from cudastack import costs
-from cudastack.costs_aot import count_aot_units, generator_sources
-from cudastack.errors import RecipeError
-from cudastack.plan import make_plan, render_plan
-from cudastack.recipes import load_recipes
-from cudastack.rules import Resources
+from cudastack.plan import costs
+from cudastack.plan.costs_aot import count_aot_units, generator_sources
+from cudastack.core.errors import RecipeError
+from cudastack.plan.planner import make_plan, render_plan
+from cudastack.recipes.load import load_recipes
+from cudastack.plan.rules import Resources
 from recipe_support import edit
 
 RES = Resources(2, 23.5, "test builder")
@@ -107,8 +107,8 @@ def test_units_reference_is_no_input_of_the_node_hash(recipes_copy):
 
 
 def test_builder_scope_source_sends_the_nodes_that_compile():
-    from cudastack.builders import sent
-    from cudastack.errors import UsageError
+    from cudastack.build.builders import sent
+    from cudastack.core.errors import UsageError
 
     nodes = {n.name: n for n in make_plan(None, "13.1", resources=RES).nodes}
     assert [n for n in nodes if sent(nodes[n], "source")] == ["flash-attn", "flashinfer"]   # source and aot

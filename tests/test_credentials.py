@@ -1,9 +1,9 @@
 """URL logins are split off (credentials.split_userinfo) and scrubbed from everything written (credentials.scrub)."""
 from __future__ import annotations
 
-from cudastack.credentials import redact, scrub, split_userinfo
-from cudastack.plan import make_plan
-from cudastack.rules import Resources
+from cudastack.core.credentials import redact, scrub, split_userinfo
+from cudastack.plan.planner import make_plan
+from cudastack.plan.rules import Resources
 
 
 def test_split_and_scrub():
@@ -18,7 +18,7 @@ def test_split_and_scrub():
 
 
 def test_error_messages_carry_no_login():
-    from cudastack.errors import LockError
+    from cudastack.core.errors import LockError
 
     err = LockError("pip could not reach https://ci:s3cr3t@pypi.example/simple/x/ (HTTP 503)")
     assert "s3cr3t" not in str(err) and "https://pypi.example/simple/x/" in str(err)
@@ -40,7 +40,7 @@ def test_plan_keeps_the_login_out_of_build_args_and_hash(recipes_copy):
     assert a.index_secret == "https://ci:s3cr3t-aa@pypi.example/simple"
     assert "s3cr3t" not in repr(a.build_args) + repr(a.inputs)
     assert a.hash == b.hash          # a rotated token rebuilds nothing
-    from cudastack.bake import bake_dict
+    from cudastack.build.bake import bake_dict
 
     plan = make_plan(recipes_copy, "13.1", resources=Resources(2, 24.0))
     names = {n.name: n.name for n in plan.nodes}

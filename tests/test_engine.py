@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from cudastack.build import Wheelhouse, _preflight_disk, sha256_file, unpack_patched
-from cudastack.docker_engine import docker_client
-from cudastack.engine import BuildKitPath, Engine, _Progress, find_buildkit, resolve_ca_bundle
-from cudastack.engine_progress import BuildDisplay
-from cudastack.errors import BuildError, EnvironmentError_, UsageError
-from cudastack.plan import make_plan
-from cudastack.rules import Resources
+from cudastack.build.executor import Wheelhouse, _preflight_disk, sha256_file, unpack_patched
+from cudastack.core.docker_engine import docker_client
+from cudastack.build.engine import BuildKitPath, Engine, _Progress, find_buildkit, resolve_ca_bundle
+from cudastack.build.progress import BuildDisplay
+from cudastack.core.errors import BuildError, EnvironmentError_, UsageError
+from cudastack.plan.planner import make_plan
+from cudastack.plan.rules import Resources
 
 
 def fake_docker(tmp_path: Path, name: str, version: str, buildx: bool) -> str:
@@ -256,7 +256,7 @@ def test_real_build_interrupted_by_sigterm_is_cancelled_and_untagged(tmp_path):
     import sys
     import time
 
-    from cudastack.bootstrap import bootstrap_os_image
+    from cudastack.osimage.bootstrap import bootstrap_os_image
 
     bootstrap_os_image("bookworm", tag="cudastack-test/debian:bookworm")
     df = tmp_path / "Dockerfile"
@@ -266,8 +266,8 @@ def test_real_build_interrupted_by_sigterm_is_cancelled_and_untagged(tmp_path):
     tag = f"cudastack-test/engine-interrupt:{uuid.uuid4().hex[:8]}"
     script = (
         "import signal, sys\n"
-        "from cudastack.engine import Engine\n"
-        "from cudastack.tasks_build import _sigterm_as_interrupt\n"
+        "from cudastack.build.engine import Engine\n"
+        "from cudastack.cli.build import _sigterm_as_interrupt\n"
         "_sigterm_as_interrupt()\n"
         "try:\n"
         f"    Engine.connect().build(name='sleepy', log_path={str(tmp_path / 'i.log')!r}, say=print, "
@@ -302,8 +302,8 @@ def test_engine_endpoint_follows_the_cli_order(tmp_path, monkeypatch):
     import hashlib
     import json
 
-    from cudastack.docker_engine import engine_endpoint
-    from cudastack.errors import EnvironmentError_
+    from cudastack.core.docker_engine import engine_endpoint
+    from cudastack.core.errors import EnvironmentError_
 
     for name, sock in (("one", "/tmp/one.sock"), ("two", "/tmp/two.sock")):
         meta = tmp_path / "contexts" / "meta" / hashlib.sha256(name.encode()).hexdigest()

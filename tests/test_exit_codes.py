@@ -51,8 +51,8 @@ def _with_nvidia_base(recipes: Path, image: str) -> None:
 
 
 def test_readme_table_is_the_errors_table():
-    """The README's codes are the ones cudastack.errors defines, plus invoke's 1 and success."""
-    from cudastack import errors
+    """The README's codes are the ones cudastack.core.errors defines, plus invoke's 1 and success."""
+    from cudastack.core import errors
 
     table = readme_table()
     assert set(table) == {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, table

@@ -11,9 +11,9 @@ import zipfile
 
 import pytest
 
-from cudastack.errors import ArchError, RecipeError
-from cudastack.plan import PROJECT_ROOT, make_plan, nvcc_gencode_flags, render_plan
-from cudastack.rules import Resources
+from cudastack.core.errors import ArchError, RecipeError
+from cudastack.plan.planner import PROJECT_ROOT, make_plan, nvcc_gencode_flags, render_plan
+from cudastack.plan.rules import Resources
 from recipe_support import edit
 
 SMALL = Resources(2, 24.0, "test: 2 cores, 24 GiB")

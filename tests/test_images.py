@@ -1,6 +1,6 @@
 """Images: the Dockerfiles in images/ built for real through BuildKit, and the OS bootstrap.
 
-No-Docker tests lint the Dockerfiles against the node-kind contract (cudastack/model.py). The docker tests
+No-Docker tests lint the Dockerfiles against the node-kind contract (cudastack/plan/model.py). The docker tests
 build the real chain for CUDA 13.1 on a debootstrapped Debian (a toolkit subset keeps them small):
 base-pip -> (image node) ; base-pip -> wheels (the cuda_ext fixture from source, sm_120) -> runtime,
 and check inside the images what the toolchain layer promises: nvcc 13.1, sm_120 in its GPU code list,
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from cudastack.model import NODE_KINDS
+from cudastack.plan.model import NODE_KINDS
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGES = ROOT / "images"
@@ -35,7 +35,7 @@ CUDA12_SPECS = "nvidia-cuda-runtime-cu12==12.8.90 nvidia-cuda-nvcc-cu12==12.8.93
 CUOBJDUMP_SPEC = "nvidia-cuda-cuobjdump==13.5.37"
 TEST_REPO = "cudastack-test"
 
-# Build args each kind must declare (cudastack/model.py is the contract).
+# Build args each kind must declare (cudastack/plan/model.py is the contract).
 CONTRACT_ARGS = {
     "base-pip": {"OS_IMAGE", "CUDA_PIP_SPECS", "CUDA_VERSION", "CUDA_WHEEL_ROOT"},
     "base-nvidia": {"BASE_IMAGE", "CUDA_VERSION"},
@@ -123,7 +123,7 @@ def test_both_bases_install_the_same_ca_wrapper():
 def test_runtime_turns_every_env_scope_knob_into_env():
     """Each recipe knob of scope ``env`` reaches the runtime image: declared as ARG, and set as ENV only in its
     own ``-set`` stage, selected when the value is not empty."""
-    from cudastack.recipes import load_recipes
+    from cudastack.recipes.load import load_recipes
 
     env_knobs = {c.arch_knob.knob for c in load_recipes(ROOT / "recipes").components.values()
                  if c.arch_knob and c.arch_knob.scope == "env"}
@@ -150,14 +150,14 @@ def test_build_env_quoting_contract():
 
 @pytest.fixture(scope="session")
 def engine():
-    from cudastack.engine import Engine
+    from cudastack.build.engine import Engine
 
     return Engine.connect()
 
 
 @pytest.fixture(scope="session")
 def ca_bundle():
-    from cudastack.engine import default_ca_bundle
+    from cudastack.build.engine import default_ca_bundle
 
     return default_ca_bundle()
 
@@ -186,7 +186,7 @@ def empty_ctx(tmp_path_factory):
 @pytest.fixture(scope="session")
 def os_image():
     """The bootstrapped Debian bookworm image (mmdebstrap + docker load; reused when its tag exists)."""
-    from cudastack.bootstrap import bootstrap_os_image, release_info
+    from cudastack.osimage.bootstrap import bootstrap_os_image, release_info
 
     lines: list[str] = []
     tag = f"{TEST_REPO}/debian:bookworm-{release_info('bookworm')['date']}"   # the tests' name, not the stack's
@@ -196,13 +196,13 @@ def os_image():
 
 @lru_cache(maxsize=1)
 def _docker_bin() -> str:
-    from cudastack.engine import find_buildkit
+    from cudastack.build.engine import find_buildkit
 
     return find_buildkit().docker
 
 
 def _client():
-    from cudastack.docker_engine import docker_client
+    from cudastack.core.docker_engine import docker_client
 
     return docker_client()
 
@@ -255,7 +255,7 @@ def runtime13(build, base13, fixture_wheelhouse, tmp_path_factory):
 @pytest.mark.docker
 @pytest.mark.network
 def test_bootstrap_is_idempotent_and_recorded(os_image):
-    from cudastack.bootstrap import bootstrap_os_image, default_tag, os_image_record
+    from cudastack.osimage.bootstrap import bootstrap_os_image, default_tag, os_image_record
 
     lines: list[str] = []
     t0 = time.monotonic()
@@ -279,8 +279,8 @@ def test_bootstrap_is_idempotent_and_recorded(os_image):
 
 @pytest.mark.docker
 def test_bootstrap_errors_before_any_download(monkeypatch):
-    from cudastack import bootstrap
-    from cudastack.errors import EnvironmentError_, UsageError
+    from cudastack.osimage import bootstrap
+    from cudastack.core.errors import EnvironmentError_, UsageError
 
     tag = f"{TEST_REPO}/never:built"
     with pytest.raises(EnvironmentError_, match="mmdebstrap was not found.*apt-get install mmdebstrap"):
@@ -296,8 +296,8 @@ def test_bootstrap_errors_before_any_download(monkeypatch):
 
 @pytest.mark.network
 def test_release_info_names_the_snapshot():
-    from cudastack.bootstrap import release_info
-    from cudastack.errors import UsageError
+    from cudastack.osimage.bootstrap import release_info
+    from cudastack.core.errors import UsageError
 
     info = release_info("bookworm")
     assert re.fullmatch(r"20\d{6}", info["date"]) and info["codename"] == "bookworm"
@@ -577,7 +577,7 @@ def test_ca_leak_check_finds_a_planted_bundle(os_image, ca_bundle, ca_needles, c
 @pytest.mark.docker
 @pytest.mark.network
 def test_base_pip_refuses_empty_toolkit_specs(build, os_image, empty_ctx):
-    from cudastack.errors import BuildError
+    from cudastack.core.errors import BuildError
 
     with pytest.raises(BuildError) as info:
         build("base-pip-empty", "base-pip", empty_ctx, tag=f"{TEST_REPO}/base-pip:broken", build_args={
@@ -616,7 +616,7 @@ def test_image_node_installs_with_build_env(build, base13, empty_ctx):
 def test_base_nvidia_dockerfile_on_a_cuda_image(build, base13, empty_ctx):
     """nvidia/cuda images cannot be pulled here: build base-nvidia on our CUDA 13.1 image instead (same layout:
     CUDA at /usr/local/cuda, Debian-family apt), and check its CUDA version guard."""
-    from cudastack.errors import BuildError
+    from cudastack.core.errors import BuildError
 
     tag = f"{TEST_REPO}/base-nvidia:on-pip"
     build("base-nvidia", "base-nvidia", empty_ctx, tag=tag,
@@ -644,7 +644,7 @@ def test_fixture_wheel_export_holds_only_wheels(fixture_wheelhouse):
 @pytest.mark.docker
 @pytest.mark.network
 def test_wheels_builder_installs_build_deps_and_validates_method(build, base13, tmp_path):
-    from cudastack.errors import BuildError
+    from cudastack.core.errors import BuildError
 
     (tmp_path / "empty").mkdir()
     # a pure-Python source tree whose setup.py imports a build-time dependency: builds only with BUILD_DEPS

@@ -9,12 +9,12 @@ import json
 
 import pytest
 
-from cudastack import build as B
-from cudastack import build_context
+from cudastack.build import executor as B
+from cudastack.build import context as build_context
 from cudastack import lock as L
-from cudastack.errors import LockError
-from cudastack.plan import make_plan
-from cudastack.rules import Resources
+from cudastack.core.errors import LockError
+from cudastack.plan.planner import make_plan
+from cudastack.plan.rules import Resources
 
 SMALL = Resources(2, 24.0, "test: 2 cores, 24 GiB")
 
@@ -141,7 +141,7 @@ def test_sdist_with_another_sha256_than_the_lock_stops_before_unpacking(tmp_path
     archive = tmp_path / "sdists" / "flash_attn-2.8.3.post2.tar.gz"
     archive.parent.mkdir()
     archive.write_bytes(b"not the locked file")
-    # _make_context looks fetch_sdist up in cudastack.build_context, where it lives
+    # _make_context looks fetch_sdist up in cudastack.build.context, where it lives
     monkeypatch.setattr(build_context, "fetch_sdist", lambda *a, **k: (archive, hashlib.sha256(archive.read_bytes()).hexdigest()))
     node = plan.node("flash-attn")
     with pytest.raises(LockError) as err:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from cudastack import cuda_wheels
+from cudastack.lock import cuda_wheels
 from cudastack import lock as L
-from cudastack.model import Node, Plan
+from cudastack.plan.model import Node, Plan
 from lock_support import TARGET, make_index, make_wheel
 
 

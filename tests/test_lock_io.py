@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from cudastack import lock as L
-from cudastack.errors import LockError
+from cudastack.core.errors import LockError
 
 
 def _lock(**extra):
@@ -88,7 +88,7 @@ def test_invalid_lock_is_never_written(tmp_path):
 
 
 def test_record_outputs_and_push(tmp_path, monkeypatch):
-    from cudastack.registry import PushedImage
+    from cudastack.registry.client import PushedImage
 
     p = tmp_path / "9.9.lock.yaml"
     L.write_lock(p, _lock())

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from cudastack import lock as L
-from cudastack.errors import LockError
-from cudastack.model import Node, Plan
+from cudastack.core.errors import LockError
+from cudastack.plan.model import Node, Plan
 from lock_support import TARGET, make_index, make_wheel, tiny_index
 
 
@@ -101,7 +101,7 @@ def test_a_locked_build_after_a_plan_change_keeps_its_outputs_through_a_relock(i
     """A node's plan changed without touching any pin (e.g. the suite code in the runtime's context): the lock
     still verifies, the locked build records its outputs and the plan hash it used, and relocking the same
     plan keeps them. A push of the node's previous image is dropped when the new image is recorded."""
-    from cudastack.registry import PushedImage
+    from cudastack.registry.client import PushedImage
 
     p = tmp_path / "9.9.lock.yaml"
     L.lock_plan(tiny_plan(index), p, target=TARGET)
@@ -192,7 +192,7 @@ def test_git_pin_reads_the_commit(tmp_path):
 
 
 def test_python_mismatch_is_refused(index):
-    from cudastack.errors import EnvironmentError_
+    from cudastack.core.errors import EnvironmentError_
 
     other = dict(TARGET, python_version="3.99")
     with pytest.raises(EnvironmentError_, match="--python") as err:
@@ -236,7 +236,7 @@ def test_child_that_replaces_a_parent_package_is_not_held_to_it(index):
 
 def test_push_recorded_while_relocking_is_not_lost(index, tmp_path, monkeypatch):
     """A push recorded while `invoke lock` resolves (minutes for a real plan) survives the re-lock's write."""
-    from cudastack.registry import PushedImage
+    from cudastack.registry.client import PushedImage
 
     p = tmp_path / "9.9.lock.yaml"
     L.lock_plan(tiny_plan(index), p, target=TARGET)

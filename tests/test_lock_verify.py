@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from cudastack import lock as L
-from cudastack.errors import LockError
+from cudastack.core.errors import LockError
 
 ROOT = Path(__file__).resolve().parents[1]
 INVOKE = [sys.executable, "-m", "invoke", "-r", str(Path(__file__).resolve().parents[1])]

@@ -1,6 +1,7 @@
 """The build half's module structure: no import cycle among ``cudastack`` modules, every module importable on
-its own in a fresh interpreter, and no module grown past the size a reader can hold (issue: the lock as a
-package, make_plan and the engine split).
+its own in a fresh interpreter, imports running one way through the layers the README's architecture section
+lists (a subpackage imports only from its own and from layers below it), and no module grown past the size a
+reader can hold (issue: the lock as a package, make_plan and the engine split).
 
 The import graph is read from the source with :mod:`ast`: every ``import``/``from ... import`` statement,
 including those inside functions (a lazy import is still a dependency, and a lazy cycle is how one hides).
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +103,54 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
     return []
 
 
+def readme_layers(readme: Path) -> list[list[str]]:
+    """The layers of the README's "Architecture" section, top first: each numbered line (``1. `cli/` ...``)
+    names one layer's subpackages in backticks (``\`lock/\`, \`radar/\```). ValueError when the section or its
+    numbered lines are missing, or a subpackage is named twice."""
+    text = readme.read_text()
+    m = re.search(r"^## Architecture\n(.*?)(?=^## )", text, re.M | re.S)
+    if not m:
+        raise ValueError(f"{readme}: no '## Architecture' section")
+    layers = [re.findall(r"`([a-z_]+)/`", ln.split("—")[0]) for ln in m.group(1).splitlines()
+              if re.match(r"\d+\. ", ln)]
+    layers = [ly for ly in layers if ly]
+    names = [n for ly in layers for n in ly]
+    if not layers or len(names) != len(set(names)):
+        raise ValueError(f"{readme}: the Architecture section's numbered lines name no layer, or a subpackage twice")
+    return layers
+
+
+def layering_violations(graph: dict[str, set[str]], package: str, layers: list[list[str]]) -> list[str]:
+    """One line per import that runs against ``layers`` (top first): a module of subpackage A may import its
+    own subpackage and any subpackage of a lower layer, nothing of its own layer's siblings or above. A module
+    outside every named subpackage (other than the package's own ``__init__``), or an import of one, is a
+    violation too: every module belongs to a layer."""
+    rank = {name: i for i, layer in enumerate(layers) for name in layer}
+    out = []
+
+    def sub(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 1 else None
+
+    for mod, deps in sorted(graph.items()):
+        a = sub(mod)
+        if a is None:
+            continue
+        if a not in rank:
+            out.append(f"{mod}: in no layer of the architecture")
+            continue
+        for dep in sorted(deps):
+            b = sub(dep)
+            if b == a:
+                continue
+            if b is None or b not in rank:
+                out.append(f"{mod} imports {dep}, which is in no layer")
+            elif rank[b] <= rank[a]:
+                out.append(f"{mod} imports {dep}: " + (f"{b}/ is {a}/'s sibling in one layer" if rank[b] == rank[a]
+                                                         else f"{b}/ is a layer above {a}/"))
+    return out
+
+
 def oversize(root: Path, package: str, limit: int, allowed: dict[str, int]) -> list[str]:
     """One line per module of ``package`` over ``limit`` lines that is not in ``allowed``, or that grew past its
     allowed count."""
@@ -151,6 +201,42 @@ def test_every_module_imports_alone_in_a_fresh_interpreter(module):
     proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, cwd=ROOT,
                           env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_imports_run_one_way_through_the_readmes_layers():
+    layers = readme_layers(ROOT / "README.md")
+    assert layers[0] == ["cli"] and layers[-1] == ["core"]
+    on_disk = sorted(p.name for p in (ROOT / "cudastack").iterdir() if (p / "__init__.py").is_file())
+    assert sorted(n for ly in layers for n in ly) == on_disk
+    assert layering_violations(import_graph(ROOT, "cudastack"), "cudastack", layers) == []
+
+
+def test_a_planted_upward_import_breaks_the_layering(tmp_path):
+    """A copy of the real package with one lower module importing cli/ (lazily, inside a function) fails."""
+    import shutil
+
+    shutil.copytree(ROOT / "cudastack", tmp_path / "cudastack", ignore=shutil.ignore_patterns("__pycache__"))
+    layers = readme_layers(ROOT / "README.md")
+    assert layering_violations(import_graph(tmp_path, "cudastack"), "cudastack", layers) == []
+    planted = tmp_path / "cudastack" / "plan" / "rules.py"
+    planted.write_text(planted.read_text() + "\n\ndef _planted():\n    from cudastack.cli import build\n")
+    assert layering_violations(import_graph(tmp_path, "cudastack"), "cudastack", layers) == [
+        "cudastack.plan.rules imports cudastack.cli.build: cli/ is a layer above plan/"]
+    (tmp_path / "cudastack" / "lock" / "sideways.py").write_text("from cudastack.radar import walk\n")
+    assert "cudastack.lock.sideways imports cudastack.radar.walk: radar/ is lock/'s sibling in one layer" \
+        in layering_violations(import_graph(tmp_path, "cudastack"), "cudastack", layers)
+    (tmp_path / "cudastack" / "stray.py").write_text("")
+    assert "cudastack.stray: in no layer of the architecture" in layering_violations(
+        import_graph(tmp_path, "cudastack"), "cudastack", layers)
+
+
+def test_readme_layers_fail_without_the_section(tmp_path):
+    (tmp_path / "README.md").write_text("# x\n\n## Usage\n\n1. `cli/` — tasks\n\n## End\n")
+    with pytest.raises(ValueError, match="no '## Architecture' section"):
+        readme_layers(tmp_path / "README.md")
+    (tmp_path / "README.md").write_text("## Architecture\n\n1. `cli/` — a\n2. `cli/` — b\n\n## End\n")
+    with pytest.raises(ValueError, match="twice"):
+        readme_layers(tmp_path / "README.md")
 
 
 def test_no_build_half_module_over_the_line_limit():

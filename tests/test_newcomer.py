@@ -22,14 +22,14 @@ STACK_NAME = re.compile(r"(?<![\w./-])cudastack/[A-Za-z0-9_.{}\-]+[:@]")
 
 def stack_names_in(text: str) -> list[str]:
     """Image references under the stack's prefix ``cudastack/`` in ``text`` (file paths such as
-    ``cudastack/model.py`` are not references)."""
+    ``cudastack/plan/model.py`` are not references)."""
     return [m.group(0) for m in STACK_NAME.finditer(text) if not m.group(0)[:-1].endswith(".py")]
 
 
 def test_stack_name_finder_finds_what_it_must():
     stack = "cudastack" + "/"   # spelled apart so that this file passes its own check
     assert stack_names_in(f'tag="{stack}app:1"; f"{stack}{{x}}:y"') == [f"{stack}app:", f"{stack}{{x}}:"]
-    assert stack_names_in("cudastack-test/app:1 cudastack/model.py: 127.0.0.1:5000/ci/app:1") == []
+    assert stack_names_in("cudastack-test/app:1 cudastack/plan/model.py: 127.0.0.1:5000/ci/app:1") == []
 
 
 def test_tests_use_only_test_image_names():
@@ -105,7 +105,7 @@ def test_tasks_leave_only_ignored_files(tmp_path):
 
 def test_memory_rule_reads_memtotal_not_memavailable():
     """The memory rule's input is MemTotal (or the cgroup limit), which a running compile does not move."""
-    from cudastack.plan import host_resources
+    from cudastack.plan.planner import host_resources
 
     mem = {k: int(v.split()[0]) * 1024 for k, v in
            (line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())}
@@ -119,10 +119,10 @@ def test_memory_rule_reads_memtotal_not_memavailable():
 
 
 def test_dry_run_prints_the_max_jobs_the_build_uses():
-    """The dry run asks the same builder as the build (cudastack.tasks_build._builder_resources) and so
+    """The dry run asks the same builder as the build (cudastack.cli.build._builder_resources) and so
     prints the build's MAX_JOBS."""
-    from cudastack.plan import make_plan
-    from cudastack.tasks_build import _builder_resources
+    from cudastack.plan.planner import make_plan
+    from cudastack.cli.build import _builder_resources
 
     res = _builder_resources()
     plan = make_plan(None, "13.1", resources=res)
@@ -136,7 +136,7 @@ def test_dry_run_prints_the_max_jobs_the_build_uses():
 
 
 def test_final_line_names_the_runtime_tag():
-    from cudastack.tasks_build import final_line
+    from cudastack.cli.build import final_line
 
     nodes = [{"name": "base", "kind": "base-pip", "tag": "cudastack-test/b:1"},
              {"name": "runtime", "kind": "runtime", "tag": "cudastack-test/rt:2"}]
@@ -149,7 +149,7 @@ def test_final_line_names_the_runtime_tag():
 def test_build_ends_with_the_runtime_tag(tmp_path):
     """`invoke build` of the fixture chain (cached after tests/test_build_integration.py) prints the runtime
     image's tag as its last line."""
-    from cudastack.plan import make_plan
+    from cudastack.plan.planner import make_plan
 
     recipes = TESTS / "fixtures" / "recipes"
     p = _invoke("build", "--cuda", "13.1", "--recipes", str(recipes), "--prefix", "cudastack-test",

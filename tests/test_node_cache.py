@@ -1,4 +1,4 @@
-"""The registry node cache (cudastack.node_cache) for real: Debian's docker-registry on loopback, the live Docker
+"""The registry node cache (cudastack.build.node_cache) for real: Debian's docker-registry on loopback, the live Docker
 engine, BuildKit builds of a three-node chain small enough to build in seconds (an image node, a wheels node whose
 builder stage keeps its wheel in /wheels as images/wheels.Dockerfile does, and a runtime that copies the
 wheelhouse), each node labelled and tagged by run_build exactly as a real plan's.
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from cudastack.errors import LockError, RegistryError, UsageError
-from cudastack.node_cache import ENV_VAR, NodeCache, cache_prefix
+from cudastack.core.errors import LockError, RegistryError, UsageError
+from cudastack.build.node_cache import ENV_VAR, NodeCache, cache_prefix
 from registry_server import (REGISTRY_BIN, _free_port, auth_registry_server, docker_config,  # noqa: F401
                              registry_server, start_registry)
 
@@ -48,7 +48,7 @@ def _wheel(path: Path, payload: bytes) -> Path:
 def small_plan(tmp: Path, nonce: str, *, wheel_bytes: int = 4096):
     """A BuildPlan of three nodes (base: image, wheels, runtime) whose hashes carry ``nonce``; its Dockerfiles
     and contexts live under ``tmp``."""
-    from cudastack.plan import BuildPlan, PlannedNode
+    from cudastack.plan.planner import BuildPlan, PlannedNode
 
     files, whl = tmp / "files", tmp / "whl"
     files.mkdir(parents=True, exist_ok=True)
@@ -118,7 +118,7 @@ def test_cache_prefix_from_flag_or_environment_and_a_login_is_never_echoed():
 
 
 def test_dry_run_text_names_each_state(tmp_path):
-    from cudastack.plan_render import render_plan
+    from cudastack.plan.render import render_plan
 
     plan = small_plan(tmp_path, "render")
     text = render_plan(plan, {"base": True, "wheels": False, "runtime": False},
@@ -132,7 +132,7 @@ def test_dry_run_text_names_each_state(tmp_path):
 # ------------------------------------------------------------------------------------------ fill, then serve
 def test_a_build_fills_the_cache_and_an_emptied_engine_pulls_every_node(tmp_path, engine, cleanup,
                                                                        registry_server, docker_config):  # noqa: F811
-    from cudastack.build import dry_run, run_build
+    from cudastack.build.executor import dry_run, run_build
 
     client = engine.client
     plan = small_plan(tmp_path / "chain", os.urandom(6).hex())
@@ -173,7 +173,7 @@ def test_a_build_fills_the_cache_and_an_emptied_engine_pulls_every_node(tmp_path
 
 
 def test_read_only_cache_pulls_but_never_pushes(tmp_path, engine, cleanup, registry_server, docker_config):  # noqa: F811
-    from cudastack.build import run_build
+    from cudastack.build.executor import run_build
 
     plan = small_plan(tmp_path / "chain", os.urandom(6).hex())
     cleanup.append(plan)
@@ -229,8 +229,8 @@ def _big_layer_image(client, name: str, node, mib: int = 192) -> None:
 
 def test_registry_gone_mid_pull_builds_the_node_and_leaves_the_wheelhouse_whole(tmp_path, engine, cleanup,
                                                                                 docker_config):  # noqa: F811
-    from cudastack.build import run_build
-    from cudastack.registry import push_image
+    from cudastack.build.executor import run_build
+    from cudastack.registry.client import push_image
 
     client = engine.client
     registry = start_registry(tmp_path / "registry", auth=False)
@@ -303,7 +303,7 @@ def _read_only_registry(root: Path):
 
 
 def test_a_refused_push_leaves_the_build_and_is_reported(tmp_path, engine, cleanup, docker_config):  # noqa: F811
-    from cudastack.build import run_build
+    from cudastack.build.executor import run_build
 
     registry = _read_only_registry(tmp_path / "ro-registry")
     plan = small_plan(tmp_path / "chain", os.urandom(6).hex())
@@ -328,7 +328,7 @@ def test_a_refused_push_leaves_the_build_and_is_reported(tmp_path, engine, clean
 
 def test_the_login_appears_in_no_record_log_or_message(tmp_path, engine, cleanup, auth_registry_server,
                                                       docker_config):  # noqa: F811
-    from cudastack.build import dry_run, run_build
+    from cudastack.build.executor import dry_run, run_build
 
     reg = auth_registry_server
     docker_config(reg.host, reg.username, reg.password)
@@ -353,7 +353,7 @@ def test_the_login_appears_in_no_record_log_or_message(tmp_path, engine, cleanup
 # ------------------------------------------------------------------------------------------ under a lock
 def test_locked_build_refuses_a_pulled_node_that_differs_from_the_lock(tmp_path, engine, cleanup,
                                                                       registry_server, docker_config):  # noqa: F811
-    from cudastack.build import run_build
+    from cudastack.build.executor import run_build
 
     client = engine.client
     plan = small_plan(tmp_path / "chain", os.urandom(6).hex())

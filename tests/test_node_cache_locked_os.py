@@ -17,10 +17,10 @@ import os
 import pytest
 
 from cudastack import lock as L
-from cudastack.node_cache import NodeCache
-from cudastack.plan import make_plan
-from cudastack.cache_parents import os_image_target, pull_os_image
-from cudastack.registry import push_image
+from cudastack.build.node_cache import NodeCache
+from cudastack.plan.planner import make_plan
+from cudastack.registry.cache_parents import os_image_target, pull_os_image
+from cudastack.registry.client import push_image
 from registry_server import auth_registry_server, docker_config  # noqa: F401
 from test_node_cache import cleanup, empty_engine  # noqa: F401
 from test_registry_fixture_chain import FIXTURE_RECIPES, TEST_PREFIX, fixture_plan_and_lock
@@ -44,7 +44,7 @@ def os_tag_kept(engine):
 
 def test_fresh_locked_builder_pulls_the_os_image_and_writes_no_login(tmp_path, engine, cleanup, os_tag_kept,  # noqa: F811
                                                                      auth_registry_server, docker_config):  # noqa: F811
-    from cudastack.build import run_build
+    from cudastack.build.executor import run_build
 
     os_tag, os_id = os_tag_kept
     reg = auth_registry_server

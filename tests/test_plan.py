@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from cudastack.errors import ArchError, UsageError
-from cudastack.plan import PROJECT_ROOT, content_hash, make_plan, render_plan
+from cudastack.core.errors import ArchError, UsageError
+from cudastack.plan.planner import PROJECT_ROOT, content_hash, make_plan, render_plan
 from recipe_support import edit
-from cudastack.rules import Resources
+from cudastack.plan.rules import Resources
 
 SMALL = Resources(2, 24.0, "test: 2 cores, 24 GiB")   # the C8 builder
 BIG = Resources(64, 512.0, "test: 64 cores, 512 GiB")
@@ -352,7 +352,7 @@ def test_a_probe_change_leaves_every_tag_unchanged(tmp_path):
 
 
 def test_the_dry_run_shortens_a_long_build_arg_and_says_how_much_it_left_out():
-    from cudastack.plan_render import ARG_LINES, _arg_text
+    from cudastack.plan.render import ARG_LINES, _arg_text
     closure = "\n".join(f"pkg{i}==1.0 --hash=sha256:{i:064d}" for i in range(40))
     shown = _arg_text("PIP_SPECS_LOCKED", closure)
     assert shown.splitlines()[:ARG_LINES] == closure.splitlines()[:ARG_LINES]

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from cudastack import radar as R
-from cudastack import scan as S
-from cudastack.errors import RegistryError, UsageError
-from cudastack.pkgindex import Index
-from cudastack.recipes import load_recipes
+from cudastack.radar import walk as R
+from cudastack.radar import scan as S
+from cudastack.core.errors import RegistryError, UsageError
+from cudastack.pkgindex.client import Index
+from cudastack.recipes.load import load_recipes
 from radar_support import (FakeIndex, check_engine_refuses, check_gate_lift, check_held_by_engine, comm_py, radar_row,
                            make_sdist, make_wheel)
 
@@ -360,7 +360,7 @@ def test_the_radar_covers_vllm_and_b12x_in_vllms_own_chain(tmp_path):
     vllm 0.33.0's exact pins, b12x by the pin of its `b12x` extra (an extra the image installs), and the newer
     vllm 0.34.0 by its torch 2.15.0, a CUDA 13.2 build. SGLang's radar of the same toolchain keeps its own pins.
     Planted fault: read without the extra, the b12x pin is lost and 1.6.0 would look allowed."""
-    from cudastack import radar_checks as RC
+    from cudastack.radar import checks as RC
 
     _vllm_index(tmp_path / "w")
     recipes = load_recipes()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cudastack.errors import RecipeError, UsageError
-from cudastack.recipes import load_recipes
+from cudastack.core.errors import RecipeError, UsageError
+from cudastack.recipes.load import load_recipes
 from recipe_support import edit
 
 FIXTURE_RECIPES = Path(__file__).parent / "fixtures" / "recipes"
@@ -30,7 +30,7 @@ def test_real_recipes_load_with_both_toolchains_and_every_component():
 
 def _pins(r, tc, runtime="runtime"):
     """{name: version} the image chain of runtime node ``runtime`` pins (SGLang's by default; vLLM's is "vllm")."""
-    from cudastack.recipe_graph import chain_pins
+    from cudastack.recipes.graph import chain_pins
 
     return {n: v for n, (v, _) in chain_pins(r.components, tc, runtime).items()}
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from cudastack.errors import RecipeError, UsageError
-from cudastack.plan import make_plan, render_plan
-from cudastack.plan_graph import only_skips
-from cudastack.recipe_graph import chain_pins, stack_differences
-from cudastack.recipes import load_recipes
-from cudastack.rules import Resources
+from cudastack.core.errors import RecipeError, UsageError
+from cudastack.plan.planner import make_plan, render_plan
+from cudastack.plan.graph import only_skips
+from cudastack.recipes.graph import chain_pins, stack_differences
+from cudastack.recipes.load import load_recipes
+from cudastack.plan.rules import Resources
 from recipe_support import edit
 
 RES = Resources(2, 23.4, "test")
@@ -132,7 +132,7 @@ def test_only_builds_a_node_and_its_chain():
 
 
 def test_only_and_skip_together_are_refused():
-    from cudastack.tasks_build import only_to_skip
+    from cudastack.cli.build import only_to_skip
 
     with pytest.raises(UsageError, match="--only and --skip together"):
         only_to_skip(["vllm"], ["flash-attn"], None)

@@ -13,9 +13,9 @@ import subprocess
 
 import pytest
 
-from cudastack import bake as B
-from cudastack.model import Plan
-from cudastack.plan import PlannedNode
+from cudastack.build import bake as B
+from cudastack.plan.model import Plan
+from cudastack.plan.planner import PlannedNode
 from registry_server import registry_server  # noqa: F401
 
 DOCKERFILES = {
@@ -64,7 +64,7 @@ def test_bake_file_structure(tmp_path):
 
 
 def test_bad_output_name(tmp_path):
-    from cudastack.errors import UsageError
+    from cudastack.core.errors import UsageError
     with pytest.raises(UsageError, match=".json"):
         B.write_bake(tiny_plan(tmp_path), tmp_path / "bake.hcl", state_dir=tmp_path / "state")
 
@@ -91,7 +91,7 @@ def test_bake_targets_build(tmp_path):
             built.append(name)
         dest = out / data["target"]["ext"]["output"][0].split("dest=", 1)[1]
         assert (dest / "ext-1.0-py3-none-any.whl").read_text() == "ext"
-        from cudastack.docker_engine import docker_client
+        from cudastack.core.docker_engine import docker_client
         client = docker_client()
         app = client.images.get(plan.nodes[1].tag)
         assert app.labels.get("msg") == "hello"
@@ -158,8 +158,8 @@ def test_bake_reads_and_fills_the_node_cache(tmp_path, monkeypatch, engine, regi
 
     import requests
 
-    from cudastack.node_cache import NodeCache
-    from cudastack.wheelhouse import Wheelhouse
+    from cudastack.build.node_cache import NodeCache
+    from cudastack.build.wheelhouse import Wheelhouse
     from test_node_cache import empty_engine
 
     docker_cli = _buildx(tmp_path, monkeypatch)

@@ -15,8 +15,8 @@ import tarfile
 import pytest
 import requests
 
-from cudastack import registry as reg
-from cudastack.errors import EnvironmentError_, RegistryError, UsageError
+from cudastack.registry import client as reg
+from cudastack.core.errors import EnvironmentError_, RegistryError, UsageError
 from registry_server import auth_registry_server, docker_config, registry_server  # noqa: F401
 
 
@@ -189,7 +189,7 @@ def test_registry_down(engine, registry_server, docker_config):
 @pytest.mark.docker
 @pytest.mark.registry
 def test_auth_registry(engine, auth_registry_server, docker_config):
-    from cudastack.docker_engine import docker_client
+    from cudastack.core.docker_engine import docker_client
 
     client, made = engine
     host = auth_registry_server.host

@@ -21,8 +21,8 @@ import time
 
 import pytest
 
-from cudastack import registry as reg
-from cudastack.errors import RegistryError
+from cudastack.registry import client as reg
+from cudastack.core.errors import RegistryError
 from registry_server import docker_config, start_registry  # noqa: F401
 
 

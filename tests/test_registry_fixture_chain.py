@@ -1,5 +1,5 @@
 """The issue's integration test on the project's small fixture chain (tests/fixtures/recipes: base-pip ->
-cuda-ext (nvcc source build) -> runtime): lock, build locked (cudastack.build with the lock's build args,
+cuda-ext (nvcc source build) -> runtime): lock, build locked (cudastack.build.executor with the lock's build args,
 after the lock was verified against the plan), record the outputs, push the runtime image to a local
 registry, delete the local image, pull it by digest and check the digest and image id.
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cudastack import lock as L
-from cudastack import registry as R
+from cudastack.registry import client as R
 from registry_server import docker_config, registry_server  # noqa: F401
 
 FIXTURE_RECIPES = Path(__file__).parent / "fixtures" / "recipes"
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.network]
 
 def fixture_plan_and_lock(engine, tmp_path):
     """The fixture chain's plan and its lock, resolved for real into ``tmp_path/lockfiles``: (plan, path, lock)."""
-    from cudastack.plan import make_plan
+    from cudastack.plan.planner import make_plan
 
     plan = make_plan(FIXTURE_RECIPES, "13.1", resources=engine.resources(), prefix=TEST_PREFIX)
     path = tmp_path / "lockfiles" / "13.1.lock.yaml"
@@ -31,7 +31,7 @@ def fixture_plan_and_lock(engine, tmp_path):
 
 
 def test_fixture_chain_lock_build_push_pull(tmp_path, engine, registry_server, docker_config):
-    from cudastack.build import run_build
+    from cudastack.build.executor import run_build
 
     plan, path, lock = fixture_plan_and_lock(engine, tmp_path)
     assert lock["nodes"]["base"]["os_image"]["image_id"].startswith("sha256:")
@@ -86,8 +86,8 @@ def test_locked_build_stops_on_a_changed_hash(tmp_path, engine):
     """A lock whose sha256 for one package differs from the file on the index: the locked Docker build of the
     base fails in pip's hash-checking mode, the error names the package and the node, and the lockfile is
     byte for byte what it was. (The tampered hash stands in for a file re-uploaded upstream.)"""
-    from cudastack.build import run_build
-    from cudastack.errors import LockError
+    from cudastack.build.executor import run_build
+    from cudastack.core.errors import LockError
 
     plan, path, _ = fixture_plan_and_lock(engine, tmp_path)
 
@@ -120,8 +120,8 @@ def test_nvidia_base_is_locked_and_built_by_digest(tmp_path, engine, registry_se
     HOST/nvidia/cuda:13.1.1-devel; `lock` reads its digest from the registry (skopeo); the tag is then moved to an
     image without nvcc; the locked build still builds FROM the locked digest (base-nvidia checks nvcc's
     version, so building on the moved tag would fail)."""
-    from cudastack.build import run_build
-    from cudastack.plan import make_plan
+    from cudastack.build.executor import run_build
+    from cudastack.plan.planner import make_plan
 
     client = engine.client
     pip_plan = make_plan(FIXTURE_RECIPES, "13.1", resources=engine.resources(), prefix=TEST_PREFIX)
@@ -143,8 +143,8 @@ def _nvidia_base_by_digest(tmp_path, engine, client, pip_plan, upstream):
 
     import yaml
 
-    from cudastack.build import run_build
-    from cudastack.plan import make_plan
+    from cudastack.build.executor import run_build
+    from cudastack.plan.planner import make_plan
 
     first = R.push_image(pip_plan.nodes[0].tag, upstream, client=client)
 

@@ -14,9 +14,9 @@ import tarfile
 import pytest
 
 from cudastack import lock as L
-from cudastack import registry as R
-from cudastack.errors import LockError, RegistryError, UsageError
-from cudastack.model import Node, Plan
+from cudastack.registry import client as R
+from cudastack.core.errors import LockError, RegistryError, UsageError
+from cudastack.plan.model import Node, Plan
 from lock_support import TARGET, tiny_index
 from registry_server import auth_registry_server, docker_config, registry_server  # noqa: F401
 
@@ -126,7 +126,7 @@ def test_registry_down_leaves_lock(locked_chain, registry_server, docker_config)
 
 def test_push_refused_wrong_credentials_leaves_lock(locked_chain, auth_registry_server, docker_config):
     client, made, plan, path, _, _ = locked_chain
-    from cudastack.docker_engine import docker_client
+    from cudastack.core.docker_engine import docker_client
     before = path.read_bytes()
     host = auth_registry_server.host
     made.append(R.push_target(plan.nodes[0].tag, f"{host}/ci"))

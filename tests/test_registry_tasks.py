@@ -103,7 +103,7 @@ def test_committed_lockfiles_match_the_recipes(cuda):
     assert "verified against the plan; locked tags below" in r.stderr
 
     from cudastack import lock as L
-    from cudastack.plan import make_plan
+    from cudastack.plan.planner import make_plan
 
     lock = L.load_lock(cuda)
     arch, base, skip = L.plan_options(cuda, None, None, None)

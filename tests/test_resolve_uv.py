@@ -1,4 +1,4 @@
-"""The lock's uv resolver (cudastack.resolve_uv) against pip's: the same lock from a local PEP 503 index of tiny
+"""The lock's uv resolver (cudastack.lock.resolve_uv) against pip's: the same lock from a local PEP 503 index of tiny
 wheels (no network), and, marked ``network``, from PyPI for a small real node, installed afterwards in
 pip's hash-checking mode."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from cudastack import lock as L
-from cudastack import resolve_uv as U
-from cudastack.errors import LockError, UsageError
-from cudastack.model import Node, Plan
+from cudastack.lock import resolve_uv as U
+from cudastack.core.errors import LockError, UsageError
+from cudastack.plan.model import Node, Plan
 from lock_support import TARGET, make_index, make_wheel
 from test_lock_resolve import tiny_plan, tiny_index  # noqa: F401 - tiny_index used by the fixture
 

@@ -11,15 +11,15 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from cudastack import schemas
-from cudastack.recipe_models import ComponentFile, ToolchainsFile
+from cudastack.core import schemas
+from cudastack.recipes.models import ComponentFile, ToolchainsFile
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE_DIRS = [ROOT / "recipes", ROOT / "tests" / "fixtures" / "recipes"]
 
 
 def test_committed_schemas_match_the_models():
-    assert schemas.stale() == [], "regenerate with `python -m cudastack.schemas --write` and commit the result"
+    assert schemas.stale() == [], "regenerate with `python -m cudastack.core.schemas --write` and commit the result"
 
 
 def _copy_schemas(tmp_path: Path) -> Path:

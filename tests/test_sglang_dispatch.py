@@ -215,8 +215,8 @@ def test_cli_records_config_dispatch_and_launch_environment(venv_suite, sg23, fi
 def test_invoke_validate_passes_server_args_and_env_to_the_suite(venv_suite, sg23, fi, monkeypatch):
     import os
 
-    from cudastack.errors import UsageError
-    from cudastack.validate_images import SUITE_DIR, suite_args, validate_here
+    from cudastack.core.errors import UsageError
+    from cudastack.jobs.validate import SUITE_DIR, suite_args, validate_here
     args = suite_args(server_args="--enable-symm-mem", server_env={"A": "1"})
     assert "--server-args=--enable-symm-mem" in args and args[args.index("--env") + 1] == "A=1"
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(map(str, (SUITE_DIR, sg23, fi))))

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from cudastack import costs
-from cudastack.errors import BuildError, RecipeError, UsageError
-from cudastack.plan import make_plan, render_plan
-from cudastack.recipes import load_recipes
-from cudastack.recipe_select import select_methods
-from cudastack.rules import Resources
-from cudastack.sources import materialise
+from cudastack.plan import costs
+from cudastack.core.errors import BuildError, RecipeError, UsageError
+from cudastack.plan.planner import make_plan, render_plan
+from cudastack.recipes.load import load_recipes
+from cudastack.recipes.select import select_methods
+from cudastack.plan.rules import Resources
+from cudastack.plan.sources import materialise
 from recipe_support import edit
 
 RES = Resources(2, 23.5, "test builder")

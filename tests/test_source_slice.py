@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from cudastack.build import run_build
-from cudastack.engine import Engine
-from cudastack.errors import BuildError
-from cudastack.plan import host_resources, make_plan
-from cudastack.recipes import load_recipes
-from cudastack.recipe_select import select_methods
+from cudastack.build.executor import run_build
+from cudastack.build.engine import Engine
+from cudastack.core.errors import BuildError
+from cudastack.plan.planner import host_resources, make_plan
+from cudastack.recipes.load import load_recipes
+from cudastack.recipes.select import select_methods
 from recipe_support import edit
 
 pytestmark = [pytest.mark.docker, pytest.mark.network]

@@ -1,7 +1,7 @@
 """``invoke validate --image ...`` on a real Docker engine.
 
 * The build pipeline's fixture chain (tests/fixtures/recipes: base -> cuda-ext -> runtime for CUDA 13.1 on
-  the pip base) is built through ``cudastack.build.run_build`` (a no-op when its tags exist, as after the
+  the pip base) is built through ``cudastack.build.executor.run_build`` (a no-op when its tags exist, as after the
   build integration test): the suite runs inside the runtime image (its own copy) and inside the base
   image (no suite: this checkout's validate/ is mounted read-only), and the two reports are compared.
 * Bad input: an image that does not exist, an image with no Python.
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from cudastack.errors import ValidationError
-from cudastack.validate_images import validate_image, validate_many
+from cudastack.core.errors import ValidationError
+from cudastack.jobs.validate import validate_image, validate_many
 
 from validate_support import CACHE
 
@@ -33,7 +33,7 @@ FIXTURES = ROOT / "tests" / "fixtures"
 
 @pytest.fixture(scope="module")
 def client():
-    from cudastack.docker_engine import docker_client
+    from cudastack.core.docker_engine import docker_client
     c = docker_client()
     c.ping()
     return c
@@ -42,9 +42,9 @@ def client():
 @pytest.fixture(scope="module")
 def chain():
     """The fixture chain's plan, built (or found cached) through the build pipeline."""
-    from cudastack.build import run_build
-    from cudastack.engine import Engine
-    from cudastack.plan import host_resources, make_plan
+    from cudastack.build.executor import run_build
+    from cudastack.build.engine import Engine
+    from cudastack.plan.planner import host_resources, make_plan
 
     plan = make_plan(FIXTURES / "recipes", "13.1", resources=host_resources(), prefix="cudastack-test")
     run_build(plan, state_dir=CACHE / "validate-build-state", engine=Engine.connect(), say=lambda s: None)
@@ -93,7 +93,7 @@ def test_hidden_toolkit_folders_leave_the_suite_no_nvcc(chain):
     assert not (nvcc.get("cuda_home_nvcc") or {}).get("release") and not (nvcc.get("path") or {}).get("release")
     assert not [n for n in nvcc.get("pip") or [] if (n or {}).get("release")]
     assert validate_image(runtime, "12.0").environment["nvcc"]["cuda_home_nvcc"]["release"] == "13.1"  # image unchanged
-    from cudastack.errors import UsageError
+    from cudastack.core.errors import UsageError
     with pytest.raises(UsageError, match="no such folder in .*nothing would be hidden"):   # a typo hides nothing
         validate_image(runtime, "12.0", hide=["/usr/local/cuda/bin", "/usr/local/cdua/bin"])
 

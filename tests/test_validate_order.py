@@ -11,7 +11,7 @@ import pytest
 
 from stackprobe.report import Report, compare, comparison_markdown
 
-from cudastack import validate_images as V
+from cudastack.jobs import validate as V
 
 ROOT = Path(__file__).resolve().parent.parent
 REPORTS = {p.name.split("_")[1].split("-")[0]: p for p in (ROOT / "results" / "validate").glob("*.json")}
@@ -71,7 +71,7 @@ def test_validate_many_orders_by_toolchain_unless_given(monkeypatch):
     assert _matrix_header(md).startswith("| backend | img-12.8 | img-13.1 |")
     _, md = V.validate_many(["img-13.1", "img-12.8"], say=lambda s: None, order="given")
     assert _matrix_header(md).startswith("| backend | img-13.1 | img-12.8 |")
-    from cudastack.errors import UsageError
+    from cudastack.core.errors import UsageError
     with pytest.raises(UsageError, match="--order"):
         V.validate_many(["img-13.1"], order="newest", say=lambda s: None)
 

@@ -226,7 +226,7 @@ def test_auto_gives_both_when_both_are_installed(wheels):
 
 
 def test_invoke_passes_engine_through():
-    from cudastack.validate_images import suite_args
+    from cudastack.jobs.validate import suite_args
 
     assert suite_args("12.0", engine="vllm")[-2:] == ["--engine", "vllm"]
     assert "--engine" not in suite_args("12.0")

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from cudastack.errors import StackError
-from cudastack.validate_images import validate_image
+from cudastack.core.errors import StackError
+from cudastack.jobs.validate import validate_image
 
 pytestmark = [pytest.mark.stack, pytest.mark.docker]
 
 
 @pytest.fixture(scope="module")
 def vllm_image():
-    from cudastack.docker_engine import docker_client
+    from cudastack.core.docker_engine import docker_client
 
     client = docker_client()
     imgs = sorted(client.images.list(filters={"label": ["org.cudastack.kind=runtime", "org.cudastack.node=vllm"]}),

@@ -16,7 +16,7 @@ from typing import Iterable, Optional
 
 from packaging.utils import canonicalize_name
 
-from cudastack.errors import LockError
+from cudastack.core.errors import LockError
 from cudastack.lock.model import (DEFAULT_INDEX, HASH_MISMATCH_HEADER, Progress, _refresh, load_lock,
                                   lock_command)
 from cudastack.lock.pins import describe_hash_check, verify_locked_hashes
@@ -67,7 +67,7 @@ def stale_entries(plan, lock: dict, *, client=None) -> list[str]:
                 out.append(f"nodes.{node.name}.git: the lock pins {pins or 'nothing'}, the recipe asks for "
                            f"{g['url']}@{g['commit']}")
         if src.get("path") and e.get("paths"):
-            from cudastack.plan_hash import dir_digest
+            from cudastack.plan.hash import dir_digest
             folder = (getattr(node, "context", {}) or {}).get("src") or src["path"]
             try:
                 now = dir_digest(folder)
@@ -158,7 +158,7 @@ def apply_lock(plan, lock: dict) -> None:
     so a locked build never reuses an image an unlocked build made under the plan's tag (same repository,
     tag = the locked hash's first 16 hex digits). ``PARENT_IMAGE`` follows the parents' new tags; the plan
     hash stays in ``node.inputs["plan_hash"]``. Applying twice is a no-op."""
-    from cudastack.plan_hash import content_hash
+    from cudastack.plan.hash import content_hash
 
     if getattr(plan, "locked", False):
         return
@@ -239,13 +239,13 @@ def install_locked(lock: dict, node: str, arg: str, *, target_dir: str | Path, p
 
 def ensure_locked_os_image(plan, lock: dict, client, *, say: Optional[Progress] = None, cache=None) -> None:
     """A fresh builder (case C50): where the pip base's OS image the lock pins is not on this engine, pull it
-    from the node ``cache`` when one is given and holds that image id (:func:`cudastack.cache_parents.pull_os_image`:
+    from the node ``cache`` when one is given and holds that image id (:func:`cudastack.registry.cache_parents.pull_os_image`:
     any other id is refused), else make it
     again from what the lock recorded (suite, mirror, variant), refusing first when the mirror now serves another
     Release than the locked one (LockError naming both), or when the lock's image was made by a tool that does
     not reproduce (debootstrap: LockError, relock once). The id is then checked by
     :func:`verify_plan_against_lock` like any other. Nothing happens when the image is present."""
-    from cudastack.bootstrap import bootstrap_os_image, is_reproducible
+    from cudastack.osimage.bootstrap import bootstrap_os_image, is_reproducible
 
     for node in plan.nodes:
         if node.kind != "base-pip":
@@ -260,7 +260,7 @@ def ensure_locked_os_image(plan, lock: dict, client, *, say: Optional[Progress] 
         except Exception:  # noqa: BLE001 - absent (or unreadable): made below
             pass
         if cache is not None and rec.get("image_id"):
-            from cudastack.cache_parents import pull_os_image
+            from cudastack.registry.cache_parents import pull_os_image
 
             if pull_os_image(cache, tag, rec["image_id"], (lambda m: say(f"{node.name}: {m}")) if say else (lambda m: None)):
                 continue
@@ -287,7 +287,7 @@ def prepare_locked_build(plan, path: str | Path, *, client=None, check_hashes: b
     (LockError naming every stale entry, before anything is built), check every locked sha256 against the
     index or cached files (:func:`verify_locked_hashes`, with ``check_hashes``) and turn the plan into its
     locked build in place (:func:`apply_lock`: hash-checking build args, pinned sdist digests, locked node
-    hashes and tags). ``cache``: a :class:`cudastack.node_cache.NodeCache` a missing OS image is pulled from
+    hashes and tags). ``cache``: a :class:`cudastack.build.node_cache.NodeCache` a missing OS image is pulled from
     first. Never writes the lock. Returns the lock."""
     lock = load_lock(path)
     if client is not None:

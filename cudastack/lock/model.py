@@ -18,14 +18,14 @@ from typing import Annotated, Callable, Literal, Optional
 import yaml
 from pydantic import Field, StrictBool, ValidationError
 
-from cudastack.credentials import scrub
-from cudastack.errors import LockError
-from cudastack.schemas import Section, checked_pattern, explain
+from cudastack.core.paths import PROJECT_ROOT
+from cudastack.core.credentials import scrub
+from cudastack.core.errors import LockError
+from cudastack.core.schemas import Section, checked_pattern, explain
 from stackprobe.atomic import write_atomic  # the project's one atomic writer (re-exported here)
 
 
 LOCK_VERSION = 1
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_LOCKFILES_DIR = PROJECT_ROOT / "lockfiles"
 DEFAULT_INDEX = "https://pypi.org/simple"
 HASH_MISMATCH_HEADER = "THESE PACKAGES DO NOT MATCH THE HASHES"
@@ -141,7 +141,7 @@ def _refresh(lock: dict) -> str:
 # ------------------------------------------------------------------------------------------ schema
 # The lockfile schema (version 1), one model per section; unknown keys are errors. The lock itself stays a
 # dict (what the rest of the package reads and writes); check_schema validates it against LockFile. The
-# JSON Schema lockfiles/schema/lock.schema.json is generated from these models (python -m cudastack.schemas).
+# JSON Schema lockfiles/schema/lock.schema.json is generated from these models (python -m cudastack.core.schemas).
 Sha256 = Annotated[str, checked_pattern(r"^[0-9a-f]{64}$", "is not a sha256 digest (64 hex digits, lower case)")]
 Text = Annotated[str, Field(strict=True)]
 
@@ -166,7 +166,7 @@ class LockedInstall(Section):
 
 
 class OsImage(Section):
-    """``nodes.<base>.os_image``: the bootstrapped OS image (cudastack.bootstrap.os_image_record)."""
+    """``nodes.<base>.os_image``: the bootstrapped OS image (cudastack.osimage.bootstrap.os_image_record)."""
 
     tag: str
     image_id: str
@@ -176,7 +176,7 @@ class OsImage(Section):
     variant: str = ""
     release_date: str = Field("", alias="release-date")
     release_sha256: str = Field("", alias="release-sha256")
-    tool: str = ""          # the bootstrap program's version (mmdebstrap: reproducible; cudastack.bootstrap)
+    tool: str = ""          # the bootstrap program's version (mmdebstrap: reproducible; cudastack.osimage.bootstrap)
     debootstrap: str = ""   # locks written before mmdebstrap: the same, under its old name
 
 
@@ -247,7 +247,7 @@ class Output(Section):
 
 
 class Pushed(Section):
-    """``pushed.<node>``: a push of the node's image (cudastack.registry.PushedImage)."""
+    """``pushed.<node>``: a push of the node's image (cudastack.registry.client.PushedImage)."""
 
     digest: str
     reference: str

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Callable, Iterable, Optional
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from cudastack.errors import LockError, UsageError
+from cudastack.core.errors import LockError, UsageError
 from cudastack.lock.apply import verify_plan_against_lock
 from cudastack.lock.model import (CUDA_WHEELS_PREFIX, SEPARATE_PREFIX_INSTALLS, _refresh, load_lock,
                                   update_lock)
 
 if TYPE_CHECKING:
-    from cudastack.registry import PushedImage
+    from cudastack.registry.client import PushedImage
 
 
 def record_outputs(path: str | Path, node: str, *, image_id: Optional[str] = None, tag: Optional[str] = None,
@@ -45,7 +45,7 @@ def wheel_records(folder: str | Path, names: Optional[Iterable[str]] = None) -> 
 
 
 def record_push(path: str | Path, node: str, pushed) -> dict:
-    """Record a push of ``node`` (a :class:`cudastack.registry.PushedImage`): ``pushed.<node>.{reference,
+    """Record a push of ``node`` (a :class:`cudastack.registry.client.PushedImage`): ``pushed.<node>.{reference,
     enroot, digest, image_id, tag}``. Never records credentials (the PushedImage holds none)."""
     def fn(lock):
         if node not in lock["nodes"]:
@@ -55,7 +55,7 @@ def record_push(path: str | Path, node: str, pushed) -> dict:
 
 
 def record_build_outputs(path: str | Path, build_record: dict) -> dict:
-    """Record a build record's results (``cudastack.build.run_build``'s dict: ``nodes[].{name, status,
+    """Record a build record's results (``cudastack.build.executor.run_build``'s dict: ``nodes[].{name, status,
     image_id, tag, plan_hash, wheels: {file: sha256}}``) into ``outputs`` of the lock at ``path``, atomically,
     for every node that was built, found cached or pulled from a node cache (:func:`apply_build_outputs`)."""
     return update_lock(path, lambda lock: apply_build_outputs(lock, build_record))
@@ -68,10 +68,10 @@ def apply_build_outputs(lock: dict, build_record: dict) -> None:
     another image of the node is dropped: it no longer describes what the lock's outputs are.
 
     A wheels node built on another builder (the record's ``builder``) has only a marker image in this engine
-    (:func:`cudastack.build._mark_local`: its id is made here, at this time, and names nothing another machine
+    (:func:`cudastack.build.executor._mark_local`: its id is made here, at this time, and names nothing another machine
     can pull), so its ``image_id`` is not recorded. The lock keeps ``built_on`` (the builder), the wheels'
     sha256 and, when that builder pushed it to a node cache, ``cache_digest``: the manifest digest a pull of the
-    node must get (:class:`cudastack.node_cache.NodeCache` refuses any other)."""
+    node must get (:class:`cudastack.build.node_cache.NodeCache` refuses any other)."""
     for n in build_record.get("nodes", []):
         if n.get("status") not in ("built", "skipped", "pulled") or n.get("name") not in lock["nodes"]:
             continue
@@ -132,7 +132,7 @@ def check_image_against_lock(image: str, lock: dict, *, nodes: Optional[Iterable
     image's ``sys.path`` and :data:`CUDA_WHEELS_PREFIX`); return one line per locked package that is missing
     or installed at another version (empty: the image holds exactly the locked versions). ``nodes``: the
     plan nodes the image contains (default: all nodes of the lock)."""
-    from cudastack.registry import docker_client
+    from cudastack.registry.client import docker_client
 
     client = client or docker_client()
     try:
@@ -205,7 +205,7 @@ def push_locked(plan, lock_path, registry_prefix: str, *, nodes: Optional[list[s
     Returns {node: PushedImage}."""
     import docker.errors
 
-    from cudastack.registry import docker_client, parse_registry_prefix, ping, push_image, push_target
+    from cudastack.registry.client import docker_client, parse_registry_prefix, ping, push_image, push_target
 
     parse_registry_prefix(registry_prefix)
     lock = load_lock(lock_path)
@@ -245,11 +245,11 @@ def checked_push(rec: dict, node: str, where: str = "the lock") -> dict:
     """``pushed.<node>`` (``{"digest", "reference", "enroot", "image_id", "tag"}``) checked for agreement before
     anything is pulled or written from it: ``reference`` parses as ``registry/name@sha256:<64 hex>``,
     ``digest`` is that reference's digest, and ``enroot`` is its enroot spelling (``registry#name@sha256:...``,
-    :meth:`cudastack.reference.ImageReference.enroot`). Returns ``rec``. Raises LockError naming the field that
+    :meth:`cudastack.registry.reference.ImageReference.enroot`). Returns ``rec``. Raises LockError naming the field that
     disagrees (case C47: an edit to one spelling alone must never pull or schedule with exit 0)."""
     import re
 
-    from cudastack.reference import parse_reference
+    from cudastack.registry.reference import parse_reference
 
     fix = (f"the three spellings in pushed.{node} of {where} must name one digest; run `invoke push` again where the "
            "image was built (it rewrites all three), or restore the lockfile from version control")
@@ -272,7 +272,7 @@ def pull_locked(lock_path, *, node: str = "runtime", client=None,
                 progress: Callable[[str], None] = lambda s: None):
     """Pull the image the lock at ``lock_path`` records as pushed for ``node`` by digest and verify it
     (:func:`pull_by_digest` against ``pushed.<node>.image_id``). Returns the docker SDK Image."""
-    from cudastack.registry import pull_by_digest
+    from cudastack.registry.client import pull_by_digest
 
     lock = load_lock(lock_path)
     rec = (lock.get("pushed") or {}).get(node)

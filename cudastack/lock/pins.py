@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Optional
 import requests
 from packaging.utils import canonicalize_name, parse_sdist_filename
 
-from cudastack.errors import LockError
+from cudastack.core.errors import LockError
 from cudastack.lock.model import DEFAULT_INDEX, lock_command
 
 

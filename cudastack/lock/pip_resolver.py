@@ -22,10 +22,10 @@ from typing import Iterable, Optional
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from cudastack.errors import LockError
+from cudastack.core.errors import LockError
 from cudastack.lock.model import DEFAULT_INDEX
 # the one builder of the manylinux tag list (also behind the radar's wheel tags), re-exported
-from cudastack.wheelmeta import MIN_MANYLINUX_MINOR, manylinux_platforms  # noqa: F401
+from cudastack.pkgindex.wheels import MIN_MANYLINUX_MINOR, manylinux_platforms  # noqa: F401
 
 #: glibc of well-known base distributions (Ubuntu/Debian package pages for libc6), used when the base
 #: image is not on this host to ask it directly.

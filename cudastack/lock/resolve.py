@@ -15,9 +15,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from cudastack import cuda_wheels
-from cudastack.credentials import redact
-from cudastack.errors import EnvironmentError_, LockError, UsageError
+from cudastack.lock import cuda_wheels
+from cudastack.core.credentials import redact
+from cudastack.core.errors import EnvironmentError_, LockError, UsageError
 from cudastack.lock.model import (DEFAULT_INDEX, LOCK_VERSION, SEPARATE_PREFIX_INSTALLS, Progress, check_schema,
                                   exclusive, load_lock, write_lock)
 from cudastack.lock.pins import git_pin, sdist_pin
@@ -60,13 +60,13 @@ def _source_entry(node) -> dict:
 def resolve_lock(plan, *, target: Optional[dict] = None, python: str = sys.executable, client=None,
                  find_links: Iterable[str] = (), progress: Progress = lambda s: None,
                  resolver: Optional[Callable[..., list[dict]]] = None) -> dict:
-    """Pin every input of ``plan`` (a :class:`cudastack.model.Plan`) and return the lock (a dict; write it
+    """Pin every input of ``plan`` (a :class:`cudastack.plan.model.Plan`) and return the lock (a dict; write it
     with :func:`write_lock`). ``target``: see :func:`target_for_plan` (default: asked of the plan's base).
     ``python``: the interpreter whose pip resolves; its ``major.minor`` must equal the target's, because pip
     evaluates environment markers with the running interpreter. ``client``: docker SDK client (for the OS
     image record); ``find_links``: extra local folders of distributions (outputs of an earlier lock are
     merged by :func:`lock_plan`). ``resolver``: a function with :func:`pip_resolve`'s interface and result
-    (default pip_resolve; :func:`cudastack.resolve_uv.uv_resolve` resolves with uv, needs no interpreter of the
+    (default pip_resolve; :func:`cudastack.lock.resolve_uv.uv_resolve` resolves with uv, needs no interpreter of the
     target's version, and names itself in ``resolver.tool`` through its ``describe()``).
     Raises LockError / RegistryError / UsageError; nothing is written here."""
     target = target or target_for_plan(plan, client=client)
@@ -75,7 +75,7 @@ def resolve_lock(plan, *, target: Optional[dict] = None, python: str = sys.execu
     if proc.returncode != 0:
         raise LockError(f"{python} cannot run pip: {proc.stderr.strip()[-300:]}")
     host_py, pip_version = proc.stdout.split()
-    resolve = resolver or pip_resolve   # the one resolver hook (uv: cudastack/resolve_uv.py)
+    resolve = resolver or pip_resolve   # the one resolver hook (uv: cudastack/lock/resolve_uv.py)
     if host_py != target["python_version"] and resolve is pip_resolve:
         raise EnvironmentError_(
             f"The images run Python {target['python_version']} but {python} is Python {host_py}; pip evaluates "
@@ -99,7 +99,7 @@ def resolve_lock(plan, *, target: Optional[dict] = None, python: str = sys.execu
             entry["os_image"] = _os_image_record(node.build_args.get("OS_IMAGE", ""), client)
             progress(f"{node.name}: OS image {entry['os_image']['tag']} = {entry['os_image']['image_id'][:19]}")
         elif node.kind == "base-nvidia":
-            from cudastack import registry
+            from cudastack.registry import client as registry
             ref = node.build_args.get("BASE_IMAGE", "")
             digest = registry.resolve_digest(ref)
             r = registry.parse_reference(ref)
@@ -150,7 +150,7 @@ def resolve_lock(plan, *, target: Optional[dict] = None, python: str = sys.execu
                 g = src["git"]
                 entry["git"] = [git_pin(g["url"], g.get("ref", ""), g.get("commit", ""))]
             elif node.build_args.get("PIP_SPECS", "").strip() == "./src" or src.get("path"):
-                from cudastack.plan_hash import dir_digest
+                from cudastack.plan.hash import dir_digest
                 folder = (getattr(node, "context", {}) or {}).get("src") or src.get("path")
                 entry["paths"] = [{"path": Path(folder).name, "sha256": dir_digest(folder)}]
         nodes[node.name] = entry
@@ -178,7 +178,7 @@ def _os_image_record(tag: str, client) -> dict:
     if not tag:
         raise LockError("The base-pip node has no OS_IMAGE build arg; the plan is incomplete.")
     try:
-        from cudastack.bootstrap import os_image_record
+        from cudastack.osimage.bootstrap import os_image_record
         rec = os_image_record(tag)
     except UsageError:
         raise LockError(f"The OS image {tag} is not on this host, so its id cannot be pinned. Bootstrap it first "

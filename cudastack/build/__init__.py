@@ -1,0 +1,1 @@
+"""Plan -> images: the run loop, build contexts, the BuildKit engine and its progress, the wheelhouse, the journal, builders, the node cache and bake files."""

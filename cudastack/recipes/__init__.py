@@ -1,0 +1,1 @@
+"""Recipes as data: the typed models of recipes/*.yaml, loading and cross-file checks, method selection."""

@@ -1,0 +1,1 @@
+"""Registries: image references, pushes and pulls, manifest digests, logins, the node cache's parents, cluster jobs."""

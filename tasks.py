@@ -1,17 +1,6 @@
-"""Invoke entry point: a thin layer that only parses flags and calls the package.
+"""Invoke entry point: the tasks of cudastack/cli/ (each parses its flags and calls one function of
+cudastack/jobs/). `invoke --list` shows every task, `invoke --help TASK` its flags; the installed console script
+`cudastack` runs the same tasks (`cudastack --version`)."""
+from cudastack.cli.main import namespace
 
-`invoke --list` shows every task; `invoke --help TASK` shows its flags. The tasks live in
-cudastack.cli.build (build, plan, bootstrap-base), cudastack.cli.validate (validate) and
-cudastack.cli.registry (lock, push, pull, cluster-job, bake) and cudastack.cli.radar (outdated, scan).
-"""
-from invoke import Collection
-
-from cudastack.cli import build as tasks_build
-from cudastack.cli import radar as tasks_radar
-from cudastack.cli import registry as tasks_registry
-from cudastack.cli import validate as tasks_validate
-
-ns = Collection()
-for module in (tasks_build, tasks_validate, tasks_registry, tasks_radar):
-    for t in module.TASKS:
-        ns.add_task(t)
+ns = namespace()

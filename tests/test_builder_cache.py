@@ -41,7 +41,7 @@ def _on(sock, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["docker", "-H", f"unix://{sock}", *args], capture_output=True, text=True, timeout=300)
 
 
-def test_a_node_built_on_a_builder_fills_the_cache_and_a_second_builder_pulls_it(second_engine, registry_server,  # noqa: F811
+def test_a_node_built_on_a_builder_fills_the_cache_and_a_second_builder_pulls_it(second_engine, registry_server,  # noqa: F811, PLR0915
                                                                                 tmp_path):
     from cudastack.build.executor import run_build
     from cudastack.build.builders import check_parents, inspect_builder

@@ -267,7 +267,7 @@ def test_real_build_interrupted_by_sigterm_is_cancelled_and_untagged(tmp_path):
     script = (
         "import signal, sys\n"
         "from cudastack.build.engine import Engine\n"
-        "from cudastack.cli.build import _sigterm_as_interrupt\n"
+        "from cudastack.jobs.build import _sigterm_as_interrupt\n"
         "_sigterm_as_interrupt()\n"
         "try:\n"
         f"    Engine.connect().build(name='sleepy', log_path={str(tmp_path / 'i.log')!r}, say=print, "

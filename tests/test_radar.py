@@ -35,8 +35,8 @@ def invoke(*args, env=None, timeout=1800) -> subprocess.CompletedProcess:
 @pytest.mark.network
 def test_scan_flashinfer_finds_the_first_release_admitting_12_for_fusion(tmp_path):
     # an open range: the answer must stay true when FlashInfer publishes a release (relations, not today's newest)
-    r = invoke("scan", "--package", "flashinfer-python", "--versions", "0.6.10..", "--target-arch", "12.0",
-               "--json-out", str(tmp_path / "scan.json"))
+    r = invoke("scan", "--package", "flashinfer-python", "--versions", "0.6.10..", "--arch", "12.0",
+               "--json", str(tmp_path / "scan.json"))
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout
     rep = json.loads((tmp_path / "scan.json").read_text())
@@ -235,8 +235,8 @@ def test_metadata_falls_back_to_a_download_when_ranges_are_ignored_and_is_cached
 def test_bad_flags_are_refused(tmp_path):
     with pytest.raises(UsageError, match="A..B"):
         S.parse_range("zero..one")
-    r = invoke("scan", "--package", "flashinfer-python", "--target-arch", "12.9z", env={"CUDASTACK_INDEX": "http://127.0.0.1:9/simple"})
-    assert r.returncode == 2 and "--target-arch" in r.stderr
+    r = invoke("scan", "--package", "flashinfer-python", "--arch", "12.9z", env={"CUDASTACK_INDEX": "http://127.0.0.1:9/simple"})
+    assert r.returncode == 2 and "--arch" in r.stderr
     r = invoke("scan")
     assert r.returncode == 2 and "--package" in r.stderr
     r = invoke("outdated", "--cuda", "99.9", "--out", str(tmp_path))

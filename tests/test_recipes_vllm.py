@@ -132,7 +132,7 @@ def test_only_builds_a_node_and_its_chain():
 
 
 def test_only_and_skip_together_are_refused():
-    from cudastack.cli.build import only_to_skip
+    from cudastack.jobs.build import only_to_skip
 
     with pytest.raises(UsageError, match="--only and --skip together"):
         only_to_skip(["vllm"], ["flash-attn"], None)

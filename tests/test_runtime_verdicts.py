@@ -1,5 +1,6 @@
-"""Verdict rules of the runtime tier (stackprobe.runtime.verdicts), on rows built here, and the five runs
-recorded on 2x H200 (SM90, NVLink) under results/ checked against expectations written by hand."""
+"""Verdict rules of the runtime tier (stackprobe.runtime.verdicts), on rows built here, and the five runs (case C23:
+the same suite five times back to back) recorded on 2x H200 (SM90, NVLink) under results/, checked against
+expectations written by hand: every row keeps its status in all five."""
 import json
 from pathlib import Path
 

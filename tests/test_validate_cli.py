@@ -120,5 +120,5 @@ def test_invoke_validate_without_image_validates_this_environment(tmp_path):
     d = json.loads((tmp_path / "current-environment.json").read_text())
     assert d["schema"] == REPORT_SCHEMA_VERSION and d["environment"]["python"]["executable"]
     assert (tmp_path / "m.md").read_text().strip() == p.stdout.strip()
-    bad = subprocess.run(inv[:4] + ["--target-arch", "13.7"], capture_output=True, text=True, cwd=root, timeout=600)
+    bad = subprocess.run(inv[:4] + ["--arch", "13.7"], capture_output=True, text=True, cwd=root, timeout=600)
     assert bad.returncode == 2 and "12.0" in bad.stderr

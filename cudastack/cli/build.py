@@ -1,14 +1,16 @@
 """Invoke tasks (build). Thin: parse flags, call the package, map StackError to its exit code."""
 from __future__ import annotations
 
-import re
-import sys
 
-from invoke import Exit, task
+from cudastack.cli.common import stack_task
+from cudastack.jobs import build as jobs
 
-from cudastack.core.errors import StackError, UsageError
+#: the base image kinds (recipes/toolchains.yaml: base.pip / base.nvidia)
+BASES = ("pip", "nvidia")
 
 _HELP = {
+    "json": "Write the result as JSON to FILE, or to standard output with - (then alone there: the human lines go to "
+            "standard error).",
     "cuda": "CUDA toolchain to build for, as named in recipes/toolchains.yaml (e.g. 13.1, 12.8).",
     "arch": "Target arch list (compute capabilities, ';'- or ','-separated): 12.0, 12.0a, 12.0f, 9.0;12.0. "
             "Default 12.0 (RTX PRO 6000 Blackwell / RTX 50xx).",
@@ -25,7 +27,7 @@ _HELP = {
     "ca_bundle": "CA bundle (PEM) given to builds as the BuildKit secret 'cabundle' for an intercepting HTTPS "
                  "proxy; never stored in a layer. Default: the system bundle where one exists.",
     "recipes": "Recipes folder (toolchains.yaml + one file per component). Default: the project's recipes/.",
-    "state_dir": "Folder for the wheelhouse, build logs and build records. Default: .stack/",
+    "state_dir": "Folder for the wheelhouse, build logs and build records. Default: .stack/ in the project root.",
     "lockfiles": "Folder of the lockfiles (<toolchain>.lock.yaml) for --locked. Default: the project's lockfiles/.",
     "prefix": "Repository prefix of every node's image tag (default cudastack: cudastack/cu13.1-pip-sm120-runtime:"
               "<hash>). The tests use cudastack-test.",
@@ -47,286 +49,37 @@ _HELP = {
 }
 
 
-def _int(flag: str, value) -> int | None:
-    if value is None or value == "":
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"--{flag} {value!r}: give a whole number.") from None
-
-
-def _sigterm_as_interrupt() -> None:
-    """SIGTERM (a stopped session or service) becomes KeyboardInterrupt, so the running docker build is
-    cancelled and the build record says how far it got."""
-    import signal
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
-
-
-def _fail(exc: StackError):
-    raise Exit(f"error: {exc}", code=exc.exit_code)
-
-
-def _pairs(flag: str, values) -> dict[str, str]:
-    """NAME=VALUE flags (--method, --source) as a dict; UsageError for a value without '='."""
-    out = {}
-    for v in values or ():
-        name, sep, val = str(v).partition("=")
-        if not sep or not name or not val:
-            raise UsageError(f"--{flag} {v!r}: write NAME=VALUE, e.g. --{flag} "
-                             + ("torch=source." if flag == "method" else "sgl-kernel=/path/to/sgl-kernel."))
-        out[name] = val
-    return out
-
-
-def only_to_skip(only, skip, recipes) -> list | None:
-    """``--skip`` values for ``--only`` (every component that no named node needs); with no ``--only`` the
-    given ``skip``. UsageError for an unknown name, or for --only with --skip (say one or the other)."""
-    if not only:
-        return skip
-    from cudastack.plan.graph import only_skips
-    from cudastack.recipes.load import load_recipes
-
-    if skip:
-        raise UsageError("--only and --skip together: give --only NODE (it leaves out everything NODE does not need) "
-                         "or --skip NAME, not both.")
-    return only_skips(load_recipes(recipes), only)
-
-
-def _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=None, prefix=None, method=None,
-          source=None, arch_source=None):
-    from cudastack.plan.planner import DEFAULT_PREFIX, make_plan
-    from cudastack.recipes.load import load_recipes
-    from cudastack.recipes.select import select_methods
-
-    methods, sources = _pairs("method", method), _pairs("source", source)
-    if methods or sources:
-        recipes = select_methods(load_recipes(recipes), str(cuda), methods, sources)
-
-    prefix = prefix or DEFAULT_PREFIX
-    if not re.fullmatch(r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*", prefix):
-        raise UsageError(f"--prefix {prefix!r}: give a Docker repository path in lower case (letters, digits, "
-                         "'.', '_', '-', '/'), such as cudastack or cudastack-test.")
-    return make_plan(recipes, str(cuda), archs=arch, base=base, skip=skip or (),
-                     max_jobs=_int("max-jobs", max_jobs), nvcc_threads=_int("nvcc-threads", nvcc_threads),
-                     resources=resources, prefix=prefix, arch_source=arch_source)
-
-
-def _builder_resources():
-    """The builder's cores and memory as a build reads them (the daemon's view when one answers, else this
-    host's), so a dry run prints the MAX_JOBS the build will use."""
-    from cudastack.build.engine import Engine
-
-    try:
-        return Engine.connect().resources()
-    except StackError:
-        return None   # no daemon: make_plan reads this host, as the engine of a local daemon does
-
-
-def final_line(record: dict) -> str:
-    """The build's last line: the runtime image's tag (the one thing the next command needs), or the last
-    node's tag when the plan has no runtime node."""
-    nodes = record.get("nodes") or []
-    runtime = next((n for n in nodes if n.get("kind") == "runtime"), nodes[-1] if nodes else None)
-    if runtime is None:
-        return "no image built"
-    what = "runtime image" if runtime.get("kind") == "runtime" else f"last image ({runtime['name']})"
-    return f"{what}: {runtime['tag']}"
-
-
-def check_base_registry(plan, engine) -> None:
-    """Before the first build: a base image that neither the engine holds nor a cached base node covers must
-    come from its registry (NVIDIA's base from Docker Hub, by default for CUDA 12.8): ping that registry
-    (``GET /v2/``) and raise RegistryError (exit 8) suggesting ``--base pip`` when it does not answer. Skipped
-    when the daemon has a registry mirror configured (it may pull through the mirror)."""
-    from cudastack.core.errors import RegistryError
-    from cudastack.registry.client import DOCKER_HUB, parse_reference, ping, registry_url
-
-    if not plan.nodes or plan.base_kind == "pip" or not plan.base_image:
-        return
-    if engine.exists(plan.nodes[0].tag) or engine.exists(plan.base_image):
-        return
-    ref = parse_reference(plan.base_image)
-    if ref.registry == DOCKER_HUB and (engine.info().get("RegistryConfig") or {}).get("Mirrors"):
-        return
-    try:
-        ping(ref.registry, timeout=15)
-    except RegistryError:
-        skips = " --skip flash-attn" if plan.toolchain.startswith("12.") else ""
-        raise RegistryError(
-            f"The base image {plan.base_image} is not on this Docker engine, and its registry {ref.registry} "
-            f"does not answer at {registry_url(ref.registry)}/v2/. Build on the pip base instead (an OS image from "
-            "mmdebstrap plus PyPI's CUDA toolkit wheels, no registry needed): "
-            f"`invoke build --cuda {plan.toolchain} --base pip{skips}`; or load the base image into this engine "
-            "first (`docker load`, or a pull through a reachable mirror). Nothing was built.") from None
-
-
-def _open_cache(prefix: str, read_only: bool, optional: bool, client):
-    """The node cache for ``prefix`` ("" -> None), its registry checked before any work
-    (:meth:`cudastack.build.node_cache.NodeCache.open`); ``client`` None: a docker SDK client of the engine (dry run)."""
-    if not prefix:
-        return None
-    from cudastack.build.node_cache import NodeCache
-
-    if client is None:
-        from cudastack.core.docker_engine import docker_client
-
-        client = docker_client()
-    return NodeCache.open(prefix, client, read_only=read_only, optional=optional,
-                          say=lambda m: print(m, file=sys.stderr, flush=True))
-
-
-@task(help=_HELP, iterable=["skip", "method", "source", "only"], auto_shortflags=False)
+@stack_task(root_defaults=["state_dir"], choices={"base": BASES, "builder_nodes": ("source", "all")},
+            ints=["max_jobs", "nvcc_threads"], help=_HELP, iterable=["skip", "method", "source", "only"], auto_shortflags=False)
 def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jobs=None, nvcc_threads=None,
           ca_bundle=None, recipes=None, state_dir=".stack", locked=False, prefix=None,
           lockfiles=None, method=None, source=None, builder=None, builder_nodes="source", cache=None,
-          cache_read_only=False, cache_optional=False, only=None):
+          cache_read_only=False, cache_optional=False, only=None, json=None):
     """Build a toolchain's images (base -> torch -> wheels -> runtime) with BuildKit; cached nodes are skipped."""
-    from cudastack.build.executor import dry_run as render_dry_run, run_build
-    from cudastack.build.node_cache import cache_prefix
-    from cudastack.radar.walk import refuse_engine_pin_conflicts
-
-    arch_source = None     # the arch list's source in the dry run: cli, default, or the lock it came from
-    try:
-        skip = only_to_skip(only, skip, recipes)
-        prefix_cache = cache_prefix(cache)   # --cache, else $CUDASTACK_NODE_CACHE; a login in it is refused
-        if (cache_read_only or cache_optional) and not prefix_cache:
-            raise UsageError("--cache-read-only and --cache-optional need a node cache: add --cache REGISTRY/PREFIX "
-                             "or set CUDASTACK_NODE_CACHE.")
-        if locked:
-            from cudastack import lock as L
-
-            # options not given come from the lock (its base, archs, skipped components)
-            given = arch
-            arch, base, skip = L.plan_options(str(cuda), arch, base, skip, lockfiles)
-            arch_source = "lock" if given is None and arch is not None else None
-
-            def say(msg: str) -> None:
-                print(f"locked build: {msg}", file=sys.stderr, flush=True)
-
-            def caches(plan) -> list:   # files a locked hash can be checked against when the index is away
-                from pathlib import Path
-                return [Path(state_dir) / "sdists", Path(state_dir) / plan.wheelhouse]
-        bx = None
-        if builder:
-            from cudastack.build.builders import SCOPES, inspect_builder
-
-            if builder_nodes not in SCOPES:
-                raise UsageError(f"--builder-nodes {builder_nodes}: use 'source' (the nodes that compile: source and aot builds) or 'all'.")
-            from cudastack.build.engine import find_buildkit
-
-            bk = find_buildkit()
-            if bk.mode != "buildx":
-                raise UsageError(f"--builder {builder} needs the docker buildx plugin, and this client ({bk.docker}, "
-                                 f"{bk.version}) has none. Install docker-buildx (Debian/Ubuntu package docker-buildx, "
-                                 "or docker-buildx-plugin from Docker's repository), or build without --builder. "
-                                 "Nothing was built.")
-            bx = inspect_builder(str(builder), docker=bk.docker)   # an unknown builder: one paragraph, before any build
-        if dry_run:
-            plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, prefix=prefix, method=method, source=source,
-                         arch_source=arch_source)   # input errors first
-            plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=_builder_resources(),
-                         prefix=prefix, method=method, source=source, arch_source=arch_source)
-            node_cache = _open_cache(prefix_cache, cache_read_only, cache_optional, None)
-            if locked:
-                lock = L.prepare_locked_build(plan, L.lock_path(plan.toolchain, lockfiles), say=say,
-                                              cache_dirs=caches(plan))
-                say(f"{L.lock_path(plan.toolchain, lockfiles)} verified against the plan; locked tags below")
-                if node_cache is not None:
-                    node_cache.lock = lock
-            print(render_dry_run(plan, state_dir=state_dir, cache=node_cache))
-            if bx is not None:
-                from cudastack.build.builders import sent
-                names = [n.name for n in plan.nodes if sent(n, builder_nodes)]
-                print(f"Builder: {bx.name} ({bx.driver}, {bx.endpoint}) builds: {', '.join(names) or 'nothing'}")
-            refuse_engine_pin_conflicts(plan, say=lambda m: print(f"WARNING: {m}", file=sys.stderr))
-            return
-        from cudastack.build.engine import Engine
-
-        plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, prefix=prefix, method=method, source=source,
-                         arch_source=arch_source)  # input errors first
-        refuse_engine_pin_conflicts(plan)   # a new toolchain's pins against the engine's (index), before any build
-        engine = Engine.connect()
-        plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=engine.resources(),
-                     prefix=prefix, method=method, source=source, arch_source=arch_source)
-        for w in plan.warnings:
-            print(f"warning: {w}", file=sys.stderr)
-        node_cache = _open_cache(prefix_cache, cache_read_only, cache_optional, engine.client)  # before any work
-        lock_file = None
-        if locked:
-            lock_file = L.lock_path(plan.toolchain, lockfiles)
-            lock = L.prepare_locked_build(plan, lock_file, client=engine.client, say=say, cache_dirs=caches(plan),
-                                           cache=node_cache)
-            say(f"{lock_file} verified against the plan")
-            if node_cache is not None:
-                node_cache.lock = lock
-        check_base_registry(plan, engine)
-        if bx is not None:
-            from cudastack.build.builders import check_parents
-            served: set = set()
-            pullable: set = set()
-            if node_cache is not None:     # nodes pulled from the cache are never sent: their parents need not be there
-                from pathlib import Path
-
-                from cudastack.build.executor import Wheelhouse, cached_map
-                from cudastack.registry.cache_parents import cache_reference
-                here = cached_map(engine, Wheelhouse(Path(state_dir).resolve() / plan.wheelhouse), plan)
-                remote = node_cache.probe_plan(plan, {}, lambda m: print(m, file=sys.stderr), for_push=False)
-                held = {n for n, d in remote.items() if d}
-                pullable = {n for n in held if not here.get(n)
-                            or cache_reference(node_cache, plan.node(n), {}, remote[n])}
-                served = {n for n, c in here.items() if c} | held
-            for note in check_parents(bx, plan, builder_nodes, docker=engine.buildkit.docker, served=served,
-                                      pullable=pullable):
-                print(f"note: {note}", file=sys.stderr)
-        _sigterm_as_interrupt()
-        record = run_build(plan, state_dir=state_dir, ca_bundle=ca_bundle, engine=engine, builder=bx,
-                           builder_nodes=builder_nodes, cache=node_cache)
-        if lock_file is not None:
-            L.record_build_outputs(lock_file, record)
-        print(f"record: {record['record_path']}")
-        for f in record.get("cache_failures") or []:
-            print(f"warning: node cache {f['op']} of {f['node']} failed (the build's result stands): {f['error']}",
-                  file=sys.stderr)
-        print(final_line(record))
-    except StackError as exc:
-        _fail(exc)
+    return jobs.build(cuda=cuda, arch=arch, base=base, dry_run=dry_run, skip=skip, max_jobs=max_jobs,
+                      nvcc_threads=nvcc_threads, ca_bundle=ca_bundle, recipes=recipes, state_dir=state_dir,
+                      locked=locked, prefix=prefix, lockfiles=lockfiles, method=method, source=source,
+                      builder=builder, builder_nodes=builder_nodes, cache=cache, cache_read_only=cache_read_only,
+                      cache_optional=cache_optional, only=only, json_out=json)
 
 
-@task(help={k: _HELP[k] for k in ("cuda", "arch", "base", "skip", "max_jobs", "nvcc_threads", "recipes",
-                                  "state_dir", "method", "source", "only")}, iterable=["skip", "method", "source", "only"],
+@stack_task(root_defaults=["state_dir"], choices={"base": BASES}, ints=["max_jobs", "nvcc_threads"],
+            help={k: _HELP[k] for k in ("cuda", "arch", "base", "skip", "max_jobs", "nvcc_threads", "recipes",
+                                  "state_dir", "method", "source", "only", "json")}, iterable=["skip", "method", "source", "only"],
       auto_shortflags=False)
 def plan(c, cuda="13.1", arch=None, base=None, skip=None, max_jobs=None, nvcc_threads=None, recipes=None,
-         state_dir=".stack", method=None, source=None, only=None):
+         state_dir=".stack", method=None, source=None, only=None, json=None):
     """Print the build plan (same as build --dry-run)."""
-    from cudastack.build.executor import dry_run as render_dry_run
-
-    try:
-        skip = only_to_skip(only, skip, recipes)
-        _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, method=method, source=source)   # input errors first
-        print(render_dry_run(_plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes,
-                                   resources=_builder_resources(), method=method, source=source), state_dir=state_dir))
-    except StackError as exc:
-        _fail(exc)
+    return jobs.plan(cuda=cuda, arch=arch, base=base, skip=skip, max_jobs=max_jobs, nvcc_threads=nvcc_threads,
+                     recipes=recipes, state_dir=state_dir, method=method, source=source, only=only, json_out=json)
 
 
-@task(help={"suite": "Debian suite to bootstrap (default bookworm).",
+@stack_task(help={"suite": "Debian suite to bootstrap (default bookworm).",
             "mirror": "Debian mirror URL (default http://deb.debian.org/debian).",
             "tag": "Local image tag (default: the tag the toolchains' pip base uses, cudastack/debian:<suite>)."})
 def bootstrap_base(c, suite="bookworm", mirror=None, tag=None):
     """Make the OS image of the 'pip' base with mmdebstrap (reproducible: the same id on any machine) + docker load."""
-    from cudastack.osimage.bootstrap import DEFAULT_MIRROR, bootstrap_os_image
-
-    try:
-        image_id = bootstrap_os_image(suite, mirror or DEFAULT_MIRROR, tag or f"cudastack/debian:{suite}",
-                                      progress=lambda s: print(s, file=sys.stderr, flush=True))
-        print(image_id)
-    except StackError as exc:
-        _fail(exc)
+    return jobs.bootstrap_base(suite=suite, mirror=mirror, tag=tag)
 
 
 TASKS: list = [build, plan, bootstrap_base]

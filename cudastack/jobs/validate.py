@@ -22,10 +22,13 @@ from pathlib import Path, PurePosixPath
 
 from cudastack.core.paths import PROJECT_ROOT
 from cudastack.core.errors import UsageError, ValidationError
+from cudastack.jobs.output import json_output
 
 PYTHON_CANDIDATES = ("/opt/venv/bin/python", "python3", "python")
 SUITE_DIR = PROJECT_ROOT / "validate"
 LOCK_DIR = PROJECT_ROOT / "lockfiles"
+#: where reports go unless --out names a folder: inside .stack/, which .gitignore covers
+DEFAULT_OUT = ".stack/validate"
 MOUNT_AT = "/opt/stackprobe-src"
 
 
@@ -287,3 +290,58 @@ def validate_many(images: list[str], target_arch: str = "12.0", *, out_dir: str 
     if order == "toolchain":
         reports, labels = older_to_newer(reports, labels)
     return reports, comparison_markdown(reports, labels)
+
+
+def _strict(reports) -> None:
+    """``--strict``: exit :class:`UnhealthyEnvironment`'s code naming the first error of each unhealthy report."""
+    from cudastack.core.errors import UnhealthyEnvironment
+    from stackprobe.health_stage import errors
+
+    bad = [(r.label or "this environment", errs) for r in reports if (errs := errors(r.environment.get("health")))]
+    if bad:
+        exc = UnhealthyEnvironment("; ".join(f"{label}: {len(e)} environment health error(s), first: {e[0]['message']}"
+                                             for label, e in bad))
+        raise exc
+
+
+def validate(*, image=None, target_arch="12.0", out=DEFAULT_OUT, markdown=None, jit_compile=False,
+             world_size=8, topology="auto", image_suite=False, order="toolchain", env=None,
+             hide=None, server_args="", strict=False, engine="auto", json_out=None):
+    """`invoke validate`: validate images (or this environment): which allreduce backends can work for the target
+    arch, and why. Its flags' values as keywords (see :mod:`cudastack.cli.validate`); raises StackError."""
+    try:
+        ws = int(world_size)
+    except (TypeError, ValueError):
+        raise UsageError(f"--world-size {world_size!r}: give a whole number of GPUs.") from None
+    if topology not in ("auto", "pcie", "nvlink"):
+        raise UsageError(f"--topology {topology!r}: use auto, pcie or nvlink.")
+    from stackprobe.engines import CHOICES
+    if engine not in CHOICES:
+        raise UsageError(f"--engine {engine!r}: use one of {', '.join(CHOICES)} (auto: whichever serving engine is "
+                         "installed, both when both are).")
+    extra_env = {}
+    for item in env or []:
+        k, sep, v = str(item).partition("=")
+        if not sep or not k or not k.replace("_", "").isalnum():
+            raise UsageError(f"--env {item!r}: write NAME=VALUE, e.g. --env CUDA_HOME=/nonexistent.")
+        extra_env[k] = v
+    hidden = check_hidden(hide)
+    if hidden and not image:
+        raise UsageError("--hide applies to --image runs (it covers folders of the image in its container).")
+    reports, text = validate_many(list(image or []), str(target_arch), out_dir=out, order=str(order),
+                            jit_compile=bool(jit_compile),
+                            world_size=ws, topology=topology, say=lambda m: print(m, file=sys.stderr),
+                            **({"image_suite": True} if image_suite else {}),
+                            **({"extra_env": extra_env} if extra_env and image else {}),
+                            **({"server_env": extra_env} if extra_env else {}),
+                            **({"server_args": str(server_args)} if server_args else {}),
+                            **({"engine": str(engine)} if engine != "auto" else {}),
+                            **({"hide": hidden} if hidden else {}))
+    with json_output(json_out) as box:
+        print(text)
+        box["data"] = [r.to_json() for r in reports]
+    if markdown:
+        from stackprobe.atomic import write_atomic
+        write_atomic(markdown, text)
+    if strict:
+        _strict(reports)

@@ -111,7 +111,7 @@ def scan_package(index: Index, package: str, versions: str | None = None, target
     try:
         target = parse_arch(target_arch)
     except ArchSpecError as e:
-        raise UsageError(f"--target-arch {target_arch!r}: {e}") from None
+        raise UsageError(f"--arch {target_arch!r}: {e}") from None
     if topology not in ("pcie", "nvlink"):
         raise UsageError(f"--topology {topology!r}: use pcie or nvlink.")
     lo, hi = parse_range(versions)

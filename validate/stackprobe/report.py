@@ -268,7 +268,7 @@ class Report:
                 + (f" ({self.options.get('topology')}, {self.options.get('topology_source', '').split(' (')[0].split(':')[0]})"
                    if self.options.get("topology") else ""))
 
-    def to_markdown(self) -> str:
+    def to_markdown(self) -> str:  # noqa: C901
         lines = [f"# stackprobe report{': ' + self.label if self.label else ''}", "",
                  f"{self.headline()}  ", f"tiers: {', '.join(self.tiers)}; created {self.created}; schema {self.schema}  ",
                  f"provenance: {_provenance(self.provenance)}", ""]

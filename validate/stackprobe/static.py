@@ -77,7 +77,7 @@ def _log(msg: str, quiet: bool) -> None:
         print(f"[stackprobe] {msg}", file=sys.stderr, flush=True)
 
 
-def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, cache_dir: str | Path | None = None,
+def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, cache_dir: str | Path | None = None,  # noqa: C901, PLR0915
                coverage_reader: str = "auto", world_size: int = 8, topology: str = "auto",
                backends: list[str] | None = None, label: str = "", timeout: float = 180.0,
                scan_dists: list[str] | tuple = (), quiet: bool = True, server_config=None, engines=None,

@@ -438,7 +438,7 @@ def _cli_name_rule(trees: dict[Path, ast.Module]) -> str | None:
     return None
 
 
-def server_argument(engine: Engine, flags: tuple[str, ...]) -> dict:
+def server_argument(engine: Engine, flags: tuple[str, ...]) -> dict:  # noqa: C901
     """The first of ``flags`` (``--enable-mscclpp``; candidates, newest name first) that the installed SGLang
     declares, read from its source: an ``add_argument("--flag", ...)`` call in ``srt/server_args.py`` (0.5.9) or
     ``srt/arg_groups/*.py``, or (0.5.23) an arg-group dataclass field whose name the arg groups turn into the

@@ -21,11 +21,13 @@ Statistics flags and why their defaults are what they are:
 with those server arguments in world-size rank processes: which path served a decode-shape call under the engine's
 graph capture, timed paired against the same group with only that path off
 (:mod:`stackprobe.runtime.dispatch`); writes ``dispatch.json`` / ``dispatch.md``. Exit 0 when it ran, 2 for bad
-input, 4 when the ranks hung or crashed.
+input, 9 (validation could not run) when the ranks hung or crashed.
 ``python -m stackprobe.runtime render REPORT.json [--out DIR]``: re-render Markdown and plot from a JSON.
 ``python -m stackprobe.runtime list``: the probes and the workload presets.
 
-Exit status: 0 when the suite ran (whatever the verdicts), 2 for bad input, 3 when the baseline itself failed.
+Exit status, the README's table (the same codes as ``invoke`` and ``python -m stackprobe``): 0 when the suite ran
+(whatever the verdicts), 2 for bad input, 9 (validation could not run) when the baseline itself failed or the
+dispatch ranks hung or crashed: no ratio can be formed against a baseline that did not run.
 """
 from __future__ import annotations
 
@@ -35,12 +37,15 @@ import sys
 from pathlib import Path
 
 from .bench import BenchConfig
-from .probes import registry
-from .report import load, write
-from .suite import default_probes, gpu_count, run_suite
-from .verdicts import DEFAULT_TOLERANCE
-from .dispatch import parse_env
-from .workload import PRESETS, default_sizes, preset
+
+#: Exit code when the measurement could not run (README "Exit codes": 9, validation could not run).
+COULD_NOT_RUN = 9
+from .probes import registry  # noqa: E402
+from .report import load, write  # noqa: E402
+from .suite import default_probes, gpu_count, run_suite  # noqa: E402
+from .verdicts import DEFAULT_TOLERANCE  # noqa: E402
+from .dispatch import parse_env  # noqa: E402
+from .workload import PRESETS, default_sizes, preset  # noqa: E402
 
 _UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "M": 2**20, "MB": 2**20, "G": 2**30, "GB": 2**30}
 
@@ -145,10 +150,10 @@ def dispatch_main(args) -> int:
     paths = dispatch.write(res, args.out)
     sys.stdout.write(dispatch.markdown(res))
     print("\n".join(str(p) for p in paths.values()))
-    return 0 if res["run"]["status"] == "ok" else 4
+    return 0 if res["run"]["status"] == "ok" else COULD_NOT_RUN
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
     argv = list(sys.argv[1:] if argv is None else argv)
     # "--server-args --flag": argparse would read a value starting with -- as a flag of its own
     for i in range(len(argv) - 1):
@@ -235,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(str(p) for p in paths.values()))
     base_ok = all(any(v["backend"] == report["baseline"] and v["status"] == "baseline" for v in run["verdicts"])
                   for run in report["runs"])
-    return 0 if base_ok else 3
+    return 0 if base_ok else COULD_NOT_RUN
 
 
 if __name__ == "__main__":

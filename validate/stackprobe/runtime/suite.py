@@ -282,7 +282,7 @@ def default_probes(device: str) -> list[str]:
     return [n for n, p in registry().items() if p.device == device]
 
 
-def run_suite(probes: list[str], world_sizes: list[int], config: BenchConfig, *, device: str = "cuda",
+def run_suite(probes: list[str], world_sizes: list[int], config: BenchConfig, *, device: str = "cuda",  # noqa: C901, PLR0912
               timeout: float = 300.0, tolerance: float = DEFAULT_TOLERANCE, workload: Workload | None = None,
               baseline: str | None = None, env_overrides: dict[str, str] | None = None, gpus: int | None = None,
               label: str = "", target_arch: str = "12.0", progress=None, rounds: int = 4) -> dict:

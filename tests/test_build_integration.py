@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cudastack.build.executor import run_build, sha256_file
+from cudastack.build.executor import run_build
+from cudastack.build.wheelhouse import sha256_file
 from cudastack.build.engine import Engine
 from cudastack.core.errors import BuildError
-from cudastack.plan.planner import host_resources, make_plan
+from cudastack.plan.planner import make_plan
+from cudastack.plan.rules import host_resources
 
 pytestmark = [pytest.mark.docker, pytest.mark.network]
 

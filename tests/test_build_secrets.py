@@ -26,7 +26,8 @@ import yaml
 from cudastack import lock as L
 from cudastack.build.executor import dry_run, run_build
 from cudastack.build.engine import Engine
-from cudastack.plan.planner import host_resources, make_plan
+from cudastack.plan.planner import make_plan
+from cudastack.plan.rules import host_resources
 from lock_support import make_wheel
 
 pytestmark = [pytest.mark.docker, pytest.mark.network]

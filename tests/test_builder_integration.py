@@ -160,7 +160,8 @@ def test_source_node_builds_on_the_second_engine_and_its_wheel_lands_here(second
     from cudastack.build.executor import run_build
     from cudastack.build.builders import check_parents, inspect_builder
     from cudastack.build.engine import Engine
-    from cudastack.plan.planner import host_resources, make_plan
+    from cudastack.plan.planner import make_plan
+    from cudastack.plan.rules import host_resources
     from stackprobe.coverage import read_elf
 
     ctx, sock = second_engine

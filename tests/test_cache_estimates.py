@@ -66,7 +66,7 @@ def test_a_wrong_duration_in_the_record_gives_no_estimate(tmp_path, bad):
     secs, text = E.build_expectation(_node(), E.read_history(recs), None)
     assert secs is None and text.startswith("no estimate (")
     assert f"{path.name} says it was built in {bad!r} s, not a positive number of seconds: not used" in text
-    assert "no unit-cost estimate for a image node" in text
+    assert "no unit-cost estimate for an image node" in text
 
 
 def test_a_node_that_was_not_built_is_no_basis(tmp_path):

@@ -119,3 +119,17 @@ def test_the_console_script_runs_the_tasks_with_version_and_usage_errors(tmp_pat
     assert job.returncode == 2 and "use one of slurm, kubernetes" in job.stderr
     plan = _cli("plan", "--cuda", "13.1", "--max-jobs", "two", cwd=tmp_path)
     assert plan.returncode == 2 and "--max-jobs 'two'" in plan.stderr
+
+
+@pytest.mark.parametrize("args", [("plan", "--cuda", "13.1", "--arch", "12.O"), ("validate", "--arch", "12.O"),
+                                  ("scan", "--package", "flashinfer-python", "--arch", "12.O"),
+                                  ("outdated", "--cuda", "13.1", "--no-verdicts", "--arch", "12.O")])
+def test_a_bad_arch_exits_4_on_every_task_that_takes_one(args, tmp_path):
+    """README "Exit codes": 4 for a bad or impossible arch, from every task with --arch, before any work (the
+    index is unreachable here: nothing may be fetched first)."""
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'validate'}",
+               CUDASTACK_INDEX="http://127.0.0.1:9/simple")
+    p = subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), *args], capture_output=True, text=True,
+                       cwd=tmp_path, env=env, timeout=300)
+    assert p.returncode == 4, p.stderr
+    assert "Traceback" not in p.stderr and "12.O" in p.stderr and "validating" not in p.stderr

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from cudastack.build.executor import Wheelhouse, _preflight_disk, sha256_file, unpack_patched
+from cudastack.build.executor import Wheelhouse, _preflight_disk
+from cudastack.build.wheelhouse import sha256_file
+from cudastack.build.context import unpack_patched
 from cudastack.core.docker_engine import docker_client
 from cudastack.build.engine import BuildKitPath, Engine, _Progress, find_buildkit, resolve_ca_bundle
 from cudastack.build.progress import BuildDisplay

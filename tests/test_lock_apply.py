@@ -11,6 +11,7 @@ import pytest
 
 from cudastack.build import executor as B
 from cudastack.build import context as build_context
+from cudastack.build import context as build_context
 from cudastack import lock as L
 from cudastack.core.errors import LockError
 from cudastack.plan.planner import make_plan
@@ -130,7 +131,7 @@ def test_wheels_locked_lists_only_wheels_the_closure_does_not_name(tmp_path):
              "flashinfer_python-0.7.2-py3-none-any.whl": b"from pypi"}
     wh = _wheelhouse(tmp_path, plan, files)
     closure = "# runtime PIP_SPECS\nflashinfer-python==0.7.2 --hash=sha256:" + "a" * 64 + "\nsglang==0.5.23 --hash=sha256:" + "b" * 64
-    text = B.wheels_locked(closure, sorted(files), wh, plan, plan.node("runtime"))
+    text = build_context.wheels_locked(closure, sorted(files), wh, plan, plan.node("runtime"))
     assert text == ("/wheelhouse/flash_attn-2.8.3.post2-cp311-cp311-linux_x86_64.whl --hash=sha256:"
                     + hashlib.sha256(b"built here").hexdigest())
 

@@ -110,7 +110,7 @@ def test_tasks_leave_only_ignored_files(tmp_path):
 
 def test_memory_rule_reads_memtotal_not_memavailable():
     """The memory rule's input is MemTotal (or the cgroup limit), which a running compile does not move."""
-    from cudastack.plan.planner import host_resources
+    from cudastack.plan.rules import host_resources
 
     mem = {k: int(v.split()[0]) * 1024 for k, v in
            (line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())}

@@ -236,7 +236,7 @@ def test_bad_flags_are_refused(tmp_path):
     with pytest.raises(UsageError, match="A..B"):
         S.parse_range("zero..one")
     r = invoke("scan", "--package", "flashinfer-python", "--arch", "12.9z", env={"CUDASTACK_INDEX": "http://127.0.0.1:9/simple"})
-    assert r.returncode == 2 and "--arch" in r.stderr
+    assert r.returncode == 4 and "--arch" in r.stderr
     r = invoke("scan")
     assert r.returncode == 2 and "--package" in r.stderr
     r = invoke("outdated", "--cuda", "99.9", "--out", str(tmp_path))

@@ -16,6 +16,9 @@ import pytest
 import requests
 
 from cudastack.registry import client as reg
+from cudastack.registry import reference as registry_reference
+from cudastack.registry import login as registry_login
+from cudastack.registry import digest as registry_digest
 from cudastack.core.errors import EnvironmentError_, RegistryError, UsageError
 from registry_server import auth_registry_server, docker_config, registry_server  # noqa: F401
 
@@ -61,14 +64,14 @@ def test_parse_registry_prefix_rejects(bad):
 
 
 def test_loopback_detection():
-    assert reg.is_loopback("127.0.0.1:5000") and reg.is_loopback("localhost") and reg.is_loopback("[::1]:5000")
-    assert not reg.is_loopback("registry.example.com:443") and not reg.is_loopback("10.0.0.1:5000")
+    assert registry_reference.is_loopback("127.0.0.1:5000") and registry_reference.is_loopback("localhost") and registry_reference.is_loopback("[::1]:5000")
+    assert not registry_reference.is_loopback("registry.example.com:443") and not registry_reference.is_loopback("10.0.0.1:5000")
 
 
 def test_credentials_from_docker_config(docker_config):
     docker_config("127.0.0.1:5999", "alice", "pw-xyz")
-    assert reg.registry_credentials("127.0.0.1:5999") == {"Username": "alice", "Password": "pw-xyz"}
-    assert reg.registry_credentials("127.0.0.1:6000") is None
+    assert registry_login.registry_credentials("127.0.0.1:5999") == {"Username": "alice", "Password": "pw-xyz"}
+    assert registry_login.registry_credentials("127.0.0.1:6000") is None
 
 
 # ----------------------------------------------------------------------------------------- real registry
@@ -124,9 +127,9 @@ def test_push_digest_pull_by_digest(engine, registry_server, docker_config):
     # the pushed digest is what the registry serves, read three ways, and the engine's RepoDigests entry
     served = _served_digest(registry_server.host, "ci/tiny", "v1")
     assert pushed.digest == served
-    assert reg.resolve_digest(target, client=client) == served          # through the engine
-    assert reg.resolve_digest(target) == served                         # through skopeo, no engine
-    assert reg.resolve_digest(pushed.reference) == served
+    assert registry_digest.resolve_digest(target, client=client) == served          # through the engine
+    assert registry_digest.resolve_digest(target) == served                         # through skopeo, no engine
+    assert registry_digest.resolve_digest(pushed.reference) == served
     assert pushed.reference == f"{registry_server.host}/ci/tiny@{served}"
     assert pushed.enroot == f"{registry_server.host}#ci/tiny@{served}"
     assert pushed.reference in client.images.get(target).attrs["RepoDigests"]
@@ -159,10 +162,10 @@ def test_unknown_digest_and_tag(engine, registry_server, docker_config, via):
     kw = {"client": client} if via == "engine" else {}
     unknown = f"{registry_server.host}/ci/known@sha256:" + "1" * 64
     with pytest.raises(RegistryError, match=r"has no manifest .*ci/known@sha256:1111.*HTTP 404") as exc:
-        reg.resolve_digest(unknown, **kw)
+        registry_digest.resolve_digest(unknown, **kw)
     assert exc.value.exit_code == 8
     with pytest.raises(RegistryError, match=r"has no manifest .*ci/known:nope"):
-        reg.resolve_digest(f"{registry_server.host}/ci/known:nope", **kw)
+        registry_digest.resolve_digest(f"{registry_server.host}/ci/known:nope", **kw)
     # a digest the registry never stored cannot be pulled either, and nothing is pulled
     with pytest.raises(RegistryError, match="HTTP 404"):
         reg.pull_by_digest(unknown, client=client)
@@ -183,7 +186,7 @@ def test_registry_down(engine, registry_server, docker_config):
         reg.pull_by_digest(f"{host}/ci/tiny@sha256:" + "2" * 64, client=client)
     for kw in ({}, {"client": client}):
         with pytest.raises(RegistryError, match="does not answer"):
-            reg.resolve_digest(f"{host}/ci/tiny:v1", **kw)
+            registry_digest.resolve_digest(f"{host}/ci/tiny:v1", **kw)
 
 
 @pytest.mark.docker
@@ -203,7 +206,7 @@ def test_auth_registry(engine, auth_registry_server, docker_config):
         reg.push_image(f"{name}:src", f"{host}/ci/tiny:v1", client=docker_client())
     for kw in ({}, {"client": docker_client()}):
         with pytest.raises(RegistryError, match="credential store has none for it.*docker login"):
-            reg.resolve_digest(f"{host}/ci/tiny:v1", **kw)
+            registry_digest.resolve_digest(f"{host}/ci/tiny:v1", **kw)
 
     # wrong credentials: the push and both digest reads are refused; no message carries the password
     docker_config(host, user, "wrong-password-123")
@@ -216,8 +219,8 @@ def test_auth_registry(engine, auth_registry_server, docker_config):
     right = docker_client()
     pushed = reg.push_image(f"{name}:src", f"{host}/ci/tiny:v1", client=right)
     assert pushed.digest == _served_digest(host, "ci/tiny", "v1", auth=(user, password))
-    assert reg.resolve_digest(f"{host}/ci/tiny@{pushed.digest}") == pushed.digest
-    assert reg.resolve_digest(f"{host}/ci/tiny:v1", client=right) == pushed.digest
+    assert registry_digest.resolve_digest(f"{host}/ci/tiny@{pushed.digest}") == pushed.digest
+    assert registry_digest.resolve_digest(f"{host}/ci/tiny:v1", client=right) == pushed.digest
     assert password not in repr(pushed.as_dict())
     image_id = right.images.get(f"{host}/ci/tiny:v1").id            # pulled back with the same login
     right.images.remove(image_id, force=True)
@@ -227,7 +230,7 @@ def test_auth_registry(engine, auth_registry_server, docker_config):
     docker_config(host, user, "nope-" + password[::-1])
     for kw in ({}, {"client": docker_client()}):
         with pytest.raises(RegistryError, match="refused the credentials from the Docker credential store") as exc:
-            reg.resolve_digest(f"{host}/ci/tiny:v1", **kw)
+            registry_digest.resolve_digest(f"{host}/ci/tiny:v1", **kw)
         assert "nope-" not in str(exc.value) and password not in str(exc.value)
 
 
@@ -314,9 +317,9 @@ def test_bearer_token_flows_through_skopeo(docker_config, flow):
             cfg = docker_config.folder / "config.json"
             cfg.write_text(json.dumps({"auths": {host: {"auth": base64.b64encode(b"u:").decode(),
                                                         "identitytoken": "refresh-xyz"}}}))
-        assert reg.registry_credentials(host) == (
+        assert registry_login.registry_credentials(host) == (
             {"Username": "u", "Password": "p"} if flow == "basic" else {"IdentityToken": "refresh-xyz"})
-        digest = reg.resolve_digest(f"{host}/library/x:bookworm")
+        digest = registry_digest.resolve_digest(f"{host}/library/x:bookworm")
         assert digest == "sha256:" + hashlib.sha256(manifest).hexdigest()
         if flow == "basic":
             assert seen["token_auth"] == "Basic " + base64.b64encode(b"u:p").decode()
@@ -335,11 +338,11 @@ def test_tool_output_never_carries_the_login():
     ref = reg.parse_reference("127.0.0.1:9/ci/x:v1")
     creds = {"Username": "u", "Password": "s3cret-pw"}
     err = "unauthorized: bad password s3cret-pw for http://u:s3cret-pw@127.0.0.1:9/v2/"
-    for exc in (reg.push_failure(ref, err, creds), reg._read_failure(ref, "v1", err, creds, "skopeo"),
-                reg._read_failure(ref, "v1", "odd failure s3cret-pw", creds, "skopeo")):
+    for exc in (reg.push_failure(ref, err, creds), registry_digest._read_failure(ref, "v1", err, creds, "skopeo"),
+                registry_digest._read_failure(ref, "v1", "odd failure s3cret-pw", creds, "skopeo")):
         assert "s3cret-pw" not in str(exc) and "***" in str(exc), str(exc)
     token = {"IdentityToken": "refresh-abc"}
-    assert "refresh-abc" not in str(reg._read_failure(ref, "v1", "denied refresh-abc", token, "the Docker engine"))
+    assert "refresh-abc" not in str(registry_digest._read_failure(ref, "v1", "denied refresh-abc", token, "the Docker engine"))
 
 
 def test_error_words_are_whole_words():
@@ -347,8 +350,8 @@ def test_error_words_are_whole_words():
     '404' is still a refused login, and a message naming a 404 is an unknown manifest."""
     ref = reg.parse_reference("127.0.0.1:9/ci/x@sha256:" + "0" * 61 + "404")
     url = f'Get "http://127.0.0.1:9/v2/ci/x/manifests/{ref.digest}": no basic auth credentials'
-    assert "has none for it" in str(reg._read_failure(ref, ref.digest, url, None, "the Docker engine"))
-    assert "has no manifest" in str(reg._read_failure(ref, ref.digest, "HTTP 404 from the registry", None, "x"))
+    assert "has none for it" in str(registry_digest._read_failure(ref, ref.digest, url, None, "the Docker engine"))
+    assert "has no manifest" in str(registry_digest._read_failure(ref, ref.digest, "HTTP 404 from the registry", None, "x"))
 
 
 @pytest.mark.docker
@@ -364,10 +367,10 @@ def test_without_skopeo_the_engine_reads_and_without_either_it_says_so(engine, r
     bare = tmp_path / "bin"                          # a PATH without skopeo
     bare.mkdir()
     monkeypatch.setenv("PATH", str(bare))
-    assert reg.resolve_digest(target) == pushed.digest          # the local engine, found from the environment
+    assert registry_digest.resolve_digest(target) == pushed.digest          # the local engine, found from the environment
     with pytest.raises(EnvironmentError_, match="needs skopeo"):
-        reg.skopeo_digest(reg.parse_reference(target))
+        registry_digest.skopeo_digest(reg.parse_reference(target))
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
     with pytest.raises(EnvironmentError_, match="No Docker engine answers.*install skopeo") as exc:
-        reg.resolve_digest(target)
+        registry_digest.resolve_digest(target)
     assert exc.value.exit_code == 5

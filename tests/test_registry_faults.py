@@ -22,6 +22,7 @@ import time
 import pytest
 
 from cudastack.registry import client as reg
+from cudastack.registry import digest as registry_digest
 from cudastack.core.errors import RegistryError
 from registry_server import docker_config, start_registry  # noqa: F401
 
@@ -145,7 +146,7 @@ def test_login_is_never_sent_to_a_plain_http_realm_off_this_host(docker_config, 
         Registry.challenge = f'Bearer realm="http://{rhost}:{rport}/token",service="r",scope="repository:ci/x:pull"'
         for kw in ({}, {"client": client}):                      # skopeo, then the engine
             with pytest.raises(RegistryError, match="neither https nor a loopback") as exc:
-                reg.resolve_digest(f"{host}/ci/x:v1", **kw)
+                registry_digest.resolve_digest(f"{host}/ci/x:v1", **kw)
             assert secret not in str(exc.value)
         with pytest.raises(RegistryError, match="neither https nor a loopback"):
             reg.pull_by_digest(f"{host}/ci/x@sha256:" + "a" * 64, client=client)
@@ -159,7 +160,7 @@ def test_login_is_never_sent_to_a_plain_http_realm_off_this_host(docker_config, 
         try:
             Registry.challenge = (f'Bearer realm="http://127.0.0.1:{loop_realm.server_address[1]}/token",'
                                   'service="r",scope="repository:ci/x:pull"')
-            assert reg.resolve_digest(f"{host}/ci/x:v1") == "sha256:" + hashlib.sha256(b"{}").hexdigest()
+            assert registry_digest.resolve_digest(f"{host}/ci/x:v1") == "sha256:" + hashlib.sha256(b"{}").hexdigest()
             assert any(auth == f"Basic {sent}" for _, auth in Realm.seen), Realm.seen
         finally:
             loop_realm.shutdown()
@@ -180,7 +181,7 @@ def test_plain_http_registry_off_this_host_gets_nothing(docker_config):  # noqa:
         host, port = srv.server_address[:2]
         docker_config(f"{host}:{port}", "u", secret)
         with pytest.raises(RegistryError, match="TLS with the registry .* failed.*Nothing was sent"):
-            reg.resolve_digest(f"{host}:{port}/ci/x:v1")
+            registry_digest.resolve_digest(f"{host}:{port}/ci/x:v1")
         assert Registry.seen == [], Registry.seen        # only a TLS hello arrived, never an HTTP request
     finally:
         srv.shutdown()

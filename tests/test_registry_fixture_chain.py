@@ -13,6 +13,7 @@ import pytest
 
 from cudastack import lock as L
 from cudastack.registry import client as R
+from cudastack.registry import digest as registry_digest
 from registry_server import docker_config, registry_server  # noqa: F401
 
 FIXTURE_RECIPES = Path(__file__).parent / "fixtures" / "recipes"
@@ -73,7 +74,7 @@ def test_fixture_chain_lock_build_push_pull(tmp_path, engine, registry_server, d
         image = L.pull_locked(path, client=client)
         assert image.id == image_id
         assert pushed.reference in image.attrs["RepoDigests"]
-        assert R.resolve_digest(pushed.reference) == pushed.digest
+        assert registry_digest.resolve_digest(pushed.reference) == pushed.digest
     finally:
         try:
             client.images.get(pushed.reference).tag(*runtime.tag.rsplit(":", 1))

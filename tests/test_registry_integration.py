@@ -15,6 +15,7 @@ import pytest
 
 from cudastack import lock as L
 from cudastack.registry import client as R
+from cudastack.registry import digest as registry_digest
 from cudastack.core.errors import LockError, RegistryError, UsageError
 from cudastack.plan.model import Node, Plan
 from lock_support import TARGET, tiny_index
@@ -84,7 +85,7 @@ def test_lock_build_push_delete_pull_verify(locked_chain, registry_server, docke
     image = L.pull_locked(path, client=client)
     assert image.id == image_id
     assert rec["reference"] in image.attrs["RepoDigests"]
-    assert R.resolve_digest(rec["reference"]) == rec["digest"]
+    assert registry_digest.resolve_digest(rec["reference"]) == rec["digest"]
     # the pulled image holds the hash-checked packages
     assert any(m.startswith("opt") for m in _layer_paths(client, image))
 

@@ -15,7 +15,8 @@ import pytest
 from cudastack.build.executor import run_build
 from cudastack.build.engine import Engine
 from cudastack.core.errors import BuildError
-from cudastack.plan.planner import host_resources, make_plan
+from cudastack.plan.planner import make_plan
+from cudastack.plan.rules import host_resources
 from cudastack.recipes.load import load_recipes
 from cudastack.recipes.select import select_methods
 from recipe_support import edit

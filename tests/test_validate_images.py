@@ -44,7 +44,8 @@ def chain():
     """The fixture chain's plan, built (or found cached) through the build pipeline."""
     from cudastack.build.executor import run_build
     from cudastack.build.engine import Engine
-    from cudastack.plan.planner import host_resources, make_plan
+    from cudastack.plan.planner import make_plan
+    from cudastack.plan.rules import host_resources
 
     plan = make_plan(FIXTURES / "recipes", "13.1", resources=host_resources(), prefix="cudastack-test")
     run_build(plan, state_dir=CACHE / "validate-build-state", engine=Engine.connect(), say=lambda s: None)

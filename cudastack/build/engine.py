@@ -209,7 +209,7 @@ class Engine:
     def resources(self):
         """The builder's cores and memory. For a daemon on this host, this host's view (which knows
         available memory); else what ``docker info`` reports."""
-        from cudastack.plan.planner import host_resources
+        from cudastack.plan.rules import host_resources
         from cudastack.plan.rules import Resources
 
         host = str(getattr(self.client.api, "base_url", ""))

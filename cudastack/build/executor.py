@@ -56,18 +56,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from cudastack.build.context import (  # noqa: F401 - re-exported: callers import them from here
-    _CTX_IGNORE, DISK_MARGIN_GIB, PYPI_SIMPLE, _ensure_os_image, _make_context, _preflight_disk, cached_map,
-    fetch_sdist, locked_failure, node_cached, unpack_patched, wheels_locked)
-from cudastack.build.journal import (  # noqa: F401 - re-exported: callers import them from here
-    RunLock, _process_alive, _proc_start, recover_interrupted, remove_stale_exports, remove_stale_locks)
+from cudastack.build.context import _ensure_os_image, _make_context, _preflight_disk, cached_map, locked_failure
+from cudastack.build.journal import RunLock, _proc_start, recover_interrupted, remove_stale_exports, remove_stale_locks
 from cudastack.core.credentials import scrub
 from cudastack.build.engine import Engine, _fmt_s, resolve_ca_bundle
 from cudastack.registry.cache_parents import cache_reference
 from cudastack.build.node_cache import push_node
 from cudastack.core.errors import BuildError, EnvironmentError_, LockError, StackError
 from cudastack.plan.planner import BuildPlan, PlannedNode, render_plan
-from cudastack.build.wheelhouse import Wheelhouse, sha256_file  # noqa: F401 - re-exported
+from cudastack.build.wheelhouse import Wheelhouse
 from stackprobe.atomic import write_atomic
 
 RECORD_FORMAT = 1

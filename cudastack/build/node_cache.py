@@ -145,7 +145,9 @@ class NodeCache:
         """The manifest digest the registry serves for ``node``'s cache tag (or for ``target``, another
         ``HOST/PREFIX/<repo>:<tag>`` of this cache), or None when it has none. Raises RegistryError when the
         registry cannot be read (gone, login refused)."""
-        from cudastack.registry.client import engine_digest_or_none, parse_reference, registry_credentials
+        from cudastack.registry.client import parse_reference
+        from cudastack.registry.digest import engine_digest_or_none
+        from cudastack.registry.login import registry_credentials
 
         ref = parse_reference(target or self.target(node))
         return engine_digest_or_none(ref, self.client, creds=registry_credentials(ref.registry))

@@ -1,4 +1,4 @@
-"""Invoke tasks (build). Thin: parse flags, call the package, map StackError to its exit code."""
+"""Invoke tasks (build): build, plan, bootstrap-base. Thin: parse flags, call cudastack.jobs.build."""
 from __future__ import annotations
 
 

@@ -1,5 +1,4 @@
-"""Invoke tasks (upgrade radar). Thin: parse flags, call cudastack.radar.walk / cudastack.radar.scan, map StackError
-to its exit code."""
+"""Invoke tasks (upgrade radar): outdated, scan. Thin: parse flags, call cudastack.jobs.radar."""
 from __future__ import annotations
 
 

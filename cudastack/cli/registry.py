@@ -1,5 +1,4 @@
-"""Invoke tasks (registry): lock, push, pull, cluster-job, bake. Thin: parse flags, call the package, map
-StackError to its exit code."""
+"""Invoke tasks (registry): lock, push, pull, cluster-job, bake. Thin: parse flags, call cudastack.jobs.registry."""
 from __future__ import annotations
 
 
@@ -28,7 +27,7 @@ _PLAN_HELP = {
             "resolver": "Resolver of the pip installs: 'uv' (uv pip compile for the target platform and Python; "
                         "the default) or 'pip' (pip's installation report). Both pin the same closures on the "
                         "12.8 and 13.1 plans (results/resolver/).",
-            "json": "Write the lock written (the YAML's content) as JSON to FILE, or to standard output with - (then "
+            "json": "Write the new lock (the YAML's content) as JSON to FILE, or to standard output with - (then "
                     "alone there: the human lines go to standard error).",
             "node": "Refresh only this node's entry (repeatable); every other node keeps the existing lock's entry "
                     "byte for byte, and each kept entry a fresh resolution would have moved is reported."},
@@ -68,8 +67,8 @@ def pull(c, cuda="13.1", node="runtime", lockfiles=None):
 
 @stack_task(choices={"scheduler": ("slurm", "kubernetes")}, ints=["gpus"],
             help={"cuda": _PLAN_HELP["cuda"], "lockfiles": _PLAN_HELP["lockfiles"],
-            "scheduler": "slurm (sbatch script with pyxis --container-image) or kubernetes (batch/v1 Job).",
-            "gpus": "GPUs per node.",
+            "scheduler": "Required: slurm (sbatch script with pyxis --container-image) or kubernetes (batch/v1 Job).",
+            "gpus": "Required: GPUs per node.",
             "nodes": "Number of nodes to validate (one suite run per node). Default 1.",
             "image": "Image reference with a digest; default: the runtime image the lockfile records as pushed.",
             "output": "File to write. Default: stackprobe-cu<toolchain>.sbatch / .k8s.yaml in the project root.",

@@ -1,4 +1,4 @@
-"""Invoke tasks (validate). Thin: parse flags, call the package, map StackError to its exit code."""
+"""Invoke task (validate). Thin: parse flags, call cudastack.jobs.validate."""
 from __future__ import annotations
 
 

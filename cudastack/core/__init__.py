@@ -1,1 +1,1 @@
-"""The ground floor: typed errors and their exit codes, credentials kept out of records, the file-model base and the Docker SDK client. Imports nothing else of cudastack."""
+"""The ground floor: typed errors and their exit codes, credentials kept out of records, the file-model base, the Docker SDK client and the project's paths. Imports nothing else of cudastack."""

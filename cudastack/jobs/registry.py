@@ -109,13 +109,13 @@ def cluster_job(*, cuda="13.1", scheduler=None, gpus=None, nodes=1, image=None, 
     from cudastack import lock as L
     from cudastack.registry.reference import parse_reference
     if scheduler not in ("slurm", "kubernetes"):
-        raise UsageError("--scheduler must be 'slurm' or 'kubernetes'.")
+        raise UsageError("--scheduler is required: slurm (an sbatch script) or kubernetes (a batch/v1 Job).")
     if scheduler == "kubernetes":
         cluster.require_kubernetes_validator()      # before any work: the Job is written checked or not at all
     try:
         n_gpus, n_nodes = int(gpus), int(nodes)
     except (TypeError, ValueError):
-        raise UsageError("--gpus N (GPUs per node) and --nodes K must be whole numbers.") from None
+        raise UsageError("--gpus N is required: the GPUs per node the job asks for (e.g. --gpus 8).") from None
     if not image:
         lk = L.load_lock(str(cuda), lockfiles)
         rec = (lk.get("pushed") or {}).get("runtime")

@@ -100,8 +100,9 @@ def resolve_lock(plan, *, target: Optional[dict] = None, python: str = sys.execu
             progress(f"{node.name}: OS image {entry['os_image']['tag']} = {entry['os_image']['image_id'][:19]}")
         elif node.kind == "base-nvidia":
             from cudastack.registry import client as registry
+            from cudastack.registry import digest as registry_digest
             ref = node.build_args.get("BASE_IMAGE", "")
-            digest = registry.resolve_digest(ref)
+            digest = registry_digest.resolve_digest(ref)
             r = registry.parse_reference(ref)
             entry["base_image"] = {"ref": ref, "digest": digest, "reference": r.with_digest(digest).pinned()}
             progress(f"{node.name}: {ref} = {digest}")

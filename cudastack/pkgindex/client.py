@@ -57,7 +57,6 @@ from packaging.version import InvalidVersion, Version
 
 from cudastack.core.errors import RegistryError, UsageError
 from cudastack.pkgindex.wheels import HTTP_TIMEOUT, NoRanges, RangeFile, read_metadata_member
-from cudastack.pkgindex.wheels import marker_env, supported_tags  # noqa: F401 - re-exported: callers import them from here
 from stackprobe.atomic import atomic_path, write_atomic
 
 DEFAULT_INDEX = "https://pypi.org/simple"

@@ -174,7 +174,8 @@ def manifest_blobs(reference: str, *, creds: Optional[dict] = None, timeout: flo
 def read_blobs(cache, plan, remote: dict) -> dict:
     """{node name: Blobs} for every node of ``plan`` that ``remote`` (from :meth:`NodeCache.probe_plan`) says the
     node cache ``cache`` serves, read by digest. A failed read is the reason, as text."""
-    from cudastack.registry.client import parse_reference, registry_credentials
+    from cudastack.registry.client import parse_reference
+    from cudastack.registry.login import registry_credentials
 
     out: dict = {}
     for node in plan.nodes:
@@ -233,7 +234,7 @@ def build_expectation(node, history: History, unit_seconds: Optional[float]) -> 
     if getattr(node, "method", "") in ("source", "aot"):
         why.append("its unit count is unknown until the source is fetched")
     else:
-        why.append(f"no unit-cost estimate for a {node.kind} node")
+        why.append(f"no unit-cost estimate for {'an' if node.kind[0] in 'aeiou' else 'a'} {node.kind} node")
     return None, f"no estimate ({'; '.join(why)})"
 
 

@@ -37,7 +37,7 @@ from cudastack.recipes.graph import ancestors, available, stack_differences
 from cudastack.recipes.load import COMPILING_METHODS, Component, RecipeSet, Toolchain, load_recipes
 from cudastack.plan import costs
 from cudastack.plan import rules
-from cudastack.plan.rules import Resources, host_resources, nvcc_gencode_flags  # noqa: F401 - host_resources: importable from here
+from cudastack.plan.rules import Resources, host_resources, nvcc_gencode_flags
 from cudastack.plan.sources import cmake_args_knob
 
 __all__ = ["PROJECT_ROOT", "DEFAULT_ARCH", "DEFAULT_PREFIX", "STACKPROBE_DIR", "HASH_FORMAT", "UNHASHED_CONTEXT",

@@ -29,9 +29,10 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from cudastack.core.errors import StackError
-from cudastack.pkgindex.client import Index, IndexFile, marker_env, supported_tags
+from cudastack.pkgindex.client import Index, IndexFile
+from cudastack.pkgindex.wheels import marker_env, supported_tags
 from cudastack.recipes.load import RecipeSet, Toolchain
-from cudastack.radar.scan import pick_file
+from cudastack.radar.gates import pick_file
 from stackprobe.archs import version_tuple
 
 ENGINE = "sglang"

@@ -35,7 +35,8 @@ from pathlib import Path
 from packaging.version import Version
 
 from cudastack.core.errors import UsageError
-from cudastack.pkgindex.client import Index, IndexFile, atomic_write, supported_tags
+from cudastack.pkgindex.client import Index, IndexFile, atomic_write
+from cudastack.pkgindex.wheels import supported_tags
 from stackprobe import coverage, source
 from stackprobe.archs import Arch
 from stackprobe.probes import flashinfer_common as fi

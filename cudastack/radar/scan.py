@@ -17,11 +17,9 @@ from typing import Any, Callable
 
 from packaging.version import InvalidVersion, Version
 
-from cudastack.core.errors import UsageError
+from cudastack.core.errors import ArchError, UsageError
 from cudastack.pkgindex.client import Index
 from cudastack.radar.gates import ReleaseScan, scan_release
-from cudastack.radar.gates import (FUSION_FN, SCAN_FORMAT, SCAN_SUFFIXES, Gate,  # noqa: F401 - re-exported
-                                  coverage_gate, flashinfer_gates, kernel_gates, pick_file, sglang_gates)
 from stackprobe.archs import ArchSpecError, parse_arch
 
 
@@ -111,7 +109,7 @@ def scan_package(index: Index, package: str, versions: str | None = None, target
     try:
         target = parse_arch(target_arch)
     except ArchSpecError as e:
-        raise UsageError(f"--arch {target_arch!r}: {e}") from None
+        raise ArchError(f"--arch {target_arch!r}: {e}") from None
     if topology not in ("pcie", "nvlink"):
         raise UsageError(f"--topology {topology!r}: use pcie or nvlink.")
     lo, hi = parse_range(versions)

@@ -56,16 +56,14 @@ from typing import Callable, Optional
 import requests
 
 from cudastack.core.errors import RegistryError, UsageError
-from cudastack.registry.reference import (  # noqa: F401 - re-exported: callers import them from here
-    _DIGEST_RE, DOCKER_HUB, DOCKER_HUB_API, ImageReference, check_digest, is_loopback, parse_reference,
+from cudastack.registry.reference import (
+    DOCKER_HUB, ImageReference, parse_reference,
     parse_registry_prefix)
-from cudastack.registry.digest import (  # noqa: F401 - re-exported: callers import them from here
-    _GONE_WORDS, _LOGIN_WORDS, _checked, _hide, _read_failure, _says, engine_digest, engine_digest_or_none,
-    resolve_digest, skopeo_digest)
-from cudastack.core.docker_engine import docker_client  # noqa: F401 - re-exported: callers import it from here
-from cudastack.registry.login import (  # noqa: F401 - re-exported: callers import them from here
-    _login_url_ok, check_login_destination, checked_login, ping, registry_credentials,
-    registry_url)
+from cudastack.registry.digest import (
+    _GONE_WORDS, _LOGIN_WORDS, _hide, _says, engine_digest)
+from cudastack.core.docker_engine import docker_client
+from cudastack.registry.login import (
+    checked_login, ping, registry_url)
 
 
 # --------------------------------------------------------------------------------------------- push and pull

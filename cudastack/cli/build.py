@@ -1,7 +1,6 @@
 """Invoke tasks (build): build, plan, bootstrap-base. Thin: parse flags, call cudastack.jobs.build."""
 from __future__ import annotations
 
-
 from cudastack.cli.common import stack_task
 from cudastack.jobs import build as jobs
 

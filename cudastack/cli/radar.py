@@ -1,7 +1,6 @@
 """Invoke tasks (upgrade radar): outdated, scan. Thin: parse flags, call cudastack.jobs.radar."""
 from __future__ import annotations
 
-
 from cudastack.cli.common import stack_task
 from cudastack.jobs import radar as jobs
 

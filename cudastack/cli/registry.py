@@ -1,7 +1,6 @@
 """Invoke tasks (registry): lock, push, pull, cluster-job, bake. Thin: parse flags, call cudastack.jobs.registry."""
 from __future__ import annotations
 
-
 from cudastack.cli.common import stack_task
 from cudastack.jobs import registry as jobs
 

@@ -1,7 +1,6 @@
 """Invoke task (validate). Thin: parse flags, call cudastack.jobs.validate."""
 from __future__ import annotations
 
-
 from cudastack.cli.common import stack_task
 from cudastack.jobs import validate as jobs
 from cudastack.jobs.validate import DEFAULT_OUT

@@ -1,8 +1,11 @@
-"""What `invoke build`, `invoke plan` and `invoke bootstrap-base` do: the flags' values in, the plan made (twice: input errors first, then with the builder's resources), the lock verified, builders and node cache checked, the build run and recorded."""
+"""What `invoke build`, `invoke plan` and `invoke bootstrap-base` do: the flags' values in, the plan made (twice: input
+errors first, then with the builder's resources), the lock verified, builders and node cache checked, the build run
+and recorded."""
 from __future__ import annotations
 
 import re
 import sys
+
 from cudastack.core.errors import StackError, UsageError
 from cudastack.jobs.output import json_output
 from cudastack.plan.render import plan_summary

@@ -1,11 +1,13 @@
-"""What `invoke outdated` and `invoke scan` do: the upgrade radar per toolchain and the release scans, printed and written."""
+"""What `invoke outdated` and `invoke scan` do: the upgrade radar per toolchain and the release scans, printed and
+written."""
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
-from cudastack.jobs.output import json_output
+
 from cudastack.core.errors import UsageError
+from cudastack.jobs.output import json_output
 
 
 def _int(flag: str, value) -> int:

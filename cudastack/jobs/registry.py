@@ -1,7 +1,9 @@
-"""What `invoke lock`, `push`, `pull`, `cluster-job` and `bake` do: each flag's value in, the lock, registry and bake work done, the result printed."""
+"""What `invoke lock`, `push`, `pull`, `cluster-job` and `bake` do: each flag's value in, the lock, registry and bake
+work done, the result printed."""
 from __future__ import annotations
 
 import sys
+
 from cudastack.core.errors import LockError, StackError, UsageError
 from cudastack.core.paths import PROJECT_ROOT
 from cudastack.jobs.output import json_output

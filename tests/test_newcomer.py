@@ -29,7 +29,7 @@ def stack_names_in(text: str) -> list[str]:
 def test_stack_name_finder_finds_what_it_must():
     stack = "cudastack" + "/"   # spelled apart so that this file passes its own check
     assert stack_names_in(f'tag="{stack}app:1"; f"{stack}{{x}}:y"') == [f"{stack}app:", f"{stack}{{x}}:"]
-    assert stack_names_in("cudastack-test/app:1 cudastack/plan/model.py: 127.0.0.1:5000/ci/app:1") == []
+    assert stack_names_in("cudastack-test/app:1 cudastack/model.py: 127.0.0.1:5000/ci/app:1") == []
 
 
 def test_tests_use_only_test_image_names():

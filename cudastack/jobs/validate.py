@@ -21,9 +21,9 @@ import sys
 from pathlib import Path, PurePosixPath
 
 from cudastack.core.paths import PROJECT_ROOT
-from cudastack.core.errors import ArchError, UsageError, ValidationError
+from cudastack.core.errors import UsageError, ValidationError
 from cudastack.jobs.output import json_output
-from stackprobe.archs import ArchSpecError, parse_arch
+from cudastack.plan.rules import parse_target_arch
 
 PYTHON_CANDIDATES = ("/opt/venv/bin/python", "python3", "python")
 SUITE_DIR = PROJECT_ROOT / "validate"
@@ -326,10 +326,7 @@ def validate(*, image=None, target_arch="12.0", out=DEFAULT_OUT, markdown=None, 
         if not sep or not k or not k.replace("_", "").isalnum():
             raise UsageError(f"--env {item!r}: write NAME=VALUE, e.g. --env CUDA_HOME=/nonexistent.")
         extra_env[k] = v
-    try:
-        parse_arch(str(target_arch))
-    except ArchSpecError as e:
-        raise ArchError(f"--arch {target_arch!r}: {e}") from None
+    parse_target_arch(target_arch)       # a bad arch: exit 4 before any work
     hidden = check_hidden(hide)
     if hidden and not image:
         raise UsageError("--hide applies to --image runs (it covers folders of the image in its container).")

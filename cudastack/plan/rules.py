@@ -47,6 +47,15 @@ def parse_target_archs(specs: str | list[str]) -> list[Arch]:
     return archs
 
 
+def parse_target_arch(spec: str) -> Arch:
+    """Parse one target compute capability (``--arch`` of validate, outdated and scan: ``"12.0"``, ``"12.0a"``).
+    Raises ArchError (exit 4) as ``--arch '<spec>': <the accepted spellings>``."""
+    try:
+        return parse_arch(str(spec))
+    except ArchSpecError as exc:
+        raise ArchError(f"--arch {spec!r}: {exc}") from None
+
+
 def check_arch(recipes: RecipeSet, tc: Toolchain, arch: Arch, name_others: bool = True) -> None:
     """Refuse one target arch that ``tc``'s nvcc cannot compile (C1, C2, C3). Raises ArchError; with
     ``name_others`` its message names the other toolchains that can (never nested: two toolchains refusing the

@@ -17,10 +17,10 @@ from typing import Any, Callable
 
 from packaging.version import InvalidVersion, Version
 
-from cudastack.core.errors import ArchError, UsageError
+from cudastack.core.errors import UsageError
 from cudastack.pkgindex.client import Index
 from cudastack.radar.gates import ReleaseScan, scan_release
-from stackprobe.archs import ArchSpecError, parse_arch
+from cudastack.plan.rules import parse_target_arch
 
 
 # ---------------------------------------------------------------------------------- ranges + bisection
@@ -106,10 +106,7 @@ def scan_package(index: Index, package: str, versions: str | None = None, target
     """Scan ``package``'s releases in ``versions`` ("A..B") for ``target_arch`` and find, for each gate,
     the first release that lifts it (bisection; every release with ``scan_all``). The gate names come
     from the newest release in range (a gate that exists only in newer files is still found)."""
-    try:
-        target = parse_arch(target_arch)
-    except ArchSpecError as e:
-        raise ArchError(f"--arch {target_arch!r}: {e}") from None
+    target = parse_target_arch(target_arch)
     if topology not in ("pcie", "nvlink"):
         raise UsageError(f"--topology {topology!r}: use pcie or nvlink.")
     lo, hi = parse_range(versions)

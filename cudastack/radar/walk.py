@@ -27,14 +27,14 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from cudastack.core.paths import PROJECT_ROOT
-from cudastack.core.errors import ArchError, RecipeError, StackError, UsageError
+from cudastack.core.errors import RecipeError, StackError, UsageError
 from cudastack.pkgindex.client import Index
 from cudastack.radar.checks import Checker, Pin, engine_runtimes
 from cudastack.recipes.graph import stacks
 from cudastack.recipes.load import RecipeSet, Toolchain, load_recipes
 from cudastack.radar.scan import scan_package, scan_release
 from stackprobe import mdtable
-from stackprobe.archs import ArchSpecError, parse_arch
+from cudastack.plan.rules import parse_target_arch
 
 LOCK_DIR = PROJECT_ROOT / "lockfiles"
 MAX_WALK = 60                      # releases checked per component, newest first
@@ -174,10 +174,7 @@ def radar(cuda: str, *, index: Index | None = None, recipes: RecipeSet | str | P
     if not isinstance(recipes, RecipeSet):
         recipes = load_recipes(recipes)
     tc = recipes.toolchain(cuda)
-    try:
-        target = parse_arch(target_arch)
-    except ArchSpecError as e:
-        raise ArchError(f"--arch {target_arch!r}: {e}") from None
+    target = parse_target_arch(target_arch)
     ck = Checker(index, recipes, tc, runtime)
     chain = dict(stacks(recipes.components, tc.name)).get(ck.runtime) if ck.runtime else None
     locked = lock_versions(tc.name, lock_dir, chain)

@@ -48,3 +48,21 @@ def test_cli_runtime_without_gpus_writes_the_static_report_and_exits_9(tmp_path,
     assert data["target_arch"] == "12.0" and any(v["backend"] == "nccl-ring" for v in data["verdicts"])
     assert data["options"]["runtime"].startswith("not run: no NVIDIA GPU")
     assert "static report is written" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("status, code", [("baseline", 0), ("failed", 9)])
+def test_runtime_run_exits_9_when_its_baseline_did_not_run(status, code, tmp_path, monkeypatch):
+    """`python -m stackprobe.runtime run`: the README's codes. A baseline that did not run leaves no ratio to
+    form: exit 9 (validation could not run), where it used to be 3 (a recipe error's code). The suite itself is
+    stood in for (its own tests run it for real); the exit code is read from what it reports."""
+    import signal
+
+    import stackprobe.runtime.__main__ as rt
+
+    monkeypatch.setattr(signal, "signal", lambda *a: None)   # main() hooks SIGTERM: not in the test process
+    report = {"baseline": "torch-gloo",
+              "runs": [{"world_size": 2, "verdicts": [{"backend": "torch-gloo", "status": status, "measurements": {}}]}]}
+    monkeypatch.setattr(rt, "gpu_count", lambda: 0)
+    monkeypatch.setattr(rt, "run_suite", lambda *a, **k: report)
+    monkeypatch.setattr(rt, "write", lambda rep, out: {"json": tmp_path / "runtime.json"})
+    assert rt.main(["run", "--device", "cpu", "--out", str(tmp_path)]) == code

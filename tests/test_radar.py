@@ -16,6 +16,7 @@ from cudastack.radar import walk as R
 from cudastack.radar import scan as S
 from cudastack.core.errors import RegistryError, UsageError
 from cudastack.pkgindex.client import Index
+from stackprobe.archs import parse_arch
 from cudastack.recipes.load import load_recipes
 from radar_support import (FakeIndex, check_engine_refuses, check_gate_lift, check_held_by_engine, comm_py, radar_row,
                            make_sdist, make_wheel)
@@ -66,12 +67,12 @@ def test_scan_flashinfer_finds_the_first_release_admitting_12_for_fusion(tmp_pat
 @pytest.mark.network
 def test_scan_sglang_reads_engine_gates_from_the_wheel():
     ix = Index(cache=CACHE)
-    s = S.scan_release(ix, "sglang", Version("0.5.23"), S.parse_arch("12.0"))
+    s = S.scan_release(ix, "sglang", Version("0.5.23"), parse_arch("12.0"))
     ca, sm = s.gates["custom-allreduce"], s.gates["symm-mem-table"]
     assert ca.admits is False and "world_size > 2" in ca.value, ca
     assert sm.admits is False and sm.value["keys"] == [9, 10] and sm.value["lookup"] == "get", sm
     # at world size 2 the custom allreduce rule admits
-    s2 = S.scan_release(ix, "sglang", Version("0.5.23"), S.parse_arch("12.0"), world_size=2)
+    s2 = S.scan_release(ix, "sglang", Version("0.5.23"), parse_arch("12.0"), world_size=2)
     assert s2.gates["custom-allreduce"].admits is True
 
 

@@ -18,8 +18,9 @@ whose 20.10 client does BuildKit by itself).
 The build child (the docker CLI, which holds the BuildKit session) dies with its parent: it is started with
 Linux's parent-death signal (``prctl(PR_SET_PDEATHSIG, SIGTERM)``, prctl(2)), so a SIGKILL of this process,
 which runs no handler, still ends the CLI; its session closes and the daemon cancels the solve instead of
-finishing the step as an orphan. Ctrl-C and SIGTERM (turned into KeyboardInterrupt by the tasks) terminate it
-explicitly.
+finishing the step as an orphan. Ctrl-C and SIGTERM (turned into KeyboardInterrupt by the tasks,
+:mod:`cudastack.core.stop`) terminate it explicitly; the CLI runs in its own process group, so a terminal's Ctrl-C
+reaches this process only, and a CLI that exits non-zero after a stop request is reported as interrupted.
 
 Each build streams BuildKit's plain progress into a log file (the whole log) and onto the terminal as one
 status line per step with the elapsed time (on a terminal, a line redrawn in place; the display and the
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from cudastack.core import stop
 from cudastack.core.credentials import scrub
 from cudastack.core.docker_engine import docker_client
 from cudastack.build.progress import BuildDisplay, Say, _fmt_s, _Progress
@@ -303,8 +305,10 @@ class Engine:
             log.write(scrub(f"$ {' '.join(cmd)}\n"))
             log.flush()
             try:
+                # its own process group: a terminal's Ctrl-C reaches only this process, which ends the CLI itself
+                # (below), so the build is always reported as interrupted, never as failed by a CLI that died first
                 proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
-                                        errors="replace", bufsize=1, preexec_fn=die_with_parent())
+                                        errors="replace", bufsize=1, preexec_fn=die_with_parent(), process_group=0)
             except OSError as exc:
                 raise EnvironmentError_(f"Could not run {cmd[0]}: {exc}.") from exc
             self.child_pid = proc.pid
@@ -320,6 +324,7 @@ class Engine:
                     display.line(line.rstrip("\n"))
                 rc = proc.wait()
             except KeyboardInterrupt as exc:
+                stop.note()
                 proc.terminate()       # the CLI closes its BuildKit session: the solve is cancelled, nothing tagged
                 proc.wait()
                 exc.counter = prog.counter  # type: ignore[attr-defined]  # read by run_build
@@ -328,13 +333,19 @@ class Engine:
                 display.stop()
             log.write(f"# exit {rc} after {time.monotonic() - t0:.1f}s\n")
         dur = time.monotonic() - t0
+        if rc != 0 and stop.requested():    # the CLI ended because the run was being stopped: not a failure
+            exc = KeyboardInterrupt()
+            exc.counter = prog.counter  # type: ignore[attr-defined]
+            raise exc
         if rc != 0:
             raise _build_error(name, dur, rc, log_path, prog)
         return BuildResult(dur, str(log_path), len(prog.steps), len(prog.cached), prog.counter)
 
 
 def _build_error(name: str, dur: float, rc: int, log_path: Path, prog: _Progress) -> BuildError:
-    err = BuildError(f"Building {name} failed after {_fmt_s(dur)} (docker exit {rc}). Full log: {log_path}")
+    first = prog.first_error_line()
+    err = BuildError(f"Building {name} failed after {_fmt_s(dur)} (docker exit {rc})"
+                     + (f"; first error: {first[:300]}" if first else "") + f". Full log: {log_path}")
     # keep the excerpt's line breaks (StackError joins whitespace in the one-paragraph message)
     err.excerpt = prog.failure_excerpt()
     err.log_path = str(log_path)

@@ -62,7 +62,8 @@ from cudastack.core.credentials import scrub
 from cudastack.build.engine import Engine, _fmt_s, resolve_ca_bundle
 from cudastack.registry.cache_parents import cache_reference
 from cudastack.build.node_cache import push_node
-from cudastack.core.errors import BuildError, EnvironmentError_, LockError, StackError
+from cudastack.core import stop
+from cudastack.core.errors import BuildError, BuildInterrupted, EnvironmentError_, LockError, StackError
 from cudastack.plan.planner import BuildPlan, PlannedNode, render_plan
 from cudastack.build.wheelhouse import Wheelhouse
 from stackprobe.atomic import write_atomic
@@ -160,170 +161,186 @@ def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None,
         write_atomic(rec_dir / f"latest-cu{plan.toolchain}.json", text)
 
     if todo or pull:
-        journal()           # before anything expensive: a run killed from here on leaves a "running" record
+        # the disk check refuses before the journal exists: a refusal leaves no record a later run could
+        # mistake for an interrupted build
         _preflight_disk(engine, plan, cached, state, say)
-        if plan.nodes and plan.nodes[0].name in todo:
-            _ensure_os_image(engine, plan, say)
-        if bundle:
-            say(f"CA bundle for builds: {bundle} (BuildKit secret 'cabundle', never in a layer)")
-
-    secrets = {"cabundle": bundle} if bundle else {}
+        journal()           # before anything expensive: a run killed from here on leaves a "running" record
     error: StackError | None = None
-    cache_refs: dict[str, str | None] = {}     # a node's tag -> the node cache's entry of that very image, or None
-    for i, (node, entry) in enumerate(zip(plan.nodes, record["nodes"]), 1):
-        if error is not None:
-            continue
-        if cached[node.name]:
-            entry["status"] = "skipped"
-            info = engine.inspect(node.tag)
-            entry["image_id"], entry["size_bytes"] = info["id"], info["size_bytes"]
-            if node.kind == "wheels":
-                entry["wheels"] = (wheelhouse.entry(node.name) or {}).get("wheels", {})
-                if (info.get("labels") or {}).get("org.cudastack.builder"):     # a marker (_mark_local)
-                    entry["builder"] = info["labels"]["org.cudastack.builder"]
-            say(f"[{i}/{len(plan.nodes)}] {node.name}: cached ({node.tag})")
-            if cache is not None and not cache.read_only and node.name in in_cache and not in_cache[node.name]:
-                if entry.get("builder"):     # only a marker here: its wheels image is on that builder
-                    say(f"warning: [{i}/{len(plan.nodes)}] {node.name}: not pushed to the node cache: this engine "
-                        f"holds only a marker of it (built on builder {entry['builder']}); rebuild it there with "
-                        "--cache to fill the cache")
-                else:
-                    push_node(cache, node, entry, say, f"[{i}/{len(plan.nodes)}] {node.name}")
-            cache_refs[node.tag] = cache_reference(cache, node, entry, in_cache.get(node.name))
-            continue
-        if in_cache.get(node.name):
-            from cudastack.build.node_cache import serve_node
+    try:
+        if todo or pull:
+            if plan.nodes and plan.nodes[0].name in todo:
+                _ensure_os_image(engine, plan, say)
+            if bundle:
+                say(f"CA bundle for builds: {bundle} (BuildKit secret 'cabundle', never in a layer)")
 
-            entry["status"] = "pulling"
-            journal()
-            try:
-                if serve_node(cache, node, in_cache[node.name], entry, wheelhouse, say, f"[{i}/{len(plan.nodes)}]"):
-                    cache_refs[node.tag] = cache_reference(cache, node, entry, in_cache.get(node.name))
+        secrets = {"cabundle": bundle} if bundle else {}
+        cache_refs: dict[str, str | None] = {}     # a node's tag -> the node cache's entry of that very image, or None
+        for i, (node, entry) in enumerate(zip(plan.nodes, record["nodes"]), 1):
+            if error is not None:
+                continue
+            if cached[node.name]:
+                entry["status"] = "skipped"
+                info = engine.inspect(node.tag)
+                entry["image_id"], entry["size_bytes"] = info["id"], info["size_bytes"]
+                if node.kind == "wheels":
+                    entry["wheels"] = (wheelhouse.entry(node.name) or {}).get("wheels", {})
+                    if (info.get("labels") or {}).get("org.cudastack.builder"):     # a marker (_mark_local)
+                        entry["builder"] = info["labels"]["org.cudastack.builder"]
+                say(f"[{i}/{len(plan.nodes)}] {node.name}: cached ({node.tag})")
+                if cache is not None and not cache.read_only and node.name in in_cache and not in_cache[node.name]:
+                    if entry.get("builder"):     # only a marker here: its wheels image is on that builder
+                        say(f"warning: [{i}/{len(plan.nodes)}] {node.name}: not pushed to the node cache: this engine "
+                            f"holds only a marker of it (built on builder {entry['builder']}); rebuild it there with "
+                            "--cache to fill the cache")
+                    else:
+                        push_node(cache, node, entry, say, f"[{i}/{len(plan.nodes)}] {node.name}")
+                cache_refs[node.tag] = cache_reference(cache, node, entry, in_cache.get(node.name))
+                continue
+            if in_cache.get(node.name):
+                from cudastack.build.node_cache import serve_node
+
+                entry["status"] = "pulling"
+                journal()
+                try:
+                    if serve_node(cache, node, in_cache[node.name], entry, wheelhouse, say, f"[{i}/{len(plan.nodes)}]"):
+                        cache_refs[node.tag] = cache_reference(cache, node, entry, in_cache.get(node.name))
+                        journal()
+                        continue
+                except LockError as exc:
+                    error = exc
+                    record["error"] = str(exc)
                     journal()
                     continue
-            except LockError as exc:
-                error = exc
-                record["error"] = str(exc)
-                journal()
-                continue
-        say(f"[{i}/{len(plan.nodes)}] {node.name}: building {node.tag}"
-            + (f" ({', '.join(f'{k.name}={k.value}' for k in node.knobs if k.name in node.parallel_knobs)})"
-               if node.parallel_knobs else ""))
-        log = logs / f"{node.name}.log"
-        entry["log"] = str(log)
-        entry["status"] = "building"
-        journal()
-
-        def on_child(pid: int, entry=entry) -> None:
-            entry["child_pid"] = pid
+            say(f"[{i}/{len(plan.nodes)}] {node.name}: building {node.tag}"
+                + (f" ({', '.join(f'{k.name}={k.value}' for k in node.knobs if k.name in node.parallel_knobs)})"
+                   if node.parallel_knobs else ""))
+            log = logs / f"{node.name}.log"
+            entry["log"] = str(log)
+            entry["status"] = "building"
             journal()
 
-        engine.on_child = on_child
-        t0 = time.monotonic()
-        tmp_out = None
-        ctx = None
-        secret_dir = None
-        try:
-            if node.kind == "base-pip":
-                _ensure_os_image(engine, plan, say)      # a base whose pull failed is built after all
-            ctx, extra = _make_context(ctx_root, node, wheelhouse, plan, ca_bundle=bundle, say=say)
-            if "_sdist" in extra:
-                entry["sdist"] = extra.pop("_sdist")
-            if "_source" in extra:
-                entry["source"] = extra.pop("_source")
-            args = dict(node.build_args)
-            args.update(extra)
-            args = {k: v for k, v in args.items() if not (k == "WHEEL_NAMES" and node.kind != "runtime")}
-            labels = {"org.cudastack.node": node.name, "org.cudastack.hash": node.hash,
-                      "org.cudastack.toolchain": plan.toolchain}
-            node_secrets = dict(secrets)
-            if node.index_secret:       # a private index with a login: a BuildKit secret, never a build arg
-                secret_dir = Path(tempfile.mkdtemp(prefix=f".secrets-p{os.getpid()}-", dir=state))   # 0700
-                (secret_dir / "pipindex").touch(mode=0o600)
-                (secret_dir / "pipindex").write_text(node.index_secret)
-                node_secrets["pipindex"] = str(secret_dir / "pipindex")
-            common = dict(context=str(ctx), dockerfile=str(_abs_dockerfile(node)), build_args=args,
-                          secrets=node_secrets, labels=labels)
-            remote = None
-            if builder is not None:
-                from cudastack.build.builders import sent
-
-                if sent(node, builder_nodes):
-                    remote = builder.name
-                    entry["builder"] = remote
-                    common["builder"] = builder
-                    say(f"[{i}/{len(plan.nodes)}] {node.name}: on builder {remote} ({builder.driver})")
-                    if cache_refs.get(args.get("PARENT_IMAGE", "")):    # the builder pulls it by digest itself
-                        entry["parent_from_cache"] = cache_refs[args["PARENT_IMAGE"]]
-                        common["build_args"] = {**args, "PARENT_IMAGE": entry["parent_from_cache"]}
-                        say(f"[{i}/{len(plan.nodes)}] {node.name}: its parent comes to builder {remote} from the node "
-                            f"cache ({entry['parent_from_cache']})")
-            if node.kind == "wheels":
-                wheelhouse.path.mkdir(parents=True, exist_ok=True)
-                tmp_out = Path(tempfile.mkdtemp(prefix=f".export-{node.name}-p{os.getpid()}-", dir=wheelhouse.path.parent))
-                engine.build(name=node.name, log_path=log, say=say, target="wheels", output_dir=str(tmp_out), **common)
-                entry["wheels"] = wheelhouse.add(node, tmp_out)
-                if remote:
-                    _mark_local(engine, node, ctx_root, args, labels, remote, log, say)
-                else:
-                    engine.build(name=f"{node.name} (tag builder)", log_path=log, say=say, target="builder",
-                                 tag=node.tag, **common)
-            else:
-                engine.build(name=node.name, log_path=log, say=say, tag=node.tag, **common)
-                if remote and not engine.exists(node.tag):
-                    raise BuildError(f"Builder {remote} built {node.name} but kept the image in its own engine "
-                                     f"({builder.driver} driver, {builder.endpoint}): this engine has no {node.tag}. "
-                                     "Use a docker-container, remote or Kubernetes builder (they send the image back "
-                                     "with --load), or send only wheels nodes (--builder-nodes source).")
-            info = engine.inspect(node.tag)
-            entry.update(status="built", image_id=info["id"], size_bytes=info["size_bytes"])
-            entry["duration_s"] = round(time.monotonic() - t0, 1)
-            size = f", {info['size_bytes'] / 2**30:.2f} GiB" if info["size_bytes"] else ""
-            wheels = f", wheels: {', '.join(entry['wheels'])}" if entry["wheels"] else ""
-            say(f"[{i}/{len(plan.nodes)}] {node.name}: built in {_fmt_s(entry['duration_s'])}{size}{wheels}")
-            if cache is not None and not cache.read_only:
+            def on_child(pid: int, entry=entry) -> None:
+                entry["child_pid"] = pid
                 journal()
-                if entry.get("builder") and node.kind == "wheels":    # this engine holds only its marker
-                    from cudastack.build.builders import push_from_builder
 
-                    push_from_builder(cache, engine, node, entry, common, log, say, f"[{i}/{len(plan.nodes)}] {node.name}")
+            engine.on_child = on_child
+            t0 = time.monotonic()
+            tmp_out = None
+            ctx = None
+            secret_dir = None
+            try:
+                if node.kind == "base-pip":
+                    _ensure_os_image(engine, plan, say)      # a base whose pull failed is built after all
+                ctx, extra = _make_context(ctx_root, node, wheelhouse, plan, ca_bundle=bundle, say=say)
+                if "_sdist" in extra:
+                    entry["sdist"] = extra.pop("_sdist")
+                if "_source" in extra:
+                    entry["source"] = extra.pop("_source")
+                args = dict(node.build_args)
+                args.update(extra)
+                args = {k: v for k, v in args.items() if not (k == "WHEEL_NAMES" and node.kind != "runtime")}
+                labels = {"org.cudastack.node": node.name, "org.cudastack.hash": node.hash,
+                          "org.cudastack.toolchain": plan.toolchain}
+                node_secrets = dict(secrets)
+                if node.index_secret:       # a private index with a login: a BuildKit secret, never a build arg
+                    secret_dir = Path(tempfile.mkdtemp(prefix=f".secrets-p{os.getpid()}-", dir=state))   # 0700
+                    (secret_dir / "pipindex").touch(mode=0o600)
+                    (secret_dir / "pipindex").write_text(node.index_secret)
+                    node_secrets["pipindex"] = str(secret_dir / "pipindex")
+                common = dict(context=str(ctx), dockerfile=str(_abs_dockerfile(node)), build_args=args,
+                              secrets=node_secrets, labels=labels)
+                remote = None
+                if builder is not None:
+                    from cudastack.build.builders import sent
+
+                    if sent(node, builder_nodes):
+                        remote = builder.name
+                        entry["builder"] = remote
+                        common["builder"] = builder
+                        say(f"[{i}/{len(plan.nodes)}] {node.name}: on builder {remote} ({builder.driver})")
+                        if cache_refs.get(args.get("PARENT_IMAGE", "")):    # the builder pulls it by digest itself
+                            entry["parent_from_cache"] = cache_refs[args["PARENT_IMAGE"]]
+                            common["build_args"] = {**args, "PARENT_IMAGE": entry["parent_from_cache"]}
+                            say(f"[{i}/{len(plan.nodes)}] {node.name}: its parent comes to builder {remote} from the node "
+                                f"cache ({entry['parent_from_cache']})")
+                if node.kind == "wheels":
+                    wheelhouse.path.mkdir(parents=True, exist_ok=True)
+                    tmp_out = Path(tempfile.mkdtemp(prefix=f".export-{node.name}-p{os.getpid()}-", dir=wheelhouse.path.parent))
+                    engine.build(name=node.name, log_path=log, say=say, target="wheels", output_dir=str(tmp_out), **common)
+                    entry["wheels"] = wheelhouse.add(node, tmp_out)
+                    if remote:
+                        _mark_local(engine, node, ctx_root, args, labels, remote, log, say)
+                    else:
+                        engine.build(name=f"{node.name} (tag builder)", log_path=log, say=say, target="builder",
+                                     tag=node.tag, **common)
                 else:
-                    push_node(cache, node, entry, say, f"[{i}/{len(plan.nodes)}] {node.name}")
-        except StackError as exc:
-            if isinstance(exc, BuildError) and getattr(plan, "locked", False):
-                exc = locked_failure(node.name, log) or exc
-            entry["status"] = "failed"
-            entry["duration_s"] = round(time.monotonic() - t0, 1)
-            if counter := getattr(exc, "counter", ""):
-                entry["compiled"] = counter
-            error = exc
-            record["error"] = str(exc)
-        except KeyboardInterrupt as exc:
-            # stopped from outside (Ctrl-C, SIGTERM): record how far the node got, then stop
-            entry["status"] = "interrupted"
-            entry["duration_s"] = round(time.monotonic() - t0, 1)
-            if counter := getattr(exc, "counter", ""):
-                entry["compiled"] = counter
-            error = BuildError(f"Interrupted while building {node.name} after {_fmt_s(entry['duration_s'])}"
-                               + (f" (compiled {entry['compiled']})" if entry.get("compiled") else "")
-                               + f"; rerun to resume from the cached nodes. Log: {entry['log']}")
-            error.interrupted = True
-            record["error"] = str(error)
-        finally:
-            engine.on_child = None
-            entry.pop("child_pid", None)
-            if tmp_out is not None:
-                shutil.rmtree(tmp_out, ignore_errors=True)
-            if ctx is not None:
-                shutil.rmtree(ctx, ignore_errors=True)
-            if secret_dir is not None:
-                shutil.rmtree(secret_dir, ignore_errors=True)
-        journal()
+                    engine.build(name=node.name, log_path=log, say=say, tag=node.tag, **common)
+                    if remote and not engine.exists(node.tag):
+                        raise BuildError(f"Builder {remote} built {node.name} but kept the image in its own engine "
+                                         f"({builder.driver} driver, {builder.endpoint}): this engine has no {node.tag}. "
+                                         "Use a docker-container, remote or Kubernetes builder (they send the image back "
+                                         "with --load), or send only wheels nodes (--builder-nodes source).")
+                info = engine.inspect(node.tag)
+                entry.update(status="built", image_id=info["id"], size_bytes=info["size_bytes"])
+                entry["duration_s"] = round(time.monotonic() - t0, 1)
+                size = f", {info['size_bytes'] / 2**30:.2f} GiB" if info["size_bytes"] else ""
+                wheels = f", wheels: {', '.join(entry['wheels'])}" if entry["wheels"] else ""
+                say(f"[{i}/{len(plan.nodes)}] {node.name}: built in {_fmt_s(entry['duration_s'])}{size}{wheels}")
+                if cache is not None and not cache.read_only:
+                    journal()
+                    if entry.get("builder") and node.kind == "wheels":    # this engine holds only its marker
+                        from cudastack.build.builders import push_from_builder
+
+                        push_from_builder(cache, engine, node, entry, common, log, say, f"[{i}/{len(plan.nodes)}] {node.name}")
+                    else:
+                        push_node(cache, node, entry, say, f"[{i}/{len(plan.nodes)}] {node.name}")
+            except StackError as exc:
+                if isinstance(exc, BuildError) and getattr(plan, "locked", False):
+                    exc = locked_failure(node.name, log) or exc
+                entry["status"] = "failed"
+                entry["duration_s"] = round(time.monotonic() - t0, 1)
+                if counter := getattr(exc, "counter", ""):
+                    entry["compiled"] = counter
+                error = exc
+                record["error"] = str(exc)
+            except KeyboardInterrupt as exc:
+                # stopped from outside (Ctrl-C, SIGTERM): record how far the node got, then stop
+                stop.note()
+                entry["status"] = "interrupted"
+                entry["duration_s"] = round(time.monotonic() - t0, 1)
+                if counter := getattr(exc, "counter", ""):
+                    entry["compiled"] = counter
+                error = BuildInterrupted("interrupted")      # its message is written once the record is complete
+            finally:
+                engine.on_child = None
+                entry.pop("child_pid", None)
+                if tmp_out is not None:
+                    shutil.rmtree(tmp_out, ignore_errors=True)
+                if ctx is not None:
+                    shutil.rmtree(ctx, ignore_errors=True)
+                if secret_dir is not None:
+                    shutil.rmtree(secret_dir, ignore_errors=True)
+            journal()
+
+    except KeyboardInterrupt:         # stopped outside a node's build (between nodes, a pull, a push, the OS image)
+        stop.note()
+        for entry in record["nodes"]:
+            if entry["status"] in ("building", "pulling"):
+                entry["status"] = "interrupted"
+        error = BuildInterrupted("interrupted")
+    except BaseException as exc:      # a fault outside any node: the journal must not stay "running"
+        if record["status"] == "running" and rec_path.exists():
+            record.update(status="failed", error=str(exc) or exc.__class__.__name__,
+                          finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                          duration_s=round(time.monotonic() - t_run, 1))
+            journal()
+        raise
+    if isinstance(error, BuildInterrupted):
+        error = BuildInterrupted(interrupted_message(record, rec_path))
+        record["error"] = str(error)
 
     record["docker_builds"] = engine.builds_issued - builds_before
-    record["status"] = "failed" if error else "ok"
-    if isinstance(error, BuildError) and getattr(error, "interrupted", False):
-        record["status"] = "interrupted"
+    record["status"] = "interrupted" if isinstance(error, BuildInterrupted) else "failed" if error else "ok"
     record["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     record["duration_s"] = round(time.monotonic() - t_run, 1)
     journal()
@@ -337,6 +354,34 @@ def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None,
     if error:
         raise error
     return record
+
+
+def interrupted_message(record: dict, rec_path: Path) -> str:
+    """The one account of a run stopped from outside (Ctrl-C, SIGTERM), from its record: where it stopped (the
+    node, its time, its ninja counter), what was done before (built, pulled, cached), what was not reached, and
+    how to resume. The record's node statuses must be final (an interrupted node reads "interrupted")."""
+    nodes = record.get("nodes") or []
+    by = lambda *st: [n["name"] for n in nodes if n.get("status") in st]   # noqa: E731
+    stopped = next((n for n in nodes if n.get("status") == "interrupted"), None)
+    if stopped is not None:
+        where = (f"while building {stopped['name']} after {_fmt_s(stopped.get('duration_s') or 0)}"
+                 + (f" (compiled {stopped['compiled']})" if stopped.get("compiled") else ""))
+        partial = (f" Nothing half-made was kept: {stopped['name']} has no tag and no wheels in the wheelhouse "
+                   f"(its log so far: {stopped.get('log')}).")
+    else:
+        where, partial = "between nodes", ""
+    done = [f"built {', '.join(by('built'))}" if by("built") else "built nothing"]
+    if by("pulled"):
+        done.append(f"pulled {', '.join(by('pulled'))}")
+    if by("skipped"):
+        done.append(f"already cached {', '.join(by('skipped'))}")
+    rest = by("not reached")
+    sig = stop.requested() or "SIGINT"
+    return (f"Build stopped by {sig} {where}. Done before the stop: {'; '.join(done)}."
+            + (f" Not reached: {', '.join(rest)}." if rest else "") + partial
+            + " To resume, run the same command again: the finished nodes are cached and skipped"
+            + (f", and {stopped['name']} starts again (its compiler cache mount keeps what it compiled)" if stopped else "")
+            + f". Record: {rec_path}")
 
 
 def _mark_local(engine: Engine, node: PlannedNode, ctx_root: Path, args: dict, labels: dict, builder: str,

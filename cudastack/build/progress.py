@@ -15,6 +15,12 @@ from typing import Callable
 
 _STEP = re.compile(r"^#(\d+) (\[[^\]]+\] .*|\S.*)$")
 _COUNTER = re.compile(r"^\d+\.\d+\s+\[(\d+)/(\d+)\] ")   # ninja / CMake progress inside a RUN step
+#: A line that reports an error inside a RUN step (BuildKit's "12.3 " time prefix removed): a compiler's
+#: ``file:line: error:`` (gcc, clang) or ``file(line): error:`` (nvcc), ninja's ``FAILED:``, pip's ``ERROR:``,
+#: a Python traceback, ``fatal error``, CMake's ``CMake Error``. Warnings that quote the word are not errors.
+_ERROR_LINE = re.compile(r"(\berror\b\s*:|\bfatal error\b|^FAILED:|^ERROR:|^Traceback \(most recent call last\)"
+                         r"|\bCMake Error\b|\berror: subprocess-exited-with-error)")
+_WARNING_LINE = re.compile(r"\bwarning\b\s*[:#]|-W[a-z-]*error", re.IGNORECASE)
 Say = Callable[[str], None]
 
 
@@ -42,6 +48,8 @@ class _Progress:
     last_line: str = ""
     counter: str = ""               # "12/73": the last ninja-style progress counter seen
     final: deque = field(default_factory=lambda: deque(maxlen=40))
+    first_error: dict = field(default_factory=dict)   # step id -> the first error line, 3 lines before, 6 after
+    _after: dict = field(default_factory=dict)        # step id -> lines still to add after its first error
 
     def feed(self, line: str) -> bool:
         """Returns True when a new step started."""
@@ -50,7 +58,16 @@ class _Progress:
         if not m:
             return False
         sid, rest = m.group(1), m.group(2)
-        self.tails.setdefault(sid, deque(maxlen=60)).append(rest)
+        tail = self.tails.setdefault(sid, deque(maxlen=60))
+        body = re.sub(r"^\d+\.\d+ ", "", rest)
+        if self._after.get(sid):
+            self.first_error[sid].append(rest)
+            self._after[sid] -= 1
+        elif (sid not in self.first_error and sid in self.steps and body != rest     # a RUN step's own output
+              and _ERROR_LINE.search(body) and not _WARNING_LINE.search(body)):
+            self.first_error[sid] = list(tail)[-3:] + [rest]
+            self._after[sid] = 6
+        tail.append(rest)
         if rest.startswith("ERROR") or " ERROR:" in rest[:12]:
             self.errors.append(sid)
         if rest == "CACHED":
@@ -69,14 +86,27 @@ class _Progress:
                     self.counter = f"{c.group(1)}/{c.group(2)}"
         return new
 
+    def first_error_line(self) -> str:
+        """The failing step's first error line (time prefix removed), or "" when none was recognised."""
+        sid = self.errors[-1] if self.errors else self.current
+        first = self.first_error.get(sid) or []
+        line = next((ln for ln in first if _ERROR_LINE.search(re.sub(r"^\d+\.\d+ ", "", ln))), "")
+        return re.sub(r"^\d+\.\d+ ", "", line)
+
     def failure_excerpt(self, n: int = 25) -> str:
+        """The failing step's title, its first error with the lines around it (the cause: a compiler's later
+        lines are often warnings and follow-on errors), then the step's last lines and BuildKit's summary."""
         sid = self.errors[-1] if self.errors else self.current
         title = _clip(self.steps.get(sid, f"#{sid}"), 160)
-        lines = list(self.tails.get(sid, []))[-n:]
+        first = self.first_error.get(sid, [])
+        lines = list(self.tails.get(sid, []))[-(n if not first else 10):]
         summary = [ln for ln in self.final if ln.startswith(("error:", "ERROR:", "failed to solve"))]
         body = "\n".join(f"    {_clip(ln, 240)}" for ln in lines)
         tail = "\n".join(f"    {_clip(ln, 240)}" for ln in summary[-2:])
-        return f"failing step: {title}\n{body}" + (f"\n{tail}" if tail else "")
+        head = ""
+        if first:
+            head = "first error:\n" + "\n".join(f"    {_clip(ln, 240)}" for ln in first) + "\nlast lines:\n"
+        return f"failing step: {title}\n{head}{body}" + (f"\n{tail}" if tail else "")
 
 
 

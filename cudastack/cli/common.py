@@ -1,7 +1,9 @@
 """The command line's conventions, in one place for every task: :func:`stack_task` is ``invoke.task`` plus
 
 - one mapping of a :class:`~cudastack.core.errors.StackError` to its exit code (``error: <message>`` on stderr,
-  the code from the README's exit-code table), for every task;
+  the code from the README's exit-code table), for every task; a run stopped from outside (Ctrl-C, SIGTERM) is
+  ``interrupted: <what was done, how to resume>`` with exit 130 (:data:`cudastack.core.stop.EXIT_INTERRUPTED`),
+  never an error;
 - whole-number and choice flags checked while the command line is parsed: ``--world-size x`` or ``--topology
   ring`` is a one-line usage error with exit 2 (as argparse, pip and uv answer a bad option), before any work;
 - each flag's default shown in ``--help`` (``(default: 13.1)``) unless its help text already gives it;
@@ -104,7 +106,13 @@ def stack_task(*, help: dict[str, str] | None = None, choices: dict[str, Iterabl
             try:
                 return fn(c, *args, **kw)
             except StackError as exc:
-                raise Exit(f"error: {exc}", code=exc.exit_code) from None
+                label = "interrupted" if getattr(exc, "interrupted", False) else "error"
+                raise Exit(f"{label}: {exc}", code=exc.exit_code) from None
+            except KeyboardInterrupt:      # stopped before the task's own account of it could start
+                from cudastack.core.stop import EXIT_INTERRUPTED, requested
+                raise Exit(f"interrupted: {fn.__name__.replace('_', '-')} was stopped ({requested() or 'SIGINT'}) "
+                           "before it finished; every file it writes is replaced whole, so none is half-written. "
+                           "Run the same command again.", code=EXIT_INTERRUPTED) from None
 
         klass = type(f"{fn.__name__}_task", (StackTask,), {"choices": allowed, "ints": frozenset(ints)})
         return task(klass=klass, help=_with_defaults(fn, help or {}, allowed, tuple(root_defaults)), **kwargs)(run)

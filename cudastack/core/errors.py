@@ -16,6 +16,7 @@ code   class                       meaning
 8      RegistryError               a registry refused, was down, or reported another digest
 9      ValidationError             the validation suite could not run (image missing, no Python)
 10     UnhealthyEnvironment        ``--strict``: the environment health stage found an error (reports written)
+130    BuildInterrupted            stopped from outside (Ctrl-C, SIGTERM): what was done, how to resume
 =====  ==========================  ==============================================================
 """
 from __future__ import annotations
@@ -60,6 +61,15 @@ class BuildError(StackError):
     log_path: str = ""
     counter: str = ""           # how far the compile got ("[41/73]"), when it counted
     interrupted: bool = False   # stopped from outside (Ctrl-C, SIGTERM), not failed
+
+
+class BuildInterrupted(BuildError):
+    """A build stopped from outside (Ctrl-C, SIGTERM) at any point: not a failure. Its message says what was
+    built and how to resume; the record's status is "interrupted". Exit 128 + SIGINT, the shell's code for a
+    command ended by Ctrl-C (bash(1), "EXIT STATUS")."""
+
+    exit_code = 130
+    interrupted = True
 
 
 class LockError(StackError):

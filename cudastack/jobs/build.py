@@ -21,14 +21,12 @@ def _int(flag: str, value) -> int | None:
 
 
 def _sigterm_as_interrupt() -> None:
-    """SIGTERM (a stopped session or service) becomes KeyboardInterrupt, so the running docker build is
-    cancelled and the build record says how far it got."""
-    import signal
+    """SIGINT and SIGTERM (Ctrl-C, a stopped session or service) become KeyboardInterrupt and are remembered
+    (:mod:`cudastack.core.stop`), so the running docker build is cancelled and the run ends "interrupted" (record,
+    message, exit 130) wherever it was stopped."""
+    from cudastack.core import stop
 
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
+    stop.install()
 
 
 def _pairs(flag: str, values) -> dict[str, str]:
@@ -146,6 +144,7 @@ def build(*, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
           cache_read_only=False, cache_optional=False, only=None, json_out=None):
     """`invoke build`: build a toolchain's images (base -> torch -> wheels -> runtime) with BuildKit; cached nodes
     are skipped. Its flags' values as keywords (see :mod:`cudastack.cli.build`); raises StackError."""
+    _sigterm_as_interrupt()     # a stop at any point below ends as "interrupted" (exit 130), never as a traceback
     with json_output(json_out) as box:
         from cudastack.build.executor import dry_run as render_dry_run, run_build
         from cudastack.build.node_cache import cache_prefix
@@ -243,7 +242,6 @@ def build(*, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
             for note in check_parents(bx, plan, builder_nodes, docker=engine.buildkit.docker, served=served,
                                       pullable=pullable):
                 print(f"note: {note}", file=sys.stderr)
-        _sigterm_as_interrupt()
         record = run_build(plan, state_dir=state_dir, ca_bundle=ca_bundle, engine=engine, builder=bx,
                            builder_nodes=builder_nodes, cache=node_cache)
         if lock_file is not None:

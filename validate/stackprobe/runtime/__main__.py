@@ -23,6 +23,11 @@ graph capture, timed paired against the same group with only that path off
 (:mod:`stackprobe.runtime.dispatch`); writes ``dispatch.json`` / ``dispatch.md``. Exit 0 when it ran, 2 for bad
 input, 9 (validation could not run) when the ranks hung or crashed.
 ``python -m stackprobe.runtime render REPORT.json [--out DIR]``: re-render Markdown and plot from a JSON.
+``python -m stackprobe.runtime p2p [--device cuda|cpu] [--devices 0,1] [--bytes 256K] [--timeout 60] [--out DIR]``:
+the P2P check (:mod:`stackprobe.runtime.p2pcheck`): per GPU pair a peer copy and a kernel-side peer read/write, each
+in a child process with a timeout, checked against known data; writes ``p2p-check.json`` / ``p2p-check.md``. Exit 0
+when every pair passed or was unsupported (or there is nothing to pair), 1 when a pair hung, returned wrong data or
+failed, or a child survived, 2 for bad input.
 ``python -m stackprobe.runtime list``: the probes and the workload presets.
 
 Exit status, the README's table (the same codes as ``invoke`` and ``python -m stackprobe``): 0 when the suite ran
@@ -97,6 +102,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decide the verdicts again from the recorded rows (after a change of rules or tolerance)")
     d.add_argument("--tolerance", type=float, default=None, help="with --recompute-verdicts: a new tolerance")
     sub.add_parser("list", help="list probes and presets")
+    q = sub.add_parser("p2p", help="per GPU pair: a peer copy and a kernel-side peer read/write in child processes "
+                                   "with a timeout (ok / hang / wrong-data / unsupported / error)")
+    q.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cpu: the same children, timeout and data check on host memory (tests)")
+    q.add_argument("--devices", default="", help="comma list of device indices (default: every visible GPU; 0,1 on cpu)")
+    q.add_argument("--bytes", default="256K", help="bytes per transfer (default 256K)")
+    q.add_argument("--timeout", type=float, default=60.0, help="seconds per step and pair (default 60)")
+    q.add_argument("--repeats", type=int, default=20, help="timed copies per direction (default 20)")
+    q.add_argument("--out", default="", help="folder for p2p-check.json / p2p-check.md")
     g = sub.add_parser("dispatch", help="the engine's own allreduce dispatch (--engine sglang|vllm) with the "
                                         "user's server args, paired against the same group with the serving path off")
     g.add_argument("--server-args", default="", metavar="FLAGS", help="the engine's server flags, one shell-quoted string")
@@ -153,6 +167,23 @@ def dispatch_main(args) -> int:
     return 0 if res["run"]["status"] == "ok" else COULD_NOT_RUN
 
 
+def p2p_main(args) -> int:
+    from . import p2pcheck
+    try:
+        devices = _ints(args.devices) if args.devices else None
+        rep = p2pcheck.run_check(devices, device=args.device, nbytes=parse_size(args.bytes), timeout=args.timeout,
+                                 repeats=args.repeats,
+                                 progress=lambda m: print(f"[p2p] {m}", file=sys.stderr, flush=True))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write(p2pcheck.markdown(rep))
+    if args.out:
+        print("\n".join(str(p) for p in p2pcheck.write(rep, args.out).values()))
+    failed = [p for p in rep["pairs"] if p["status"] in ("hang", "wrong-data", "error")]
+    return 1 if failed or rep["leftover_pids"] else 0
+
+
 def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
     argv = list(sys.argv[1:] if argv is None else argv)
     # "--server-args --flag": argparse would read a value starting with -- as a flag of its own
@@ -171,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
         return 0
     if args.cmd == "dispatch":
         return dispatch_main(args)
+    if args.cmd == "p2p":
+        return p2p_main(args)
     if args.cmd == "render":
         report = load(args.json)
         if args.recompute_verdicts:

@@ -123,6 +123,7 @@ def test_memory_rule_reads_memtotal_not_memavailable():
     assert "MemAvailable" not in res.origin
 
 
+@pytest.mark.docker      # the dry run rehearses the build's checks: it needs the engine the build would use
 def test_dry_run_prints_the_max_jobs_the_build_uses():
     """The dry run asks the same builder as the build (cudastack.jobs.build._builder_resources) and so
     prints the build's MAX_JOBS."""

@@ -308,9 +308,13 @@ def _invoke(*args):
 
 
 def test_cli_dry_run_and_exit_codes():
-    r = _invoke("build", "--cuda", "12.8", "--dry-run")
+    r = _invoke("plan", "--cuda", "12.8")
     assert r.returncode == 0, r.stderr
     assert "torch==2.9.1" in r.stdout and "Cached state unknown" in r.stdout
+    # the dry run rehearses the build: with no engine it prints the same plan, then refuses as the build does
+    r = _invoke("build", "--cuda", "12.8", "--dry-run")
+    assert r.returncode == 5 and "torch==2.9.1" in r.stdout, r.stderr
+    assert "Docker engine and BuildKit: REFUSED (exit 5)" in r.stdout and "error: No Docker engine answers" in r.stderr
     r = _invoke("build", "--cuda", "12.9", "--dry-run")
     assert r.returncode == 2 and "Known toolchains: 12.8, 13.1" in r.stderr
     r = _invoke("build", "--cuda", "12.8", "--arch", "12.1", "--dry-run")

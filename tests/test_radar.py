@@ -117,6 +117,7 @@ def test_outdated_names_the_pins_that_hold_each_toolchain(tmp_path):
 
 
 @pytest.mark.network
+@pytest.mark.docker     # the dry run checks the engine and its disk, as the build does
 def test_build_dry_run_plans_13_2_and_a_real_build_is_refused_by_the_engine_pin():
     r = invoke("build", "--cuda", "13.2", "--dry-run", timeout=300)
     assert r.returncode == 0, r.stderr

@@ -216,22 +216,47 @@ def locked_failure(node: str, log: Path) -> LockError | None:
 DISK_MARGIN_GIB = 2.0
 
 
-def _preflight_disk(engine: Engine, plan: BuildPlan, cached: dict[str, bool], state_dir: Path, say: Say) -> float:
+def _free_gib(path: Path) -> float:
+    """Free space (GiB) of the filesystem that holds ``path``, or that will hold it: its nearest existing
+    folder is measured, so a state folder not made yet is checked where it will be made."""
+    p = Path(path).resolve()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return shutil.disk_usage(p).free / 2**30
+
+
+def disk_refusal(engine: Engine, plan: BuildPlan, cached: dict[str, bool], state_dir: Path) -> tuple[float, str, "EnvironmentError_ | None"]:
+    """The disk check a build makes before its first node, without side effects (the dry run shows it):
+    ``(need_gib, report, refusal)``. ``need_gib``: the nodes to build's ``est_disk_gib`` summed; ``report``: one
+    line naming each place checked (the engine's data root, where the images go, and the state folder, where
+    the wheelhouse and logs go) with its free GiB; ``refusal``: the EnvironmentError_ (exit 5) the build raises
+    when either has less than ``need_gib`` + DISK_MARGIN_GIB free, else None."""
     need = sum(n.est_disk_gib for n in plan.nodes if not cached.get(n.name))
     if need <= 0:
-        return 0.0
+        return 0.0, "disk: nothing to build, no space needed", None
     root, free = engine.root_dir_free_gib()
-    checks = [(root, free)]
-    state_dir.mkdir(parents=True, exist_ok=True)
-    checks.append((str(state_dir), shutil.disk_usage(state_dir).free / 2**30))
+    checks = [(root, free), (str(state_dir), _free_gib(state_dir))]
+    report = (f"disk: about {need:g} GiB needed (+{DISK_MARGIN_GIB:g} GiB margin); "
+              + "; ".join(f"{where} has {'unknown (not on this host)' if gib is None else f'{gib:.1f} GiB'} free"
+                          for where, gib in checks))
     for where, gib in checks:
         if gib is not None and gib < need + DISK_MARGIN_GIB:
-            raise EnvironmentError_(
-                f"Too little free disk: {where} has {gib:.1f} GiB free, but the {sum(not c for c in cached.values())} "
+            return need, report, EnvironmentError_(
+                f"Too little free disk: {where} has {gib:.1f} GiB free, but the {sum(not cached.get(n.name) for n in plan.nodes)} "
                 f"nodes to build need about {need:g} GiB (+{DISK_MARGIN_GIB:g} GiB margin). Free space "
                 "(`docker image prune`, `docker builder prune`) or move the Docker data root / --state-dir.")
-    say(f"disk: about {need:g} GiB needed; {root} has "
-        f"{'unknown' if free is None else f'{free:.1f} GiB'} free")
+    return need, report, None
+
+
+def _preflight_disk(engine: Engine, plan: BuildPlan, cached: dict[str, bool], state_dir: Path, say: Say) -> float:
+    """Refuse (EnvironmentError_, exit 5) a build the disk cannot hold (:func:`disk_refusal`), else say the
+    need and the free space; returns the need in GiB."""
+    need, report, refusal = disk_refusal(engine, plan, cached, state_dir)
+    if refusal is not None:
+        raise refusal
+    if need > 0:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        say(report)
     return need
 
 

@@ -123,6 +123,56 @@ def check_base_registry(plan, engine) -> None:
             "first (`docker load`, or a pull through a reachable mirror). Nothing was built.") from None
 
 
+def preflight(plan, state_dir) -> tuple[list, StackError | None]:
+    """The checks a real build makes before its first node, made without building (the dry run's rehearsal):
+    a Docker engine answers and a docker client can drive BuildKit (:meth:`cudastack.build.engine.Engine.connect`),
+    the disk where the images go (the engine's data root) and where the state goes (``state_dir``) holds the
+    nodes to build (:func:`cudastack.build.context.disk_refusal`), and a base image the engine lacks can come from
+    its registry (:func:`check_base_registry`). Returns ``(lines, refusal)``: one line per check as the user
+    reads it, and the first refusal, the very StackError the build raises (same message, same exit code), or
+    None."""
+    from pathlib import Path
+
+    from cudastack.build.context import cached_map, disk_refusal
+    from cudastack.build.engine import Engine
+    from cudastack.build.wheelhouse import Wheelhouse
+
+    try:
+        engine = Engine.connect()
+    except StackError as exc:
+        return [f"Docker engine and BuildKit: REFUSED (exit {exc.exit_code}): {exc}"], exc
+    lines = [f"Docker engine and BuildKit: ok ({engine.buildkit.describe()})"]
+    state = Path(state_dir).resolve()
+    cached = cached_map(engine, Wheelhouse(state / plan.wheelhouse), plan)
+    _, report, refusal = disk_refusal(engine, plan, cached, state)
+    lines.append(report + (f": REFUSED (exit {refusal.exit_code})" if refusal else ": enough"))
+    if refusal is not None:
+        return lines, refusal
+    base_todo = bool(plan.nodes) and not cached.get(plan.nodes[0].name)
+    if plan.base_kind == "pip" and plan.base_image and base_todo and not engine.exists(plan.base_image):
+        import os
+
+        from cudastack.core.errors import EnvironmentError_
+        from cudastack.osimage.bootstrap import _find_tool
+        try:       # what bootstrap_os_image refuses before its download: not root, no mmdebstrap
+            if os.geteuid() != 0:
+                raise EnvironmentError_(
+                    "Bootstrapping an OS image needs root: the bootstrap creates device nodes and chroots into the "
+                    "new root filesystem. Run this step as root (e.g. `sudo -E invoke ...`), or pull a Debian image "
+                    "from a registry and pass it as the OS image instead.")
+            _find_tool(None)
+        except StackError as exc:
+            return lines + [f"OS image {plan.base_image}: REFUSED (exit {exc.exit_code}): {exc}"], exc
+        lines.append(f"OS image {plan.base_image}: not on this engine; the build makes it first with mmdebstrap")
+    try:
+        check_base_registry(plan, engine)
+    except StackError as exc:
+        return lines + [f"base image {plan.base_image}: REFUSED (exit {exc.exit_code}): {exc}"], exc
+    if plan.base_kind != "pip" and plan.base_image:
+        lines.append(f"base image {plan.base_image}: on this engine, or its registry answers")
+    return lines, None
+
+
 def _open_cache(prefix: str, read_only: bool, optional: bool, client):
     """The node cache for ``prefix`` ("" -> None), its registry checked before any work
     (:meth:`cudastack.build.node_cache.NodeCache.open`); ``client`` None: a docker SDK client of the engine (dry run)."""
@@ -203,6 +253,14 @@ def build(*, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
                 names = [n.name for n in plan.nodes if sent(n, builder_nodes)]
                 print(f"Builder: {bx.name} ({bx.driver}, {bx.endpoint}) builds: {', '.join(names) or 'nothing'}")
             refuse_engine_pin_conflicts(plan, say=lambda m: print(f"WARNING: {m}", file=sys.stderr))
+            lines, refusal = preflight(plan, state_dir)
+            print("Before its first node the build checks:\n" + "\n".join(f"  {ln}" for ln in lines))
+            box["data"]["preflight"] = {"checks": lines, "refusal": str(refusal) if refusal else None,
+                                        "exit_code": refusal.exit_code if refusal else 0}
+            if refusal is not None:
+                print(f"The build would stop there, before any work, with exit {refusal.exit_code} and this message:",
+                      file=sys.stderr)
+                raise refusal
             return
         from cudastack.build.engine import Engine
 

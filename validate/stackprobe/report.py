@@ -107,6 +107,9 @@ class Report:
     # the serving engines that answered (stackprobe.engines), primary first: [{"name": "sglang" | "vllm", "title",
     # "version", "dispatch" (a non-primary engine's dispatch of a decode allreduce)}]; [] in older reports (SGLang)
     engines: list = field(default_factory=list)
+    # the box (stackprobe.host.read_host): PCIe tree, IOMMU, ACS, P2P per pair, the variables that change the path;
+    # {} in reports made before the host stage
+    host: dict = field(default_factory=dict)
 
     # --- engines ---------------------------------------------------------------------------------
     def primary_engine(self) -> str:
@@ -219,7 +222,7 @@ class Report:
 
     def _engine_json(self) -> dict:
         return {"server_config": self.server_config, "dispatch": self.dispatch, "paths": self.paths,
-                "launch_environment": self.launch_environment, "engines": self.engines}
+                "launch_environment": self.launch_environment, "engines": self.engines, "host": self.host}
 
     @classmethod
     def from_json(cls, d: dict, name: str = "report") -> "Report":
@@ -244,7 +247,7 @@ class Report:
                    provenance=d.get("provenance") or {"suite_digest": "unknown (report schema 1)"},
                    server_config=d.get("server_config") or {}, dispatch=d.get("dispatch") or {},
                    paths=d.get("paths") or [], launch_environment=d.get("launch_environment") or {},
-                   engines=d.get("engines") or [])
+                   engines=d.get("engines") or [], host=d.get("host") or {})
 
     @classmethod
     def load(cls, path: str | Path) -> "Report":
@@ -274,6 +277,8 @@ class Report:
                  f"provenance: {_provenance(self.provenance)}", ""]
         from .health_report import markdown as health_markdown
         lines += health_markdown(self.environment.get("health"))   # first: a broken install must not be missed
+        from .host import markdown as host_markdown
+        lines += host_markdown(self.host, int(self.options.get("world_size") or 8))   # the box, before any verdict
         from .userwords import headline_line, pins_line
         lines += [f"**What {self._title()} does here**: {headline_line(self)}.", ""]
         for e in self.engines[1:]:
@@ -328,8 +333,10 @@ class Report:
             here = "; ".join(f"{'SGLang' if runtime_scope(r) == 'engine' else 'library kernel'} {r.backend}: "
                              f"{r.status} ({host_label(r.host or {})})" for r in a["measured_here"] + a["runtime_target"]
                              if r is not v) or "-"
+            from .host import risk_phrase
+            cause = v.cause + (f" **Host**: {risk_phrase(v)}." if risk_phrase(v) else "")
             lines.append(mdtable.row((b, _status(v), _status(a["library"]), _status(a["engine"]), here,
-                                      v.gate or "-", v.cause, lift)))
+                                      v.gate or "-", cause, lift)))
         lines += dispatch_markdown(self.dispatch)
         for e in self.engines[1:]:
             lines += other_engine_markdown(self, e)
@@ -405,6 +412,10 @@ def _status(v: Verdict | None) -> str:
     if v is None:
         return "-"
     s = v.status + (f" ({v.gate})" if v.gate and v.status in ("blocked", "skipped") else "")
+    risk = (v.host_risk or {}).get("level")
+    if risk:   # what the box means for it (stackprobe.host.apply): never hidden behind an open status
+        s += {"risk": "; **host: fix first**", "transport": "; over SHM/NET, not P2P", "unassessed": "; host not fully read",
+              "unchecked": "; check the host on the target"}.get(risk, "")
     return s + (f" [{v.tier}]" if v.tier != "static" else "")
 
 

@@ -4,6 +4,7 @@ Entry point for other tiers and tools: :func:`run_static` returns a :class:`stac
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 import traceback
@@ -14,6 +15,7 @@ from . import driver as drivermod
 from . import env as envmod
 from . import gates
 from . import health_stage
+from . import host as hostmod
 from .archs import Arch, ArchSpecError, parse_arch
 from .probes import Context, probes
 from .report import Report
@@ -192,6 +194,9 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
                            cause=f"the {eng.title} engine reader crashed: {type(e).__name__}: {e}",
                            warnings=[" / ".join(tb[-3:])])])
     post_pass(report.verdicts, environment, target, topo, floor, too_new)
+    _log("host (P2P, IOMMU, ACS)", quiet)
+    report.host = read_host_section(environment, ctx)
+    hostmod.apply(report.verdicts, report.host, world_size)
     report.server_config = ctx.server_config.to_json()
     for eng in engines:
         dispatch = eng.sections(report, ctx) or {}
@@ -201,6 +206,26 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
             report.dispatch = dispatch
     report.options["seconds"] = round(time.time() - t0, 1)
     return report
+
+
+def read_host_section(environment: dict, ctx) -> dict:
+    """The report's host section (:func:`stackprobe.host.read_host`) with CUDA's peer answers from the environment
+    report and the variables of the server configuration asked about (every engine's ``--env``); a reader that
+    crashes is reported in the section, never raised. ``STACKPROBE_HOST_ROOT=DIR`` reads a saved host instead
+    (:func:`stackprobe.host.read_snapshot`): the target's files judged on another machine."""
+    config_env = dict(ctx.server_config.env)
+    for cfg in (ctx.engine_configs or {}).values():
+        config_env.update(getattr(cfg, "env", {}) or {})
+    try:
+        snap = os.environ.get("STACKPROBE_HOST_ROOT")
+        if snap:
+            return hostmod.read_snapshot(snap, config_env=config_env)
+        return hostmod.read_host(cuda_peers=environment.get("p2p") or None, config_env=config_env)
+    except Exception as e:  # noqa: BLE001 - the host reader's bug is a finding, not the end of the suite
+        return {"present": False, "gpus": [], "pairs": {}, "env": hostmod.peer_env(None, config_env),
+                "not_read": [f"host reader crashed: {type(e).__name__}: {e}"],
+                "line": f"not assessed: the host reader crashed ({type(e).__name__}: {e}); run "
+                        f"{hostmod.HOST_CHECK} on the target"}
 
 
 _ARCH_ENTRY = re.compile(r"^(sm|compute)_(\d+)(\d)([af]?)$")

@@ -107,6 +107,9 @@ class Verdict:
     torch and NCCL versions); a static verdict's host is the target it was judged for.
     ``engine``: for scope "engine", the serving engine that answers (``sglang``, ``vllm``:
     :data:`stackprobe.engines.ENGINES`); "" in reports made before the engine interface (read as SGLang).
+    ``host_risk``: what the box means for a path that maps peer memory, or for NCCL's transport
+    (:func:`stackprobe.host.apply`): ``{"level": "risk" | "unassessed" | "unchecked" | "transport", "what", "now",
+    "fix", ...}``; {} when the host says nothing about it (and in reports made before the host stage).
     """
 
     backend: str
@@ -122,6 +125,7 @@ class Verdict:
     scope: str = ""
     host: dict[str, Any] = field(default_factory=dict)
     engine: str = ""
+    host_risk: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.status not in STATUSES:

@@ -3,11 +3,12 @@ per-package verdict for a target compute capability.
 
 Two readers:
 
-* ``elf`` (default when pyelftools is importable): pyelftools locates the ``.nv_fatbin`` section; the
+* ``elf`` (default): the suite's own ELF reader (:mod:`stackprobe.elfread`, standard library only, so it runs
+  in any target environment) locates the ``.nv_fatbin`` section; the
   fatbin container and entry headers inside it are read with seeks, never the payloads, so a 1 GB
   ``flash_ops.abi3.so`` costs milliseconds. Compressed entries need no decompression: the headers are
   plain.
-* ``cuobjdump --list-elf --list-ptx`` (NVIDIA's tool) when pyelftools is missing, or on request.
+* ``cuobjdump --list-elf --list-ptx`` (NVIDIA's tool) on request.
   *Measured* with cuobjdump 13.5: it lists an ``sm_120f`` cubin as ``sm_120`` (the family suffix is
   lost), which is why the ELF reader is preferred when both exist.
 
@@ -67,7 +68,7 @@ CUDA_DISTS = ("torch", "flash-attn", "flash_attn_3", "sglang-kernel", "sgl-kerne
 
 
 class CoverageReaderError(RuntimeError):
-    """No reader is available (neither pyelftools nor cuobjdump)."""
+    """The reader asked for is unavailable (cuobjdump requested but not found)."""
 
 
 @dataclass(frozen=True)
@@ -134,49 +135,44 @@ _TKINFO_ARCH = re.compile(rb"-arch[ =]sm_(\d+)([af]?)\b")
 
 
 def cubin_arch(elf) -> Arch | None:
-    """The target of a raw CUDA ELF (``.cubin``, OS ABI 0x41). The SM number is in ``e_flags`` (bits 8..15
-    for ELF ABI version >= 8, bits 0..7 before). The ``a``/``f`` suffix is read from the
-    ``.note.nv.tkinfo`` note (ptxas's options, ``-arch sm_120a``): *measured* on nvcc 13.1, ``e_flags``
-    are identical for sm_120, sm_120a and sm_120f cubins, so the flags alone cannot keep the suffix."""
-    flags = elf.header["e_flags"]
-    abi = elf.header["e_ident"]["EI_ABIVERSION"]
+    """The target of a raw CUDA ELF (``.cubin``, OS ABI 0x41; ``elf`` a :class:`stackprobe.elfread.ELF`). The SM
+    number is in ``e_flags`` (bits 8..15 for ELF ABI version >= 8, bits 0..7 before). The ``a``/``f`` suffix is
+    read from the ``.note.nv.tkinfo`` note (ptxas's options, ``-arch sm_120a``): *measured* on nvcc 13.1,
+    ``e_flags`` are identical for sm_120, sm_120a and sm_120f cubins, so the flags alone cannot keep the suffix."""
+    flags = elf.header["flags"]
+    abi = elf.header["abiversion"]
     number = (flags >> 8) & 0xFF if abi >= 8 else flags & 0xFF
     if not number:
         return None
     suffix = ""
-    note = elf.get_section_by_name(".note.nv.tkinfo")
+    note = elf.section(".note.nv.tkinfo")
     if note is not None:
-        m = _TKINFO_ARCH.search(note.data())
+        m = _TKINFO_ARCH.search(elf.read(note.offset, note.size))
         if m and int(m.group(1)) == number:
             suffix = m.group(2).decode()
     return Arch(number // 10, number % 10, suffix)
 
 
 def read_elf(path: str) -> list[Image]:
-    """Fatbin images of one ELF file (shared object or object file) via pyelftools, each with its fatbin
-    container (``unit``) and, for PTX, its PTX ISA version. A raw CUDA ELF (``.cubin``) gives one SASS
-    image (:func:`cubin_arch`, suffix kept)."""
-    from elftools.elf.elffile import ELFFile
-    from elftools.common.exceptions import ELFError
+    """Fatbin images of one ELF file (shared object or object file) via the suite's own ELF reader
+    (:mod:`stackprobe.elfread`), each with its fatbin container (``unit``) and, for PTX, its PTX ISA version.
+    A raw CUDA ELF (``.cubin``) gives one SASS image (:func:`cubin_arch`, suffix kept)."""
+    from .elfread import ELF, SHT_NOBITS, ELFReadError
 
     images: list[Image] = []
-    with open(path, "rb") as f:
-        ident = f.read(16)
-        if ident[:4] != b"\x7fELF":
-            return images
-        f.seek(0)
-        try:
-            elf = ELFFile(f)
-        except ELFError:
-            return images
-        if ident[7] == 0x41:  # CUDA cubin
+    try:
+        elf = ELF(path)
+    except (ELFReadError, OSError):
+        return images
+    with elf, open(path, "rb") as f:
+        if elf.osabi == 0x41:  # CUDA cubin
             arch = cubin_arch(elf)
             return [Image("sass", arch, unit="cubin")] if arch else images
         for name in (".nv_fatbin", "__nv_relfatbin"):
-            sec = elf.get_section_by_name(name)
-            if sec is None or sec["sh_type"] == "SHT_NOBITS":
+            sec = elf.section(name)
+            if sec is None or sec.type == SHT_NOBITS:
                 continue
-            for kind, number, flags, container, (vmaj, vmin) in _iter_fatbin_entries(f, sec["sh_offset"], sec["sh_size"]):
+            for kind, number, flags, container, (vmaj, vmin) in _iter_fatbin_entries(f, sec.offset, sec.size):
                 if kind in (KIND_PTX, KIND_ELF) and number:
                     images.append(Image("ptx" if kind == KIND_PTX else "sass", _arch_from(number, flags),
                                         bool(flags & FLAG_COMPRESSED), f"{name}#{container}",
@@ -220,21 +216,14 @@ def read_cuobjdump(path: str, exe: str) -> list[Image]:
 def pick_reader(preference: str = "auto") -> tuple[str, str | None]:
     """("elf", None) or ("cuobjdump", exe). ``preference``: "auto", "elf" or "cuobjdump".
     Raises :class:`CoverageReaderError` when the asked reader (or, for auto, any) is unavailable."""
-    have_elf = True
-    try:
-        import elftools  # noqa: F401
-    except ImportError:
-        have_elf = False
-    exe = find_cuobjdump()
-    if preference == "elf" or (preference == "auto" and have_elf):
-        if not have_elf:
-            raise CoverageReaderError("pyelftools is not installed: `pip install pyelftools` or use --coverage-reader cuobjdump.")
+    if preference in ("elf", "auto"):   # the suite's own reader (stackprobe.elfread): always available
         return "elf", None
+    exe = find_cuobjdump()
     if exe:
         return "cuobjdump", exe
     raise CoverageReaderError(
-        "no fatbin reader: install pyelftools (`pip install pyelftools`) or put NVIDIA's cuobjdump on PATH "
-        "(CUDA toolkit, or `pip install nvidia-cuda-cuobjdump`).")
+        "no cuobjdump for --coverage-reader cuobjdump: put NVIDIA's cuobjdump on PATH (CUDA toolkit, or "
+        "`pip install nvidia-cuda-cuobjdump`), or use the default reader (elf).")
 
 
 def level_for(images: list[Image], target: Arch) -> str:

@@ -1,5 +1,6 @@
-"""Shared-object facts for the environment health stage (:mod:`stackprobe.health`), read with pyelftools
-(the ELF reader :mod:`stackprobe.coverage` already uses):
+"""Shared-object facts for the environment health stage (:mod:`stackprobe.health`), read with the suite's own
+ELF reader (:mod:`stackprobe.elfread`, standard library only: the check runs in any target environment; it
+used pyelftools before, which no engine stack installs, and was silently off without it, case C60):
 
 * :func:`needed`: an extension's ``DT_NEEDED`` entries (the libraries the dynamic loader must find);
 * :func:`cuda_majors`: the CUDA major each needed CUDA library names in its soname (``libcudart.so.12`` ->
@@ -21,6 +22,8 @@ import subprocess
 from functools import lru_cache
 from pathlib import Path
 
+from .elfread import ELF, STB_GLOBAL
+
 #: CUDA libraries whose soname carries the toolkit major (``libcudart.so.13``)
 #: (cuFFT, cuRAND, cuSPARSE and cuSOLVER are versioned on their own: CUDA 13.0 ships libcufft.so.12, so they
 #: say nothing about the toolkit major and are left out)
@@ -33,9 +36,8 @@ NAMESPACE_LIBRARY = (("c10::cuda::", "libc10_cuda.so"), ("c10::", "libc10.so"), 
                      ("at::", "libtorch_cpu.so"), ("torch::", "libtorch_cpu.so"), ("caffe2::", "libtorch_cpu.so"))
 
 
-def _elf(path: str):
-    from elftools.elf.elffile import ELFFile
-    return ELFFile(open(path, "rb"))
+def _elf(path: str) -> ELF:
+    return ELF(path)
 
 
 def is_elf(path: str | Path) -> bool:
@@ -49,15 +51,9 @@ def is_elf(path: str | Path) -> bool:
 @lru_cache(maxsize=4096)
 def needed(path: str) -> tuple[str, ...]:
     """The ``DT_NEEDED`` sonames of the shared object at ``path`` (() when it has no dynamic section).
-    Raises OSError / elftools' ELFError for an unreadable file."""
-    elf = _elf(path)
-    try:
-        dyn = elf.get_section_by_name(".dynamic")
-        if dyn is None:
-            return ()
-        return tuple(t.needed for t in dyn.iter_tags() if t.entry.d_tag == "DT_NEEDED")
-    finally:
-        elf.stream.close()
+    Raises OSError / :class:`stackprobe.elfread.ELFReadError` for an unreadable file."""
+    with _elf(path) as elf:
+        return elf.needed()
 
 
 def cuda_majors(sonames) -> dict[str, int]:
@@ -72,41 +68,25 @@ def cuda_majors(sonames) -> dict[str, int]:
 
 def undefined_symbols(path: str, prefixes: tuple = TORCH_PREFIXES) -> list[str]:
     """Global (not weak) undefined dynamic symbols of ``path`` whose mangled name starts with one of ``prefixes``."""
-    elf = _elf(path)
-    try:
-        sec = elf.get_section_by_name(".dynsym")
-        if sec is None:
-            return []
-        out = []
-        for s in sec.iter_symbols():
-            if s["st_shndx"] == "SHN_UNDEF" and s["st_info"]["bind"] == "STB_GLOBAL" and s.name.startswith(prefixes):
-                out.append(s.name)
-        return out
-    finally:
-        elf.stream.close()
+    with _elf(path) as elf:
+        return [s.name for s in elf.dynamic_symbols()
+                if not s.defined and s.bind == STB_GLOBAL and s.name.startswith(prefixes)]
 
 
 class _Exports:
-    """Defined dynamic symbols of one library, looked up through its GNU hash table (fast on libtorch_cpu.so's
-    hundreds of thousands of symbols), else a full read of ``.dynsym``."""
+    """Defined dynamic symbols of one library (one read of its ``.dynsym``; libtorch_cpu.so's few hundred
+    thousand names take well under a second)."""
 
     def __init__(self, path: str):
         self.path = path
-        self.elf = _elf(path)
-        self.hash = self.elf.get_section_by_name(".gnu.hash") or self.elf.get_section_by_name(".hash")
-        self.names = None
-        if self.hash is None or not hasattr(self.hash, "get_symbol"):
-            sec = self.elf.get_section_by_name(".dynsym")
-            self.names = {s.name for s in sec.iter_symbols() if s["st_shndx"] != "SHN_UNDEF"} if sec else set()
+        with _elf(path) as elf:
+            self.names = {s.name for s in elf.dynamic_symbols() if s.defined}
 
     def defines(self, name: str) -> bool:
-        if self.names is not None:
-            return name in self.names
-        s = self.hash.get_symbol(name)
-        return s is not None and s["st_shndx"] != "SHN_UNDEF"
+        return name in self.names
 
     def close(self):
-        self.elf.stream.close()
+        self.names = set()
 
 
 def missing_symbols(path: str, search: list[str | Path], prefixes: tuple = TORCH_PREFIXES) -> dict:
@@ -116,7 +96,7 @@ def missing_symbols(path: str, search: list[str | Path], prefixes: tuple = TORCH
     Returns {"checked": n symbols, "libraries": [resolved library paths], "unresolved_libraries": [sonames of
     ``path``'s needed libraries matching torch's names (libc10*, libtorch*) not found in ``search``: then nothing
     is judged and "undecided" says why],
-    "missing": [{"symbol", "demangled", "expected_in"}]}. Raises OSError / ELFError for an unreadable file."""
+    "missing": [{"symbol", "demangled", "expected_in"}]}. Raises OSError / ELFReadError for an unreadable file."""
     folders = [Path(p) for p in search if p and Path(p).is_dir()]
     libs, unresolved, seen = [], [], set()
 

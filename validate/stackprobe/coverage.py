@@ -437,13 +437,38 @@ def find_libnccl() -> dict | None:
     return None
 
 
+_NCCL_VERSION_STRING = re.compile(rb"NCCL version (\d+\.\d+\.\d+(?:\+cuda[\d.]+)?)")
+
+
+def file_nccl_version(path: str) -> str:
+    """The ``NCCL version X.Y.Z+cudaA.B`` string a libnccl file carries (the banner NCCL prints with
+    ``NCCL_DEBUG=INFO``), read without loading it; "" when absent or unreadable. Its version is what loads
+    whatever the wheel's metadata says (an edited or replaced file, case C55)."""
+    import mmap
+
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            i = m.find(b"NCCL version ")
+            while i >= 0:
+                hit = _NCCL_VERSION_STRING.match(m[i:i + 80])
+                if hit:
+                    return hit.group(1).decode()
+                i = m.find(b"NCCL version ", i + 1)
+    except (OSError, ValueError):
+        pass
+    return ""
+
+
 def scan_libnccl(target: Arch, reader: str = "auto") -> PackageCoverage | None:
     """Coverage of the libnccl :func:`find_libnccl` finds, as package ``libnccl`` (the baseline's own
     kernels: case C26), or None when there is none."""
     lib = find_libnccl()
     if lib is None:
         return None
-    cov = scan_files([(lib["rel"], lib["path"])], target, reader, package="libnccl",
-                     version=lib["version"] or "")
+    own = file_nccl_version(lib["path"])
+    version = own or lib["version"] or ""
+    if own and lib["version"] and own.split("+")[0] != lib["version"]:   # the row names what loads (C55)
+        version = f"{own} (the file; wheel metadata {lib['dist']} {lib['version']})"
+    cov = scan_files([(lib["rel"], lib["path"])], target, reader, package="libnccl", version=version)
     cov.source = lib["dist"] or lib["path"]
     return cov

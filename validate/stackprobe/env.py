@@ -37,6 +37,9 @@ BACKEND_DISTS = (
     "flashinfer-python", "flashinfer-jit-cache", "flashinfer-cubin", "mscclpp", "b12x",
     "nvidia-nccl-cu12", "nvidia-nccl-cu13", "deep-ep", "cuda-toolkit", "nvidia-cuda-nvcc",
     "nvidia-cuda-nvcc-cu12", "pyelftools",
+    # NVIDIA's Python driver/runtime bindings (FlashInfer's comm/mnnvl.py imports cuda.bindings.driver): their
+    # major carries its own driver floor (stackprobe.driver.BINDINGS_DRIVER_FLOOR, case C56)
+    "cuda-bindings", "cuda-python",
 )
 ENV_VARS = ("CUDA_HOME", "CUDA_PATH", "TORCH_CUDA_ARCH_LIST", "FLASHINFER_CUDA_ARCH_LIST", "NCCL_ALGO",
             "NCCL_PROTO", "NCCL_P2P_DISABLE", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "PATH")
@@ -337,6 +340,18 @@ def libnccl_version() -> dict:
     return {}
 
 
+def nccl_text(env: dict) -> str:
+    """The NCCL the report names: the library that loads (the health stage's ``nccl.loaded``, read from the file
+    ``import torch`` mapped, else torch's own answer), beside the wheel's metadata where the two differ
+    ("2.26.2 loaded (wheel metadata nvidia-nccl-cu13 2.30.7)", case C55); the wheel's alone when nothing loaded."""
+    n = env.get("nccl") or {}
+    loaded = n.get("loaded") or n.get("torch")
+    wheel = n.get("wheel")
+    if loaded and wheel and str(loaded).split("+")[0] != str(wheel).split("+")[0]:
+        return f"{loaded} loaded (wheel metadata {n.get('wheel_dist') or 'nvidia-nccl'} {wheel})"
+    return str(loaded or wheel or n.get("library") or "-")
+
+
 def collect(timeout: float = 180.0) -> dict:
     """The environment report (plain JSON data). torch is inspected in a child interpreter so a
     broken CUDA install cannot take the suite down."""
@@ -346,7 +361,8 @@ def collect(timeout: float = 180.0) -> dict:
     roots = toolkit_roots(torch.get("cuda_home"))
     driver = driver_info()
     packages = {d: v for d in BACKEND_DISTS if (v := dist_version(d))}
-    nccl = {"torch": torch.get("nccl"), "wheel": packages.get("nvidia-nccl-cu13") or packages.get("nvidia-nccl-cu12")}
+    wheel_dist = next((d for d in ("nvidia-nccl-cu13", "nvidia-nccl-cu12") if packages.get(d)), None)
+    nccl = {"torch": torch.get("nccl"), "wheel": packages.get(wheel_dist) if wheel_dist else None, "wheel_dist": wheel_dist}
     if not nccl["torch"]:
         lib = libnccl_version()
         nccl["library"] = lib.get("version")

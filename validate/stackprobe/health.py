@@ -146,6 +146,69 @@ def describe_break(b: dict) -> str:
     return f"{b['dist']} {b['version']} requires {b['requirement']}, {got}"
 
 
+_REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*\(?([^;()]*)\)?\s*(?:;(.*))?$")
+
+
+def declared_requirement(name: str, dists: dict) -> dict | None:
+    """The first installed distribution whose ``Requires-Dist`` names ``name`` (extras left out), read with a
+    plain parser (no ``packaging`` needed): {"dist", "version", "requirement", "pin" (the ``==`` version or
+    None)}; None when nothing requires it."""
+    for key, d in sorted(dists.items()):
+        for text in d.requires or []:
+            m = _REQ.match(text)
+            if not m or _norm(m.group(1)) != _norm(name) or "extra" in (m.group(3) or ""):
+                continue
+            spec = m.group(2).strip()
+            pin = re.fullmatch(r"===?\s*([\w.+!-]+)", spec)
+            return {"dist": d.metadata["Name"], "version": d.version, "requirement": f"{m.group(1)}{spec}",
+                    "pin": pin.group(1) if pin else None}
+    return None
+
+
+def file_owner(soname: str, dists: dict, prefer: tuple = ()) -> dict | None:
+    """The installed file a library name resolves to and the distribution whose RECORD lists it: a path in
+    ``prefer`` (what the process mapped) first, else the first distribution shipping a file of that name.
+    Returns {"soname", "path", "file" (relative to site-packages), "dist", "version" (its metadata),
+    "record" ("matches" | "differs" | "unhashed"): the file's sha256 against the RECORD's (a file replaced after
+    the install differs), "required_by" (:func:`declared_requirement`)}; None when no distribution has it."""
+    import base64
+    import hashlib
+
+    want = {os.path.realpath(p) for p in prefer if p}
+    cands = []
+    for key, d in dists.items():
+        for f in d.files or []:
+            if f.name == soname or (soname.endswith(".so") and f.name.startswith(soname + ".")):
+                loc = os.path.realpath(str(f.locate()))
+                if os.path.isfile(loc):
+                    cands.append((loc not in want, key, d, f, loc))
+    if not cands:
+        return None
+    _, key, d, f, loc = sorted(cands, key=lambda c: c[:2])[0]
+    record = "unhashed"
+    if f.hash is not None and f.hash.mode == "sha256":
+        h = hashlib.sha256()
+        with open(loc, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                h.update(chunk)
+        record = "matches" if base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode() == f.hash.value else "differs"
+    return {"soname": soname, "path": loc, "file": str(f), "dist": d.metadata["Name"], "version": d.version,
+            "record": record, "required_by": declared_requirement(d.metadata["Name"], dists)}
+
+
+def restore_lift(owner: dict, loaded: str = "") -> str:
+    """``pip install --force-reinstall 'dist==X'`` for a library file that is not what its wheel installed: X from
+    the requirement that pins it (torch's ``nvidia-nccl-cu13==2.30.7``), else the wheel's own metadata version."""
+    req = owner.get("required_by") or {}
+    ver = req.get("pin") or owner["version"]
+    why = (f"{req['dist']} {req['version']}'s requirement {req['requirement']}" if req
+           else "the version its metadata names")
+    state = {"differs": "differs from the wheel's RECORD (replaced after install)", "matches": "matches its RECORD",
+             "unhashed": "has no hash in the RECORD"}[owner["record"]]
+    return (f"pip install --force-reinstall '{owner['dist']}=={ver}' ({why}): {owner['file']}"
+            + (f" is {loaded}, " if loaded else " ") + f"{state}")
+
+
 # ------------------------------------------------------------------------------------------------ 2. imports
 def classify(result: dict) -> dict:
     """Add ``kind`` to one import result: "ok"; "undefined-symbol" (with ``symbol``, ``demangled``,

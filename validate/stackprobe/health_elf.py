@@ -132,12 +132,23 @@ def missing_symbols(path: str, search: list[str | Path], prefixes: tuple = TORCH
                         for s in miss]}
 
 
+#: C symbols by prefix -> the library that defines them (NCCL's API is ``nccl*``, its profiling twins ``pnccl*``:
+#: nccl.h; cuBLAS ``cublas*``/``cublasLt*``: cublas_api.h / cublasLt.h)
+C_PREFIX_LIBRARY = (("pnccl", "libnccl.so.2"), ("nccl", "libnccl.so.2"), ("cublasLt", "libcublasLt.so"),
+                    ("cublas", "libcublas.so"))
+
+
 def expected_library(demangled: str) -> str:
-    """The torch library that should define a demangled name, by its namespace (:data:`NAMESPACE_LIBRARY`); ""."""
+    """The library that should define a demangled name: torch's by its namespace (:data:`NAMESPACE_LIBRARY`), a C
+    API's by its prefix (:data:`C_PREFIX_LIBRARY`: ``ncclCommResume`` -> libnccl.so.2); ""."""
     head = demangled.split("(")[0]
     for ns, lib in NAMESPACE_LIBRARY:
         if head.startswith(ns) or f" {ns}" in head:
             return lib
+    if "::" not in head:
+        for prefix, lib in C_PREFIX_LIBRARY:
+            if head.startswith(prefix):
+                return lib
     return ""
 
 

@@ -18,11 +18,17 @@ def markdown(health: dict | None) -> list[str]:
     warns = [f for f in fs if f["level"] == "warning"]
     infos = [f for f in fs if f["level"] == "info"]
     lines = ["## Environment health", ""]
+    gaps = health.get("not_assessed") or []
     if errs:
         lines += [f"> **ERROR: this environment is not healthy ({len(errs)} error{'s' * (len(errs) != 1)})**: the "
                   "backends that need what is broken read blocked below, whatever their gates say.", ""]
+    elif gaps:
+        lines += [f"> **not assessed: {'; '.join(_gap(g) for g in gaps)}**: no errors in the checks that ran, which "
+                  "says nothing about these.", ""]
     else:
         lines += ["no errors: what the backends need is installed coherently and loads (or needs a GPU to tell).", ""]
+    if errs and gaps:
+        lines += [f"> **not assessed**: {'; '.join(_gap(g) for g in gaps)}", ""]
     nccl = health.get("nccl") or {}
     tool = health.get("toolchain") or {}
     lines.append(f"stack CUDA {health.get('stack_cuda') or '-'} (torch); nvcc for JIT builds: "
@@ -31,6 +37,7 @@ def markdown(health: dict | None) -> list[str]:
                  f"checks took {health.get('seconds', '-')} s  ")
     lines.append("")
     lines += [f"- **error** ({f['check']}): {f['message']}" for f in errs]
+    warns = [f for f in warns if not f["message"].startswith("not assessed: ")]   # shown above
     lines += [f"- warning ({f['check']}): {f['message']}" for f in warns[:12]]
     if len(warns) > 12:
         lines.append(f"- ... {len(warns) - 12} more warnings (the JSON report's environment.health.findings)")
@@ -44,6 +51,21 @@ def markdown(health: dict | None) -> list[str]:
     return lines
 
 
+def _gap(g: dict) -> str:
+    return f"{g['what']} ({g['why']})"
+
+
+def summary(health: dict | None) -> str:
+    """The health stage in a few words for the report's headline: "health: 2 errors", "health: no errors;
+    not assessed: declared requirements (why)", "" for a report without the stage."""
+    if not health:
+        return ""
+    n = sum(1 for f in health.get("findings", []) if f.get("level") == "error")
+    gaps = health.get("not_assessed") or []
+    head = f"health: {n} error{'s' * (n != 1)}" if n else "health: no errors"
+    return head + (f"; not assessed: {', '.join(g['what'] for g in gaps)}" if gaps else "")
+
+
 def comparison(reports: list, labels: list[str]) -> list[str]:
     """The health rows of a comparison, first: errors per report and the backends each blocks."""
     if not any((r.environment or {}).get("health") for r in reports):
@@ -52,7 +74,9 @@ def comparison(reports: list, labels: list[str]) -> list[str]:
     errs = []
     for r in reports:
         fs = [f for f in ((r.environment or {}).get("health") or {}).get("findings", []) if f["level"] == "error"]
-        errs.append("; ".join(f"**error** ({f['check']}): {f['message']}" for f in fs) or "no errors")
+        gaps = ((r.environment or {}).get("health") or {}).get("not_assessed") or []
+        errs.append("; ".join([f"**error** ({f['check']}): {f['message']}" for f in fs]
+                              + [f"**not assessed**: {_gap(g)}" for g in gaps]) or "no errors")
     lines.append(mdtable.row(["errors", *errs]))
     lines.append(mdtable.row(["blocked by the environment", *(
         ", ".join(((r.environment or {}).get("health") or {}).get("blocks", {})) or "-" for r in reports)]))

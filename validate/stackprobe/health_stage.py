@@ -4,6 +4,8 @@ that loads, 5: the JIT toolchain). Shapes are described in :mod:`stackprobe.heal
 """
 from __future__ import annotations
 
+import os
+import re
 import time
 
 from . import health as h
@@ -16,9 +18,11 @@ from .verdict import BLOCKED, GATE_BROKEN_INSTALL, GATE_NOT_INSTALLED, GATE_TOOL
 _BLOCKING_IMPORTS = ("undefined-symbol", "error", "crash", "timeout")
 
 
-def loaded_nccl(maps: dict, target, topology: str) -> dict:
+def loaded_nccl(maps: dict, target, topology: str, dists: dict | None = None) -> dict:
     """The libnccl the import child mapped after ``import torch`` and the known-bad entries that apply to its
-    version: {"library", "version", "version_string", "known_bad": [{"id", "symptom", "source", "fixed_in"}]}
+    version: {"library", "version", "version_string", "wheel": {"dist", "version", "record", "file"} (the
+    distribution whose RECORD lists that file and what its metadata says: a replaced file "differs", case C55;
+    None when no installed distribution owns it), "known_bad": [{"id", "symptom", "source", "fixed_in"}]}
     ({} when torch maps none: a CPU build, or NCCL linked in statically)."""
     libs = (maps or {}).get("nccl") or []
     if not libs:
@@ -26,10 +30,38 @@ def loaded_nccl(maps: dict, target, topology: str) -> dict:
     lib = libs[0]
     ver = lib.get("version") or (lib.get("version_string") or "").split("+")[0] or None
     hits = known_bad.matches("nccl", ver, target, topology) if ver else []
+    owner = h.file_owner("libnccl.so.2", dists, prefer=(lib.get("path"),)) if dists else None
+    if owner and owner["path"] != os.path.realpath(lib.get("path") or ""):
+        owner = None
     return {"library": lib.get("path"), "version": ver, "version_string": lib.get("version_string"),
             "others_mapped": [x.get("path") for x in libs[1:]],
+            "wheel": {k: owner[k] for k in ("dist", "version", "record", "file", "required_by")} if owner else None,
             "known_bad": [{"id": e.id, "symptom": e.symptom, "source": e.source, "fixed_in": e.fixed_in,
                            "backends": list(e.backends)} for e in hits]}
+
+
+_C_LIBRARIES = {lib for _, lib in elf.C_PREFIX_LIBRARY}
+
+
+def symbol_owners(imports: dict, dists: dict, maps: dict) -> None:
+    """For an import that failed on an undefined C symbol of another library (``ncclCommResume`` -> libnccl.so.2),
+    the file that library resolves to here (the one the child mapped first) and the distribution that owns it
+    (:func:`stackprobe.health.file_owner`), kept in the import result as ``owner`` (``mapped``: the mapped path
+    when no distribution owns it: LD_PRELOAD or LD_LIBRARY_PATH put it there)."""
+    mapped = [x.get("path") for x in (maps or {}).get("nccl") or []]
+    for r in imports.values():
+        if r.get("kind") != "undefined-symbol" or r.get("expected_in") not in _C_LIBRARIES:
+            continue
+        prefer = tuple(mapped) if r["expected_in"].startswith("libnccl") else ()
+        owner = h.file_owner(r["expected_in"], dists, prefer=prefer)
+        if owner is None:
+            continue
+        if prefer and owner["path"] != os.path.realpath(prefer[0]):
+            owner["mapped"] = prefer[0]
+        nccl = next((x for x in (maps or {}).get("nccl") or [] if os.path.realpath(x.get("path") or "") ==
+                     (owner.get("mapped") and os.path.realpath(owner["mapped"]) or owner["path"])), None)
+        owner["loaded"] = (f"NCCL {nccl.get('version_string') or nccl.get('version')}" if nccl else "")
+        r["owner"] = owner
 
 
 def toolchain(environment: dict) -> dict:
@@ -42,12 +74,27 @@ def toolchain(environment: dict) -> dict:
             "mismatch": mismatch}
 
 
-def _block(scope, gate, cause, lift, detail, evidence, source) -> dict:
+def _block(scope, gate, cause, lift, detail, evidence, source, dists=()) -> dict:
+    """One block; ``dists``: the installed distributions whose broken import it reports (a probe's "not installed:
+    <dist>" for one of them is overruled: installed and broken is not "not installed", case C55)."""
     return {"scope": scope, "gate": gate, "cause": cause, "lift": lift, "lift_detail": detail, "evidence": evidence,
-            "source": source}
+            "source": source, "dists": list(dists)}
+
+
+def _owner_lift(r: dict) -> str:
+    o = r.get("owner")
+    if not o:
+        return ""
+    if o.get("mapped"):
+        return (f"take {o['mapped']} ({o.get('loaded') or 'another build'}) off the load path (LD_PRELOAD / "
+                f"LD_LIBRARY_PATH: no installed distribution owns it), so that {o['file']} of {o['dist']} {o['version']} "
+                f"loads; it lacks {r.get('demangled')}")
+    return h.restore_lift(o, o.get("loaded", "")) + f"; the file that loads lacks {r.get('demangled')}"
 
 
 def _import_lift(r: dict, provides, breaks=()) -> str:
+    if _owner_lift(r):
+        return _owner_lift(r)
     for pattern, text in h._KNOWN_LIFTS:
         m = pattern.search(r.get("error", ""))
         if m:
@@ -91,7 +138,8 @@ def decide(backends, imports: dict, breaks: list, shared: list, static_syms: dic
                                   f"broken install: `import {mod}` fails here ({what})"
                                   + (f"; and {'; '.join(pins)}" if pins else ""),
                                   LIFT_PACKAGE, _import_lift(r, provides, breaks), {"import": r, "requirement_breaks": pins},
-                                  f"import {mod} in a child interpreter ({r.get('where') or 'at import'})"))
+                                  f"import {mod} in a child interpreter ({r.get('where') or 'at import'})",
+                                  dists=[d for d in provides if h._norm(d) in dists]))
             elif r["kind"] in ("needs-device", "missing-library"):
                 for dist in provides:
                     found = static_syms.get(h._norm(dist))
@@ -180,19 +228,60 @@ def run(environment: dict, target, topology: str, backends=None, timeout: float 
     except h.RequirementsUnreadable as e:
         breaks, unread = [], str(e)
     imports, maps = h.run_imports(dists, backends, min(timeout, 300.0))
+    symbol_owners(imports, dists, maps)
     cuda, cuda_where = h.stack_cuda(environment)
     major = int(cuda.split(".")[0]) if cuda else None
     shared = h.scan_shared_objects(dists, major)
     syms = static_symbols(dists, imports, backends)
-    nccl = loaded_nccl(maps, target, topology)
+    nccl = loaded_nccl(maps, target, topology, dists)
+    if nccl.get("version") and isinstance(environment, dict):   # the header and rows name what loads (C55)
+        environment.setdefault("nccl", {}).update(loaded=nccl["version"], loaded_path=nccl.get("library"))
     tool = toolchain(environment)
     blocks = decide(backends, imports, breaks, shared, syms, tool, dists)
     findings = _findings(breaks, imports, shared, syms, nccl, tool)
-    if unread:
-        findings.insert(0, {"check": "requirements", "level": "warning", "message": unread})
+    gaps = not_assessed(unread, shared, syms, nccl, cuda, imports)
+    for g in gaps:
+        findings.insert(0, {"check": g["check"], "level": "warning", "message": f"not assessed: {g['what']} ({g['why']})"})
     return {"seconds": round(time.time() - t0, 1), "stack_cuda": cuda, "stack_cuda_source": cuda_where,
             "requirements": breaks, "requirements_not_assessed": unread, "imports": list(imports.values()), "shared_objects": shared,
-            "static_symbols": syms, "nccl": nccl, "toolchain": tool, "findings": findings, "blocks": blocks}
+            "static_symbols": syms, "nccl": nccl, "toolchain": tool, "findings": findings, "blocks": blocks,
+            "not_assessed": gaps}
+
+
+def not_assessed(unread, shared: list, syms: dict, nccl: dict, cuda: str | None, imports: dict) -> list[dict]:
+    """The checks (or parts of them) that could not run here, each ``{"check", "what", "why"}``: shown as
+    "not assessed: what (why)" in the health section and the report's headline, never as "no errors" (C60).
+
+    * ``requirements``: no requirement parser (neither ``packaging`` nor pip's vendored copy imports);
+    * ``shared_objects``: files the ELF reader could not read; CUDA libraries linked by extensions while the
+      stack's CUDA version is unknown (no torch, or a CPU build: nothing to compare their major with); torch
+      symbols not judged (:func:`stackprobe.health_elf.missing_symbols`'s ``undecided``);
+    * ``nccl``: a CUDA torch whose import mapped no libnccl (NCCL linked in statically, or the import failed
+      before it): the loaded NCCL's version is not known."""
+    out = []
+    if unread:
+        out.append({"check": "requirements", "what": "declared requirements", "why": unread.split(": ", 1)[-1]})
+    bad = [s for s in shared if s.get("error")]
+    if bad:
+        out.append({"check": "shared_objects", "what": "shared-object dependencies of " + ", ".join(
+            sorted({f"{s['dist']} {s['file']}" for s in bad})[:4]) + (" ..." if len(bad) > 4 else ""),
+                    "why": bad[0]["error"]})
+    linked = [s for s in shared if s.get("cuda")]
+    if linked and not cuda:
+        out.append({"check": "shared_objects", "what": "CUDA major of " + ", ".join(
+            sorted({s["dist"] for s in linked})) + "'s extensions",
+                    "why": "the stack's CUDA version is unknown (no torch here, or a CPU build): nothing to compare "
+                           "the CUDA libraries they link with"})
+    for d in syms.values():
+        if d.get("undecided") or d.get("error"):
+            out.append({"check": "shared_objects", "what": f"torch symbols {d['dist']} {d.get('file', '')} needs",
+                        "why": d.get("undecided") or d.get("error")})
+    torch_imp = imports.get("torch")
+    if cuda and not nccl:
+        out.append({"check": "nccl", "what": "the libnccl torch loads",
+                    "why": ("`import torch` mapped no libnccl (NCCL linked in statically?)" if not torch_imp or
+                            torch_imp.get("kind") == "ok" else f"`import torch` failed before mapping one ({h.gist(torch_imp)})")})
+    return out
 
 
 def _findings(breaks, imports, shared, syms, nccl, tool) -> list[dict]:
@@ -221,6 +310,13 @@ def _findings(breaks, imports, shared, syms, nccl, tool) -> list[dict]:
             f.append({"check": "shared_objects", "level": "error", "message":
                       f"{d['dist']} {d['version']} {d['file']}: undefined symbol {s['demangled']} is exported by none of "
                       f"torch's libraries it links (expected in {s['expected_in'] or '?'}; decided statically)"})
+    w = nccl.get("wheel") or {}
+    if w and nccl.get("version") and w.get("version") and nccl["version"] != w["version"].split("+")[0]:
+        f.append({"check": "nccl", "level": "error", "message":
+                  f"the libnccl torch loads ({nccl['library']}) is NCCL {nccl.get('version_string') or nccl['version']}, "
+                  f"but the wheel it belongs to says {w['dist']} {w['version']} (the file "
+                  f"{'differs from' if w.get('record') == 'differs' else 'is listed in'} the wheel's RECORD): "
+                  f"what loads is not what was installed"})
     for e in nccl.get("known_bad", []):
         f.append({"check": "nccl", "level": "error", "message":
                   f"the libnccl torch loads ({nccl['library']}, {nccl.get('version_string') or nccl['version']}) is a "
@@ -240,12 +336,15 @@ def errors(health: dict | None) -> list[dict]:
 def apply(verdicts: list, health: dict | None) -> list:
     """Put the stage's blocks on ``verdicts`` (one probe's answers): the first block of the verdict's backend whose
     scope fits makes it ``blocked``; the answer the probe gave stays as evidence, as do later blocks. A verdict
-    whose package is not installed keeps that answer. A JIT-toolchain block spares a verdict whose evidence
+    whose package is not installed keeps that answer, unless this stage found that package installed and its
+    import broken (the probe's own import failed and read it as absent: then it is a broken install, C55). A JIT-toolchain block spares a verdict whose evidence
     says no JIT is needed (an ahead-of-time module). Returns ``verdicts``."""
     for v in verdicts:
         todo = [b for b in (health or {}).get("blocks", {}).get(v.backend, []) if not b["scope"] or b["scope"] == v.scope]
-        if v.gate == GATE_NOT_INSTALLED:
-            todo = []
+        if v.gate == GATE_NOT_INSTALLED:   # stays, unless the package it names is installed and its import broken
+            named = re.match(r"not installed: ([\w.-]+)", v.cause or "")
+            todo = [b for b in todo if named and b["gate"] == GATE_BROKEN_INSTALL
+                    and h._norm(named.group(1)) in {h._norm(d) for d in b.get("dists") or ()}]
         if any(e.what == "JIT needed" and str(e.value).startswith("no") for e in v.evidence):
             todo = [b for b in todo if b["gate"] != GATE_TOOLCHAIN]
         for i, b in enumerate(todo):

@@ -261,15 +261,18 @@ class Report:
 
     # --- Markdown --------------------------------------------------------------------------------
     def headline(self) -> str:
+        from .env import nccl_text
+        from .health_report import summary as health_summary
         env = self.environment
         t = env.get("torch", {})
         nv = env.get("nvcc", {})
         nvcc = (nv.get("cuda_home_nvcc") or nv.get("path") or (nv.get("pip") or [None])[0] or {}).get("release", "none")
         return (f"target {self.target_arch}; torch {t.get('version', '-')} (CUDA {t.get('cuda') or '-'}); nvcc {nvcc}; "
-                f"NCCL {env.get('nccl', {}).get('torch') or env.get('nccl', {}).get('wheel') or '-'}; "
+                f"NCCL {nccl_text(env)}; "
                 f"GPUs {len(env.get('gpus', []))}; {driver_line(env.get('driver'))}"
                 + (f" ({self.options.get('topology')}, {self.options.get('topology_source', '').split(' (')[0].split(':')[0]})"
-                   if self.options.get("topology") else ""))
+                   if self.options.get("topology") else "")
+                + (f"; {health_summary(env.get('health'))}" if env.get("health") else ""))
 
     def to_markdown(self) -> str:  # noqa: C901
         lines = [f"# stackprobe report{': ' + self.label if self.label else ''}", "",

@@ -1,0 +1,200 @@
+"""Cases C55-C60 (``CASES.md``) on real PyPI wheels, with edited copies or planted files where a case needs one.
+
+Each test's docstring names what the suite said before (the old behaviour it fails on). To see a test fail on an
+older suite, point ``STACKPROBE_SUITE_UNDER_TEST`` at that suite's ``validate`` folder: the suite is then run from
+there, the wheels and the assertions stay the same.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from validate_support import CACHE, evidence, pip_target, run_suite, suite_env, verdict
+
+pytestmark = pytest.mark.network
+
+SYMM, RING, CA = "torch-symm-mem", "nccl-ring", "sglang-custom-allreduce"
+NO_NVCC = {"CUDA_HOME": "/nonexistent-cuda"}
+UNDER_TEST = os.environ.get("STACKPROBE_SUITE_UNDER_TEST")
+
+
+def _env(paths: list[Path], extra: dict | None = None) -> dict:
+    """The environment for the suite's run: the suite under test first on PYTHONPATH (this tree's, or the one
+    ``STACKPROBE_SUITE_UNDER_TEST`` names), then ``paths``."""
+    extra = dict(NO_NVCC, **(extra or {}))
+    if UNDER_TEST:
+        extra["PYTHONPATH"] = os.pathsep.join([UNDER_TEST] + [str(p) for p in paths])
+    return extra
+
+
+def _run(python: Path, paths: list[Path], args: list[str], extra: dict | None = None) -> tuple[dict, str]:
+    """(JSON report, Markdown report) of one static run."""
+    rep = run_suite(python, paths, args, extra_env=_env(paths, extra))[0]
+    p = subprocess.run([str(python), "-m", "stackprobe", "--quiet", *args, "--markdown", "-"], capture_output=True,
+                       text=True, env=suite_env(paths, extra=_env(paths, extra)), timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return rep, p.stdout
+
+
+def health_section(md: str) -> str:
+    start = md.index("## Environment health")
+    return md[start:md.index("\n## ", start + 5)]
+
+
+@pytest.fixture(scope="module")
+def bare_python() -> Path:
+    """A virtual environment with nothing but the standard library: no pip, no packaging, no pyelftools, no
+    pynvml (``python -m venv --without-pip``)."""
+    d = CACHE / "venv-bare"
+    py = d / "bin" / "python"
+    if not py.exists():
+        subprocess.run(["python3", "-m", "venv", "--without-pip", str(d)], check=True, capture_output=True)
+    probe = subprocess.run([str(py), "-c", "import importlib.util as u; print([m for m in ('pip', 'packaging', "
+                            "'elftools', 'pynvml') if u.find_spec(m)])"], capture_output=True, text=True, check=True)
+    assert probe.stdout.strip() == "[]", probe.stdout
+    return py
+
+
+# ------------------------------------------------------------------------------------------------------ C60
+@pytest.fixture(scope="module")
+def c60(bare_python):
+    """torch 2.9.1 (CUDA 12.8; its CUDA wheels left out, so ``import torch`` fails and the stack's CUDA is read from
+    torch/version.py) beside sglang-kernel 0.4.6.post1, whose modules link libcudart.so.13, in the bare venv."""
+    return _run(bare_python, [pip_target("torch==2.9.1"), pip_target("sglang-kernel==0.4.6.post1")], ["--backend", CA])
+
+
+def test_c60_the_shared_object_check_runs_without_pyelftools_and_finds_the_other_major(c60):
+    """Before: health.shared_objects held {"error": "ModuleNotFoundError: No module named 'elftools'"} for every
+    file and the health section said "no errors"."""
+    rep, md = c60
+    health = rep["environment"]["health"]
+    assert health["stack_cuda"] == "12.8"
+    assert not [s for s in health["shared_objects"] if s.get("error")], health["shared_objects"][:2]
+    bad = [s for s in health["shared_objects"] if s.get("mismatch")]
+    assert bad and all("libcudart.so.13" in s["mismatch"] for s in bad), health["shared_objects"][:2]
+    assert any(f["check"] == "shared_objects" and f["level"] == "error" and "libcudart.so.13" in f["message"]
+               for f in health["findings"])
+    v = verdict(rep, CA, "library")
+    assert v["status"] == "blocked" and v["gate"] == "broken-install" and "libcudart.so.13" in v["cause"], v
+    section = health_section(md)
+    assert "no errors" not in section and "**ERROR: this environment is not healthy" in section
+
+
+def test_c60_a_check_that_cannot_run_is_not_assessed_in_the_health_section_and_headline(c60):
+    """Before: with neither packaging nor pip in the target the requirements check was one warning among the
+    findings, and the header said nothing; now the health section's first line and the report's headline say
+    which checks did not run and why."""
+    rep, md = c60
+    gaps = rep["environment"]["health"]["not_assessed"]
+    req = next(g for g in gaps if g["check"] == "requirements")
+    assert "No module named 'pip'" in req["why"] or "No module named 'packaging'" in req["why"], req
+    section = health_section(md)
+    assert "> **not assessed: declared requirements (" in section, section[:800]
+    head = md.splitlines()[2]
+    assert "health: " in head and "not assessed: declared requirements" in head, head
+
+
+def test_c60_no_torch_at_all_the_cuda_major_is_not_assessed_never_no_errors(bare_python):
+    """The twin without torch: nothing to compare sglang-kernel's CUDA 13 libraries with. Before: "no errors"."""
+    rep, md = _run(bare_python, [pip_target("sglang-kernel==0.4.6.post1")], ["--backend", CA])
+    gaps = rep["environment"]["health"]["not_assessed"]
+    assert any(g["check"] == "shared_objects" and "sglang-kernel" in g["what"] and "CUDA version is unknown" in g["why"]
+               for g in gaps), gaps
+    section = health_section(md)
+    assert "no errors:" not in section and "> **not assessed: " in section, section[:600]
+    assert "not assessed: " in md.splitlines()[2]
+
+
+# ------------------------------------------------------------------------------------------------------ C55
+def _link_tree(src: Path, dest: Path, keep: dict[str, Path]) -> None:
+    """``dest`` mirrors ``src`` with symlinks, folder by folder only where ``keep`` (relative path -> the file to copy
+    in its place) reaches into it: the rest is one symlink per entry."""
+    dest.mkdir(parents=True, exist_ok=True)
+    inner = {}
+    for rel, f in keep.items():
+        head, _, tail = rel.partition("/")
+        inner.setdefault(head, {})[tail] = f
+    for entry in sorted(src.iterdir()):
+        if entry.name in (".ready", "__pycache__"):
+            continue
+        q = dest / entry.name
+        if entry.name not in inner:
+            q.symlink_to(entry)
+        elif "" in inner[entry.name]:
+            shutil.copy2(inner[entry.name][""], q)
+        else:
+            _link_tree(entry, q, inner[entry.name])
+
+
+def nccl_swapped(torch_site: Path) -> Path:
+    """torch 2.14.1's install (with its CUDA 13 wheels) where ``nvidia/nccl/lib/libnccl.so.2`` of nvidia-nccl-cu13
+    is replaced by nvidia-nccl-cu12 2.26.2's file (pytorch/pytorch#186591's state); everything else symlinked."""
+    root = CACHE / "health-c55" / "site"
+    if (root.parent / ".ready").is_file():
+        return root
+    shutil.rmtree(root.parent, ignore_errors=True)
+    cu12 = pip_target("nvidia-nccl-cu12==2.26.2") / "nvidia" / "nccl" / "lib" / "libnccl.so.2"
+    assert (torch_site / "nvidia" / "nccl" / "lib" / "libnccl.so.2").is_file(), "torch 2.14.1's NCCL moved"
+    _link_tree(torch_site, root, {"nvidia/nccl/lib/libnccl.so.2": cu12})
+    (root.parent / ".ready").write_text("ok")
+    return root
+
+
+@pytest.fixture(scope="module")
+def c55():
+    from validate_support import suite_venv
+    site = nccl_swapped(pip_target("torch==2.14.1", deps=True))
+    return _run(suite_venv(), [site], ["--backend", SYMM, "--backend", RING])
+
+
+def test_c55_an_installed_but_broken_torch_is_a_broken_install_on_every_path(c55):
+    """Before: torch symmetric memory read "not installed: torch" although torch is installed (its import fails)."""
+    rep, _ = c55
+    for v in [v for v in rep["verdicts"] if v["backend"] in (SYMM, RING)]:
+        assert "not installed: torch" not in v["cause"], (v["backend"], v["scope"], v["cause"])
+    for b in (SYMM, RING):
+        v = verdict(rep, b, "library")
+        assert v["status"] == "blocked" and v["gate"] == "broken-install", (b, v["cause"])
+        assert "ncclCommResume" in v["cause"]
+
+
+def test_c55_the_lift_names_the_package_to_restore_from_torchs_own_requirement(c55):
+    """Before: the lift said "reinstall torch so that `import torch` succeeds"; the broken file is NCCL's."""
+    rep, _ = c55
+    imp = next(r for r in rep["environment"]["health"]["imports"] if r["module"] == "torch")
+    assert imp["kind"] == "undefined-symbol" and imp["symbol"] == "ncclCommResume", imp
+    assert imp["owner"]["dist"] == "nvidia-nccl-cu13" and imp["owner"]["record"] == "differs", imp["owner"]
+    for b in (SYMM, RING):
+        lift = verdict(rep, b, "library")["lift_detail"]
+        assert "pip install --force-reinstall 'nvidia-nccl-cu13==2.30.7'" in lift, lift
+        assert "torch 2.14.1's requirement" in lift and "NCCL 2.26.2" in lift, lift
+
+
+def test_c55_header_coverage_row_and_evidence_show_the_nccl_that_loads(c55):
+    """Before: the header and the libnccl coverage row printed the wheel's 2.30.7, the NCCL that cannot load."""
+    rep, md = c55
+    nccl = rep["environment"]["health"]["nccl"]
+    assert nccl["version"] == "2.26.2" and nccl["wheel"]["dist"] == "nvidia-nccl-cu13"
+    assert nccl["wheel"]["version"] == "2.30.7" and nccl["wheel"]["record"] == "differs"
+    head = md.splitlines()[2]
+    assert "NCCL 2.26.2 loaded (wheel metadata nvidia-nccl-cu13 2.30.7)" in head, head
+    row = next(line for line in md.splitlines() if line.startswith("| libnccl |"))
+    assert "2.26.2+cuda12.2 (the file; wheel metadata nvidia-nccl-cu13 2.30.7)" in row, row
+    assert any(f["check"] == "nccl" and f["level"] == "error" and "2.26.2" in f["message"] and "2.30.7" in f["message"]
+               for f in rep["environment"]["health"]["findings"])
+    ev = evidence(verdict(rep, RING, "library"), "environment health")["value"]
+    assert "2.26.2" in str(ev)
+
+
+def test_c55_control_torchs_own_nccl_keeps_its_answer(c55):
+    """The twin: the same torch with its own NCCL imports; nothing is blocked as a broken install."""
+    from validate_support import suite_venv
+    rep, md = _run(suite_venv(), [pip_target("torch==2.14.1", deps=True)], ["--backend", SYMM, "--backend", RING])
+    assert all(v["gate"] != "broken-install" for v in rep["verdicts"])
+    assert rep["environment"]["health"]["nccl"]["wheel"]["record"] == "matches"
+    assert "wheel metadata" not in md.splitlines()[2]
+

@@ -44,7 +44,7 @@ def test_iommu_mode_from_a_fake_sysfs_tree_and_the_kernel_command_line(tmp_path,
 
 def test_acs_redirect_is_found_in_lspci_text_and_absent_when_off():
     on = p2p.acs_state(LSPCI.format(r="+", c="+"))
-    assert on["bridges_with_acs"] == 1 and on["redirecting"][0]["device"] == "00:01.0"
+    assert on["bridges_with_acs"] == 1 and on["redirecting"][0]["device"] == "0000:00:01.0"   # lspci without -D: the domain added
     off = p2p.acs_state(LSPCI.format(r="-", c="-"))
     assert off["bridges_with_acs"] == 1 and off["redirecting"] == []
 
@@ -65,6 +65,10 @@ def test_the_skip_rule(tmp_path):
     assert "IOMMU in translated mode" in p2p.skip_reason(_report(tmp_path / "d", types=("DMA",)), [0, 1])
     assert "ACS redirect" in p2p.skip_reason(_report(tmp_path / "e", acs="+"), [0, 1])
     assert "NCCL_P2P_DISABLE=1" in p2p.skip_reason(_report(tmp_path / "f", on, env={"NCCL_P2P_DISABLE": "1"}), [0, 1])
+    # CUDA saying peer access is possible never cancels a risk the host shows (NVIDIA/nccl#1999)
+    why = p2p.skip_reason(_report(tmp_path / "g", on, types=("DMA-FQ",)), [0, 1])
+    assert why and "IOMMU in translated mode" in why and "reported possible, which does not cancel it" in why
+    assert "ACS redirect" in p2p.skip_reason(_report(tmp_path / "h", on, acs="+"), [0, 1])
 
 
 def test_a_host_with_no_gpu_still_reports_iommu_and_acs(tmp_path):
@@ -90,3 +94,115 @@ def test_a_p2p_off_topology_skips_pcie_ipc_and_custom_allreduce_with_the_reason(
         assert (vs[name].status, vs[name].gate) == ("skipped", "topology"), vs[name].cause
         assert vs[name].cause.startswith("skipped: no P2P between GPU 0 and 1")
     assert vs["sglang-pynccl"].status == "baseline"
+
+
+# --- the P2P check (stackprobe.runtime.p2pcheck): real children, timeouts and kills on the cpu backend ----------------
+def _alive(pid):
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _fault_env(spec):
+    import os
+    env = dict(os.environ)
+    env.pop("STACKPROBE_P2P_FAULT", None)
+    if spec:
+        env["STACKPROBE_P2P_FAULT"] = spec
+    return env
+
+
+def test_c54_a_planted_hang_and_wrong_data_are_found_within_the_timeout_and_no_child_survives():
+    """C54 on the cpu backend: the same child, timeout, kill and data check as on GPUs. Pair 0-1's copy stalls
+    (and its child starts a helper first), pair 1-2's kernel step returns one wrong element; pair 0-2 reads ok."""
+    import time
+
+    from stackprobe.runtime import p2pcheck
+    timeout = 4.0
+    t0 = time.monotonic()
+    rep = p2pcheck.run_check([0, 1, 2], device="cpu", nbytes=4096, timeout=timeout, repeats=2,
+                             env=_fault_env("hang:0-1,corrupt:1-2:kernel"))
+    by = {p["pair"]: p for p in rep["pairs"]}
+    assert {k: p["status"] for k, p in by.items()} == {"0-1": "hang", "0-2": "ok", "1-2": "wrong-data"}
+    hang = by["0-1"]["steps"]["copy"]
+    assert hang["seconds"] < timeout + 3                      # found within the timeout (plus the kill's grace)
+    assert len(hang["pids"]) == 2                              # the child and the helper it started before stalling
+    assert not any(_alive(p) for p in hang["pids"]) and hang["leftover_pids"] == []
+    assert by["0-1"]["steps"]["kernel"]["status"] == "not run"  # nothing more is sent over a pair that hung
+    assert f"no answer within {timeout:g} s" in by["0-1"]["reason"]
+    assert "int32 differ, first at 512" in by["1-2"]["reason"] and by["1-2"]["steps"]["copy"]["status"] == "ok"
+    assert by["0-2"]["transfer_us"] > 0 and by["0-2"]["reason"] == ""
+    assert rep["leftover_pids"] == [] and rep["summary"]["hang"] == 1
+    assert time.monotonic() - t0 < 3 * timeout + 20
+    md = p2pcheck.markdown(rep)
+    assert "| 0-1 | hang |" in md and "| 1-2 | wrong-data |" in md and "| 0-2 | ok |" in md
+
+
+def test_the_same_pairs_read_ok_without_planted_faults_and_a_crash_is_an_error():
+    from stackprobe.runtime import p2pcheck
+    rep = p2pcheck.run_check([0, 1, 2], device="cpu", nbytes=4096, timeout=20, repeats=2, env=_fault_env(""))
+    assert [p["status"] for p in rep["pairs"]] == ["ok", "ok", "ok"]
+    assert all(p["steps"]["kernel"]["status"] == "ok" and len(p["steps"]["kernel"]["directions"]) == 4
+               for p in rep["pairs"])
+    bad = p2pcheck.run_check([0, 1], device="cpu", nbytes=4096, timeout=20, repeats=2, env=_fault_env("crash:0-1"))
+    assert bad["pairs"][0]["status"] == "error" and "exited 3 without a result" in bad["pairs"][0]["reason"]
+
+
+def test_one_device_has_nothing_to_pair_and_starts_no_child():
+    from stackprobe.runtime import p2pcheck
+    rep = p2pcheck.run_check([0], device="cpu")
+    assert rep["pairs"] == [] and rep["note"].startswith("nothing to pair: 1 device visible")
+    rep = p2pcheck.run_check([], device="cuda")
+    assert rep["note"].startswith("nothing to pair: 0 GPUs visible")
+
+
+def test_the_gate_passes_only_pairs_that_passed():
+    from stackprobe.runtime import p2pcheck
+    rep = {"pairs": [{"pair": "0-1", "status": "ok", "reason": ""},
+                     {"pair": "1-2", "status": "wrong-data", "reason": "copy: 1 of 1024 int32 differ"}]}
+    assert p2pcheck.gate_reason(rep, [0, 1]) is None
+    why = p2pcheck.gate_reason(rep, [0, 1, 2])
+    assert why.startswith("not started: the P2P check did not pass on GPU 0-2 not checked; GPU 1-2 wrong-data")
+    assert p2pcheck.gate_reason(None, [0, 1]).startswith("not started: the P2P check did not run")
+    assert {"sglang-custom-allreduce", "flashinfer-pcie-ipc-allreduce"} <= p2pcheck.peer_memory_paths()
+
+
+def test_c54_the_suite_starts_a_peer_memory_path_only_where_its_pairs_passed():
+    """One suite run at world sizes 2 and 3 after a real P2P check with pair 1-2 planted wrong: the peer-memory row
+    runs on GPUs 0-1 (its pair passed) and is not started at world size 3, the report saying why."""
+    pytest.importorskip("torch")
+    from stackprobe.runtime import p2pcheck
+    from stackprobe.runtime.bench import BenchConfig
+    from stackprobe.runtime.report import markdown
+    from stackprobe.runtime.suite import run_suite
+
+    check = p2pcheck.run_check([0, 1, 2], device="cpu", nbytes=4096, timeout=20, repeats=2,
+                               env=_fault_env("corrupt:1-2"))
+    assert [p["status"] for p in check["pairs"]] == ["ok", "ok", "wrong-data"]
+    cfg = BenchConfig(sizes=[4096], dtype="float32", warmup=1, rounds=2, sweep_rounds=1, graph_calls=4,
+                      graph_replays=1)
+    rep = run_suite(["torch-gloo", "p2p_fixture_probes:PeerPathProbe"], [2, 3], cfg, device="cpu", timeout=180,
+                    p2p_check=check, peer_paths={"fixture-peer-path"}, progress=lambda m: None)
+    rows = {r["world_size"]: {x["backend"]: x for x in r["rows"]} for r in rep["runs"]}
+    assert rows[2]["fixture-peer-path"]["outcome"] == "ok"
+    skipped = rows[3]["fixture-peer-path"]
+    assert skipped["outcome"] == "skipped"
+    assert skipped["skip_reason"].startswith("not started: the P2P check did not pass on GPU 1-2 wrong-data")
+    assert rows[3]["torch-gloo"]["outcome"] == "ok"            # the baseline is not a peer-memory path
+    assert rep["p2p_check"] is check
+    assert "not started: the P2P check did not pass on GPU 1-2 wrong-data" in markdown(rep)
+
+
+def test_the_p2p_subcommand_exit_codes():
+    import subprocess
+    import sys
+    base = [sys.executable, "-m", "stackprobe.runtime", "p2p", "--device", "cpu", "--bytes", "4K", "--timeout", "20"]
+    ok = subprocess.run(base, capture_output=True, text=True, timeout=120, env=_fault_env(""))
+    assert ok.returncode == 0 and "| 0-1 | ok |" in ok.stdout, ok.stderr
+    bad = subprocess.run(base, capture_output=True, text=True, timeout=120, env=_fault_env("corrupt:0-1"))
+    assert bad.returncode == 1 and "| 0-1 | wrong-data |" in bad.stdout
+    one = subprocess.run(base + ["--devices", "0"], capture_output=True, text=True, timeout=120, env=_fault_env(""))
+    assert one.returncode == 0 and "nothing to pair" in one.stdout
+    usage = subprocess.run(base[:-2] + ["--timeout", "0"], capture_output=True, text=True, timeout=120)
+    assert usage.returncode == 2 and "timeout" in usage.stderr

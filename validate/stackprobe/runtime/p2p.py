@@ -16,86 +16,22 @@ peer path:
 * ``env``: ``NCCL_P2P_DISABLE`` / ``NCCL_P2P_LEVEL``.
 
 The IOMMU/ACS part reads files only, so it reports on a host with no GPU. :func:`skip_reason` turns a report
-into the decision for one path: ``None`` (start it) or ``"skipped: no P2P between GPU i and j ..."`` with what
-to check. The rule: P2P off for any pair of the group, or P2P unknown while the host shows a risk (IOMMU
-translated, ACS redirect, NCCL_P2P_DISABLE=1), skips.
+into the decision for one path: ``None`` (start it) or ``"skipped: ..."`` with what to check. The rule: P2P off
+for any pair of the group skips; so does any risk the host shows (IOMMU translated, ACS redirect,
+NCCL_P2P_DISABLE=1), whatever CUDA's peer-access answer says: on the hosts that hang, CUDA answers "possible"
+(NVIDIA/nccl#1999; :mod:`stackprobe.host`).
 """
 from __future__ import annotations
 
 import os
-import re
-import shutil
-import subprocess
 from pathlib import Path
+
+from ..host import acs_state, iommu_state  # noqa: F401 - the readers live in the host stage; re-exported for callers
 
 NEEDS_P2P = ("sglang-custom-allreduce", "sglang-pcie-ipc")
 WHAT_TO_CHECK = ("check: nvidia-smi topo -p2p r (OK for every pair), the IOMMU mode (iommu=pt or off on the kernel "
                  "command line; /sys/kernel/iommu_groups/*/type 'identity'), ACS on the PCIe switches "
                  "(lspci -vvv: ACSCtl ReqRedir- CmpltRedir-), and NCCL_P2P_DISABLE unset")
-
-
-def iommu_state(sys_root: str | Path = "/sys", cmdline: str | None = None) -> dict:
-    """``{"mode": "off" | "passthrough" | "translated" | "unknown", "units": [...], "group_types": {type: n},
-    "cmdline": [iommu args]}`` from ``sys_root`` and the kernel command line (``/proc/cmdline`` when
-    ``cmdline`` is None)."""
-    root = Path(sys_root)
-    if cmdline is None:
-        try:
-            cmdline = Path("/proc/cmdline").read_text()
-        except OSError:
-            cmdline = ""
-    args = [a for a in cmdline.split() if "iommu" in a]
-    units = sorted(p.name for p in (root / "class" / "iommu").glob("*")) if (root / "class" / "iommu").is_dir() else []
-    types: dict[str, int] = {}
-    groups = root / "kernel" / "iommu_groups"
-    for g in sorted(groups.glob("*")) if groups.is_dir() else []:
-        try:
-            t = (g / "type").read_text().strip()
-        except OSError:
-            t = "unreadable"
-        types[t] = types.get(t, 0) + 1
-    off = any(a in ("intel_iommu=off", "amd_iommu=off", "iommu=off") for a in args)
-    pt = any(a in ("iommu=pt", "iommu.passthrough=1") for a in args)
-    if types:
-        mode = "translated" if any(t.startswith("DMA") for t in types) else (
-            "passthrough" if set(types) <= {"identity"} else "unknown")
-    elif off or (not units and groups.is_dir()):
-        mode = "off"
-    elif pt:
-        mode = "passthrough"
-    else:
-        mode = "unknown"
-    return {"mode": mode, "units": units, "group_types": types, "cmdline": args}
-
-
-ACS_CTL = re.compile(r"ACSCtl:(.*)")
-DEVICE_LINE = re.compile(r"^([0-9a-f]{2,4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]|[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]) (.*)")
-
-
-def acs_state(lspci_text: str | None = None) -> dict:
-    """``{"source", "redirecting": [{"device", "name", "ctl"}], "bridges_with_acs": n}`` from ``lspci -vvv``
-    output (run here when ``lspci_text`` is None and lspci is installed; ``source`` "unavailable" else)."""
-    if lspci_text is None:
-        exe = shutil.which("lspci")
-        if not exe:
-            return {"source": "unavailable: no lspci", "redirecting": [], "bridges_with_acs": None}
-        try:
-            lspci_text = subprocess.run([exe, "-vvv"], capture_output=True, text=True, timeout=30).stdout
-        except (OSError, subprocess.SubprocessError) as exc:
-            return {"source": f"unavailable: {exc}", "redirecting": [], "bridges_with_acs": None}
-    dev, name, n, red = None, "", 0, []
-    for line in lspci_text.splitlines():
-        m = DEVICE_LINE.match(line)
-        if m:
-            dev, name = m.group(1), m.group(2)
-            continue
-        c = ACS_CTL.search(line)
-        if c and dev:
-            n += 1
-            ctl = c.group(1).strip()
-            if "ReqRedir+" in ctl or "CmpltRedir+" in ctl:
-                red.append({"device": dev, "name": name[:80], "ctl": ctl})
-    return {"source": "lspci -vvv", "redirecting": red, "bridges_with_acs": n}
 
 
 def peer_matrix(count: int | None = None) -> dict:
@@ -180,7 +116,7 @@ def pair_status(report: dict, i: int, j: int) -> bool | None:
 
 def skip_reason(report: dict, devices: list[int]) -> str | None:
     """None when a peer-memory path may start on ``devices`` (GPU indices of the group), else the reason:
-    P2P off for a pair, or unknown while :func:`risks` finds something, or NCCL_P2P_DISABLE set."""
+    P2P off for a pair, or any risk :func:`risks` finds (whatever CUDA says of peer access), or NCCL_P2P_DISABLE set."""
     r = risks(report)
     for a in range(len(devices)):
         for b in range(a + 1, len(devices)):
@@ -188,9 +124,10 @@ def skip_reason(report: dict, devices: list[int]) -> str | None:
             st = pair_status(report, i, j)
             if st is False:
                 return f"skipped: no P2P between GPU {i} and {j} (peer access reported off); {WHAT_TO_CHECK}"
-            if st is None and r:
-                return (f"skipped: no P2P between GPU {i} and {j} known (peer access not reported) and this host "
-                        f"shows {'; '.join(r)}; {WHAT_TO_CHECK}")
+            if r:   # a risk is never cancelled by CUDA or NVML saying peer access is possible
+                known = {True: "reported possible", None: "not reported"}[st]
+                return (f"skipped: this host shows {'; '.join(r)} (a P2P risk between GPU {i} and {j}; peer access "
+                        f"{known}, which does not cancel it); {WHAT_TO_CHECK}")
     if report["env"].get("NCCL_P2P_DISABLE") not in (None, "", "0"):
         return f"skipped: NCCL_P2P_DISABLE={report['env']['NCCL_P2P_DISABLE']} says P2P is off here; {WHAT_TO_CHECK}"
     return None

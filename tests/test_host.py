@@ -225,3 +225,17 @@ def test_sglang_does_not_check_p2p_by_default_read_from_its_source(wheels):
     assert chk["checks"] is False and chk["turn_on"] == "--enable-p2p-check", chk
     rel, line = chk["where"][0].split(":")
     assert "monkey_patch_p2p_access_check()" in (wheels["sglang"] / rel).read_text().splitlines()[int(line) - 1]
+
+
+def test_the_host_command_exits_3_on_a_risk_and_0_on_its_twin(tmp_path, capsys):
+    assert H.main(["--snapshot", str(make_host(tmp_path / "acs", acs=True)), "--world-size", "2",
+                   "--out", str(tmp_path / "o")]) == 3
+    assert "ACS redirects peer requests" in capsys.readouterr().out
+    assert json.loads((tmp_path / "o" / "host.json").read_text())["pairs"]["0-1"]["acs_redirect"]
+    assert H.main(["--snapshot", str(make_host(tmp_path / "ok")), "--world-size", "2"]) == 0
+    assert H.main(["--snapshot", str(make_host(tmp_path / "user", config_size=256)), "--world-size", "2"]) == 4
+    (tmp_path / "nogpu" / "sys").mkdir(parents=True)
+    assert H.main(["--snapshot", str(tmp_path / "nogpu")]) == 4      # nothing read is never "no risk"
+    with pytest.raises(SystemExit) as e:
+        H.main(["--snapshot", str(tmp_path / "nowhere")])
+    assert e.value.code == 2

@@ -623,3 +623,43 @@ def markdown(host: dict | None, world_size: int) -> list[str]:
                              {True: "yes", False: "no", None: "-"}[p["cuda_peer"]], p["nvml_p2p"] or "-")
                             for k, p in host["pairs"].items()))
     return lines + [""]
+
+
+def main(argv=None) -> int:
+    """``python -m stackprobe.host [--world-size N] [--env NAME=VALUE ...] [--snapshot DIR] [--out DIR]``: read this
+    host (or a saved one), print its section and the risks for a group of N GPUs; write host.json and host.md under
+    ``--out``. Exit 0 when the host was read and shows no risk, 3 when it shows one (the section says which and what
+    to change), 4 when it could not be judged (no GPU here, or ACS on a bridge between the group's GPUs unreadable
+    without root): never 0 for a host not read. 2 for bad arguments. Reads only: it changes nothing on the host."""
+    import argparse
+    import json
+
+    from .atomic import write_atomic
+    a = argparse.ArgumentParser(prog="python -m stackprobe.host", description=main.__doc__.split(":", 1)[1])
+    a.add_argument("--world-size", type=int, default=8, help="GPUs in the group judged (default: 8)")
+    a.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="a variable the server would run with (NCCL_P2P_DISABLE=1 ...)")
+    a.add_argument("--snapshot", default="", help="a saved host folder (sys/, proc/, lspci.txt) instead of this host")
+    a.add_argument("--out", default="", help="folder for host.json and host.md")
+    ns = a.parse_args(argv)
+    bad = [e for e in ns.env if "=" not in e]
+    if bad:
+        a.error(f"--env {bad[0]!r}: give NAME=VALUE, e.g. --env NCCL_P2P_DISABLE=1")
+    cfg = dict(e.split("=", 1) for e in ns.env)
+    try:
+        h = read_snapshot(ns.snapshot, cfg) if ns.snapshot else read_host(config_env=cfg)
+    except FileNotFoundError as exc:
+        a.error(str(exc))
+    md = "\n".join(markdown(h, ns.world_size)) + "\n"
+    if ns.out:
+        Path(ns.out).mkdir(parents=True, exist_ok=True)
+        write_atomic(Path(ns.out) / "host.json", json.dumps(h, indent=2, default=str) + "\n")
+        write_atomic(Path(ns.out) / "host.md", md)
+    print(md)
+    if risks(h, ns.world_size):
+        return 3
+    return 4 if (not h.get("present") or unassessed(h, ns.world_size)) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -63,6 +63,9 @@ class ProbeRun:
     detached_pids: list[int] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     run_id: str = ""
+    #: NCCL's transport from the ranks' NCCL_DEBUG=INFO lines (:func:`stackprobe.runtime.nccl_transport.summarize`),
+    #: when the ranks ran with NCCL_DEBUG set; None otherwise
+    nccl_transport: dict | None = None
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -116,12 +119,13 @@ def _killpg(pgid: int, sig: int) -> None:
         pass
 
 
-def tail_lines(path: Path, n: int = TAIL_LINES) -> list[str]:
+def tail_lines(path: Path, n: int = TAIL_LINES, drop: str | None = None) -> list[str]:
+    """The last ``n`` lines of ``path``, leaving out lines that contain ``drop`` (NCCL's INFO lines)."""
     try:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:
         return []
-    return lines[-n:]
+    return [ln for ln in lines if drop is None or drop not in ln][-n:]
 
 
 def _start_guard(pgid: int, run_id: str, env: dict[str, str], scratch: Path | None = None) -> subprocess.Popen | None:
@@ -225,24 +229,41 @@ def _run_in(tmp: Path, probe_ref, name, world_size, config, device, timeout, pro
                    detached_pids=orphans,
                    env={k: env[k] for k in sorted(set(MULTICAST_OFF) | set(probe_env or {}) | set(env_overrides or {}))},
                    run_id=run_id)
+    drop = "NCCL INFO"      # NCCL's INFO lines (the baseline runs with NCCL_DEBUG=INFO) would hide the last error
     if status == "ok":
         for r in range(world_size):
             f = tmp / f"rank{r}.json"
             if not f.exists():
                 run.status, run.failed_rank = "crash", r
-                run.tail = [f"rank {r} exited 0 without writing its result"] + tail_lines(logs[r])
+                run.tail = [f"rank {r} exited 0 without writing its result"] + tail_lines(logs[r], drop=drop)
                 break
             run.ranks.append(json.loads(f.read_text()))
         if run.status == "ok":
-            run.tail = tail_lines(logs[0], 10)
+            run.tail = tail_lines(logs[0], 10, drop)
     else:
-        run.tail = tail_lines(logs[failed if failed is not None else 0])
+        run.tail = tail_lines(logs[failed if failed is not None else 0], drop=drop)
+    run.nccl_transport = _nccl_transport(logs, env, probe_env)
     run.leftover_pids = sorted(set(processes_with_marker(run_id)) | set(p for p in orphans if _alive(p)))
     if progress:
         progress(f"{name} @ world size {world_size}: {run.status} in {run.seconds:.1f} s")
     if os.environ.get("STACKPROBE_KEEP_LOGS"):
         run.tail.append(f"(logs kept in {tmp})")
     return run
+
+
+def _nccl_transport(logs: list[Path], env: dict[str, str], probe_env: dict[str, str] | None) -> dict | None:
+    """NCCL's transport from the ranks' logs (:func:`stackprobe.runtime.nccl_transport.summarize`) when the probe
+    asked for NCCL's log (``NCCL_DEBUG`` in its environment); None otherwise."""
+    if "NCCL_DEBUG" not in (probe_env or {}):
+        return None
+    from .nccl_transport import summarize
+    texts = []
+    for lg in logs:
+        try:
+            texts.append(lg.read_text(errors="replace"))
+        except OSError:
+            pass
+    return summarize(texts, env)
 
 
 def _alive(pid: int) -> bool:

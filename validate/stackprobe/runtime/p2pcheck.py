@@ -58,6 +58,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 FAULT_VAR = "STACKPROBE_P2P_FAULT"
 STATUSES = ("ok", "hang", "wrong-data", "unsupported", "error")
@@ -412,6 +413,7 @@ def child_main(spec_path: str) -> int:
     i, j, step, n = spec["i"], spec["j"], spec["step"], spec["nbytes"] // 4
     try:
         faults = _Faults(parse_faults(os.environ.get(FAULT_VAR, "")), _pair_key(i, j), step, ev)
+        backend: Any    # CpuBackend, TorchCudaBackend (copy) or DriverKernelBackend (kernel)
         if spec["device"] == "cpu":
             backend = CpuBackend(spec["count"])
         elif step == "copy":
@@ -483,12 +485,13 @@ def run_step(step: str, i: int, j: int, *, device: str = "cuda", nbytes: int = D
         shutil.rmtree(tmp, ignore_errors=True)
     pids = [e["pid"] for e in events if e.get("event") in ("start", "helper")]
     time.sleep(0.05)
-    out = {"step": step, "seconds": seconds, "returncode": res.returncode, "pids": pids,
+    directions = [{k: v for k, v in e.items() if k != "event"} for e in events if e.get("event") == "direction"]
+    out: dict = {"step": step, "seconds": seconds, "returncode": res.returncode, "pids": pids,
            "killed_pids": res.killed_pids, "leftover_pids": [p for p in pids if _alive(p)],
-           "directions": [{k: v for k, v in e.items() if k != "event"} for e in events if e.get("event") == "direction"]}
+           "directions": directions}
     result = next((e for e in events if e.get("event") == "result"), None)
     if res.timed_out:
-        done = ", ".join(f"{d['mode']} {d['from']}->{d['to']}" for d in out["directions"]) or "none"
+        done = ", ".join(f"{d['mode']} {d['from']}->{d['to']}" for d in directions) or "none"
         out.update(status="hang", reason=f"no answer within {timeout:g} s (directions finished before it: {done}); "
                                          f"the child's process group was killed")
     elif result is not None:

@@ -285,11 +285,21 @@ def default_probes(device: str) -> list[str]:
 def run_suite(probes: list[str], world_sizes: list[int], config: BenchConfig, *, device: str = "cuda",  # noqa: C901, PLR0912
               timeout: float = 300.0, tolerance: float = DEFAULT_TOLERANCE, workload: Workload | None = None,
               baseline: str | None = None, env_overrides: dict[str, str] | None = None, gpus: int | None = None,
-              label: str = "", target_arch: str = "12.0", progress=None, rounds: int = 4) -> dict:
+              label: str = "", target_arch: str = "12.0", progress=None, rounds: int = 4,
+              p2p_check: dict | None = None, p2p_timeout: float = 60.0, peer_paths=None) -> dict:
     """Run the rows ``probes`` (names or ``module:attr``) at each world size and return the report dict (see
     :mod:`stackprobe.runtime.report`). ``rounds``: alternated process-group rounds for process-scope settings.
     The baseline (``nccl-default`` on GPUs, ``torch-gloo`` on CPU) is always run. ``progress(str)`` is told
-    about each process group as it ends."""
+    about each process group as it ends.
+
+    First step on GPUs: the P2P check (:func:`stackprobe.runtime.p2pcheck.run_check`, ``p2p_timeout`` seconds per
+    step and pair) over GPUs ``0..max(world_sizes)-1``, kept in ``report["p2p_check"]``; ``p2p_check`` given (a
+    saved or CPU report) is used instead. A peer-memory row (``peer_paths``, default
+    :func:`~stackprobe.runtime.p2pcheck.peer_memory_paths`) starts at a world size only when every pair of its
+    GPUs passed; otherwise it is skipped with :func:`~stackprobe.runtime.p2pcheck.gate_reason`'s text. The
+    baseline's NCCL process group runs with :data:`stackprobe.runtime.nccl_transport.DEBUG_ENV` and its row and
+    run carry ``nccl_transport`` (what NCCL printed it connected over)."""
+    from . import nccl_transport, p2pcheck
     progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     if config.sizes[0] <= 0:
         raise ValueError("message sizes must be positive")
@@ -311,6 +321,8 @@ def run_suite(probes: list[str], world_sizes: list[int], config: BenchConfig, *,
         "multicast_off": {k: (env_overrides or {}).get(k, v) for k, v in MULTICAST_OFF.items()},
         "topology": topology() if device == "cuda" else {}, "runs": [],
     }
+    peer_paths = p2pcheck.peer_memory_paths() if peer_paths is None else frozenset(peer_paths)
+    p2p_check = report["p2p_check"] = _p2p_first(p2p_check, device, gpus, world_sizes, p2p_timeout, progress)
     env_seen, nccl_version = None, None
     base_group = reg[baseline].group if baseline in reg else "gloo"
     for ws in world_sizes:
@@ -319,7 +331,10 @@ def run_suite(probes: list[str], world_sizes: list[int], config: BenchConfig, *,
         process_scope: list[str] = []
         for name, probe in resolved:
             dev_gpus = gpus if probe.device == "cuda" else ws
-            reason = None if name == baseline else probe.skip_reason(ws, dev_gpus)
+            reason = None
+            if name in peer_paths and name != baseline and ws > 1:
+                reason = p2pcheck.gate_reason(p2p_check, list(range(ws)))
+            reason = reason or (None if name == baseline else probe.skip_reason(ws, dev_gpus))
             if reason is None and name != baseline and ws == 1:
                 reason = "no peers: world size 1 moves no data between GPUs"
             if name == baseline and probe.device == "cuda" and gpus < ws:
@@ -341,10 +356,12 @@ def run_suite(probes: list[str], world_sizes: list[int], config: BenchConfig, *,
             names = groups[g]
             ref = _extra_ref(probes, names[0]) if g.startswith("extra:") else group_ref(g)
             progress(f"{g} @ world size {ws}: running ({', '.join(names)})")
-            run = run_probe(ref, ws, config.to_json(), device=device, timeout=timeout, probe_env={},
+            penv = dict(nccl_transport.DEBUG_ENV) if g == base_group and base_group == "nccl" else {}
+            run = run_probe(ref, ws, config.to_json(), device=device, timeout=timeout, probe_env=penv,
                             env_overrides=env_overrides, name=g, progress=progress,
                             extra={"backends": [n for n in names if n != baseline]})
             new = rows_from_group(run, names, reg, baseline, extra)
+            _label_transport(run, new, baseline, progress)
             for r in new:
                 if r["outcome"] == "hang":
                     r["timeout_s"] = timeout
@@ -374,7 +391,8 @@ def run_suite(probes: list[str], world_sizes: list[int], config: BenchConfig, *,
             rows.append(row)
         rows.sort(key=lambda r: [n for n, _ in resolved].index(r["backend"])
                   if r["backend"] in [n for n, _ in resolved] else 999)
-        report["runs"].append({"world_size": ws, "rows": rows})
+        base_row = next((r for r in rows if r["backend"] == baseline), {})
+        report["runs"].append({"world_size": ws, "rows": rows, "nccl_transport": base_row.get("nccl_transport")})
     report["environment"] = env_seen or {}
     report["host"] = host_info(report, env_seen, nccl_version)
     for run in report["runs"]:
@@ -384,6 +402,32 @@ def run_suite(probes: list[str], world_sizes: list[int], config: BenchConfig, *,
     if not label:
         report["label"] = hardware_label(report)
     return report
+
+
+def _p2p_first(check: dict | None, device: str, gpus: int, world_sizes: list[int], timeout: float,
+               progress) -> dict | None:
+    """``check`` when given; else on GPUs, with two or more in the largest group, the P2P check over them."""
+    from . import p2pcheck
+    n = min(gpus, max(world_sizes) if world_sizes else 0)
+    if check is None and device == "cuda" and n >= 2:
+        progress(f"p2p check over GPUs 0..{n - 1}: running (before any peer-memory path)")
+        check = p2pcheck.run_check(list(range(n)), device="cuda", timeout=timeout, progress=progress)
+    return check
+
+
+def _label_transport(run, rows: list[dict], baseline: str, progress) -> None:
+    """The baseline's row gets ``nccl_transport`` (the summary, connections counted) and ``transport`` (a
+    phrase) from what NCCL printed in that process group."""
+    from . import nccl_transport
+    if run.nccl_transport is None:
+        return
+    transport = {k: v for k, v in run.nccl_transport.items() if k != "connections"}
+    transport["connections"] = len(run.nccl_transport["connections"])
+    for r in rows:
+        if r["backend"] == baseline:
+            r["nccl_transport"] = transport
+            r["transport"] = nccl_transport.label(run.nccl_transport)
+            progress(f"{baseline} @ world size {run.world_size}: {r['transport']}")
 
 
 def _extra_ref(probes: list[str], name: str) -> str:

@@ -166,9 +166,11 @@ def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None,
         _preflight_disk(engine, plan, cached, state, say)
         journal()           # before anything expensive: a run killed from here on leaves a "running" record
     error: StackError | None = None
+    doing = "starting"             # what the run is doing outside a node's build, for the account of a stop
     try:
         if todo or pull:
             if plan.nodes and plan.nodes[0].name in todo:
+                doing = f"making the OS image {plan.base_image} (before the first node)"
                 _ensure_os_image(engine, plan, say)
             if bundle:
                 say(f"CA bundle for builds: {bundle} (BuildKit secret 'cabundle', never in a layer)")
@@ -178,7 +180,9 @@ def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None,
         for i, (node, entry) in enumerate(zip(plan.nodes, record["nodes"]), 1):
             if error is not None:
                 continue
+            doing = f"between nodes (before {node.name})"
             if cached[node.name]:
+                doing = f"checking the cached node {node.name}"
                 entry["status"] = "skipped"
                 info = engine.inspect(node.tag)
                 entry["image_id"], entry["size_bytes"] = info["id"], info["size_bytes"]
@@ -193,6 +197,7 @@ def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None,
                             f"holds only a marker of it (built on builder {entry['builder']}); rebuild it there with "
                             "--cache to fill the cache")
                     else:
+                        doing = f"pushing {node.name} to the node cache"
                         push_node(cache, node, entry, say, f"[{i}/{len(plan.nodes)}] {node.name}")
                 cache_refs[node.tag] = cache_reference(cache, node, entry, in_cache.get(node.name))
                 continue
@@ -202,6 +207,7 @@ def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None,
                 entry["status"] = "pulling"
                 journal()
                 try:
+                    doing = f"pulling {node.name} from the node cache"
                     if serve_node(cache, node, in_cache[node.name], entry, wheelhouse, say, f"[{i}/{len(plan.nodes)}]"):
                         cache_refs[node.tag] = cache_reference(cache, node, entry, in_cache.get(node.name))
                         journal()
@@ -293,6 +299,7 @@ def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None,
 
                         push_from_builder(cache, engine, node, entry, common, log, say, f"[{i}/{len(plan.nodes)}] {node.name}")
                     else:
+                        doing = f"pushing {node.name} to the node cache"
                         push_node(cache, node, entry, say, f"[{i}/{len(plan.nodes)}] {node.name}")
             except StackError as exc:
                 if isinstance(exc, BuildError) and getattr(plan, "locked", False):
@@ -336,7 +343,7 @@ def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None,
             journal()
         raise
     if isinstance(error, BuildInterrupted):
-        error = BuildInterrupted(interrupted_message(record, rec_path))
+        error = BuildInterrupted(interrupted_message(record, rec_path, doing))
         record["error"] = str(error)
 
     record["docker_builds"] = engine.builds_issued - builds_before
@@ -356,10 +363,11 @@ def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None,
     return record
 
 
-def interrupted_message(record: dict, rec_path: Path) -> str:
+def interrupted_message(record: dict, rec_path: Path, doing: str = "between nodes") -> str:
     """The one account of a run stopped from outside (Ctrl-C, SIGTERM), from its record: where it stopped (the
     node, its time, its ninja counter), what was done before (built, pulled, cached), what was not reached, and
-    how to resume. The record's node statuses must be final (an interrupted node reads "interrupted")."""
+    how to resume. The record's node statuses must be final (an interrupted node reads "interrupted"); ``doing``:
+    what the run was doing when no node was being built (``"making the OS image ..."``, ``"pulling X ..."``)."""
     nodes = record.get("nodes") or []
     by = lambda *st: [n["name"] for n in nodes if n.get("status") in st]   # noqa: E731
     stopped = next((n for n in nodes if n.get("status") == "interrupted"), None)
@@ -369,7 +377,7 @@ def interrupted_message(record: dict, rec_path: Path) -> str:
         partial = (f" Nothing half-made was kept: {stopped['name']} has no tag and no wheels in the wheelhouse "
                    f"(its log so far: {stopped.get('log')}).")
     else:
-        where, partial = "between nodes", ""
+        where, partial = f"while {doing}", ""
     done = [f"built {', '.join(by('built'))}" if by("built") else "built nothing"]
     if by("pulled"):
         done.append(f"pulled {', '.join(by('pulled'))}")

@@ -31,10 +31,12 @@ def outdated(*, cuda=None, index=None, refresh=False, recipes=None, target_arch=
         from cudastack.radar import walk as R
         from cudastack.recipes.load import load_recipes
         from cudastack.pkgindex.client import atomic_write
+        from cudastack.plan.rules import parse_target_arch
         if topology not in ("pcie", "nvlink"):
             raise UsageError(f"--topology {topology!r}: use pcie or nvlink.")
         ws = _int("world-size", world_size)
         rs = load_recipes(recipes)
+        parse_target_arch(target_arch, rs)       # a bad arch: exit 4 before any download
         ix = _index(index, refresh)
         results = []
         for name, rt in ((n, rt) for n in R.toolchain_names(rs, cuda) for rt in R.runtimes(rs, n)):
@@ -61,7 +63,9 @@ def scan(*, package=None, versions=None, target_arch="12.0", world_size=8, topol
     """`invoke scan`: scan a package's releases and print the first release that lifts each static gate. Its flags'
     values as keywords (see :mod:`cudastack.cli.radar`); raises StackError."""
     with json_output(json_out) as box:
+        from cudastack.plan.rules import parse_target_arch
         from cudastack.radar import scan as S
+        parse_target_arch(target_arch)           # a bad arch: exit 4 before any download
         if not package:
             raise UsageError("Give --package NAME (e.g. --package flashinfer-python).")
         ix = _index(index, refresh)

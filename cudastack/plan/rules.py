@@ -41,19 +41,38 @@ def parse_target_archs(specs: str | list[str]) -> list[Arch]:
     try:
         archs = parse_arch_list(specs)
     except ArchSpecError as exc:
-        raise ArchError(str(exc)) from None
+        given = specs if isinstance(specs, str) else ";".join(map(str, specs))
+        raise ArchError(f"--arch {given!r}: {exc}") from None
     if not archs:
         raise ArchError("No target arch given: pass --arch with a compute capability such as 12.0.")
     return archs
 
 
-def parse_target_arch(spec: str) -> Arch:
-    """Parse one target compute capability (``--arch`` of validate, outdated and scan: ``"12.0"``, ``"12.0a"``).
-    Raises ArchError (exit 4) as ``--arch '<spec>': <the accepted spellings>``."""
+def known_arch_error(arch: Arch, recipes: RecipeSet) -> ArchError:
+    """The one refusal of a compute capability missing from the arch table (``archs:`` of the recipes'
+    toolchains.yaml, the one list every task checks against): exit 4, naming the known ones."""
+    known = ", ".join(recipes.archs)
+    return ArchError(f"Arch {arch} is not a known compute capability (known: {known}; the arch table of "
+                     "recipes/toolchains.yaml). Pass --arch with one of them, e.g. 12.0 for RTX PRO 6000 Blackwell / "
+                     "RTX 50xx.")
+
+
+def parse_target_arch(spec: str, recipes: RecipeSet | str | Path | None = None) -> Arch:
+    """Parse one target compute capability (``--arch`` of validate, outdated and scan: ``"12.0"``, ``"12.0a"``)
+    and check it against the same arch table as the build's list (``recipes``: a RecipeSet or its folder,
+    default the project's recipes/). Raises ArchError (exit 4) for a bad spelling (``--arch '<spec>': <the
+    accepted spellings>``) or a compute capability the table does not know (:func:`known_arch_error`); callers
+    check before any download."""
+    from cudastack.recipes.load import load_recipes
+
     try:
-        return parse_arch(str(spec))
+        arch = parse_arch(str(spec))
     except ArchSpecError as exc:
         raise ArchError(f"--arch {spec!r}: {exc}") from None
+    rs = recipes if isinstance(recipes, RecipeSet) else load_recipes(recipes)
+    if arch.cc not in rs.archs:
+        raise known_arch_error(arch, rs)
+    return arch
 
 
 def check_arch(recipes: RecipeSet, tc: Toolchain, arch: Arch, name_others: bool = True) -> None:
@@ -63,9 +82,7 @@ def check_arch(recipes: RecipeSet, tc: Toolchain, arch: Arch, name_others: bool 
     cuda = _v(tc.cuda_version)
     info = recipes.archs.get(arch.cc)
     if info is None:
-        known = ", ".join(recipes.archs)
-        raise ArchError(f"Arch {arch} is not a known compute capability (known: {known}). "
-                        "Pass --arch with one of them, e.g. 12.0 for RTX PRO 6000 Blackwell / RTX 50xx.")
+        raise known_arch_error(arch, recipes)
     if cuda < _v(info.min_cuda):
         raise ArchError(f"Arch {arch} needs CUDA >= {info.min_cuda}, but toolchain {tc.name} is CUDA "
                         f"{tc.cuda_version}: its nvcc rejects compute_{arch.number} (\"Unsupported gpu "

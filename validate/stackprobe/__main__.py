@@ -1,8 +1,9 @@
-"""Command line: ``python -m stackprobe [--target-arch 12.0] [--json PATH] [--markdown PATH]``.
+"""Command line: ``python -m stackprobe [--arch 12.0] [--json PATH] [--markdown PATH]`` (``--target-arch``,
+the old spelling of ``--arch``, is still accepted with a note).
 
 Other forms::
 
-    python -m stackprobe --target-arch 12.0 --jit-compile          # also compile FlashInfer's fusion module
+    python -m stackprobe --arch 12.0 --jit-compile                 # also compile FlashInfer's fusion module
     python -m stackprobe --compare before.json after.json          # what changed per backend, and why
     python -m stackprobe --runtime ...                              # add the runtime tier (GPU host)
     python -m stackprobe --engine vllm                              # vLLM's answers (sglang, vllm, auto: both)
@@ -26,12 +27,25 @@ from .static import KNOWN_COMPUTE_CAPABILITIES, TargetArchError, run_static
 EXIT_OK, EXIT_USAGE, EXIT_NO_RUNTIME = 0, 2, 9
 
 
+class _OldSpelling(argparse.Action):
+    """``--target-arch``: the old spelling of ``--arch``, still accepted (images built before the rename run
+    their own copy of this suite with it); says so on stderr unless ``--quiet`` comes anywhere."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        if "--quiet" not in sys.argv[1:] and not getattr(namespace, "quiet", False):
+            print("stackprobe: note: --target-arch is the old spelling of --arch (as every invoke task spells it); "
+                  "it still works.", file=sys.stderr)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m stackprobe", description=(
         "Which allreduce backends can work in this environment for a target GPU architecture, which cannot, "
         "why, and what would lift each gate. The static tier needs no GPU."))
-    p.add_argument("--target-arch", default="12.0",
-                   help=f"target compute capability (default 12.0); one of {', '.join(KNOWN_COMPUTE_CAPABILITIES)}")
+    p.add_argument("--arch", dest="target_arch", default="12.0", metavar="CC",
+                   help=f"target compute capability (default 12.0); one of {', '.join(KNOWN_COMPUTE_CAPABILITIES)} "
+                        "(the same spelling as every invoke task's --arch)")
+    p.add_argument("--target-arch", dest="target_arch", action=_OldSpelling, help=argparse.SUPPRESS)
     p.add_argument("--json", metavar="PATH", help="write the JSON report here ('-' for stdout)")
     p.add_argument("--markdown", metavar="PATH", help="write the Markdown matrix here ('-' for stdout)")
     p.add_argument("--label", default="", help="a name for this environment in reports and comparisons")

@@ -26,8 +26,10 @@ from .verdict import (BLOCKED, ERROR, GATE_BINARY, LIFT_PACKAGE, SCOPE_ENGINE, S
                       Verdict)
 
 # Compute capabilities a target may name (NVIDIA's CUDA GPUs compute-capability table; sm_101 was
-# renamed sm_110 in CUDA 13.0). Valid spellings per archs.VALID_FORMS.
-KNOWN_COMPUTE_CAPABILITIES = ("7.5", "8.0", "8.6", "8.7", "8.9", "9.0", "10.0", "10.3", "11.0", "12.0", "12.1")
+# renamed sm_110 in CUDA 13.0). Valid spellings per archs.VALID_FORMS. The same list as the build's arch table
+# (the `archs:` keys of recipes/toolchains.yaml; tests/test_arch_everywhere.py keeps the two equal).
+KNOWN_COMPUTE_CAPABILITIES = ("5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0", "8.6", "8.7",
+                              "8.9", "9.0", "10.0", "10.1", "10.3", "11.0", "12.0", "12.1")
 
 
 class TargetArchError(ValueError):

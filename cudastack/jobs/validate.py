@@ -305,6 +305,49 @@ def _strict(reports) -> None:
         raise exc
 
 
+def last_built_images(state_dir: str | Path | None = None) -> list[dict]:
+    """The runtime images the last build of each toolchain made or found cached, newest record first:
+    ``[{"tag", "toolchain", "node", "finished", "record"}]`` read from ``<state_dir>/records/latest-cu*.json``
+    (default: the project's ``.stack/``); a runtime node counts when its record says built, skipped (cached)
+    or pulled. Unreadable records are passed over."""
+    import json
+
+    from cudastack.core.paths import PROJECT_ROOT
+
+    rec_dir = Path(state_dir or PROJECT_ROOT / ".stack") / "records"
+    found = []
+    for p in sorted(rec_dir.glob("latest-cu*.json")):
+        try:
+            rec = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        for n in rec.get("nodes") or []:
+            if n.get("kind") == "runtime" and n.get("status") in ("built", "skipped", "pulled") and n.get("tag"):
+                found.append({"tag": n["tag"], "toolchain": rec.get("toolchain"), "node": n.get("name"),
+                              "finished": rec.get("finished") or rec.get("started") or "", "record": str(p)})
+    return sorted(found, key=lambda f: f["finished"], reverse=True)
+
+
+def no_engine_hint(reports, state_dir: str | Path | None = None) -> str | None:
+    """For ``invoke validate`` without ``--image`` where no serving engine (SGLang, vLLM) is installed (a
+    builder): one paragraph saying that the engine answers could not be given here and naming the images the
+    last build made, as ``invoke validate --image <tag>`` commands; None where an engine is installed."""
+    pk = {}
+    for r in reports:
+        pk.update({k: v for k, v in ((r.environment or {}).get("packages") or {}).items() if v})
+    if pk.get("sglang") or pk.get("vllm"):
+        return None
+    images = last_built_images(state_dir)
+    head = ("No serving engine (SGLang, vLLM) is installed in this environment, so the engine answers above read "
+            "'not installed' and only the libraries' answers stand.")
+    if not images:
+        return (head + " No build record names a runtime image yet: build one (`invoke build --cuda 13.1 --dry-run` "
+                "first), then validate the tag its last line prints with `invoke validate --image <tag>`.")
+    cmds = "; ".join(f"`invoke validate --image {i['tag']}` ({i['node']} of CUDA {i['toolchain']}, {i['finished']})"
+                     for i in images)
+    return head + f" Validate the images your last build made instead: {cmds}."
+
+
 def validate(*, image=None, target_arch="12.0", out=DEFAULT_OUT, markdown=None, jit_compile=False,
              world_size=8, topology="auto", image_suite=False, order="toolchain", env=None,
              hide=None, server_args="", strict=False, engine="auto", json_out=None):
@@ -345,5 +388,7 @@ def validate(*, image=None, target_arch="12.0", out=DEFAULT_OUT, markdown=None, 
     if markdown:
         from stackprobe.atomic import write_atomic
         write_atomic(markdown, text)
+    if not image and (hint := no_engine_hint(reports)):
+        print(hint, file=sys.stderr)
     if strict:
         _strict(reports)

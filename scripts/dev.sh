@@ -1,30 +1,55 @@
 #!/usr/bin/env bash
 # One entry point that does all set-up on a fresh Debian/Ubuntu machine, then runs what you ask:
-#   bash scripts/dev.sh test                 # set up, then ruff, mypy (baseline) and the test suite
+#   bash scripts/dev.sh test                 # set up, then ruff, mypy (baseline) and the whole test suite (30-55 min)
+#   bash scripts/dev.sh test --fast          # every test that needs no Docker, registry or network (no root needed)
 #   bash scripts/dev.sh build --cuda 13.1    # set up, then `invoke build --cuda 13.1` (any invoke task works)
+#   bash scripts/dev.sh clean-tests          # free the test caches and the tests' cudastack-test/ images
+#   bash scripts/dev.sh --keep-dockerd TASK  # keep the Docker daemon this script started (also CUDASTACK_KEEP_DOCKERD=1)
 # Set-up (idempotent): Debian's docker.io (+ mmdebstrap, debootstrap, docker-registry, skopeo, shellcheck, htpasswd, objdump,
 # openssl, python3-venv, ca-certificates), a running Docker daemon, and a virtual environment .venv with this
 # project installed (torch for CPU work included). `test` then runs pytest in CI mode: a skipped test fails
-# unless it is marked gpu or stack (tests/require_all.py).
+# unless it is marked gpu or stack (tests/require_all.py). A Docker daemon this script started is stopped when
+# its command ends, unless --keep-dockerd (then it says how to stop it). The test suite's disk need is checked
+# first (scripts/test_footprint.py), its caches go to one folder ($CUDASTACK_TEST_CACHE, default
+# ~/.cache/cudastack-tests) and a disk that filled during the run is reported as such.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
+keep_dockerd=${CUDASTACK_KEEP_DOCKERD:-0}
+if [ "${1:-}" = "--keep-dockerd" ]; then keep_dockerd=1; shift; fi
+cmd=${1:-test}
+shift || true
+fast=0
+fast_flag=()
+if [ "$cmd" = test ] && [ "${1:-}" = "--fast" ]; then fast=1; fast_flag=(--fast); shift; fi
+
+if [ "$cmd" = clean-tests ]; then
+  exec python3 scripts/test_footprint.py clean
+fi
+
+# The test suite's disk need, before anything is installed or downloaded (exit 5 naming the place when short).
+if [ "$cmd" = test ]; then
+  python3 scripts/test_footprint.py preflight "${fast_flag[@]}"
+fi
+
 need_pkgs=()
-command -v dockerd >/dev/null || need_pkgs+=(docker.io)
-[ -x /usr/bin/docker ] || need_pkgs+=(docker.io)
-command -v debootstrap >/dev/null || need_pkgs+=(debootstrap)
-command -v mmdebstrap >/dev/null || need_pkgs+=(mmdebstrap)
-command -v docker-registry >/dev/null || need_pkgs+=(docker-registry)
-command -v skopeo >/dev/null || need_pkgs+=(skopeo)
-command -v htpasswd >/dev/null || need_pkgs+=(apache2-utils)
-command -v shellcheck >/dev/null || need_pkgs+=(shellcheck)
-command -v objdump >/dev/null || need_pkgs+=(binutils)
-command -v openssl >/dev/null || need_pkgs+=(openssl)
-[ -s /etc/ssl/certs/ca-certificates.crt ] || need_pkgs+=(ca-certificates)
-python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
+need() { local p; for p in "${need_pkgs[@]}"; do [ "$p" = "$1" ] && return 0; done; need_pkgs+=("$1"); }
+if [ $fast = 0 ]; then     # the fast lane needs no Docker, registry or system tools: only Python's venv
+  { command -v dockerd >/dev/null && [ -x /usr/bin/docker ]; } || need docker.io
+  command -v debootstrap >/dev/null || need debootstrap
+  command -v mmdebstrap >/dev/null || need mmdebstrap
+  command -v docker-registry >/dev/null || need docker-registry
+  command -v skopeo >/dev/null || need skopeo
+  command -v htpasswd >/dev/null || need apache2-utils
+  command -v shellcheck >/dev/null || need shellcheck
+  command -v objdump >/dev/null || need binutils
+  command -v openssl >/dev/null || need openssl
+  [ -s /etc/ssl/certs/ca-certificates.crt ] || need ca-certificates
+fi
+python3 -c 'import venv, ensurepip' 2>/dev/null || need python3-venv
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "Missing packages: ${need_pkgs[*]}. Run as root or: sudo apt-get install -y ${need_pkgs[*]}" >&2
@@ -35,14 +60,30 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
 fi
 
-# The Docker daemon: start one when none answers.
-if ! /usr/bin/docker info >/dev/null 2>&1; then
+# The Docker daemon: start one when none answers (not for the fast lane); stop it when this script ends, unless
+# asked to keep it.
+dockerd_pid=
+# shellcheck disable=SC2317  # called by the EXIT trap
+stop_dockerd() {
+  [ -n "$dockerd_pid" ] || return 0
+  if [ "$keep_dockerd" = 1 ]; then
+    log "dockerd (pid $dockerd_pid) started by this script keeps running: stop it with 'kill $dockerd_pid' (log: /tmp/cudastack-dockerd.log)"
+    return 0
+  fi
+  log "stopping the dockerd this script started (pid $dockerd_pid; --keep-dockerd or CUDASTACK_KEEP_DOCKERD=1 keeps it)"
+  kill -TERM "$dockerd_pid" 2>/dev/null || return 0
+  for _ in $(seq 1 30); do kill -0 "$dockerd_pid" 2>/dev/null || return 0; sleep 1; done
+  log "dockerd (pid $dockerd_pid) still runs 30 s after SIGTERM; see /tmp/cudastack-dockerd.log"
+}
+trap stop_dockerd EXIT
+if [ $fast = 0 ] && ! /usr/bin/docker info >/dev/null 2>&1; then
   if [ "$(id -u)" != 0 ]; then
     echo "No Docker daemon answers and this user cannot start one: run 'sudo dockerd &' (or 'sudo systemctl start docker')." >&2
     exit 5
   fi
   log "starting dockerd (log: /tmp/cudastack-dockerd.log)"
   nohup dockerd >/tmp/cudastack-dockerd.log 2>&1 &
+  dockerd_pid=$!
   for _ in $(seq 1 60); do /usr/bin/docker info >/dev/null 2>&1 && break; sleep 1; done
   /usr/bin/docker info >/dev/null 2>&1 || { echo "dockerd did not start; see /tmp/cudastack-dockerd.log" >&2; exit 5; }
 fi
@@ -69,7 +110,7 @@ export PATH="$ROOT/.venv/bin:$PATH"
 # Debian bookworm has no docker-buildx package; trixie's is taken with apt lists kept under .venv (the system's
 # sources are not changed) and only its binary is unpacked.
 BUILDX="$ROOT/.venv/libexec/docker-buildx"
-if [ ! -x "$BUILDX" ] && ! /usr/bin/docker buildx version >/dev/null 2>&1 && command -v apt-get >/dev/null; then
+if [ $fast = 0 ] && [ ! -x "$BUILDX" ] && ! /usr/bin/docker buildx version >/dev/null 2>&1 && command -v apt-get >/dev/null; then
   log "fetching docker-buildx (Debian trixie package) for the --builder tests"
   apt_dir="$ROOT/.venv/apt-buildx"
   mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$(dirname "$BUILDX")"
@@ -87,30 +128,50 @@ if [ ! -x "$BUILDX" ] && ! /usr/bin/docker buildx version >/dev/null 2>&1 && com
 fi
 [ -x "$BUILDX" ] && export CUDASTACK_TEST_BUILDX="${CUDASTACK_TEST_BUILDX:-$BUILDX}"
 
-cmd=${1:-test}
-shift || true
 case "$cmd" in
   test)
     # Everything the tests need was installed above: a skip is a failure here, apart from tests marked
     # gpu or stack (tests/require_all.py). CUDASTACK_REQUIRE_ALL=0 allows skips.
     export CUDASTACK_REQUIRE_ALL="${CUDASTACK_REQUIRE_ALL:-1}"
-    # Lint and types first (seconds to two minutes): ruff clean; mypy's errors no more than the committed
-    # baseline (scripts/mypy-baseline.txt, which only shrinks: `python scripts/mypy_baseline.py --update`).
+    # The suite's caches in one folder, freed by `bash scripts/dev.sh clean-tests`.
+    export CUDASTACK_TEST_CACHE="${CUDASTACK_TEST_CACHE:-$HOME/.cache/cudastack-tests}"
+    export CUDASTACK_CACHE="${CUDASTACK_CACHE:-$CUDASTACK_TEST_CACHE/index}"
+    export STACKPROBE_CACHE="${STACKPROBE_CACHE:-$CUDASTACK_TEST_CACHE/stackprobe}"
+    export PIP_CACHE_DIR="${PIP_CACHE_DIR:-$CUDASTACK_TEST_CACHE/pip}"
+    export UV_CACHE_DIR="${UV_CACHE_DIR:-$CUDASTACK_TEST_CACHE/uv}"
     log "ruff check"
     python -m ruff check .
-    log "mypy (against scripts/mypy-baseline.txt)"
-    python scripts/mypy_baseline.py
-    set +e
-    python -m pytest -ra --durations=25 "$@"
-    rc=$?
+    if [ $fast = 1 ]; then
+      # No Docker, registry or network for the whole run (tests/fast_lane.py): a test that needs one of them
+      # without its marker fails, naming the marker.
+      export CUDASTACK_FAST_LANE=1
+      log "fast lane: every test not marked docker, registry, network, gpu or stack"
+      set +e
+      python -m pytest -ra --durations=15 -m "not docker and not registry and not network and not gpu and not stack" "$@"
+      rc=$?
+    else
+      # Types (seconds to two minutes): mypy's errors no more than the committed baseline
+      # (scripts/mypy-baseline.txt, which only shrinks: `python scripts/mypy_baseline.py --update`).
+      log "mypy (against scripts/mypy-baseline.txt)"
+      python scripts/mypy_baseline.py
+      set +e
+      python -m pytest -ra --durations=25 "$@"
+      rc=$?
+    fi
+    python3 scripts/test_footprint.py after "${fast_flag[@]}"
     set -e
     [ $rc -eq 5 ] && { echo "pytest collected no tests" >&2; exit 1; }
     exit $rc
     ;;
   bench)
-    exec python benchmarks/"${1:-build_cache}".py "${@:2}"
+    set +e
+    python benchmarks/"${1:-build_cache}".py "${@:2}"
+    exit $?
     ;;
   *)
-    exec invoke "$cmd" "$@"
+    # not exec: this script stops the dockerd it started when the task ends (the EXIT trap)
+    set +e
+    invoke "$cmd" "$@"
+    exit $?
     ;;
 esac

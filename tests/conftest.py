@@ -8,7 +8,8 @@ import pytest
 from cudastack.recipes.load import DEFAULT_RECIPES_DIR
 
 # In CI a skip is a failure, apart from GPU and full-stack tests (tests/require_all.py).
-pytest_plugins = ["require_all", "validate_fixtures"]   # validate_fixtures: the real SGLang / FlashInfer wheels
+pytest_plugins = ["require_all", "validate_fixtures", "fast_lane"]   # validate_fixtures: the real SGLang / FlashInfer
+# wheels; fast_lane: `scripts/dev.sh test --fast` makes Docker and the network unreachable (tests/fast_lane.py)
 
 
 @pytest.fixture

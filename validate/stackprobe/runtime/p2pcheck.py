@@ -599,6 +599,19 @@ def peer_memory_paths() -> frozenset[str]:
     return frozenset(names)
 
 
+def summary_line(report: dict | None, device: str | None = "cuda") -> str:
+    """One line for the runtime report: the P2P check's per-pair outcome, or why it did not run."""
+    if report is None:
+        return ("P2P check: not run (CPU run: no GPU pairs)" if device != "cuda" else
+                "P2P check: not run (fewer than two GPUs in the largest group); peer-memory rows not started")
+    if report.get("note"):
+        return f"P2P check: {report['note']}"
+    per = ", ".join(f"{p['pair']} {p['status']}" + (f" ({p['transfer_us']:.1f} us)" if p.get("transfer_us") else "")
+                    for p in report["pairs"])
+    return (f"P2P check before any peer-memory path ({report['nbytes']} B peer copy and kernel-side read/write per "
+            f"pair, each in a child with a {report['timeout_s']:g} s timeout): {per}")
+
+
 def markdown(report: dict) -> str:
     """A short Markdown page of one :func:`run_check` report."""
     from .. import mdtable

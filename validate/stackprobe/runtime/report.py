@@ -133,6 +133,13 @@ def markdown(report: dict, plot_name: str | None = None) -> str:  # noqa: C901, 
               "series) and the timed graph itself",
               f"- multicast off in every probe process: "
               + ", ".join(f"{k}={v}" for k, v in (report.get("multicast_off") or {}).items())]
+    if "p2p_check" in report:
+        from .nccl_transport import label as transport_label
+        from .p2pcheck import summary_line
+        lines.append(f"- {summary_line(report['p2p_check'], report.get('device'))}")
+        lines += [f"- world size {r['world_size']}: baseline {report['baseline']} "
+                  f"{transport_label(r.get('nccl_transport'))}" for r in report["runs"] if "nccl_transport" in r
+                  and report.get("device") == "cuda"]
     if wl:
         lines.append(f"- workload {wl['name']}: hidden {wl['hidden']}, {wl['layers']} layers x "
                      f"{wl['allreduces_per_layer']} allreduces = {wl['calls_per_step']} per verify step, "

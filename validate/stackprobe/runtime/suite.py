@@ -406,11 +406,12 @@ def run_suite(probes: list[str], world_sizes: list[int], config: BenchConfig, *,
 
 def _p2p_first(check: dict | None, device: str, gpus: int, world_sizes: list[int], timeout: float,
                progress) -> dict | None:
-    """``check`` when given; else on GPUs, with two or more in the largest group, the P2P check over them."""
+    """``check`` when given; else on GPUs the P2P check over the largest group's GPUs (with fewer than two it
+    starts no child and says there is nothing to pair)."""
     from . import p2pcheck
     n = min(gpus, max(world_sizes) if world_sizes else 0)
-    if check is None and device == "cuda" and n >= 2:
-        progress(f"p2p check over GPUs 0..{n - 1}: running (before any peer-memory path)")
+    if check is None and device == "cuda":
+        progress(f"p2p check over GPUs {list(range(n))}: running (before any peer-memory path)")
         check = p2pcheck.run_check(list(range(n)), device="cuda", timeout=timeout, progress=progress)
     return check
 

@@ -198,3 +198,125 @@ def test_c55_control_torchs_own_nccl_keeps_its_answer(c55):
     assert rep["environment"]["health"]["nccl"]["wheel"]["record"] == "matches"
     assert "wheel metadata" not in md.splitlines()[2]
 
+
+
+# ------------------------------------------------------------------------------------------------------ C57
+@pytest.mark.parametrize("arch", ["12.0", "9.0"])
+def test_c57_tritons_bundled_ptxas_cannot_compile_for_sm120(bare_python, arch):
+    """Before: triton 3.2.0 in the stack gave no finding beyond a requirements mismatch. Its bundled ptxas (CUDA 12.4)
+    is asked for the target; the twin (9.0) compiles."""
+    paths = [pip_target("triton==3.2.0"), pip_target("sglang==0.5.23")]
+    rep = run_suite(bare_python, paths, ["--arch", arch, "--backend", CA], extra_env=_env(paths))[0]
+    t = rep["environment"]["health"]["triton"]
+    assert t["version"] == "3.2.0" and t["ptxas_release"] == "12.4" and t["ptxas"].endswith("nvidia/bin/ptxas")
+    msgs = [f["message"] for f in rep["environment"]["health"]["findings"] if f["check"] == "triton"]
+    if arch == "12.0":
+        assert t["compiles"] is False and "Value 'sm_120' is not defined for option 'gpu-name'" in t["error"]
+        assert len(msgs) == 1 and "CUDA 12.4" in msgs[0] and "sglang 0.5.23" in msgs[0], msgs
+        assert "@triton.jit" in msgs[0] and "lmdeploy#3410" in msgs[0]
+    else:
+        assert t["compiles"] is True and t["target"] == "sm_90a" and not msgs
+
+
+# ------------------------------------------------------------------------------------------------------ C56
+EP, FUSION, PCIE = "ep-flashinfer-a2a", "flashinfer-allreduce-fusion", "flashinfer-pcie-ipc-allreduce"
+
+
+def fake_smi(folder: Path, driver: str, cuda: str) -> Path:
+    """A stand-in ``nvidia-smi`` printing the banner line the suite reads (no GPU here)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    exe = folder / "nvidia-smi"
+    exe.write_text("#!/bin/sh\n"
+                   f"echo '| NVIDIA-SMI {driver}             Driver Version: {driver}     CUDA Version: {cuda}     |'\n")
+    exe.chmod(0o755)
+    return folder
+
+
+@pytest.mark.parametrize("driver,cuda", [("575.57.08", "12.9"), ("580.65.06", "13.0")])
+def test_c56_cuda_bindings_13_needs_driver_580_on_the_paths_that_import_it(bare_python, tmp_path, driver, cuda):
+    """Before: with a CUDA 12 torch the driver floor was torch's alone: EP all-to-all read open on a 575 driver,
+    although FlashInfer's comm/mnnvl.py imports cuda.bindings.driver (cuda-bindings 13); and cuda-bindings was
+    not among the environment's packages."""
+    paths = [pip_target("torch==2.9.1"), pip_target("flashinfer-python==0.7.2"), pip_target("cuda-bindings==13.0.3")]
+    rep, _ = run_suite(bare_python, paths, ["--backend", EP, "--backend", FUSION],
+                       extra_env=_env(paths), path_first=[fake_smi(tmp_path / "bin", driver, cuda)])
+    assert rep["environment"]["packages"].get("cuda-bindings") == "13.0.3"
+    assert rep["environment"]["driver"]["version"] == driver
+    floors = rep["environment"]["health"]["driver_floors"][EP]
+    row = next(r for r in floors if r["user"] == "cuda-bindings 13.0.3")
+    assert row["needs"] == "580" and "flashinfer.comm.mnnvl imports cuda.bindings" in row["evidence"], row
+    v = verdict(rep, EP, "library")
+    if driver.startswith("575"):
+        assert v["status"] == "blocked" and v["gate"] == "driver", v["cause"]
+        assert "cuda-bindings 13.0.3" in v["cause"] and ">= 580" in v["cause"] and "cutlass#2866" in v["cause"]
+        assert "mnnvl" in v["cause"] and "575.57.08" in v["cause"]
+        assert verdict(rep, FUSION, "library")["gate"] == "driver"     # flashinfer.comm imports it too
+    else:
+        assert v["gate"] != "driver", v["cause"]
+
+
+# ------------------------------------------------------------------------------------------------------ C58
+def plant_jit_cache(base: Path, version: str, module: str, cudart_major: int) -> Path:
+    """``<base>/.cache/flashinfer/<version>/120f/cached_ops/<module>/<module>.so`` linking ``libcudart.so.<major>``
+    (a gcc-built stub library: only its soname matters), where FlashInfer 0.7.2's jit/env.py puts its JIT modules."""
+    stub = base / "stub"
+    stub.mkdir(parents=True, exist_ok=True)
+    (stub / "rt.c").write_text("int cuda_stub_probe(void) { return 0; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(stub / "libcudart.so"), str(stub / "rt.c"),
+                    f"-Wl,-soname,libcudart.so.{cudart_major}"], check=True, capture_output=True)
+    so = base / ".cache" / "flashinfer" / version / "120f" / "cached_ops" / module / f"{module}.so"
+    so.parent.mkdir(parents=True, exist_ok=True)
+    (stub / "m.c").write_text("extern int cuda_stub_probe(void); int module_entry(void) { return cuda_stub_probe(); }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(so), str(stub / "m.c"), f"-L{stub}", "-Wl,--no-as-needed",
+                    "-lcudart"], check=True, capture_output=True)
+    return so
+
+
+@pytest.mark.parametrize("torch_spec,major,bad", [("torch==2.9.1", 13, True), ("torch==2.9.1", 12, False),
+                                                  ("torch==2.14.1", 12, True)])
+def test_c58_a_stale_flashinfer_jit_cache_module_is_named_and_distrusted(bare_python, tmp_path, torch_spec, major, bad):
+    """Before: FlashInfer's JIT cache was never read. Here trtllm_comm.so under the cache of the installed
+    FlashInfer links libcudart.so.<major> beside torch 2.9.1 (CUDA 12.8) or 2.14.1 (CUDA 13.0)."""
+    so = plant_jit_cache(tmp_path / "ws", "0.7.2", "trtllm_comm", major)
+    deps = torch_spec == "torch==2.14.1"
+    paths = [pip_target(torch_spec, deps=deps), pip_target("flashinfer-python==0.7.2")]
+    python = bare_python
+    if deps:
+        from validate_support import suite_venv
+        python = suite_venv()
+    rep = run_suite(python, paths, ["--backend", FUSION],
+                    extra_env=_env(paths, {"FLASHINFER_WORKSPACE_BASE": str(tmp_path / "ws")}))[0]
+    jc = rep["environment"]["health"]["jit_cache"]
+    assert jc["layout"] is True and jc["root"].endswith(".cache/flashinfer/0.7.2")
+    row = next(m for m in jc["modules"] if m["module"] == "trtllm_comm")
+    assert row["path"] == str(so) and row["cuda"] == {f"libcudart.so.{major}": major}
+    msgs = [f["message"] for f in rep["environment"]["health"]["findings"] if f["check"] == "jit_cache"]
+    if bad:
+        assert row["mismatch"] == [f"libcudart.so.{major}"]
+        assert len(msgs) == 1 and "trtllm_comm" in msgs[0] and "flashinfer#5145" in msgs[0] and "try_load" in msgs[0]
+        block = rep["environment"]["health"]["blocks"][FUSION][0]
+        assert block["gate"] == "broken-install" and str(so.parent) in block["lift_detail"]
+        if deps:   # an importable torch: the verdict itself carries it
+            v = verdict(rep, FUSION, "library")
+            assert v["status"] == "blocked" and "JIT cache module trtllm_comm" in v["cause"], v["cause"]
+    else:
+        assert row["mismatch"] == [] and not msgs
+
+
+# ------------------------------------------------------------------------------------------------------ C59
+@pytest.mark.parametrize("p2p_disable,world", [("1", 2), ("0", 2), ("1", 4)])
+def test_c59_nccl_2_27_5_with_p2p_disabled_is_flagged_with_its_condition(bare_python, p2p_disable, world):
+    """Before: nothing; the known-bad data had no environment condition and no message-size bound."""
+    paths = [pip_target("nvidia-nccl-cu12==2.27.5")]
+    rep = run_suite(bare_python, paths, ["--backend", RING, "--world-size", str(world), "--topology", "pcie"],
+                    extra_env=_env(paths, {"NCCL_P2P_DISABLE": p2p_disable}))[0]
+    v = verdict(rep, RING, "library")
+    if p2p_disable == "1" and world == 2:
+        assert v["status"] == "blocked" and v["gate"] == "known-bad-release", v["cause"]
+        c = v["cause"]
+        assert "nccl-2.27.5-shm-p2p-disabled-512k" in c and "NCCL_P2P_DISABLE=1" in c and "world size ==2 (2 here)" in c
+        assert "512 KiB and more" in c and "decode allreduce (43,008 B at 3 tokens) is below it" in c
+        assert "prefill's reaches it from 37 tokens" in c and "nccl/issues/1852" in c
+        assert "NCCL_P2P_DISABLE unset" in v["lift_detail"]
+    else:
+        assert v["gate"] != "known-bad-release", v["cause"]

@@ -59,14 +59,15 @@ def nccl_library_gate(ctx, verdicts: list, version: str | None) -> list:
             elif cov.level == "partial" and f:
                 v.warnings.append(f"libnccl: {f.detail.get('target')} of {f.detail.get('most')} fatbins carry code for "
                                   f"{target.cc}")
-        for entry in known_bad.matches("nccl", version, target, ctx.topology, v.backend):
-            v.add(f"known-bad release {entry.id}", entry.describe(version), entry.source)
+        kb = {"world_size": ctx.world_size, "driver": ((ctx.env or {}).get("driver") or {}).get("version")}   # C59
+        for entry in known_bad.matches("nccl", version, target, ctx.topology, v.backend, context=kb):
+            v.add(f"known-bad release {entry.id}", entry.describe(version, kb), entry.source)
             if _open(v) or v.gate == GATE_BINARY:
                 v.status, v.gate, v.lift = BLOCKED, GATE_KNOWN_BAD, LIFT_PACKAGE
-                v.cause = entry.describe(version)
-                v.lift_detail = f"NCCL >= {entry.fixed_in}"
+                v.cause = entry.describe(version, kb)
+                v.lift_detail = entry.lift()
             else:
-                v.warnings.append(entry.describe(version))
+                v.warnings.append(entry.describe(version, kb))
     return verdicts
 
 

@@ -27,8 +27,11 @@ The checks (each one's findings carry ``check``, ``level`` "error" | "warning" |
    major: a different major blocks every JIT-built path (``Need.jit``), toolchain, since the module it builds
    links the other major's ``libcudart`` (case C46).
 
+6. ``triton``: the ptxas Triton would call, asked to compile for the target (:mod:`stackprobe.health_triton`,
+   case C57), and the engine files that define Triton kernels.
+
 ``run`` returns plain JSON data (kept in the report as ``environment.health``): ``{"seconds", "stack_cuda",
-"requirements", "imports", "shared_objects", "nccl", "toolchain", "findings", "blocks"}`` where ``blocks`` maps a
+"requirements", "imports", "shared_objects", "nccl", "toolchain", "triton", "findings", "blocks", "not_assessed"}`` where ``blocks`` maps a
 backend to ``[{"scope" ("" = both answers), "gate", "cause", "lift", "lift_detail", "evidence", "source"}]``.
 """
 from __future__ import annotations

@@ -28,7 +28,7 @@ def markdown(health: dict | None) -> list[str]:
     else:
         lines += ["no errors: what the backends need is installed coherently and loads (or needs a GPU to tell).", ""]
     if errs and gaps:
-        lines += [f"> **not assessed**: {'; '.join(_gap(g) for g in gaps)}", ""]
+        lines += [f"> **not assessed: {'; '.join(_gap(g) for g in gaps)}**", ""]
     nccl = health.get("nccl") or {}
     tool = health.get("toolchain") or {}
     lines.append(f"stack CUDA {health.get('stack_cuda') or '-'} (torch); nvcc for JIT builds: "

@@ -10,10 +10,12 @@ import time
 
 from . import health as h
 from . import health_elf as elf
-from . import known_bad
+from . import health_floors, health_jitcache, health_triton, known_bad
+from .archs import parse_arch
 from .env import effective_nvcc
 from .probes.needs import NEEDS
-from .verdict import BLOCKED, GATE_BROKEN_INSTALL, GATE_NOT_INSTALLED, GATE_TOOLCHAIN, LIFT_PACKAGE, LIFT_CUDA
+from .verdict import (BLOCKED, GATE_BROKEN_INSTALL, GATE_DRIVER, GATE_NOT_INSTALLED, GATE_TOOLCHAIN, LIFT_CUDA, LIFT_DRIVER,
+                      LIFT_PACKAGE)
 
 _BLOCKING_IMPORTS = ("undefined-symbol", "error", "crash", "timeout")
 
@@ -237,15 +239,67 @@ def run(environment: dict, target, topology: str, backends=None, timeout: float 
     if nccl.get("version") and isinstance(environment, dict):   # the header and rows name what loads (C55)
         environment.setdefault("nccl", {}).update(loaded=nccl["version"], loaded_path=nccl.get("library"))
     tool = toolchain(environment)
+    tri = health_triton.check(parse_arch(target) if isinstance(target, str) else target, dists)
     blocks = decide(backends, imports, breaks, shared, syms, tool, dists)
     findings = _findings(breaks, imports, shared, syms, nccl, tool)
+    arch = parse_arch(target) if isinstance(target, str) else target
+    jc = health_jitcache.scan(dists, major, arch)
+    jit_cache_blocks(jc, backends, cuda, blocks, findings)
+    fl = health_floors.floors(backends, dists, shared, nccl)
+    floor_blocks(fl, (environment or {}).get("driver") or {}, blocks, findings)
+    tri_finding = health_triton.finding(tri)
+    if tri_finding:
+        findings.append(tri_finding)
     gaps = not_assessed(unread, shared, syms, nccl, cuda, imports)
+    if jc.get("not_assessed"):
+        gaps.append({"check": "jit_cache", "what": f"FlashInfer {jc['version']}'s JIT cache", "why": jc["not_assessed"]})
+    if tri.get("not_assessed"):
+        gaps.append({"check": "triton", "what": f"whether Triton {tri['version']} compiles for {tri['target']}",
+                     "why": tri["not_assessed"]})
     for g in gaps:
         findings.insert(0, {"check": g["check"], "level": "warning", "message": f"not assessed: {g['what']} ({g['why']})"})
     return {"seconds": round(time.time() - t0, 1), "stack_cuda": cuda, "stack_cuda_source": cuda_where,
             "requirements": breaks, "requirements_not_assessed": unread, "imports": list(imports.values()), "shared_objects": shared,
-            "static_symbols": syms, "nccl": nccl, "toolchain": tool, "findings": findings, "blocks": blocks,
+            "static_symbols": syms, "nccl": nccl, "toolchain": tool, "triton": tri, "driver_floors": fl, "jit_cache": jc, "findings": findings, "blocks": blocks,
             "not_assessed": gaps}
+
+
+def jit_cache_blocks(jc: dict, backends, stack_cuda, blocks: dict, findings: list) -> None:
+    """Error findings for FlashInfer JIT cache modules of another CUDA major than the stack's, and a broken-install
+    block on the backend whose module it is (:mod:`stackprobe.health_jitcache`, case C58)."""
+    bad = [m for m in (jc or {}).get("modules", []) if m.get("mismatch")]
+    if not bad:
+        return
+    mods = health_jitcache.backend_modules()
+    for m in bad:
+        msg = health_jitcache.describe(m, stack_cuda)
+        findings.append({"check": "jit_cache", "level": "error", "message": msg})
+        for b in backends:
+            if mods.get(b) == m["module"]:
+                blocks.setdefault(b, []).insert(0, _block(
+                    "", GATE_BROKEN_INSTALL, f"broken install: {msg}", LIFT_PACKAGE,
+                    f"remove {os.path.dirname(m['path'])} (FlashInfer then compiles the module with the nvcc it finds, "
+                    f"or loads one from flashinfer-jit-cache)", m, "FlashInfer JIT cache (jit/env.py layout), DT_NEEDED"))
+
+
+def floor_blocks(fl: dict, driver: dict, blocks: dict, findings: list) -> None:
+    """Blocks (gate ``driver``) and error findings for the CUDA users on each path whose driver floor this host's
+    driver is below (:mod:`stackprobe.health_floors`, case C56); nothing without a driver (static only)."""
+    said = set()
+    for b, rows in fl.items():
+        for row in rows:
+            if not health_floors.below(driver, row):
+                continue
+            cause = (f"{row['user']} on this path needs a driver >= {row['needs']} (CUDA {row['cuda_major']}.x; "
+                     f"{row['source']}): {row['evidence']}; this host's driver is {driver.get('version')}"
+                     + (f" (CUDA {driver['cuda']})" if driver.get("cuda") else ""))
+            blocks.setdefault(b, []).append(_block("", GATE_DRIVER, cause, LIFT_DRIVER,
+                                                   f"driver >= {row['needs'].split('.')[0]}", row,
+                                                   "stackprobe.health_floors (import walk, DT_NEEDED, NCCL version)"))
+            if row["user"] not in said:
+                said.add(row["user"])
+                findings.append({"check": "driver_floors", "level": "error", "message": cause})
+            break
 
 
 def not_assessed(unread, shared: list, syms: dict, nccl: dict, cuda: str | None, imports: dict) -> list[dict]:

@@ -55,7 +55,7 @@ def test_readme_table_is_the_errors_table():
     from cudastack.core import errors
 
     table = readme_table()
-    assert set(table) == {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, table
+    assert set(table) == {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 130}, table
     classes = {c.exit_code: c.__name__ for c in vars(errors).values()
                if isinstance(c, type) and issubclass(c, errors.StackError) and c is not errors.StackError}
     assert set(classes) == set(table) - {0, 1}, classes
@@ -76,10 +76,28 @@ CASES = {
     7: lambda fx, tmp: _invoke("cluster-job", "--cuda", "13.1", "--scheduler", "slurm", "--gpus", "8",
                                "--lockfiles", str(tmp), "--output", str(tmp / "job.sbatch")),
     9: lambda fx, tmp: _invoke("validate", "--image", "cudastack-test/no-such-image:never", "--out", str(tmp)),
+    130: lambda fx, tmp: _interrupted(tmp),
     10: lambda fx, tmp: _invoke("validate", "--strict", "--out", str(tmp / "reports"),
                                 env={"PYTHONPATH": os.pathsep.join(filter(None, [str(_planted_conflict(tmp)),
                                                                                  os.environ.get("PYTHONPATH")]))}),
 }
+
+
+def _interrupted(tmp: Path) -> subprocess.CompletedProcess:
+    """`invoke validate` (about a minute here) stopped as a terminal stops it: SIGINT to its process group once it
+    has started validating. Every task ends a stop as "interrupted", exit 130 (build's own account of one, with
+    its record, is tests/test_build_stops.py)."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "-r", str(ROOT), "validate", "--out", str(tmp / "r")],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stderr is not None
+    err = proc.stderr.readline()                    # "validating the current environment"
+    time.sleep(1)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, rest = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err + rest)
 
 
 def _planted_conflict(tmp: Path) -> Path:
@@ -100,6 +118,8 @@ def test_exit_code(code, fixture_copy, tmp_path):
         assert p.stderr.strip(), "an error exit says why"
     if code == 1:
         assert "No idea what '--x' is!" in p.stderr
+    if code == 130:
+        assert "interrupted: validate was stopped (SIGINT)" in p.stderr and "Traceback" not in p.stderr, p.stderr
     if code == 10:
         assert "cudastack-planted-conflict 0.0.0 requires torch==0.0.1" in p.stderr, p.stderr[-1500:]
         assert list((tmp_path / "reports").glob("*.json")), "--strict exits after the reports are written"

@@ -167,8 +167,8 @@ def test_build_ends_with_the_runtime_tag(tmp_path):
 
 # ------------------------------------------------------------------------------------------- set-up
 def _dev_sh_installs() -> set[str]:
-    """Debian packages scripts/dev.sh installs when missing (its need_pkgs+=(...) lines)."""
-    return set(re.findall(r"need_pkgs\+=\(([\w.-]+)\)", (ROOT / "scripts" / "dev.sh").read_text()))
+    """Debian packages scripts/dev.sh installs when missing (its ``|| need PACKAGE`` lines)."""
+    return set(re.findall(r"\|\|\s*need ([\w.-]+)", (ROOT / "scripts" / "dev.sh").read_text()))
 
 
 def test_dev_sh_installs_what_it_says():

@@ -5,12 +5,15 @@ reports (stdlib only).
   the target): ``with no flags: <path a decode allreduce takes>; opt-in, worth measuring on the target: <path>
   (<setting>) [upstream's claim: ...]; do not set: <setting> (start-up failure)``, then ``falls back if set``,
   ``preempted`` and ``on as configured`` where present. Upstream's figures appear only as evidence labelled
-  "upstream's claim" (file:line), never as the suite's measurement.
+  "upstream's claim" (file:line), never as the suite's measurement. Each engine answer is combined with the same
+  backend's library answer (an opt-in whose library is blocked here is not worth measuring); a path that is not a
+  decode allreduce (an MoE all-to-all) gets its own part; an engine answer that is ``error`` or ``not-assessed``
+  is listed as not assessed, never dropped.
 * :func:`engine_pins`: sglang's own ``Requires-Dist`` pins on torch, sglang-kernel / sgl-kernel and
   flashinfer-python (installed distribution metadata) and the CUDA build of the torch installed: why an sglang
   upgrade is tied to a CUDA major.
-* :func:`moved_by`: which release moved a verdict between two reports (sglang, flashinfer-python, the CUDA
-  toolkit), from the gate that decides it and the versions each report records.
+* :func:`moved_by`: which release moved a verdict between two reports (the serving engine that answers, sglang or
+  vllm; flashinfer-python; the CUDA toolkit), from the gate that decides it and the versions each report records.
 * :func:`translate_v2`: a schema-2 report's verdicts in schema-3 statuses (:data:`stackprobe.REPORT_SCHEMA_VERSION`),
   or :class:`SchemaError` when a verdict cannot be translated without guessing.
 """
@@ -18,8 +21,9 @@ from __future__ import annotations
 
 import re
 
-from .verdict import (BLOCKED, FALLS_BACK, GATE_PASSES, GATE_SETTING, NOT_INSTALLED, NOT_INTEGRATED, ON_AS_CONFIGURED,
-                      ON_BY_DEFAULT, OPT_IN, PREEMPTED, STARTUP_FAILURE, Verdict)
+from .verdict import (BLOCKED, ERROR, FALLS_BACK, GATE_NEEDS_RUNTIME, GATE_PASSES, GATE_SETTING, NOT_ASSESSED,
+                      NOT_INSTALLED, NOT_INTEGRATED, ON_AS_CONFIGURED, ON_BY_DEFAULT, OPT_IN, PREEMPTED, SKIPPED,
+                      STARTUP_FAILURE, Verdict)
 
 PIN_DISTS = ("torch", "sglang-kernel", "sgl-kernel", "flashinfer-python", "flashinfer_python")
 DISPATCH = "TP allreduce dispatch: the path a decode-step allreduce takes"
@@ -64,9 +68,54 @@ def _engine_version(report) -> str:
                             if e.get("name") == name and e.get("version")), "") or "")
 
 
+#: library statuses that keep an engine's opt-in from being worth measuring: the library cannot run it here
+_LIBRARY_CLOSED = (BLOCKED, ERROR)
+
+
+def _library_block(report, backend: str) -> Verdict | None:
+    """The library answer (scope "library", static) for ``backend`` when it says the library cannot run here
+    (:data:`_LIBRARY_CLOSED`, or a ``skipped`` that is not waiting for GPUs), else None."""
+    answers = getattr(report, "answers", None)
+    lib = answers(backend)["library"] if answers is not None else None
+    if lib is None:
+        return None
+    if lib.status in _LIBRARY_CLOSED or (lib.status == SKIPPED and lib.gate not in ("", GATE_NEEDS_RUNTIME)):
+        return lib
+    return None
+
+
+def collective(backend: str, v: Verdict | None = None) -> str:
+    """Which collective ``backend`` is: "allreduce" (a decode-step TP allreduce) or what its probe module declares in
+    ``COLLECTIVE`` (``{"ep-flashinfer-a2a": "MoE all-to-all (expert parallelism)"}``); a verdict's own "collective"
+    evidence wins (reports carry it)."""
+    e = _ev(v, "collective") if v is not None else None
+    if e is not None and e.value:
+        return str(e.value)
+    try:
+        from .probes import probes
+        for m in probes():
+            found = (getattr(m, "COLLECTIVE", None) or {}).get(backend)
+            if found:
+                return str(found)
+    except Exception:   # noqa: BLE001 - an old report read where the probes cannot load: the name decides
+        pass
+    return "allreduce"
+
+
+def _short_cause(v: Verdict, limit: int = 220) -> str:
+    text = (v.cause or v.status).strip()
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " ..."
+
+
 def headline(report) -> dict:
     """``{"config": "no flags" | the flags, "serves": path, "opt_in": [...], "do_not_set": [...], "falls_back":
-    [...], "preempted": [...], "on": [...]}`` (each entry one phrase) from ``report``'s engine answers."""
+    [...], "preempted": [...], "on": [...], "library_blocked": [...], "other": {collective: [...]},
+    "not_assessed": [...]}`` (each entry one phrase) from ``report``'s engine answers, combined with each backend's
+    library answer: an engine opt-in whose library answer is blocked (no compiler for a JIT-only module, a table
+    without the target) is not worth measuring and goes to ``library_blocked`` with the library's cause. Paths that
+    are not a decode allreduce (:func:`collective`) go to ``other`` under their collective. An engine answer that is
+    ``error`` or ``not-assessed`` (a reader that met a release it does not know) goes to ``not_assessed``: an error is
+    never dropped from the headline."""
     cfg = ((report.options or {}).get("server_config") or {}).get("describe") or "no flags"
     eng = _engine_answers(report)
     # the dispatch walk's own answer first (Report.dispatch, the section below the headline), so the two never
@@ -78,22 +127,90 @@ def headline(report) -> dict:
         if e is not None and e.value:
             serves = str(e.value)
             break
-    on = [v for v in eng if v.status in (ON_BY_DEFAULT, ON_AS_CONFIGURED)]
+    allreduce = [v for v in eng if collective(v.backend, v) == "allreduce"]
+    on = [v for v in allreduce if v.status in (ON_BY_DEFAULT, ON_AS_CONFIGURED)]
     if not serves:
         serves = ", ".join(v.backend for v in on) or f"{NCCL}: no other path is on and admitted"
     out = {"config": cfg, "serves": serves, "opt_in": [], "do_not_set": [], "falls_back": [], "preempted": [],
-           "on": [f"{v.backend} ({v.status})" for v in on], "engine": bool(eng) and bool(_engine_version(report))}
+           "on": [f"{v.backend} ({v.status})" for v in on], "engine": bool(eng) and bool(_engine_version(report)),
+           "library_blocked": [], "other": {}, "not_assessed": [], "fix_host_first": [],
+           "serves_host": _serves_host(report, eng, serves)}
     for v in eng:
+        kind = collective(v.backend, v)
+        phrase = _phrase(report, v)
+        if phrase is None:
+            continue
+        key, text = phrase
+        if key == "not_assessed":
+            out["not_assessed"].append(text)
+        elif kind == "allreduce":
+            out[key].append(text)
+        else:
+            out["other"].setdefault(kind, []).append(f"{_OTHER_WORDS[key]}: {text}")
+    return out
+
+
+_OTHER_WORDS = {"opt_in": "opt-in, worth measuring on the target", "library_blocked": "not worth measuring here",
+                "fix_host_first": "fix the host first",
+                "do_not_set": "do not set", "falls_back": "falls back if set", "preempted": "preempted",
+                "on": "on"}
+
+
+def _phrase(report, v: Verdict) -> tuple[str, str] | None:
+    """(headline key, phrase) for one engine answer, or None when the headline has nothing to say of it."""
+    if v.status in (ERROR, NOT_ASSESSED):
+        who = f"{v.engine} " if v.engine else ""
+        return "not_assessed", f"{v.backend} ({who}answer {v.status}: {_short_cause(v)})"
+    if v.status in (OPT_IN, ON_BY_DEFAULT, ON_AS_CONFIGURED):
+        lib = _library_block(report, v.backend)
+        if lib is not None:
+            return "library_blocked", (f"{v.backend} ({_setting(v) or v.status}): the engine admits it, but the "
+                                       f"library is {status_word(lib)} here: {_short_cause(lib)}")
+        risk = v.host_risk or {}
+        if risk.get("level") == "risk":
+            # a peer-memory path on a host that shows a P2P risk is never "worth measuring" (stackprobe.host)
+            setting = _setting(v) if v.status == OPT_IN else v.status.replace("-", " ")
+            now = risk.get("now") or "leave it off"
+            return "fix_host_first", f"{v.backend} ({setting}): {risk['what']}; now: {now}; fix: {risk['fix']}"
         if v.status == OPT_IN:
             claim = upstream_claim(v)
-            out["opt_in"].append(f"{v.backend} ({_setting(v)})" + (f" [{claim}]" if claim else ""))
-        elif v.status == STARTUP_FAILURE:
-            out["do_not_set"].append(f"{_setting(v) or v.backend} ({v.backend}: start-up failure)")
-        elif v.status == FALLS_BACK:
-            out["falls_back"].append(f"{_setting(v) or v.backend} ({v.backend})")
-        elif v.status == PREEMPTED:
-            out["preempted"].append(f"{v.backend} ({v.cause.split(': ', 2)[1] if ': ' in v.cause else v.cause})")
-    return out
+            return "opt_in", f"{v.backend} ({_setting(v)})" + (f" [{claim}]" if claim else "") + _host_caveat(v)
+        if collective(v.backend, v) != "allreduce":
+            return "on", f"{v.backend} ({v.status})"
+        return None
+    if v.status == STARTUP_FAILURE:
+        return "do_not_set", f"{_setting(v) or v.backend} ({v.backend}: start-up failure)"
+    if v.status == FALLS_BACK:
+        return "falls_back", f"{_setting(v) or v.backend} ({v.backend})"
+    if v.status == PREEMPTED:
+        return "preempted", f"{v.backend} ({v.cause.split(': ', 2)[1] if ': ' in v.cause else v.cause})"
+    return None
+
+
+def _host_caveat(v: Verdict) -> str:
+    """`` [check the host on the target first ...]`` for an opt-in peer-memory path whose host was not read or not
+    fully read (:func:`stackprobe.host.apply`), else ""."""
+    r = v.host_risk or {}
+    if r.get("level") == "unchecked":
+        return " [check the host on the target first: python -m stackprobe.runtime p2p (P2P per pair, IOMMU, ACS)]"
+    if r.get("level") == "unassessed":
+        return f" [{r['what']}: {r['fix']}]"
+    return ""
+
+
+def _serves_host(report, eng: list, serves: str) -> str:
+    """What the host means for the path that serves: the NCCL baseline's transport (SHM, not P2P) or its P2P risk, or
+    the serving peer-memory path's risk; "" when the host says nothing."""
+    if serves.startswith(("NCCL", "nccl")):
+        pick = next((v for v in report.verdicts if v.backend == "nccl-ring" and v.host_risk and v.tier == "static"), None)
+    else:
+        pick = next((v for v in eng if serves.startswith(v.backend) and v.host_risk), None)
+    if pick is None:
+        return ""
+    r = pick.host_risk
+    if r["level"] == "risk":
+        return f"at risk on this host: {r['what']}; now: {r.get('now') or 'switch it off'}; fix: {r['fix']}"
+    return r["what"] if r["level"] == "transport" else ""
 
 
 def headline_line(report) -> str:
@@ -103,9 +220,21 @@ def headline_line(report) -> str:
         title = report._title() if hasattr(report, "_title") else "SGLang"
         return (f"no serving engine answer ({title} is not installed here): nothing below says what a server would "
                 "do; the library answers say what could work")
-    parts = [f"with {h['config']}: a decode-step allreduce takes {h['serves']}"]
+    parts = [f"with {h['config']}: a decode-step allreduce takes {h['serves']}"
+             + (f" ({h['serves_host']})" if h.get("serves_host") else "")]
+    ring = next((v for v in getattr(report, "verdicts", []) if v.backend == "nccl-ring" and v.tier == "static"
+                 and (v.host_risk or {}).get("level") == "risk"), None)
+    if ring is not None and not h["serves"].startswith(("NCCL", "nccl")):
+        # the baseline every path falls back to is at risk too (NVIDIA/nccl#1999): said even where it does not serve
+        parts.append(f"NCCL, the baseline and fallback: {ring.host_risk['what']}; now: {ring.host_risk.get('now')}")
+    if h.get("fix_host_first"):
+        parts.append("fix the host first (a peer-memory path on a box that shows a P2P risk): "
+                     + "; ".join(h["fix_host_first"]))
     if h["opt_in"]:
         parts.append("opt-in, worth measuring on the target: " + "; ".join(h["opt_in"]))
+    if h["library_blocked"]:
+        parts.append("admitted by the engine but not worth measuring here (its library is blocked): "
+                     + "; ".join(h["library_blocked"]))
     if h["do_not_set"]:
         parts.append("do not set: " + "; ".join(h["do_not_set"]))
     if h["falls_back"]:
@@ -114,6 +243,11 @@ def headline_line(report) -> str:
         parts.append(f"accepted but falls back to {to} if set (no gain): " + "; ".join(h["falls_back"]))
     if h["preempted"]:
         parts.append("preempted: " + "; ".join(h["preempted"]))
+    for kind, items in h["other"].items():
+        parts.append(f"apart from the decode allreduce, {kind} (it changes the deployment): " + "; ".join(items))
+    if h["not_assessed"]:
+        parts.append("not assessed (the reader could not answer for this release; nothing is claimed for these): "
+                     + "; ".join(h["not_assessed"]))
     return "; ".join(parts)
 
 
@@ -163,24 +297,42 @@ def cuda_tie(before, after) -> str:
             f"(its Requires-Dist){was}; {built}")
 
 
+#: the engines whose source a verdict's cause may cite (``sglang/FILE``, ``vllm/FILE``), in :func:`_decider`
+ENGINE_DISTS = ("sglang", "vllm")
+
+
 def _versions(report) -> dict:
+    """The releases a verdict can move with: every serving engine the report records (its ``engines`` list or its
+    packages), flashinfer-python and the CUDA toolkit."""
     env = report.environment or {}
     pk = env.get("packages") or {}
     nv = env.get("nvcc") or {}
     nvcc = (nv.get("cuda_home_nvcc") or nv.get("path") or (nv.get("pip") or [None])[0] or {}).get("release")
-    return {"sglang": pk.get("sglang"), "flashinfer-python": pk.get("flashinfer-python") or pk.get("flashinfer_python"),
-            "CUDA toolkit": nvcc or (env.get("torch") or {}).get("cuda")}
+    out = {}
+    for name in ENGINE_DISTS:
+        ver = pk.get(name) or next((e.get("version") for e in getattr(report, "engines", None) or []
+                                    if e.get("name") == name and e.get("version")), None)
+        if ver or name == (report.primary_engine() if hasattr(report, "primary_engine") else "sglang"):
+            out[name] = ver
+    out["flashinfer-python"] = pk.get("flashinfer-python") or pk.get("flashinfer_python")
+    out["CUDA toolkit"] = nvcc or (env.get("torch") or {}).get("cuda")
+    return out
 
 
 def _decider(v: Verdict | None) -> str:
-    """Which package a verdict's deciding gate belongs to: "sglang" (engine gates, sources under sglang/),
+    """Which package a verdict's deciding gate belongs to: the engine that answers (``Verdict.engine``, "sglang" in
+    reports made before the engine interface; or the engine whose source the cause cites, ``vllm/...``),
     "flashinfer-python" (library gates under flashinfer/), "CUDA toolkit" (toolchain, compiled-binary), else ""."""
     if v is None:
         return ""
     if v.gate in ("toolchain", "compiled-binary", "driver"):
         return "CUDA toolkit"
-    if v.scope == "engine" or "SGLang" in v.cause or "sglang/" in v.cause:
-        return "sglang"
+    if v.scope == "engine":
+        return v.engine or next((n for n in ENGINE_DISTS if f"{n}/" in v.cause), "sglang")
+    cited = next((n for n in ENGINE_DISTS if f"{n}/" in v.cause or f"{'SGLang' if n == 'sglang' else 'vLLM'} " in v.cause),
+                 "")
+    if cited:
+        return cited
     if "FlashInfer" in v.cause or "flashinfer" in v.cause.lower():
         return "flashinfer-python"
     return ""
@@ -194,7 +346,7 @@ def moved_by(before, after, backend: str) -> str:
     if a is not None and b is not None and (a.status, a.gate) == (b.status, b.gate):
         return ""
     va, vb = _versions(before), _versions(after)
-    moved = {k: (va[k], vb[k]) for k in va if va[k] != vb[k]}
+    moved = {k: (va.get(k), vb.get(k)) for k in dict.fromkeys([*va, *vb]) if va.get(k) != vb.get(k)}
     if not moved:
         return ""
     lead = _decider(b) or _decider(a)

@@ -3,8 +3,12 @@
 No topology gate exists on this path in SGLang 0.5.9 / 0.5.23 or FlashInfer 0.6.3 / 0.7.2: ``MoeAlltoAll``
 allocates through ``MnnvlMemory``, whose handle type is read from the installed source (:func:`_fd_fallback`):
 0.6.3 picks FABRIC on aarch64 and POSIX file descriptors otherwise, by CPU type (``flashinfer/comm/mnnvl.py:404-414``);
-0.7.2 probes fabric support (``mnnvl.py:327-334``). Whether POSIX handles then work over PCIe (peer access,
-``SYS_PTRACE`` for the fd exchange) is a runtime question.
+0.7.2 probes fabric support (``mnnvl.py:327-334``). The POSIX fds travel by ``pidfd_getfd`` in 0.6.3 (ptrace access
+to the peer: ``CAP_SYS_PTRACE`` in a container) and over ``SCM_RIGHTS`` in 0.7.2 (no ``CAP_SYS_PTRACE``), read by
+:func:`_fd_exchange`. Whether POSIX handles then work over PCIe (peer access) is a runtime question.
+
+The path is an MoE all-to-all, not a decode allreduce (:data:`COLLECTIVE`): the headline gives it its own part, and
+its engine answer there is combined with the library answer (a blocked library: not worth measuring).
 
 Engine answer (read from the installed SGLang): the server argument ``--moe-a2a-backend`` (default
 ``none``) and the settings it requires: 0.5.9 asserts the ``flashinfer_cutlass`` MoE runner under
@@ -23,6 +27,7 @@ import ast
 import re
 
 from .. import source
+from ..serverconfig import NO_FLAGS
 from ..env import all_nvccs, effective_nvcc
 from ..verdict import (FALLS_BACK, OPT_IN, STARTUP_FAILURE, BLOCKED, GATE_NEEDS_RUNTIME, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_SETTING,
                        GATE_TOOLCHAIN, LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_SETTING, LIFT_UNKNOWN,
@@ -32,6 +37,8 @@ from . import sglang_engine as se
 from .sglang_custom_ar import short
 
 BACKENDS = ("ep-flashinfer-a2a",)
+#: the collective of each backend that is not a decode-step allreduce (:func:`stackprobe.userwords.collective`)
+COLLECTIVE = {"ep-flashinfer-a2a": "MoE all-to-all for expert parallelism"}
 RUNTIME = {"library": (), "engine": ()}
 PRECONDITION = "_flashinfer_a2a_topology_is_supported"
 
@@ -87,13 +94,13 @@ def _engine(ctx, eng) -> Verdict:
         asserted = next((n.lineno for n in ast.walk(tree) if isinstance(n, ast.Assert)
                          and PRECONDITION in ast.unparse(n.test)), None)
         where = f"{short(found[0])}:{line} {PRECONDITION}" + (f", asserted at :{asserted}" if asserted else "")
-        dp = se.server_argument(eng, ("--enable-dp-attention",))["flag"]
-        dps = se.server_argument(eng, ("--dp-size",))["flag"]
-        detail = f"DP attention: {dp} {dps} {w} (attn_dp_size == tp_size == {w})"
+        detail, spelled = _dp_attention_flags(eng, w)
         setting = se.Gate("required setting: DP attention", plain, where, GATE_SETTING if dpa else GATE_PYTHON,
                           f"--moe-a2a-backend flashinfer requires DP attention with attn_dp_size == tp_size "
-                          f"({PRECONDITION}(tp={w}, ep={w}) is {plain} without it, {dpa} with dp={w})",
-                          LIFT_SETTING if dpa else LIFT_PACKAGE, detail if dpa else "", value=[plain, dpa])
+                          f"({PRECONDITION}(tp={w}, ep={w}) is {plain} without it, {dpa} with dp={w})"
+                          + (f"; {spelled['note']}" if spelled.get("note") else ""),
+                          LIFT_SETTING if dpa else LIFT_PACKAGE, detail if dpa else "",
+                          value={"admits": [plain, dpa], "spelling": spelled})
         runner_gate = _runner_gate_0523(eng, found[0], tree, ctx)
     else:                                       # 0.5.9: the flashinfer_cutlass MoE runner
         rel = "srt/server_args.py"
@@ -115,6 +122,9 @@ def _engine(ctx, eng) -> Verdict:
     for g in (setting, runner_gate):
         if g is not None:
             ans.add(_required(ctx, arg, g))
+    qg = _quantization_gate(eng, _runner(runner_gate or setting), ctx, arg)
+    if qg is not None:
+        ans.add(qg)
     # the names SGLang's dispatcher imports from flashinfer
     moe = root / "srt" / "layers" / "moe"
     needed = []
@@ -138,10 +148,11 @@ def _engine(ctx, eng) -> Verdict:
                 break
     v = ans.verdict(f"SGLang {eng.version} builds the FlashInfer a2a dispatcher with these settings; no topology gate "
                     "on this path: PCIe viability is for the runtime tier")
-    handles = _fd_fallback()
+    handles, exch = _fd_fallback(), _fd_exchange()
+    v.add("MnnvlMemory POSIX fd exchange", exch[0], exch[1])
     v.warnings.append(f"no topology gate in SGLang or FlashInfer on this path (MnnvlMemory handle type: {handles[0]}, "
-                      f"{handles[1]}); over PCIe it needs peer access and SYS_PTRACE for the fd exchange: a runtime "
-                      "question")
+                      f"{handles[1]}); over PCIe it needs peer access, and the fd exchange is {exch[0]} ({exch[1]}): "
+                      "a runtime question")
     if v.status in (BLOCKED, OPT_IN, FALLS_BACK, STARTUP_FAILURE):
         # the library side too: without nvcc or a flashinfer-jit-cache the a2a module cannot build (library answer)
         blocker = compiler_blocker(ctx, _a2a_modules(ctx))
@@ -149,6 +160,73 @@ def _engine(ctx, eng) -> Verdict:
             v.add("library blocker: a2a module build", blocker[0], "library answer (ep-flashinfer-a2a)")
             v.lift_detail = "; ".join(x for x in (v.lift_detail, "and " + blocker[1]) if x)
     return v
+
+
+def _dp_attention_flags(eng, w: int) -> tuple[str, dict]:
+    """How a user asks the installed SGLang for DP attention over ``w`` ranks: ``("DP attention: --attn-dp-size 8
+    (attn_dp_size == tp_size == 8)", {"flags", "deprecated", "note"})``. Where the release registers
+    ``--enable-dp-attention`` as deprecated (:func:`.sglang_engine.deprecated_flag`; sglang 0.5.23
+    ``srt/server_args.py:416-424``: ``new_flag="--attn-dp-size <dp-size>"``) the new spelling is advised and the old
+    pair is still accepted as given; otherwise ``--enable-dp-attention --dp-size w`` (sglang 0.5.9)."""
+    dep = se.deprecated_flag(eng, "--enable-dp-attention")
+    if dep is not None and dep["new_flag"]:
+        new = re.sub(r"<[^>]*>", str(w), dep["new_flag"])
+        se.server_argument(eng, (new.split()[0],))   # the new flag must exist (GateNotFound otherwise)
+        dps = se.server_argument(eng, ("--dp-size",))["flag"]
+        return (f"DP attention: {new} (attn_dp_size == tp_size == {w})",
+                {"flags": new.split(), "deprecated": ["--enable-dp-attention", dps],
+                 "note": f"--enable-dp-attention is deprecated in sglang {eng.version} for {dep['new_flag']} "
+                         f"({dep['where']})"})
+    dp = se.server_argument(eng, ("--enable-dp-attention",))["flag"]
+    dps = se.server_argument(eng, ("--dp-size",))["flag"]
+    return f"DP attention: {dp} {dps} {w} (attn_dp_size == tp_size == {w})", {"flags": [dp, dps, str(w)]}
+
+
+def _runner(g: se.Gate | None) -> str:
+    """The MoE runner a user is told to set with the a2a backend (flashinfer_cutlass where admitted), from the MoE
+    runner gate's value (``{"runners": [...]}``, or ``{"required": {...}}`` once configured); "" when unknown."""
+    value = g.value if g is not None else None
+    if isinstance(value, dict) and "required" in value:
+        value = value["required"]
+    runners = value.get("runners") if isinstance(value, dict) else None
+    if not runners:
+        return ""
+    return "flashinfer_cutlass" if "flashinfer_cutlass" in runners else runners[0]
+
+
+def _quantization_gate(eng, runner: str, ctx, arg) -> se.Gate | None:
+    """The quantizations SGLang admits with MoE runner ``runner`` (the one the a2a backend requires): the ``assert
+    <...>.quantization in [...]`` under ``if <...>.moe_runner_backend == "<runner>":`` in its argument files (sglang
+    0.5.23 ``srt/arg_groups/moe_hook.py:80-88``; 0.5.9 ``srt/server_args.py:2136-2141``), against the
+    ``--quantization`` the configuration gives (default ``None``: bf16). A quantization outside the list is an
+    ``AssertionError`` while SGLang resolves its arguments (a start-up failure). None when the release has no such
+    assert (nothing to read) or ``runner`` is empty."""
+    if not runner:
+        return None
+    for path, n in se.arg_ifs(eng):
+        t = ast.unparse(n.test)
+        if not (isinstance(n.test, ast.Compare) and "moe_runner_backend" in ast.unparse(n.test.left)
+                and any(isinstance(c, ast.Constant) and c.value == runner for c in n.test.comparators)):
+            continue
+        node = next((a for a in n.body if isinstance(a, ast.Assert) and isinstance(a.test, ast.Compare)
+                     and "quantization" in ast.unparse(a.test.left) and isinstance(a.test.ops[0], ast.In)
+                     and isinstance(a.test.comparators[0], (ast.List, ast.Tuple, ast.Set))), None)
+        if node is None:
+            continue
+        allowed = [c.value for c in node.test.comparators[0].elts if isinstance(c, ast.Constant)]
+        given = (getattr(ctx, "server_config", None) or NO_FLAGS).flag("--quantization")
+        q = None if given in (None, True) else str(given)
+        g = se.Gate(f"required setting: quantization with --moe-runner-backend {runner}", q in allowed,
+                    f"{se.short(path)}:{node.lineno}-{node.end_lineno} `assert {ast.unparse(node.test)}` (under `{t}`)",
+                    GATE_SETTING, f"with --moe-runner-backend {runner} SGLang asserts the quantization is one of "
+                    f"{allowed} (None: bf16); the configuration gives {q!r}", LIFT_SETTING,
+                    f"a model whose --quantization is one of {allowed} (None: bf16)",
+                    value={"allowed": allowed, "configured": q})
+        if not g.admits:
+            g.on_fail = "raise"
+            g.raises = f"AssertionError while SGLang resolves its arguments: {g.cause}"
+        return g
+    return None
 
 
 def _a2a_modules(ctx) -> list[str]:
@@ -169,7 +247,9 @@ def _required(ctx, arg: se.Gate, g: se.Gate) -> se.Gate:
     if g.admits or g.kind != GATE_SETTING:
         return g
     flags = [w for w in g.lift_detail.replace(":", " ").split() if w.startswith("--")]
-    given = bool(flags) and all(se.configured(ctx, f) for f in flags)
+    old = (g.value or {}).get("spelling", {}).get("deprecated") if isinstance(g.value, dict) else None
+    given = (bool(flags) and all(se.configured(ctx, f) for f in flags)
+             or bool(old) and all(se.configured(ctx, f) for f in old))
     if given:
         g.admits = True
         g.value = {"required": g.value, "configured": flags}
@@ -260,8 +340,9 @@ def library_gate(ctx) -> list[Verdict]:
         v.status, v.gate, v.lift = BLOCKED, GATE_PYTHON, LIFT_PACKAGE
         v.cause = f"every a2a JIT module's arch list excludes major {ctx.target.major}: {refused}"
         return [v]
-    handles = _fd_fallback()
+    handles, exch = _fd_fallback(), _fd_exchange()
     v.add("MnnvlMemory handle types", handles[0], handles[1])
+    v.add("MnnvlMemory POSIX fd exchange", exch[0], exch[1])
     v.add("every nvcc in reach", all_nvccs(ctx.env) or "none (PATH, CUDA_HOME, /usr/local/cuda, PyPI toolkit folders)",
           "environment")
     blocker = compiler_blocker(ctx, [k for k in a2a if k not in refused])
@@ -277,7 +358,8 @@ def library_gate(ctx) -> list[Verdict]:
     v.status, v.gate, v.lift = SKIPPED, GATE_NEEDS_RUNTIME, LIFT_UNKNOWN
     v.cause = (f"FlashInfer's a2a modules admit {ctx.target.cc} and no topology gate exists (handle type: {handles[0]}, "
                f"{handles[1]}); whether it "
-               f"works over {ctx.topology} (peer access, SYS_PTRACE for the fd exchange) is for the runtime tier")
+               f"works over {ctx.topology} (peer access; fd exchange: {exch[0].split(':')[0]}) is for the runtime "
+               "tier")
     return [v]
 
 
@@ -357,6 +439,54 @@ def _fd_fallback() -> tuple[str, str]:
     if "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR" not in path.read_text(encoding="utf-8", errors="replace"):
         return "no POSIX fd fallback found: fabric only", f"{fi._short(path)}"
     return "POSIX file descriptors (no FABRIC/POSIX choice found)", f"{fi._short(path)}"
+
+def _fd_exchange() -> tuple[str, str]:
+    """How the installed FlashInfer's ``MnnvlMemory`` hands each rank its peers' POSIX file descriptors (the handle
+    type it uses over PCIe, :func:`_fd_fallback`), read from the function that exports the allocation
+    (``cuMemExportToShareableHandle``) in ``flashinfer/comm/mnnvl.py`` (``ast``):
+
+    * ``pidfd_getfd``: each rank takes the peer's fd out of the peer process (flashinfer-python 0.6.3,
+      ``mnnvl.py:497-530``): that needs ptrace access to the peer, ``CAP_SYS_PTRACE`` in a container (FlashInfer's
+      own error text says ``--cap-add=SYS_PTRACE``);
+    * ``SCM_RIGHTS``: descriptors passed over an AF_UNIX socket (flashinfer-python 0.7.2, ``mnnvl.py:386-397`` ->
+      ``flashinfer/comm/fd_exchange.py``, whose docstring at ``:15-19`` says no ``CAP_SYS_PTRACE`` is needed), all
+      ranks on one host.
+
+    Returns ``(text, "flashinfer/comm/FILE:LINE")``; the text says "not read" when neither is found."""
+    try:
+        path = source.module_file("flashinfer.comm.mnnvl")
+        tree = source.parse(path)
+    except (source.SourceNotFound, OSError, SyntaxError):
+        return "not read: flashinfer/comm/mnnvl.py unreadable", ""
+    imported = {a.asname or a.name: ("flashinfer.comm." * bool(n.level)) + n.module for n in ast.walk(tree)
+                if isinstance(n, ast.ImportFrom) and n.module for a in n.names}
+    cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "MnnvlMemory"), tree)
+    for fn in ast.walk(cls):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or "cuMemExportToShareableHandle" not in \
+                ast.unparse(fn):
+            continue
+        pid = next((n for n in ast.walk(fn) if isinstance(n, ast.Name) and "pidfd_getfd" in n.id), None)
+        if pid is not None:
+            return ("pidfd_getfd: each rank takes its peers' fds out of their processes, which needs ptrace access "
+                    "to them (CAP_SYS_PTRACE in a container: docker run --cap-add=SYS_PTRACE, as FlashInfer's own "
+                    "error says)"), f"{fi._short(path)}:{pid.lineno} {fn.name}"
+        for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)):
+            mod = imported.get(call.func.id)
+            if not mod:
+                continue
+            try:
+                other = source.module_file(mod)
+            except source.SourceNotFound:
+                continue
+            if "SCM_RIGHTS" in other.read_text(encoding="utf-8", errors="replace"):
+                return ("SCM_RIGHTS: descriptors are passed over an AF_UNIX socket, so no CAP_SYS_PTRACE is needed "
+                        "(all ranks on one host)"), \
+                    f"{fi._short(path)}:{call.lineno} {fn.name} -> {fi._short(other)} {call.func.id}"
+        if "SCM_RIGHTS" in ast.unparse(fn):
+            return "SCM_RIGHTS: descriptors passed over an AF_UNIX socket (no CAP_SYS_PTRACE needed)", \
+                f"{fi._short(path)}:{fn.lineno} {fn.name}"
+    return "not read: no fd exchange found beside cuMemExportToShareableHandle", fi._short(path)
+
 
 def probe(ctx) -> list[Verdict]:
     return library_gate(ctx) + engine_gate(ctx)

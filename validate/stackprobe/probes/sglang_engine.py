@@ -502,6 +502,31 @@ def server_argument(engine: Engine, flags: tuple[str, ...]) -> dict:  # noqa: C9
                        f"(searched add_argument calls and arg-group fields in {', '.join(searched)})")
 
 
+def deprecated_flag(engine: Engine, flag: str) -> dict | None:
+    """Where the installed SGLang registers ``flag`` as deprecated, read from its argument sources (``ast``): an
+    ``add_argument("<flag>", action=<a Deprecated... action>, new_flag="...")`` call (sglang 0.5.23
+    ``srt/server_args.py:416-424`` registers ``--enable-dp-attention`` with ``new_flag="--attn-dp-size <dp-size>"``).
+    Returns ``{"flag", "new_flag", "where"}`` or None when the release does not deprecate it."""
+    for path in _arg_sources(engine):
+        try:
+            tree = source.parse(path)
+        except (SyntaxError, ValueError, OSError):
+            continue
+        for call in ast.walk(tree):
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                    and call.func.attr == "add_argument"
+                    and any(isinstance(a, ast.Constant) and a.value == flag for a in call.args)):
+                continue
+            kw = {k.arg: k.value for k in call.keywords}
+            action = ast.unparse(kw["action"]) if "action" in kw else ""
+            if "deprecat" not in action.lower():
+                continue
+            new = kw.get("new_flag")
+            return {"flag": flag, "new_flag": new.value if isinstance(new, ast.Constant) else "",
+                    "where": f"{short(path)}:{call.lineno}-{call.end_lineno} add_argument({flag!r}, action={action})"}
+    return None
+
+
 def server_argument_gate(engine: Engine, flags: tuple[str, ...], *, ctx=None, on_when: object = True,
                          set_to: str = "", equals: str | None = None) -> Gate:
     """The server-argument gate: ``flags`` read by :func:`server_argument` (GateNotFound when none is declared).

@@ -1,0 +1,148 @@
+"""Issue "Every verdict a maintainer would sign": each numbered point of two reviews of the SGLang and vLLM answers,
+read from the real wheels from PyPI (sglang 0.5.9 / 0.5.23, flashinfer-python 0.6.3 / 0.7.2, vllm 0.33.0 / 0.34.0 /
+0.21.0), with edited copies where a point needs a release that does not exist. Cases C61-C63 among them. Each test
+names the point it covers; each fails on the behaviour before the change (the reason is in its docstring)."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from stackprobe.report import Report
+from stackprobe.userwords import headline, headline_line
+from validate_support import engine_copy, evidence, suite_env, verdict
+
+pytestmark = pytest.mark.network
+
+EP = "ep-flashinfer-a2a"
+PCIE = "flashinfer-pcie-ipc-allreduce"
+NO_NVCC = {"CUDA_HOME": "/nonexistent-cuda"}
+
+DRIVER = """
+import json, sys
+from stackprobe.static import run_static
+from stackprobe.serverconfig import ServerConfig
+from stackprobe.engines import select
+cfg, kw = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+engines = select(kw.pop("engine"))
+sc = ServerConfig(args=cfg.get("args", {}), env=cfg.get("env", {}), source="test")
+configs = {e.name: e.parse_config(cfg.get("argv", ""), []) for e in engines} if cfg.get("argv") else None
+print(json.dumps(run_static(server_config=sc, engines=engines, **kw).to_json(), default=str))
+"""
+
+
+@pytest.fixture(scope="module")
+def drive(venv, tmp_path_factory):
+    """``drive(paths, args=..., env=..., backends=..., extra=..., engine=...)`` -> (report dict, Report) of the static
+    tier for 12.0, PCIe, world size 8 and that server configuration."""
+    script = tmp_path_factory.mktemp("driver") / "drive.py"
+    script.write_text(DRIVER)
+
+    def run(paths, *, args=None, env=None, backends=(), extra=None, engine="auto", path_first=None):
+        kw = {"topology": "pcie", "world_size": 8, "backends": list(backends) or None, "engine": engine}
+        p = subprocess.run([str(venv), str(script), json.dumps({"args": args or {}, "env": env or {}}), json.dumps(kw)],
+                           capture_output=True, text=True, timeout=900,
+                           env=suite_env(paths, extra=extra, path_first=path_first))
+        assert p.returncode == 0, p.stderr[-3000:]
+        d = json.loads(p.stdout)
+        return d, Report.from_json(d)
+    return run
+
+
+# --- point 1 and C61: EP over FlashInfer all-to-all ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ep059(drive, sglang059, fi063):
+    """sglang 0.5.9 + flashinfer-python 0.6.3, no nvcc in reach (CUDA_HOME points nowhere, PATH has none)."""
+    return drive([sglang059, fi063], backends=(EP, PCIE), extra=NO_NVCC)
+
+
+def test_c61_point1a_blocked_library_is_not_worth_measuring_and_the_headline_says_why(ep059):
+    """Point 1(a), case C61. Before: the headline read "opt-in, worth measuring on the target: ep-flashinfer-a2a"
+    while the same report's library answer was blocked (toolchain)."""
+    d, report = ep059
+    lib, eng = verdict(d, EP, "library"), verdict(d, EP, "engine")
+    assert (lib["status"], lib["gate"]) == ("blocked", "toolchain") and eng["status"] == "opt-in"
+    h, line = headline(report), headline_line(report)
+    assert not any(EP in x for x in h["opt_in"])
+    assert "worth measuring on the target: ep-flashinfer-a2a" not in line
+    assert "not worth measuring here: ep-flashinfer-a2a" in line
+    assert "the library is blocked (toolchain) here: no nvcc in reach" in line
+
+
+def test_c61_point1a_twin_an_unblocked_library_leaves_it_worth_measuring(drive, sglang059, fi063, nvcc131):
+    """The failing twin of C61: with an nvcc in reach the library answer waits for GPUs, and the engine's opt-in
+    stays worth measuring (the library gate can pass as well as fail)."""
+    d, report = drive([sglang059, fi063], backends=(EP,), extra=NO_NVCC, path_first=[nvcc131])
+    assert verdict(d, EP, "library")["gate"] == "needs-runtime"
+    assert "opt-in, worth measuring on the target: ep-flashinfer-a2a" in headline_line(report)
+
+
+def test_point1e_all_to_all_has_its_own_line_apart_from_the_decode_allreduce(ep059):
+    """Point 1(e). Before: EP all-to-all was listed first among the decode-allreduce opt-ins."""
+    _, report = ep059
+    h, line = headline(report), headline_line(report)
+    assert not any(EP in x for k in ("opt_in", "library_blocked", "do_not_set", "falls_back", "preempted")
+                   for x in h[k])
+    assert list(h["other"]) == ["MoE all-to-all for expert parallelism"]
+    part = line.split("apart from the decode allreduce, ")[1]
+    assert part.startswith("MoE all-to-all for expert parallelism (it changes the deployment): ")
+    allreduce_part = line.split("apart from the decode allreduce")[0]
+    assert EP not in allreduce_part
+
+
+def test_point1b_fd_exchange_read_from_each_flashinfer_release(ep059, drive, sglang, fi):
+    """Point 1(b). Before: every release read "SYS_PTRACE for the fd exchange". FlashInfer 0.6.3 takes peers' fds with
+    pidfd_getfd (ptrace access); 0.7.2 passes them over SCM_RIGHTS (flashinfer/comm/fd_exchange.py:15-19)."""
+    d, _ = ep059
+    old = evidence(verdict(d, EP, "library"), "MnnvlMemory POSIX fd exchange")
+    assert old["value"].startswith("pidfd_getfd") and "CAP_SYS_PTRACE" in old["value"]
+    assert old["source"] == "flashinfer/comm/mnnvl.py:503 open_mnnvl_memory"
+    d2, _ = drive([sglang, fi], backends=(EP,), extra=NO_NVCC)
+    for v in (verdict(d2, EP, "library"), verdict(d2, EP, "engine")):
+        new = evidence(v, "MnnvlMemory POSIX fd exchange")
+        assert new["value"].startswith("SCM_RIGHTS") and "no CAP_SYS_PTRACE is needed" in new["value"]
+        assert new["source"] == "flashinfer/comm/mnnvl.py:398 _create_and_map_handles -> flashinfer/comm/fd_exchange.py exchange_fds"
+        assert "SYS_PTRACE for the fd exchange" not in json.dumps(v)
+
+
+def test_point1b_twin_a_planted_pidfd_exchange_in_0_7_2_reads_ptrace(venv, fi, tmp_path):
+    """The twin: the 0.7.2 wheel edited so MnnvlMemory takes fds with pidfd_getfd again reads ptrace, not SCM_RIGHTS."""
+    rel = "flashinfer/comm/mnnvl.py"
+    copy = engine_copy(fi, tmp_path / "fi", {rel: ("all_handles_data = exchange_fds(comm, exported_fd)",
+                                                   "all_handles_data = [SYS_pidfd_getfd for _ in ()]")})
+    p = subprocess.run([str(venv), "-c", "from stackprobe.probes.ep_flashinfer_a2a import _fd_exchange; "
+                        "print(_fd_exchange()[0])"], capture_output=True, text=True, env=suite_env([copy]), timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.startswith("pidfd_getfd")
+
+
+def test_point1c_dp_attention_advised_with_the_flag_that_replaces_the_deprecated_one(drive, sglang, sglang059, fi, fi063):
+    """Point 1(c). Before: 0.5.23's lift read "--enable-dp-attention --dp-size 8", a flag 0.5.23 deprecates for
+    --attn-dp-size (srt/server_args.py:416-424); 0.5.9, which does not deprecate it, keeps the old pair."""
+    d, _ = drive([sglang, fi], backends=(EP,), extra=NO_NVCC)
+    g = evidence(verdict(d, EP, "engine"), "engine gate: required setting: DP attention")
+    sp = g["value"]["value"]["spelling"]
+    assert sp["flags"] == ["--attn-dp-size", "8"] and sp["deprecated"] == ["--enable-dp-attention", "--dp-size"]
+    assert sp["note"].startswith("--enable-dp-attention is deprecated in sglang 0.5.23 for --attn-dp-size <dp-size> "
+                                 "(sglang/srt/server_args.py:418-424")
+    d9, _ = drive([sglang059, fi063], backends=(EP,), extra=NO_NVCC)
+    assert "--attn-dp-size" not in json.dumps(verdict(d9, EP, "engine"))
+    # the user who gives the new flag has DP attention set
+    d3, _ = drive([sglang, fi], backends=(EP,), extra=NO_NVCC,
+                  args={"--moe-a2a-backend": "flashinfer", "--attn-dp-size": "8"})
+    g3 = evidence(verdict(d3, EP, "engine"), "engine gate: required setting: DP attention")
+    assert g3["value"]["admits"] is True
+
+
+def test_point1d_quantization_assert_is_read_and_a_wrong_quantization_is_a_start_up_failure(drive, sglang059, fi063):
+    """Point 1(d). Before: the quantization assert under the flashinfer_cutlass runner (0.5.23 moe_hook.py:80-88,
+    0.5.9 server_args.py:2137-2141) was not read, so --quantization fp8 still read opt-in / on as configured."""
+    args = {"--moe-a2a-backend": "flashinfer", "--moe-runner-backend": "flashinfer_cutlass"}
+    ok, _ = drive([sglang059, fi063], backends=(EP,), extra=NO_NVCC, args=args)
+    g = evidence(verdict(ok, EP, "engine"), "engine gate: required setting: quantization with --moe-runner-backend")
+    assert g["value"] == {"admits": True, "value": {"allowed": ["modelopt_fp4", "modelopt_fp8", None], "configured": None}}
+    assert g["source"].startswith("sglang/srt/server_args.py:2137-2141 `assert self.quantization in")
+    bad, _ = drive([sglang059, fi063], backends=(EP,), extra=NO_NVCC, args={**args, "--quantization": "fp8"})
+    v = verdict(bad, EP, "engine")
+    assert v["status"] == "startup-failure-if-set" and "AssertionError" in v["cause"] and "'fp8'" in v["cause"]

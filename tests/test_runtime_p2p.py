@@ -206,3 +206,24 @@ def test_the_p2p_subcommand_exit_codes():
     assert one.returncode == 0 and "nothing to pair" in one.stdout
     usage = subprocess.run(base[:-2] + ["--timeout", "0"], capture_output=True, text=True, timeout=120)
     assert usage.returncode == 2 and "timeout" in usage.stderr
+
+
+def test_the_one_device_self_test_runs_the_same_children_and_can_fail():
+    """With one device there is nothing to pair; --self-test sends the same copy and kernel read/write from the device
+    to itself (on a one-GPU host: the check's own torch copy, PTX kernel and data check), and fails on wrong data."""
+    import subprocess
+    import sys
+
+    from stackprobe.runtime import p2pcheck
+    rep = p2pcheck.run_check([0], device="cpu", nbytes=4096, timeout=20, repeats=2, self_test=True,
+                             env=_fault_env(""))
+    st = rep["self_test"]
+    assert rep["pairs"] == [] and rep["note"].startswith("nothing to pair")
+    assert (st["status"], st["steps"]["copy"]["status"], st["steps"]["kernel"]["status"]) == ("ok", "ok", "ok")
+    assert [(d["from"], d["to"], d["mode"]) for d in st["steps"]["kernel"]["directions"]] == [(0, 0, "read"),
+                                                                                              (0, 0, "write")]
+    assert "**ok**" in p2pcheck.markdown(rep)
+    cmd = [sys.executable, "-m", "stackprobe.runtime", "p2p", "--device", "cpu", "--devices", "0", "--self-test",
+           "--bytes", "4K", "--timeout", "20"]
+    bad = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=_fault_env("corrupt:0-0:kernel"))
+    assert bad.returncode == 1 and "**wrong-data**" in bad.stdout

@@ -23,11 +23,12 @@ graph capture, timed paired against the same group with only that path off
 (:mod:`stackprobe.runtime.dispatch`); writes ``dispatch.json`` / ``dispatch.md``. Exit 0 when it ran, 2 for bad
 input, 9 (validation could not run) when the ranks hung or crashed.
 ``python -m stackprobe.runtime render REPORT.json [--out DIR]``: re-render Markdown and plot from a JSON.
-``python -m stackprobe.runtime p2p [--device cuda|cpu] [--devices 0,1] [--bytes 256K] [--timeout 60] [--out DIR]``:
+``python -m stackprobe.runtime p2p [--device cuda|cpu] [--devices 0,1] [--bytes 256K] [--timeout 60] [--self-test]
+[--out DIR]``:
 the P2P check (:mod:`stackprobe.runtime.p2pcheck`): per GPU pair a peer copy and a kernel-side peer read/write, each
 in a child process with a timeout, checked against known data; writes ``p2p-check.json`` / ``p2p-check.md``. Exit 0
 when every pair passed or was unsupported (or there is nothing to pair), 1 when a pair hung, returned wrong data or
-failed, or a child survived, 2 for bad input.
+failed (or so did the one-device ``--self-test``), or a child survived, 2 for bad input.
 ``python -m stackprobe.runtime list``: the probes and the workload presets.
 
 Exit status, the README's table (the same codes as ``invoke`` and ``python -m stackprobe``): 0 when the suite ran
@@ -110,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--bytes", default="256K", help="bytes per transfer (default 256K)")
     q.add_argument("--timeout", type=float, default=60.0, help="seconds per step and pair (default 60)")
     q.add_argument("--repeats", type=int, default=20, help="timed copies per direction (default 20)")
+    q.add_argument("--self-test", action="store_true",
+                   help="with one device: run both steps from it to itself (the check's own machinery, not P2P)")
     q.add_argument("--out", default="", help="folder for p2p-check.json / p2p-check.md")
     g = sub.add_parser("dispatch", help="the engine's own allreduce dispatch (--engine sglang|vllm) with the "
                                         "user's server args, paired against the same group with the serving path off")
@@ -172,7 +175,7 @@ def p2p_main(args) -> int:
     try:
         devices = _ints(args.devices) if args.devices else None
         rep = p2pcheck.run_check(devices, device=args.device, nbytes=parse_size(args.bytes), timeout=args.timeout,
-                                 repeats=args.repeats,
+                                 repeats=args.repeats, self_test=args.self_test,
                                  progress=lambda m: print(f"[p2p] {m}", file=sys.stderr, flush=True))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -180,7 +183,8 @@ def p2p_main(args) -> int:
     sys.stdout.write(p2pcheck.markdown(rep))
     if args.out:
         print("\n".join(str(p) for p in p2pcheck.write(rep, args.out).values()))
-    failed = [p for p in rep["pairs"] if p["status"] in ("hang", "wrong-data", "error")]
+    failed = [p for p in rep["pairs"] + ([rep["self_test"]] if rep.get("self_test") else [])
+              if p["status"] in ("hang", "wrong-data", "error")]
     return 1 if failed or rep["leftover_pids"] else 0
 
 

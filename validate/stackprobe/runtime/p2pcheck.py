@@ -237,6 +237,8 @@ class TorchCudaBackend:
         n = t.cuda.device_count()
         if max(a, b) >= n:
             return False, f"GPU {max(a, b)} not visible ({n} visible)"
+        if a == b:
+            return True, ""            # the self-test: one device, no peer access involved
         ok = bool(t.cuda.can_device_access_peer(a, b))
         return ok, "" if ok else f"CUDA reports no peer access from GPU {a} to GPU {b} (cudaDeviceCanAccessPeer)"
 
@@ -326,6 +328,8 @@ class DriverKernelBackend:
         self.check(self.cu.cuDeviceGetCount(self.C.byref(n)), "cuDeviceGetCount")
         if max(a, b) >= n.value:
             return False, f"GPU {max(a, b)} not visible ({n.value} visible)"
+        if a == b:
+            return True, ""
         ok = self.C.c_int()
         self.check(self.cu.cuDeviceCanAccessPeer(self.C.byref(ok), self._dev(a), self._dev(b)),
                    "cuDeviceCanAccessPeer")
@@ -366,7 +370,7 @@ class DriverKernelBackend:
         on, peer = (b, a) if mode == "read" else (a, b)
         peer_ctx = self._ctx(peer)       # retained (and current) first, then the launching device's made current
         self._ctx(on)
-        res = self.cu.cuCtxEnablePeerAccess(peer_ctx, 0)
+        res = self.cu.cuCtxEnablePeerAccess(peer_ctx, 0) if on != peer else 0
         if res not in (0, 704):          # 704: CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
             self.check(res, f"cuCtxEnablePeerAccess (GPU {on} -> GPU {peer})")
         src, dst = self._alloc(a, nbytes), self._alloc(b, nbytes)
@@ -427,7 +431,7 @@ def child_main(spec_path: str) -> int:
                 return 0
         dirs = []
         modes = ("copy",) if step == "copy" else ("read", "write")
-        for a, b in ((i, j), (j, i)):
+        for a, b in ((i, j),) if i == j else ((i, j), (j, i)):
             for mode in modes:
                 data = pattern(n, a, b, step + mode)
                 if mode == "copy":
@@ -441,7 +445,8 @@ def child_main(spec_path: str) -> int:
         bad = [d for d in dirs if not d["ok"]]
         ev.emit(event="result", status="wrong-data" if bad else "ok", directions=dirs,
                 reason="; ".join(f"{d['mode']} {d['from']}->{d['to']}: {d['mismatches']} of {n} int32 differ, first "
-                                 f"at {d['first_bad']} (got {d['got']}, sent {d['expected']})" for d in bad))
+                                 f"at {d['first_bad']} (got {d['got']}, sent {d['expected']})" for d in bad[:2])
+                + (f"; {len(bad) - 2} more direction(s) wrong" if len(bad) > 2 else ""))
     except Exception as exc:  # noqa: BLE001 - reported as the step's error
         ev.emit(event="result", status="error", reason=f"{type(exc).__name__}: {exc}")
     return 0
@@ -528,12 +533,14 @@ def check_pair(i: int, j: int, **kw) -> dict:
 
 def run_check(devices: list[int] | None = None, *, device: str = "cuda", nbytes: int = DEFAULT_BYTES,
               timeout: float = DEFAULT_TIMEOUT, repeats: int = DEFAULT_REPEATS, env: dict[str, str] | None = None,
-              progress=None) -> dict:
+              progress=None, self_test: bool = False) -> dict:
     """The check over every pair of ``devices`` (default: every visible GPU, ``nvidia-smi -L`` without a CUDA
     context here; on ``cpu`` two simulated devices). Returns ``{"kind": "p2p-check", "created", "device",
     "devices", "nbytes", "timeout_s", "repeats", "note", "pairs": [check_pair records], "summary": {status: n},
-    "leftover_pids"}``. ``note`` is set (and ``pairs`` empty) when there is nothing to pair. Raises ``ValueError``
-    for a device other than cuda/cpu or a non-positive size, timeout or repeat count."""
+    "leftover_pids"}``. ``note`` is set (and ``pairs`` empty) when there is nothing to pair; then
+    ``self_test`` runs both steps from the one device to itself (``"self_test"``: a :func:`check_pair` record; not
+    a peer transfer: it shows that the check's own copy, PTX kernel and data check work on this host). Raises
+    ``ValueError`` for a device other than cuda/cpu or a non-positive size, timeout or repeat count."""
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device {device!r}: write cuda or cpu")
     if nbytes < 4 or timeout <= 0 or repeats < 1:
@@ -560,8 +567,15 @@ def run_check(devices: list[int] | None = None, *, device: str = "cuda", nbytes:
                          count=max(devices) + 1, env=env)
         progress(f"p2p check {i}-{j}: {rec['status']}" + (f" ({rec['reason']})" if rec["reason"] else ""))
         rep["pairs"].append(rec)
+    if self_test and len(set(devices)) == 1:
+        d = sorted(set(devices))[0]
+        progress(f"p2p self-test on device {d} (copy and kernel read/write from the device to itself)")
+        rep["self_test"] = check_pair(d, d, device=device, nbytes=nbytes, timeout=timeout, repeats=repeats,
+                                      count=d + 1, env=env)
+        progress(f"p2p self-test: {rep['self_test']['status']} {rep['self_test']['reason']}")
     rep["summary"] = {s: sum(1 for p in rep["pairs"] if p["status"] == s) for s in STATUSES}
-    rep["leftover_pids"] = sorted({p for r in rep["pairs"] for s in r["steps"].values() for p in s["leftover_pids"]})
+    rep["leftover_pids"] = sorted({p for r in rep["pairs"] + ([rep["self_test"]] if "self_test" in rep else [])
+                                   for s in r["steps"].values() for p in s["leftover_pids"]})
     return rep
 
 
@@ -627,6 +641,13 @@ def markdown(report: dict) -> str:
                                ((p["pair"], p["status"], p["steps"]["copy"]["status"], p["steps"]["kernel"]["status"],
                                  "-" if p["transfer_us"] is None else f"{p['transfer_us']:.1f}", p["reason"] or "-")
                                 for p in report["pairs"]))
+    st = report.get("self_test")
+    if st:
+        us = "-" if st["transfer_us"] is None else f"{st['transfer_us']:.1f} us"
+        lines += [f"- self-test, device {st['gpus'][0]} to itself (not a peer transfer; shows the check's copy, "
+                  f"kernel and data check work here): **{st['status']}** (copy {st['steps']['copy']['status']}, "
+                  f"kernel read/write {st['steps']['kernel']['status']}, {us})"
+                  + (f": {st['reason']}" if st["reason"] else "")]
     if report.get("leftover_pids"):
         lines += ["", f"**Processes still alive after the check: {report['leftover_pids']}**"]
     return "\n".join(lines) + "\n"

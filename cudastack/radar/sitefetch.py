@@ -37,8 +37,8 @@ from cudastack.core.errors import RegistryError
 from cudastack.pkgindex.client import Index, IndexFile
 from cudastack.pkgindex.wheels import HTTP_TIMEOUT
 
-#: what to take out of a wheel: "meta" = only ``*.dist-info/*`` and a top-level ``<package>/version.py``; "py" = that
-#: and every ``*.py`` file
+#: what to take out of a wheel: "meta" = only ``*.dist-info/*`` (no package folder: a folder of a few files would
+#: import as a namespace package); "py" = that and every ``*.py`` file
 WHAT = ("meta", "py")
 #: the distributions whose Python sources the readers open; every other one is laid out with its metadata only
 SOURCE_DISTS = ("vllm", "sglang", "flashinfer-python", "b12x", "sglang-kernel", "sgl-kernel")
@@ -128,8 +128,6 @@ def _wanted(name: str, what: str) -> bool:
     first = name.split("/", 1)[0]
     if first.endswith(".dist-info"):
         return not name.endswith("/RECORD")
-    if name.count("/") == 1 and name.endswith("/version.py"):
-        return True          # torch/version.py: the CUDA build, read as text where torch does not import
     return what == "py" and name.endswith(".py")
 
 

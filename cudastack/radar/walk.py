@@ -32,14 +32,15 @@ from cudastack.pkgindex.client import Index
 from cudastack.radar.checks import Checker, Pin, engine_runtimes
 from cudastack.recipes.graph import stacks
 from cudastack.recipes.load import RecipeSet, Toolchain, load_recipes
-from cudastack.radar.scan import scan_package, scan_release
+from cudastack.radar import moves
+from stackprobe import site as siteprobe
 from stackprobe import mdtable
 from cudastack.plan.rules import parse_target_arch
 
 LOCK_DIR = PROJECT_ROOT / "lockfiles"
 MAX_WALK = 60                      # releases checked per component, newest first
-SCANNED = {"torch", "flashinfer-python", "sglang", "sglang-kernel", "sgl-kernel"}   # scanned for verdicts
-UNSCANNED_ENGINE = {"vllm", "b12x"}   # vLLM's chain: the suite reads their gates from an install, not from a release
+#: components whose move is read as a site (every wheel the chain installs; flash-attn is built from source)
+LAID_OUT = {"torch", "flashinfer-python", "sglang", "sglang-kernel", "sgl-kernel", "vllm", "b12x"}
 
 
 @dataclass
@@ -52,6 +53,7 @@ class Row:
     allowed: str = ""
     holds: list[str] = field(default_factory=list)     # why releases newer than ``allowed`` are refused
     move: str = ""                                      # what a move would change in the verdicts
+    detail: list = field(default_factory=list)          # per move: the set read, the changes, costs, headlines
     notes: list[str] = field(default_factory=list)
 
 
@@ -224,78 +226,45 @@ def radar(cuda: str, *, index: Index | None = None, recipes: RecipeSet | str | P
 
 def move_effect(row: Row, index: Index, ck: Checker, target, world_size: int, topology: str, verdicts: bool,
                 say: Callable[[str], None]) -> str:
-    """What moving ``row`` from its pin to the newest allowed and to the newest release changes in the
-    gates the suite reads (scanned from the released files)."""
+    """What moving ``row`` from its pin to the newest allowed and to the newest release changes in the suite's
+    answers: the candidate sets laid out as sites and read by the suite's own static tier
+    (:mod:`cudastack.radar.moves`), per engine and path old status -> new status with the deciding line, the
+    move's costs and the pins it breaks. The details (sets, changes, headlines) go to ``row.detail``."""
     pv, nv = Version(row.pinned.version), Version(row.newest)
     try:
         av = Version(row.allowed)
     except ValueError:
-        return "no release fits this toolchain's other pins (see held back by): no move to scan"
-    if nv <= pv and av >= pv:
+        av = None
+    if nv <= pv and (av is None or av >= pv):
         return "up to date"
     name = row.name
     if name == "cuda-toolkit":
-        return _toolkit_effect(ck, pv, av, nv, target)
+        return _toolkit_effect(ck, pv, av or pv, nv, target)
+    if name not in LAID_OUT:
+        return "no reader of the suite opens this package (built from source or data only): nothing to read"
+    if not verdicts:
+        return "not read (--no-verdicts)"
     prefix: dict = {}
     if name == "torch":
         fmt = lambda c: f"CUDA {c[0]}.{c[1]}" if c else "no CUDA"  # noqa: E731
         cu_p = ck.torch_cuda(pv)[0]
-        prefix = {v: f"build {fmt(cu_p)} -> {fmt(ck.torch_cuda(v)[0])}; " for v in (av, nv)}
-    if name in UNSCANNED_ENGINE:
-        return (f"not scanned: the release scan reads torch, FlashInfer and SGLang gates; {name}'s are read in an "
-                "image by `invoke validate --engine vllm`")
-    if name not in SCANNED or not verdicts:
-        return "no gate of the suite reads this package statically" if name not in SCANNED else "not scanned (--no-verdicts)"
+        prefix = {v: f"build {fmt(cu_p)} -> {fmt(ck.torch_cuda(v)[0])} (Requires-Dist); arch list not read (binaries); "
+                  for v in (av, nv) if v is not None}
     try:
-        base = scan_release(index, name, pv, target, world_size=world_size, topology=topology, python=ck.python)
+        base = moves.statuses_of_base(ck, target.cc, world_size, topology)
         parts = []
         for label, v in (("newest allowed", av), ("newest", nv)):
-            if v == pv or (label == "newest" and v == av):
+            if v is None or v == pv or (label == "newest" and v == av):
                 continue
-            other = scan_release(index, name, v, target, world_size=world_size, topology=topology, python=ck.python)
-            changed = _gate_diff(base, other)
-            if changed and label == "newest":
-                rep = scan_package(index, name, f"{pv}..{nv}", target.cc, world_size=world_size, topology=topology,
-                                   python=ck.python, say=say)
-                for i, (g, text) in enumerate(changed):
-                    r = rep.lifts.get(g)
-                    if r and r["state"] == "lifted-in-range" and r["first"] is not None and r["first"] > pv:
-                        changed[i] = (g, text + f" (first in {r['first']})")
-            if not changed:
-                main = [f"{g} {_state(x)}{' ' + _short(x.value) if g in ('fusion', 'symm-mem-table', 'arch-coverage') else ''}"
-                        for g, x in sorted(base.gates.items()) if not g.startswith("jit:")]
-                changed_text = f"no gate changes ({'; '.join(main)} in both)"
-            else:
-                changed_text = "; ".join(t for _, t in changed)
-            parts.append(f"{v} ({label}): {prefix.get(v, '')}{changed_text}")
+            say(f"{ck.tc.name}: reading {name} {v} ({label}) as a site")
+            text, detail = moves.describe(ck, name, v, label, target.cc, world_size, topology, base)
+            cov = moves.kernel_coverage(ck, name, pv, v, target, world_size, topology)
+            row.detail.append(detail)
+            parts.append(text.replace(f"{v} ({label}): ", f"{v} ({label}): {prefix.get(v, '')}", 1)
+                         + (f"; {cov}" if cov else ""))
         return " / ".join(parts) if parts else "up to date"
-    except StackError as e:  # noqa: F841
-        return f"not scanned: {e}"
-
-
-def _state(g) -> str:
-    return {True: "admits", False: "blocks", None: "n/a"}[g.admits]
-
-
-def _gate_diff(a, b) -> list[tuple[str, str]]:
-    out = []
-    for g in sorted(set(a.gates) | set(b.gates)):
-        ga, gb = a.gates.get(g), b.gates.get(g)
-        sa = "absent" if ga is None else {True: "admits", False: "blocks", None: "n/a"}[ga.admits]
-        sb = "absent" if gb is None else {True: "admits", False: "blocks", None: "n/a"}[gb.admits]
-        if sa != sb:
-            va = "" if ga is None else f" {_short(ga.value)}"
-            vb = "" if gb is None else f" {_short(gb.value)}"
-            out.append((g, f"{g} {sa}{va} -> {sb}{vb}"))
-    return out
-
-
-def _short(v) -> str:
-    if isinstance(v, dict) and "level" in v:
-        return f"({v['level']})"
-    if isinstance(v, dict) and "keys" in v:
-        return f"(keys {v['keys']})"
-    return f"({v})" if not isinstance(v, str) else f"({v})"
+    except (StackError, siteprobe.SiteError) as e:
+        return f"not read: {e}"
 
 
 def _toolkit_effect(ck: Checker, pv: Version, av: Version, nv: Version, target) -> str:
@@ -361,7 +330,7 @@ def to_json(r: Radar) -> dict:
             "engine": r.engine, "conflicts": r.conflicts,
             "rows": [{"component": x.name, "pinned": x.pinned.version, "pinned_where": x.pinned.where,
                       "locked": x.pinned.locked, "newest": x.newest, "newest_allowed": x.allowed, "held_back_by": x.holds,
-                      "move": x.move, "notes": x.notes} for x in r.rows]}
+                      "move": x.move, "move_detail": x.detail, "notes": x.notes} for x in r.rows]}
 
 
 def toolchain_names(recipes: RecipeSet | None, cuda: str | None) -> list[str]:

@@ -10,10 +10,13 @@ folders and the standard library, and runs :func:`stackprobe.static.run_static` 
 replaced because they need what a site does not have:
 
 * the environment report (:func:`site_environment`): no interpreter of the stack runs, so torch is described from
-  its metadata and ``torch/version.py`` read as text (its version and CUDA build), no nvcc, no driver, no GPUs;
+  its metadata (its version, and its CUDA build from its ``Requires-Dist``), the image's nvcc by its release only,
+  no driver, no GPUs;
 * the environment health stage (:func:`site_health`): ``import`` of each backend and the shared-object checks
   need the binaries; they say "not assessed" with the reason. The declared-requirements check runs (metadata only)
-  where a requirement parser (``packaging``) is on the site.
+  where a requirement parser (``packaging``) is on the site;
+* library answers that import the library or read its binaries (:func:`site_library_answers`) become
+  ``not-assessed`` with the reason; answers read from the sources (a Python table, a topology rule) stay.
 
 Everything else is the tier as it runs in an image: every backend's library gate, the engine readers
 (:mod:`stackprobe.engines`), the dispatch walk, the user statuses and the headline
@@ -32,6 +35,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +51,27 @@ _BOOT = ("import sys, json\n"
          "_child_main(args)\n")
 
 
+def bare_python(cache: str | Path | None = None) -> str:
+    """An interpreter that sees no installed package: a virtual environment without pip or system site-packages
+    (``venv``, created once under ``cache``, default ``$STACKPROBE_CACHE`` or ``~/.cache/stackprobe``). The tier's
+    own child interpreters (:mod:`stackprobe.isolate`) run ``sys.executable``, so they too see only the suite and the
+    site (``PYTHONPATH``), never the packages of the interpreter that runs the radar."""
+    import venv
+
+    base = Path(cache or os.environ.get("STACKPROBE_CACHE") or Path.home() / ".cache" / "stackprobe")
+    d = base / f"site-python-{sys.version_info[0]}.{sys.version_info[1]}"
+    py = d / "bin" / "python"
+    if not py.exists():
+        tmp = base / f".site-python-{os.getpid()}"
+        venv.create(tmp, with_pip=False, system_site_packages=False, symlinks=True, clear=True)
+        try:
+            os.replace(tmp, d)
+        except OSError:        # another process made it first
+            import shutil
+            shutil.rmtree(tmp, ignore_errors=True)
+    return str(py)
+
+
 class SiteError(RuntimeError):
     """The site could not be read: a folder is missing, or the child interpreter failed (its stderr's tail)."""
 
@@ -55,7 +80,7 @@ def run(roots: list[str | Path], target: str = "12.0", *, world_size: int = 8, t
         engine: str = "auto", server_args: str = "", env: list[str] | tuple = (), toolkit: str | None = None,
         python: str | None = None, timeout: float = 600.0) -> dict:
     """The static tier over the site ``roots`` (folders, first wins as on ``sys.path``), in a child interpreter
-    ``python -S`` (default: this one). ``target``: compute capability; ``world_size``: TP size; ``topology``:
+    ``python -S`` (default: :func:`bare_python`, so nothing of this interpreter's packages is visible). ``target``: compute capability; ``world_size``: TP size; ``topology``:
     "pcie" or "nvlink" (no GPU to detect it); ``engine``: sglang, vllm or auto; ``server_args`` / ``env``: the
     engine flags asked about (as ``--server-args`` / ``--env``); ``toolkit``: the CUDA release ("13.1") of the nvcc the
     image the site stands for carries (None: no nvcc, so a JIT-only module reads "blocked (toolchain)"). Returns ``{"report": report JSON, "headline":
@@ -69,11 +94,12 @@ def run(roots: list[str | Path], target: str = "12.0", *, world_size: int = 8, t
             "env": list(env), "toolkit": toolkit}
     child_env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "CUDA_", "FLASHINFER_", "NCCL_",
                                                                           "VLLM_", "SGLANG_"))}
+    child_env["PYTHONPATH"] = os.pathsep.join([SUITE_ROOT] + args["roots"])   # the tier's own children see the site
     child_env["PYTHONDONTWRITEBYTECODE"] = "1"
     child_env["PYTHONNOUSERSITE"] = "1"
     child_env["PATH"] = "/usr/bin:/bin"     # no nvcc of this host: a site has none
     try:
-        p = subprocess.run([python or sys.executable, "-S", "-c", _BOOT], input=json.dumps(args), capture_output=True,
+        p = subprocess.run([python or bare_python(), "-S", "-c", _BOOT], input=json.dumps(args), capture_output=True,
                            text=True, timeout=timeout, env=child_env)
     except subprocess.TimeoutExpired:
         raise SiteError(f"the static tier on the site did not finish in {timeout:.0f} s") from None
@@ -87,17 +113,58 @@ def run(roots: list[str | Path], target: str = "12.0", *, world_size: int = 8, t
 
 
 _TOOLKIT: dict = {"release": None}
+_CUDA_PIN = re.compile(r"^(cuda-toolkit|nvidia-cuda-runtime(?:-cu\d+)?)\b[^=;]*==\s*(\d+)\.(\d+)", re.I)
+
+
+def torch_cuda_from_metadata() -> tuple[str | None, str]:
+    """The CUDA build of the torch on ``sys.path`` from its ``Requires-Dist`` (PyPI's CUDA builds pin
+    ``cuda-toolkit[...]==13.2.2`` or ``nvidia-cuda-runtime-cu12==12.8.90``): ("13.2", evidence), or (None, why)."""
+    from importlib import metadata
+
+    try:
+        reqs = metadata.requires("torch") or []
+    except metadata.PackageNotFoundError:
+        return None, "torch is not in the site"
+    for r in reqs:
+        m = _CUDA_PIN.match(r.replace("_", "-"))
+        if m:
+            return f"{m.group(2)}.{m.group(3)}", f"torch Requires-Dist {r.split(';')[0].strip()}"
+    return None, "torch's Requires-Dist pins no CUDA runtime (a CPU build?)"
+
+
+#: library gates a site cannot decide: they import the library (or read its binaries), which a site lacks
+_IMPORT_GATES = ("not-installed", "broken-install", "toolchain", "compiled-binary", "needs-runtime", "")
+
+
+def site_library_answers(report) -> int:
+    """Library answers (scope "library", static) that a site cannot give, made ``not-assessed`` with the reason and
+    the answer the tier gave kept as evidence: ``blocked``/``error``/``skipped`` with a gate in
+    :data:`_IMPORT_GATES` (the library gate imports the package, or reads its shared objects, and a site has neither
+    torch's binaries nor the library's). A ``python-table``, ``topology`` or ``setting`` answer read from the sources
+    stays. Returns how many were changed."""
+    from .verdict import NOT_ASSESSED, SCOPE_LIBRARY
+
+    n = 0
+    for v in report.verdicts:
+        if v.tier != "static" or v.scope != SCOPE_LIBRARY or v.status not in ("blocked", "error", "skipped"):
+            continue
+        if v.gate not in _IMPORT_GATES:
+            continue
+        v.add("answer on the site (laid out, not installed)", f"{v.status} ({v.gate or '-'}): {v.cause}", "static gate")
+        v.status, v.gate = NOT_ASSESSED, ""
+        v.cause = "not assessed: " + NOT_ASSESSED_IMPORTS + " (the library gate imports it or reads its binaries)"
+        n += 1
+    return n
 
 
 def site_environment(timeout: float = 0.0) -> dict:
     """The environment report of a site (the shape of :func:`stackprobe.env.collect`): packages from their
-    metadata, torch's version and CUDA build from its metadata and ``torch/version.py`` read as text; the image's
+    metadata, torch's version and CUDA build from its metadata (:func:`torch_cuda_from_metadata`); the image's
     nvcc as given to :func:`run` (``toolkit``: its release only, nothing runs), no driver or GPUs."""
     from . import env as envmod
-    from . import health as h
 
     packages = {d: v for d in envmod.BACKEND_DISTS if (v := envmod.dist_version(d))}
-    cuda, where = h.stack_cuda({})
+    cuda, where = torch_cuda_from_metadata()
     torch = {"version": packages.get("torch"), "cuda": cuda, "cuda_source": where,
              "import_error": "not imported: " + NOT_ASSESSED_IMPORTS} if packages.get("torch") else \
         {"import_error": "torch is not in the site"}
@@ -152,6 +219,7 @@ def _child_main(args: dict) -> None:
     except (EngineChoiceError, ConfigError, sglang_engine.GateNotFound, static.TargetArchError) as e:
         print("SITE-RESULT " + json.dumps({"error": str(e)}))
         return
+    site_library_answers(report)
     from .userwords import headline_line
     heads = {e["name"]: headline_line(report.engine_view(e["name"])) for e in report.engines}
     print("SITE-RESULT " + json.dumps({"report": report.to_json(), "headline": heads,
@@ -160,14 +228,15 @@ def _child_main(args: dict) -> None:
 
 # ------------------------------------------------------------------------------------------ comparing two sites
 def statuses(result: dict) -> dict:
-    """``{(engine, backend): {"status", "gate", "cause"}}`` of the engine answers (static, scope "engine") in a
-    :func:`run` result."""
-    out = {}
+    """``{(who, backend): {"status", "gate", "cause"}}`` of the static answers in a :func:`run` result: ``who`` is the
+    engine ("sglang", "vllm") for an engine answer, "library" for a library answer."""
+    out: dict = {}
     for v in result["report"].get("verdicts", []):
-        if v.get("tier", "static") != "static" or v.get("scope") != "engine":
+        if v.get("tier", "static") != "static":
             continue
-        key = (v.get("engine") or "sglang", v["backend"])
-        out.setdefault(key, {"status": v["status"], "gate": v.get("gate") or "", "cause": v.get("cause") or ""})
+        who = (v.get("engine") or "sglang") if v.get("scope") == "engine" else "library"
+        out.setdefault((who, v["backend"]), {"status": v["status"], "gate": v.get("gate") or "",
+                                             "cause": v.get("cause") or ""})
     return out
 
 
@@ -178,7 +247,7 @@ def _word(s: dict | None) -> str:
 
 
 def changes(old: dict, new: dict) -> list[dict]:
-    """Per engine and backend whose status moved between two :func:`run` results: ``{"engine", "backend", "old",
+    """Per engine (or "library") and backend whose status moved between two :func:`run` results: ``{"engine", "backend", "old",
     "new", "deciding"}`` (``deciding``: the new verdict's cause, or the old one's when the backend is gone), in the
     order of the new report. Headline moves are in :func:`headline_change`."""
     a, b = statuses(old), statuses(new)

@@ -442,7 +442,7 @@ def dry_run(plan: BuildPlan, *, state_dir: str | Path = ".stack", engine: Engine
     remote = cache.probe_plan(plan, cached, _say_default, for_push=False) if cache and cached is not None else {}
     from cudastack.plan import cache_estimates as E
 
-    basis = E.Basis(E.read_history(Path(state_dir) / "records"))
+    basis = E.Basis(E.read_history(Path(state_dir) / "records"), measured=E.measured_times(plan.toolchain))
     if cache is not None:
         basis.rate = E.pull_rate(basis.history, cache.prefix.split("/", 1)[0])
         basis.blobs = E.read_blobs(cache, plan, remote)

@@ -12,6 +12,9 @@ Sources of each figure:
   hash whose duration is not a positive number, and a file that is not JSON or not a build record, are not used;
   where that leaves no estimate, the reason names them.
 * **unit costs** (source and aot nodes only, when no record has the hash): :func:`cudastack.plan.costs.cost_estimate`.
+* **measured node times** (when neither of the above gives a figure: the nodes that install wheels or copy files):
+  ``cudastack/node_times.yaml``, one measured build of the node per toolchain with what was built, where and when
+  (:func:`measured_times`); the figure says it is a measurement of that node, not of this hash.
 * **compressed size**: the node's manifest as the registry serves it (``skopeo inspect --raw``,
   :func:`cudastack.registry.digest.skopeo_manifest`): ``config.size`` plus every ``layers[].size`` (OCI image-spec
   "Image Manifest" and Docker "Image Manifest V2, Schema 2": a descriptor's size is the stored blob's byte count,
@@ -190,14 +193,52 @@ def read_blobs(cache, plan, remote: dict) -> dict:
     return out
 
 
+@dataclass(frozen=True)
+class MeasuredTime:
+    """One measured build of a whole node (``cudastack/node_times.yaml``): ``seconds``, ``what`` was built and
+    ``where`` (the builder and the source of the figure)."""
+
+    seconds: float
+    what: str
+    where: str
+
+
+NODE_TIMES = Path(__file__).resolve().parents[1] / "node_times.yaml"
+
+
+def measured_times(toolchain: str, path: Union[str, Path] = NODE_TIMES) -> dict:
+    """{node name: :class:`MeasuredTime`} of ``toolchain`` from ``path``. Raises StackError naming the entry
+    when one is malformed (a toolchain or node that is not a string, seconds that are not a positive number, an
+    empty ``what`` or ``where``)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise StackError(f"{path}: cannot read the measured node times ({exc}).") from None
+    out = {}
+    for i, e in enumerate(data.get("nodes") or []):
+        ok = (isinstance(e, dict) and isinstance(e.get("toolchain"), str) and isinstance(e.get("node"), str)
+              and _seconds(e.get("seconds")) is not None and str(e.get("what") or "").strip()
+              and str(e.get("where") or "").strip())
+        if not ok:
+            raise StackError(f"{path} nodes[{i}]: give toolchain and node (strings), seconds (a positive number), "
+                             f"what and where (what was built, on which builder, from which source); got {e!r}.")
+        if e["toolchain"] == toolchain:
+            out[e["node"]] = MeasuredTime(float(e["seconds"]), str(e["what"]), str(e["where"]))
+    return out
+
+
 @dataclass
 class Basis:
-    """What the dry run's time lines rest on: the records' ``history``, the pull ``rate`` (None: none known) and
-    the ``blobs`` {node name: Blobs} of the nodes in the registry cache."""
+    """What the dry run's time lines rest on: the records' ``history``, the pull ``rate`` (None: none known),
+    the ``blobs`` {node name: Blobs} of the nodes in the registry cache and the ``measured`` node times {node
+    name: MeasuredTime} of the plan's toolchain."""
 
     history: History
     rate: Optional[PullRate] = None
     blobs: dict = field(default_factory=dict)
+    measured: dict = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------------ the lines
@@ -215,9 +256,11 @@ def _size(n: float) -> str:
     return f"{int(n)} B"
 
 
-def build_expectation(node, history: History, unit_seconds: Optional[float]) -> tuple[Optional[float], str]:
+def build_expectation(node, history: History, unit_seconds: Optional[float],
+                      measured: Optional[MeasuredTime] = None) -> tuple[Optional[float], str]:
     """(seconds or None, the text after "build") for building ``node``: a past build at its hash, else
-    ``unit_seconds`` (the unit-cost estimate of a source node), else "no estimate" and why."""
+    ``unit_seconds`` (the unit-cost estimate of a source node), else ``measured`` (a measured build of the node,
+    cudastack/node_times.yaml), else "no estimate" and why. The text names its basis."""
     past = history.builds.get(node.hash)
     if past is not None:
         where = f"on host {past.host}" + (f", builder {past.builder}" if past.builder else "")
@@ -231,6 +274,9 @@ def build_expectation(node, history: History, unit_seconds: Optional[float]) -> 
     if unit_seconds is not None:
         return unit_seconds, (f"about {_dur(unit_seconds)}: the unit-cost estimate (cudastack/unit_costs.yaml; "
                               f"{'; '.join(why)})")
+    if measured is not None:
+        return measured.seconds, (f"about {_dur(measured.seconds)}: a measured build of this node, not of this hash "
+                                  f"({measured.what}; {measured.where}; cudastack/node_times.yaml)")
     if getattr(node, "method", "") in ("source", "aot"):
         why.append("its unit count is unknown until the source is fetched")
     else:

@@ -380,7 +380,7 @@ def cost_estimate(node, resources, state_dir: str | Path = ".stack") -> tuple[li
     c = data["classes"][cls]
     est = estimate_seconds(count, len(flags), jobs, cores, cls)
     basis = (f"{cls} units: {c['cu_front_seconds']:g} s + {c['cu_seconds_per_arch']:g} s per arch per .cu, "
-             f"{c['cpp_seconds']:g} s per C++ (cudastack/unit_costs.yaml, measured {data['measured']})")
+             f"{c['cpp_seconds']:g} s per C++ (cudastack/unit_costs.yaml, measured {c.get('measured', data['measured'])})")
     jobs_note = f"{jobs} jobs (memory rule) on {cores} cores"
     if est is None:
         out.append(f"    time    unknown until the source is fetched; {jobs_note}; basis {basis}")

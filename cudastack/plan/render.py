@@ -80,7 +80,7 @@ def render_plan(plan: BuildPlan, cached: dict[str, bool] | None = None, *, state
         lines.append(f"[{i}] {n.name}  kind {n.kind}{method}  {state}")
         cost, unit_s = costs.cost_estimate(n, res, state_dir) if n.name not in export else ([], None)
         if basis is not None and cached is not None and not cached.get(n.name) and n.name not in export:
-            b_s, b_text = cache_estimates.build_expectation(n, basis.history, unit_s)
+            b_s, b_text = cache_estimates.build_expectation(n, basis.history, unit_s, basis.measured.get(n.name))
             if remote.get(n.name):
                 p_s, nbytes, p_text = cache_estimates.pull_expectation(basis.blobs.get(n.name), seen, basis.rate)
                 pulled.append((n.name, p_s))

@@ -14,10 +14,10 @@ peer-memory path is started, where a hang costs one child and a timeout, not the
   loaded through the CUDA driver API with ``ctypes`` (``libcuda.so.1``: ``cuModuleLoadData``, ``cuLaunchKernel``,
   peer access by ``cuCtxEnablePeerAccess``), so it needs no compiler and no package beyond the driver.
 
-Every step runs in its own child (``python -m stackprobe.runtime.p2pcheck --child SPEC``) through
-:func:`stackprobe.runtime.orchestrate.run_in_session`: its own session and process group, a parent-death signal,
-a guard that ends the group if this process dies, and on timeout the whole group plus every process carrying the
-run's marker is killed. The child's destination buffer is filled with a sentinel before the transfer and read back
+Every step runs in its own child (``python -m stackprobe.runtime.p2pcheck --child SPEC``, :func:`_run_child`): its
+own session and process group, a parent-death signal, a guard (:mod:`stackprobe.runtime.guard`) that ends the group
+if this process dies, and at the end the whole group plus every process carrying the run's marker is killed, with
+every wait bounded (a child stuck in the driver is named, never waited for). The child's destination buffer is filled with a sentinel before the transfer and read back
 after it, so a transfer that did nothing, or part of it, does not pass.
 
 Per pair (``"i-j"``, i < j) the status is one of :data:`STATUSES`:
@@ -74,14 +74,14 @@ PTX_SOURCE = """\
 .target sm_75
 .address_size 64
 
-.visible .entry stackprobe_peer_copy(.param .u64 src, .param .u64 dst, .param .u32 n)
+.visible .entry stackprobe_peer_copy(.param .u64 param_src, .param .u64 param_dst, .param .u32 param_n)
 {
     .reg .pred %p<2>;
     .reg .b32 %r<8>;
     .reg .b64 %rd<8>;
-    ld.param.u64 %rd1, [src];
-    ld.param.u64 %rd2, [dst];
-    ld.param.u32 %r1, [n];
+    ld.param.u64 %rd1, [param_src];
+    ld.param.u64 %rd2, [param_dst];
+    ld.param.u32 %r1, [param_n];
     mov.u32 %r2, %ctaid.x;
     mov.u32 %r3, %ntid.x;
     mov.u32 %r4, %tid.x;
@@ -467,15 +467,15 @@ def run_step(step: str, i: int, j: int, *, device: str = "cuda", nbytes: int = D
     ``{"step", "status", "reason", "seconds", "directions": [{"from", "to", "mode", "us", "ok", "mismatches",
     "first_bad", ...}], "pids": [child and its helpers], "killed_pids", "leftover_pids", "returncode"}``.
     ``leftover_pids``: the child's processes still alive after the step (checked by pid; must be empty)."""
-    from .orchestrate import child_env, run_in_session
+    from .orchestrate import child_env
     tmp = Path(tempfile.mkdtemp(prefix="stackprobe-p2p-"))
     try:
         spec = {"i": i, "j": j, "step": step, "device": device, "nbytes": nbytes, "repeats": repeats,
                 "count": count, "events": str(tmp / "events.jsonl")}
         (tmp / "spec.json").write_text(json.dumps(spec))
         t0 = time.monotonic()
-        res = run_in_session([sys.executable, "-m", "stackprobe.runtime.p2pcheck", "--child", str(tmp / "spec.json")],
-                             timeout=timeout, env=child_env({}, base=env))
+        res = _run_child([sys.executable, "-m", "stackprobe.runtime.p2pcheck", "--child", str(tmp / "spec.json")],
+                         child_env({}, base=env), timeout, tmp / "child.log")
         seconds = round(time.monotonic() - t0, 3)
         events = []
         try:
@@ -491,21 +491,79 @@ def run_step(step: str, i: int, j: int, *, device: str = "cuda", nbytes: int = D
     pids = [e["pid"] for e in events if e.get("event") in ("start", "helper")]
     time.sleep(0.05)
     directions = [{k: v for k, v in e.items() if k != "event"} for e in events if e.get("event") == "direction"]
-    out: dict = {"step": step, "seconds": seconds, "returncode": res.returncode, "pids": pids,
-           "killed_pids": res.killed_pids, "leftover_pids": [p for p in pids if _alive(p)],
+    out: dict = {"step": step, "seconds": seconds, "returncode": res["returncode"], "pids": pids,
+           "killed_pids": res["killed_pids"], "leftover_pids": sorted(set(p for p in pids if _alive(p))
+                                                                      | set(res["survivors"])),
            "directions": directions}
     result = next((e for e in events if e.get("event") == "result"), None)
-    if res.timed_out:
+    if res["timed_out"]:
         done = ", ".join(f"{d['mode']} {d['from']}->{d['to']}" for d in directions) or "none"
         out.update(status="hang", reason=f"no answer within {timeout:g} s (directions finished before it: {done}); "
                                          f"the child's process group was killed")
     elif result is not None:
         out.update(status=result["status"], reason=result.get("reason", ""))
     else:
-        tail = " | ".join((res.stderr or "").strip().splitlines()[-3:])
-        out.update(status="error", reason=f"the child exited {res.returncode} without a result"
+        tail = " | ".join(res["tail"])
+        out.update(status="error", reason=f"the child exited {res['returncode']} without a result"
                                           + (f": {tail}" if tail else ""))
     return out
+
+
+def _run_child(cmd: list[str], env: dict[str, str], timeout: float, log: Path) -> dict:
+    """Run ``cmd`` in its own session with output to ``log``, for at most ``timeout`` seconds, so that nothing it
+    started survives and this process never blocks on it: the child dies with this process
+    (``PR_SET_PDEATHSIG``), a guard (:mod:`stackprobe.runtime.guard`) ends its group if this process dies first,
+    and at the end its process group (TERM, then KILL) and every process carrying the run's marker are killed;
+    every wait is bounded (a process stuck in the driver that ignores SIGKILL is named in ``survivors``, not
+    waited for). Returns ``{"returncode" (None on timeout), "timed_out", "killed_pids", "survivors", "tail"}``."""
+    import signal
+    import subprocess
+    import uuid
+
+    from .children import die_with_parent
+    from .orchestrate import RUN_ID_VAR, _killpg, _start_guard, _stop_guard, processes_with_marker
+    run_id = uuid.uuid4().hex
+    env = dict(env, **{RUN_ID_VAR: run_id, "STACKPROBE_PARENT_PID": str(os.getpid())})
+    with open(log, "wb") as lf:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=lf, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True, preexec_fn=die_with_parent(signal.SIGKILL))
+    guard = _start_guard(proc.pid, run_id, {k: v for k, v in env.items() if k != RUN_ID_VAR})
+    timed_out, killed = False, []
+    try:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+    finally:
+        if proc.poll() is None:
+            _killpg(proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + 2.0
+            while proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+        _killpg(proc.pid, signal.SIGKILL)            # the group: helpers the child started, even after it exited
+        deadline = time.monotonic() + 10.0
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for _ in range(3):
+            strays = [p for p in processes_with_marker(run_id) if p != os.getpid()]
+            if not strays:
+                break
+            for pid in strays:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            time.sleep(0.2)
+        _stop_guard(guard)
+    survivors = ([proc.pid] if proc.poll() is None else []) + [p for p in processes_with_marker(run_id)
+                                                                if p != os.getpid()]
+    try:
+        tail = [ln for ln in log.read_text(errors="replace").strip().splitlines() if ln.strip()][-3:]
+    except OSError:
+        tail = []
+    return {"returncode": None if timed_out else proc.returncode, "timed_out": timed_out, "killed_pids": killed,
+            "survivors": sorted(set(survivors)), "tail": tail}
 
 
 def pairs(devices: list[int]) -> list[tuple[int, int]]:

@@ -334,9 +334,9 @@ class Engine:
             log.write(f"# exit {rc} after {time.monotonic() - t0:.1f}s\n")
         dur = time.monotonic() - t0
         if rc != 0 and stop.requested():    # the CLI ended because the run was being stopped: not a failure
-            exc = KeyboardInterrupt()
-            exc.counter = prog.counter  # type: ignore[attr-defined]
-            raise exc
+            stopped = KeyboardInterrupt()
+            stopped.counter = prog.counter  # type: ignore[attr-defined]
+            raise stopped
         if rc != 0:
             raise _build_error(name, dur, rc, log_path, prog)
         return BuildResult(dur, str(log_path), len(prog.steps), len(prog.cached), prog.counter)

@@ -194,10 +194,12 @@ def site_health(environment: dict, target, topology: str, backends=None, timeout
         findings.insert(0, {"check": "requirements", "level": "warning", "message": unread})
     findings.append({"check": "imports", "level": "warning", "message": NOT_ASSESSED_IMPORTS})
     cuda, where = h.stack_cuda(environment)
-    return {"seconds": 0.0, "stack_cuda": cuda, "stack_cuda_source": where, "requirements": breaks,
+    health = {"seconds": 0.0, "stack_cuda": cuda, "stack_cuda_source": where, "requirements": breaks,
             "requirements_not_assessed": unread, "imports": [], "imports_not_assessed": NOT_ASSESSED_IMPORTS,
             "shared_objects": [], "shared_objects_not_assessed": NOT_ASSESSED_IMPORTS, "static_symbols": {},
             "nccl": {}, "toolchain": {}, "findings": findings, "blocks": {}}
+    environment["health"] = health          # where the tier's own run_health keeps it
+    return health
 
 
 def _child_main(args: dict) -> None:

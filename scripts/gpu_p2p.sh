@@ -4,9 +4,13 @@
 #      bridges between GPUs, NVML's P2P status, the driver and the variables that change the path (reads only);
 #   2. `python -m stackprobe.runtime p2p --self-test --out $OUT/p2p`: per GPU pair a peer copy and a kernel-side
 #      peer read/write, each in a child process with a timeout, checked against known data; with one GPU it says
-#      there is nothing to pair and runs the same steps from the GPU to itself (the check's own machinery, not P2P).
+#      there is nothing to pair and runs the same steps from the GPU to itself (the check's own machinery, not P2P);
+#   3. the failing twins on the same devices: the check again with a planted wrong element in the kernel step and
+#      with a planted stall in the copy (STACKPROBE_P2P_FAULT, read only by the check's child), which must read
+#      wrong-data and hang (found within P2P_PLANTED_TIMEOUT, default 30 s, its children killed).
 # Written to $OUT: versions.txt, topo.txt (nvidia-smi topo -m, where present), host/host.{json,md}, host.log,
-# p2p/p2p-check.{json,md}, p2p.log and summary.md (both pages and each command's exit status).
+# p2p/p2p-check.{json,md}, p2p.log, p2p-planted-{wrong,hang}/p2p-check.{json,md} with their logs, and summary.md
+# (the pages and each command's exit status).
 #
 # Settings (environment): P2P_DEVICE=cuda|cpu (cpu: the same check on host memory, for a machine without a GPU),
 # P2P_TIMEOUT seconds per step and pair (default 60), P2P_BYTES per transfer (default 256K), P2P_WORLD_SIZE for the
@@ -63,6 +67,20 @@ p2p_rc=$?
 echo "p2p check ($DEVICE, $pairs pair(s), $STEP_TIMEOUT s a step): exit $p2p_rc (0 passed or nothing to pair, 1 a pair failed)"
 python -c "import json,sys; json.load(open(sys.argv[1]))" "$OUT/p2p/p2p-check.json" 2> /dev/null || rc=1
 
+# the failing twins: pair 0-1, or the device to itself with one device
+if [ "$n" -ge 2 ]; then pair=0-1; devs=0,1; elif [ "$n" -eq 1 ]; then pair=0-0; devs=0; else pair=""; fi
+planted=()
+if [ -n "$pair" ]; then
+  for twin in "wrong corrupt:$pair:kernel" "hang hang:$pair:copy"; do
+    name="${twin%% *}"
+    STACKPROBE_P2P_FAULT="${twin#* }" timeout 600 python -m stackprobe.runtime p2p --device "$DEVICE" \
+      --devices "$devs" --timeout "${P2P_PLANTED_TIMEOUT:-30}" --bytes "$BYTES" --repeats 2 --self-test \
+      --out "$OUT/p2p-planted-$name" > "$OUT/p2p-planted-$name.log" 2>&1
+    planted+=("- planted $name (STACKPROBE_P2P_FAULT=${twin#* }, devices $devs): exit $? (must be 1)")
+    echo "${planted[-1]}"
+  done
+fi
+
 {
   echo "# Host section and P2P check"
   echo
@@ -75,6 +93,14 @@ python -c "import json,sys; json.load(open(sys.argv[1]))" "$OUT/p2p/p2p-check.js
   cat "$OUT/host/host.md" 2> /dev/null || echo "(no host page: see host.log)"
   echo
   cat "$OUT/p2p/p2p-check.md" 2> /dev/null || echo "(no P2P check page: see p2p.log)"
+  echo
+  echo "## Failing twins (planted faults)"
+  echo
+  printf '%s\n' "${planted[@]:-- none: no device to plant on}"
+  for name in wrong hang; do
+    [ -f "$OUT/p2p-planted-$name/p2p-check.md" ] && { echo; sed 's/^# /### planted '"$name"': /' \
+      "$OUT/p2p-planted-$name/p2p-check.md"; }
+  done
 } > "$OUT/summary.md"
 cat "$OUT/summary.md"
 exit "$rc"

@@ -250,7 +250,9 @@ def test_c56_cuda_bindings_13_needs_driver_580_on_the_paths_that_import_it(bare_
         assert v["status"] == "blocked" and v["gate"] == "driver", v["cause"]
         assert "cuda-bindings 13.0.3" in v["cause"] and ">= 580" in v["cause"] and "cutlass#2866" in v["cause"]
         assert "mnnvl" in v["cause"] and "575.57.08" in v["cause"]
-        assert verdict(rep, FUSION, "library")["gate"] == "driver"     # flashinfer.comm imports it too
+        # flashinfer.comm imports it on the fusion path too (its verdict here reads not installed: FlashInfer's own
+        # dependencies are left out of this environment, and a missing package keeps that answer)
+        assert any(b["gate"] == "driver" for b in rep["environment"]["health"]["blocks"][FUSION])
     else:
         assert v["gate"] != "driver", v["cause"]
 

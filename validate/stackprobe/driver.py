@@ -198,11 +198,14 @@ def apply_driver_floor(verdicts: list, floor: dict | None) -> list:
 
 
 def stack_cuda_version(environment: dict) -> tuple[str | None, str]:
-    """(CUDA version the stack runs, where it was read): torch's ``torch.version.cuda``, else the
+    """(CUDA version the stack runs, where it was read): torch's ``torch.version.cuda`` (or, where ``import torch``
+    fails, the ``cuda`` its installed ``torch/version.py`` names: a broken torch is still the stack), else the
     ``CUDART_VERSION`` of the toolkit root ``CUDA_HOME`` names, else of the first root that has one."""
-    t = (environment.get("torch") or {}).get("cuda")
+    from .health import stack_cuda
+
+    t, where = stack_cuda(environment)   # torch's own, also when `import torch` fails (its version.py as text)
     if t:
-        return t, "torch.version.cuda"
+        return t, where
     roots = environment.get("toolkit_roots") or []
     for r in sorted(roots, key=lambda r: "CUDA_HOME" not in r.get("found_by", [])):
         if r.get("cudart"):

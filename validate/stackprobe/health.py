@@ -21,7 +21,8 @@ The checks (each one's findings carry ``check``, ``level`` "error" | "warning" |
    undefined c10/ATen/torch symbols are checked against what torch's libraries export
    (:func:`stackprobe.health_elf.missing_symbols`, case C41), and the evidence says it was decided statically.
 4. ``nccl``: the libnccl that ``import torch`` maps in the child (``/proc/self/maps``) and its version
-   (``ncclGetVersion`` and the library's own version string), not the wheel's metadata; the known-bad data
+   (``ncclGetVersion`` and the library's own version string), not the wheel's metadata, beside the wheel that owns
+   the file (its metadata version and whether the file still matches its RECORD, case C55); the known-bad data
    (:mod:`stackprobe.known_bad`) applied to that version (case C43; the NCCL probe blocks on the same entries).
 5. ``toolchain``: the nvcc a JIT build would use (:func:`stackprobe.env.effective_nvcc`) against torch's CUDA
    major: a different major blocks every JIT-built path (``Need.jit``), toolchain, since the module it builds
@@ -29,6 +30,15 @@ The checks (each one's findings carry ``check``, ``level`` "error" | "warning" |
 
 6. ``triton``: the ptxas Triton would call, asked to compile for the target (:mod:`stackprobe.health_triton`,
    case C57), and the engine files that define Triton kernels.
+7. ``driver_floors``: the driver floor of every CUDA user on a path: cuda-bindings imported by its modules,
+   its extensions' CUDA major, the loaded NCCL's (:mod:`stackprobe.health_floors`, case C56).
+8. ``jit_cache``: FlashInfer's JIT cache modules, checked like installed ones (:mod:`stackprobe.health_jitcache`,
+   case C58).
+
+A check (or part of one) that cannot run here is listed in ``not_assessed`` ({"check", "what", "why"}) and
+shown as "not assessed: what (why)" in the health section and the report's headline, never as "no errors"
+(case C60). Shared objects are read with the suite's own ELF reader (:mod:`stackprobe.elfread`), so check 3
+runs whatever the target environment lacks.
 
 ``run`` returns plain JSON data (kept in the report as ``environment.health``): ``{"seconds", "stack_cuda",
 "requirements", "imports", "shared_objects", "nccl", "toolchain", "triton", "findings", "blocks", "not_assessed"}`` where ``blocks`` maps a

@@ -221,7 +221,8 @@ def static_symbols(dists: dict, imports: dict, backends) -> dict:
 
 
 def run(environment: dict, target, topology: str, backends=None, timeout: float = 120.0) -> dict:
-    """The health stage (checks 1-5) for ``backends`` (default: every backend of :data:`NEEDS`)."""
+    """The health stage (checks 1-8 of :mod:`stackprobe.health`) for ``backends`` (default: every backend of
+    :data:`NEEDS`). Also writes the NCCL that loads into ``environment["nccl"]["loaded"]`` (the header's NCCL)."""
     t0 = time.time()
     backends = [b for b in NEEDS if not backends or b in backends]
     dists = h.installed()

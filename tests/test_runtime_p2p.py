@@ -169,17 +169,18 @@ def test_the_gate_passes_only_pairs_that_passed():
 
 
 def test_c54_the_suite_starts_a_peer_memory_path_only_where_its_pairs_passed():
-    """One suite run at world sizes 2 and 3 after a real P2P check with pair 1-2 planted wrong: the peer-memory row
-    runs on GPUs 0-1 (its pair passed) and is not started at world size 3, the report saying why."""
+    """One suite run at world sizes 2 and 3 after a real P2P check with pair 0-2 planted to hang and pair 1-2 to return
+    wrong data: the peer-memory row runs on GPUs 0-1 (its pair passed) and is not started at world size 3, the report
+    saying why (both pairs, each with its status)."""
     pytest.importorskip("torch")
     from stackprobe.runtime import p2pcheck
     from stackprobe.runtime.bench import BenchConfig
     from stackprobe.runtime.report import markdown
     from stackprobe.runtime.suite import run_suite
 
-    check = p2pcheck.run_check([0, 1, 2], device="cpu", nbytes=4096, timeout=20, repeats=2,
-                               env=_fault_env("corrupt:1-2"))
-    assert [p["status"] for p in check["pairs"]] == ["ok", "ok", "wrong-data"]
+    check = p2pcheck.run_check([0, 1, 2], device="cpu", nbytes=4096, timeout=4, repeats=2,
+                               env=_fault_env("hang:0-2,corrupt:1-2"))
+    assert [p["status"] for p in check["pairs"]] == ["ok", "hang", "wrong-data"]
     cfg = BenchConfig(sizes=[4096], dtype="float32", warmup=1, rounds=2, sweep_rounds=1, graph_calls=4,
                       graph_replays=1)
     rep = run_suite(["torch-gloo", "p2p_fixture_probes:PeerPathProbe"], [2, 3], cfg, device="cpu", timeout=180,
@@ -188,10 +189,23 @@ def test_c54_the_suite_starts_a_peer_memory_path_only_where_its_pairs_passed():
     assert rows[2]["fixture-peer-path"]["outcome"] == "ok"
     skipped = rows[3]["fixture-peer-path"]
     assert skipped["outcome"] == "skipped"
-    assert skipped["skip_reason"].startswith("not started: the P2P check did not pass on GPU 1-2 wrong-data")
+    assert skipped["skip_reason"].startswith("not started: the P2P check did not pass on GPU 0-2 hang (copy: no "
+                                             "answer within 4 s")
+    assert "; GPU 1-2 wrong-data (copy: copy 1->2: 1 of 1024 int32 differ" in skipped["skip_reason"]
     assert rows[3]["torch-gloo"]["outcome"] == "ok"            # the baseline is not a peer-memory path
     assert rep["p2p_check"] is check
-    assert "not started: the P2P check did not pass on GPU 1-2 wrong-data" in markdown(rep)
+    md = markdown(rep)
+    assert "not started: the P2P check did not pass on GPU 0-2 hang" in md
+    assert "P2P check before any peer-memory path (4096 B peer copy" in md and "0-1 ok" in md and "0-2 hang" in md
+
+
+def test_the_suite_on_gpus_records_the_check_even_with_nothing_to_pair():
+    from stackprobe.runtime.suite import _p2p_first
+    one = _p2p_first(None, "cuda", 1, [1], 60.0, lambda m: None)
+    assert one["pairs"] == [] and one["note"].startswith("nothing to pair: 1 GPU visible (0)")
+    assert _p2p_first(None, "cpu", 0, [2], 60.0, lambda m: None) is None     # CPU run: no GPU pairs, no check
+    given = {"pairs": []}
+    assert _p2p_first(given, "cuda", 8, [8], 60.0, lambda m: None) is given
 
 
 def test_the_p2p_subcommand_exit_codes():

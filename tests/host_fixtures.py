@@ -55,7 +55,7 @@ def make_host(root: Path, *, switch: bool = True, acs: bool = False, iommu_type:
         ports = [f"0000:02:0{i}.0" for i in range(gpus)]
         for p in ports:
             bridges[p] = ["0000:00:01.0", "0000:01:00.0"]
-        gpu_paths = {f"0000:0{3 + i}:00.0": bridges[ports[i]] + [ports[i]] for i in range(gpus)}
+        gpu_paths = {f"0000:{3 + i:02x}:00.0": bridges[ports[i]] + [ports[i]] for i in range(gpus)}
         redirecting = ports
     else:
         ports = [f"0000:00:0{1 + i}.0" for i in range(gpus)]

@@ -223,10 +223,12 @@ def headline_line(report) -> str:
     parts = [f"with {h['config']}: a decode-step allreduce takes {h['serves']}"
              + (f" ({h['serves_host']})" if h.get("serves_host") else "")]
     ring = next((v for v in getattr(report, "verdicts", []) if v.backend == "nccl-ring" and v.tier == "static"
-                 and (v.host_risk or {}).get("level") == "risk"), None)
+                 and (v.host_risk or {}).get("level") in ("risk", "transport")), None)
     if ring is not None and not h["serves"].startswith(("NCCL", "nccl")):
-        # the baseline every path falls back to is at risk too (NVIDIA/nccl#1999): said even where it does not serve
-        parts.append(f"NCCL, the baseline and fallback: {ring.host_risk['what']}; now: {ring.host_risk.get('now')}")
+        # the baseline every path falls back to, said even where it does not serve: at risk (NVIDIA/nccl#1999), or
+        # moving data over SHM because P2P is disabled
+        r = ring.host_risk
+        parts.append(f"NCCL, the baseline and fallback: {r['what']}" + (f"; now: {r['now']}" if r.get("now") else ""))
     if h.get("fix_host_first"):
         parts.append("fix the host first (a peer-memory path on a box that shows a P2P risk): "
                      + "; ".join(h["fix_host_first"]))

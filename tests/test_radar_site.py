@@ -163,6 +163,8 @@ def test_move_costs_read_an_aot_module_to_rebuild_and_a_tune_cache_to_redo(tmp_p
     fewer = _flashinfer_tree(tmp_path / "fewer", 4, ["init"])
     assert site.move_costs([old], [fewer]) == []
     assert site.move_costs([tmp_path / "none"], [new]) == []        # no FlashInfer in the old site: nothing compared
+    older = _dist(tmp_path / "older", "flashinfer-python", "0.6", files={"flashinfer/__init__.py": ""})
+    assert site.move_costs([older], [new])[0].startswith("AOT module to build: the PCIe IPC allreduce module")
 
 
 # ------------------------------------------------------------------------------------ real wheels (network)

@@ -15,13 +15,13 @@ replaced because they need what a site does not have:
 * the environment health stage (:func:`site_health`): ``import`` of each backend and the shared-object checks
   need the binaries; they say "not assessed" with the reason. The declared-requirements check runs (metadata only)
   where a requirement parser (``packaging``) is on the site;
-* library answers that import the library or read its binaries (:func:`site_library_answers`) become
-  ``not-assessed`` with the reason; answers read from the sources (a Python table, a topology rule) stay.
+* the library answers (:func:`site_library_answers`) become ``not-assessed`` with the reason: the library gates
+  import the library with torch or read its binaries.
 
-Everything else is the tier as it runs in an image: every backend's library gate, the engine readers
-(:mod:`stackprobe.engines`), the dispatch walk, the user statuses and the headline
-(:func:`stackprobe.userwords.headline_line`). The answers are the ones the suite gives for the same packages
-installed, except where a gate needs a binary (arch coverage, an import): those verdicts name it.
+Everything else is the tier as it runs in an image: the engine readers (:mod:`stackprobe.engines`, read from the
+sources with ``ast``), the dispatch walk, the user statuses and the headline
+(:func:`stackprobe.userwords.headline_line`). The engine answers are the ones the suite gives for the same packages
+installed (the image's nvcc given by release, so a JIT-built module is not refused for want of one).
 
 :func:`changes` compares two :func:`run` results (old site, new site): per engine and backend, old status -> new
 status with the deciding line (the new verdict's cause). :func:`move_costs` reads what a FlashInfer move costs
@@ -132,27 +132,22 @@ def torch_cuda_from_metadata() -> tuple[str | None, str]:
     return None, "torch's Requires-Dist pins no CUDA runtime (a CPU build?)"
 
 
-#: library gates a site cannot decide: they import the library (or read its binaries), which a site lacks
-_IMPORT_GATES = ("not-installed", "broken-install", "toolchain", "compiled-binary", "needs-runtime", "")
-
-
 def site_library_answers(report) -> int:
-    """Library answers (scope "library", static) that a site cannot give, made ``not-assessed`` with the reason and
-    the answer the tier gave kept as evidence: ``blocked``/``error``/``skipped`` with a gate in
-    :data:`_IMPORT_GATES` (the library gate imports the package, or reads its shared objects, and a site has neither
-    torch's binaries nor the library's). A ``python-table``, ``topology`` or ``setting`` answer read from the sources
-    stays. Returns how many were changed."""
+    """Every library answer (scope "library", static) made ``not-assessed`` on a site, the answer the tier gave kept
+    as evidence. The library gates import the library with torch (FlashInfer's effective arch list, its JIT
+    modules), read its shared objects (arch coverage, kernel libraries) or ask which dependencies load; a site has
+    none of that, so what they say there is about the site, not the release (``No module named 'torch'``, "no
+    common_ops library"). The engine answers, read from the sources, are the site's answers. Returns how many."""
     from .verdict import NOT_ASSESSED, SCOPE_LIBRARY
 
     n = 0
     for v in report.verdicts:
-        if v.tier != "static" or v.scope != SCOPE_LIBRARY or v.status not in ("blocked", "error", "skipped"):
-            continue
-        if v.gate not in _IMPORT_GATES:
+        if v.tier != "static" or v.scope != SCOPE_LIBRARY or v.status == NOT_ASSESSED:
             continue
         v.add("answer on the site (laid out, not installed)", f"{v.status} ({v.gate or '-'}): {v.cause}", "static gate")
         v.status, v.gate = NOT_ASSESSED, ""
-        v.cause = "not assessed: " + NOT_ASSESSED_IMPORTS + " (the library gate imports it or reads its binaries)"
+        v.cause = ("not assessed: " + NOT_ASSESSED_IMPORTS + " (a library gate imports the library or reads its "
+                   "binaries)")
         n += 1
     return n
 
@@ -318,7 +313,7 @@ AOT_MODULES = (("gen_pcie_ipc_comm_module", "PCIe IPC allreduce"),)
 def move_costs(old_roots: list[str | Path], new_roots: list[str | Path]) -> list[str]:
     """What moving FlashInfer from the ``old_roots`` site to the ``new_roots`` site costs besides the statuses, one
     sentence each: an ahead-of-time module to rebuild (the new wrapper calls functions the old module does not
-    export, read with ``ast``), a tune cache to redo (a ``*TUNE_VERSION`` changed). [] when FlashInfer is in neither
+    export, read with ``ast``) or to build (the old release loads no such module), a tune cache to redo (a ``*TUNE_VERSION`` changed). [] when FlashInfer is in neither
     site or nothing of this kind changed."""
     a, b = _pkg(old_roots, "flashinfer"), _pkg(new_roots, "flashinfer")
     if a is None or b is None:
@@ -327,6 +322,9 @@ def move_costs(old_roots: list[str | Path], new_roots: list[str | Path]) -> list
     for builder, title in AOT_MODULES:
         ca, cb = module_calls(a, builder), module_calls(b, builder)
         had = set().union(*ca.values()) if ca else set()
+        if cb and not ca:
+            out.append(f"AOT module to build: the {title} module ({builder}) is new (the old release loads none)")
+            continue
         for where, names in cb.items():
             added = sorted(names - had)
             if added:

@@ -107,3 +107,12 @@ def test_import_walk_finds_cuda_bindings_through_the_package_and_not_elsewhere(t
     assert hit["module"] == "fakefi.comm.nv" and hit["line"] == 2 and hit["chain"] == ["fakefi.comm", "fakefi.comm.ar",
                                                                                          "fakefi.comm.nv"]
     assert health_floors.bindings_import(("fakefi.util",)) is None    # a function-body import does not count either
+
+
+def test_comparison_row_names_what_was_not_assessed():
+    from types import SimpleNamespace
+    gap = {"check": "shared_objects", "what": "shared-object dependencies of x", "why": "unreadable"}
+    reps = [SimpleNamespace(environment={"health": {"findings": [], "not_assessed": [gap], "blocks": {}}}),
+            SimpleNamespace(environment={"health": {"findings": [], "not_assessed": [], "blocks": {}}})]
+    row = next(line for line in health_report.comparison(reps, ["a", "b"]) if line.startswith("| errors"))
+    assert "**not assessed**: shared-object dependencies of x (unreadable)" in row and row.endswith("| no errors |")

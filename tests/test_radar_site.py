@@ -230,11 +230,38 @@ def test_vllm_0_34_0_is_not_installable_without_flashinfer_0_7_3_and_is_read_as_
 
 
 @pytest.mark.network
-@pytest.mark.xfail(strict=True, reason="the vLLM engine reader does not yet read vllm 0.34.0's two-sided manager "
-                   "(it answers 'gate not found'); the validate readers' issue adds it. Remove this mark when it lands.")
 def test_vllm_0_34_0_makes_two_sided_a_startup_failure_without_nvlink(tmp_path):
     row, _ = _vllm_row(tmp_path, "vllm")
     assert "vllm ep-flashinfer-a2a: opt-in -> startup-failure-if-set" in row["move"], row["move"]
+    d = next(x for x in row["move_detail"] if x["label"] == "newest")
+    m = next(m for m in d["changes"] if m["backend"] == "ep-flashinfer-a2a")
+    assert "nvlink_common.py" in m["deciding"] or "mnnvl_mapping_and_config" in m["deciding"], m
+
+
+@pytest.mark.network
+def test_scan_gives_the_engine_answers_of_each_release_read_on_a_site():
+    recipes = load_recipes()
+    ix = Index(cache=CACHE)
+    ans = moves.engine_answers(ix, recipes, "vllm", [Version("0.33.0"), Version("0.34.0")])
+    assert ans["toolchain"] == "13.1" and ans["runtime"] == "vllm" and ans["engine"] == "vllm"
+    a, b = ans["releases"]["0.33.0"], ans["releases"]["0.34.0"]
+    assert a["breaks"] == [] and a["statuses"]["ep-flashinfer-a2a"] == "opt-in"
+    assert any("flashinfer-python==0.7.3" in x for x in b["breaks"]) and b["set"]["vllm"] == "0.34.0"
+    text = moves.render_engine_answers(ans, "vllm")
+    assert f"ep-flashinfer-a2a: {b['statuses']['ep-flashinfer-a2a']} (was opt-in)" in text, text
+    assert ix.stats.get("bytes_downloaded", 0) == 0         # the engine answers take no whole file
+
+
+def test_scan_engine_answers_name_the_chain_or_say_none_reads_it():
+    recipes = load_recipes()
+    tc, rt = moves.chain_for(recipes, "vllm")
+    assert rt == "vllm" and "vllm" in Checker(Index(), recipes, tc, rt).pins
+    tc2, rt2 = moves.chain_for(recipes, "sglang")
+    assert rt2 != "vllm"
+    assert moves.chain_for(recipes, "no-such-package") is None      # planted: nothing installs it
+    none = moves.engine_answers(Index(), recipes, "no-such-package", [Version("1.0")])
+    assert none["not_read"].startswith("no image chain in the recipes installs no-such-package")
+    assert moves.render_engine_answers(none, "no-such-package").startswith("engine answers: not read:")
 
 
 @pytest.mark.network

@@ -60,8 +60,8 @@ def outdated(*, cuda=None, index=None, refresh=False, recipes=None, target_arch=
 
 def scan(*, package=None, versions=None, target_arch="12.0", world_size=8, topology="pcie", index=None, refresh=False,
          all=False, python="3.11", pre=False, json_out=None):
-    """`invoke scan`: scan a package's releases and print the first release that lifts each static gate. Its flags'
-    values as keywords (see :mod:`cudastack.cli.radar`); raises StackError."""
+    """`invoke scan`: scan a package's releases and print the first release that lifts each static gate, then the engine
+    answers per release read on a site (:func:`cudastack.radar.moves.engine_answers`). Its flags' values as keywords (see :mod:`cudastack.cli.radar`); raises StackError."""
     with json_output(json_out) as box:
         from cudastack.plan.rules import parse_target_arch
         from cudastack.radar import scan as S
@@ -74,4 +74,10 @@ def scan(*, package=None, versions=None, target_arch="12.0", world_size=8, topol
                              say=lambda m: print(m, file=sys.stderr, flush=True))
         print(S.render_scan(rep))
         box["data"] = S.scan_json(rep)
+        from cudastack.radar import moves
+        from cudastack.recipes.load import load_recipes
+        ans = moves.engine_answers(ix, load_recipes(), package, rep.versions, rep.target, _int("world-size", world_size),
+                                   topology, say=lambda m: print(m, file=sys.stderr, flush=True))
+        print(moves.render_engine_answers(ans, package))
+        box["data"]["engine_answers"] = ans
         print(f"index: {ix.url} {ix.stats}", file=sys.stderr)

@@ -188,3 +188,68 @@ def kernel_coverage(ck: Checker, name: str, pv: Version, v: Version, target, wor
         if ga is None or gb is None or ga.admits != gb.admits:
             out.append(f"{g} {getattr(ga, 'admits', 'absent')} -> {getattr(gb, 'admits', 'absent')}")
     return "; ".join(out)
+
+
+# ------------------------------------------------------------------------------------ invoke scan: engine answers
+def chain_for(recipes, package: str):
+    """(toolchain, runtime node) of the newest toolchain whose image chain installs ``package`` (an engine's own
+    chain first), or None when no chain does."""
+    from cudastack.radar.checks import engine_runtimes, recipe_pins
+
+    name = canonicalize_name(package)
+    for tc_name in reversed(list(recipes.toolchains)):
+        tc = recipes.toolchain(tc_name)
+        rts = engine_runtimes(recipes, tc)
+        for rt in sorted(rts, key=lambda r: rts[r] != name):
+            if name in recipe_pins(recipes, tc, rt):
+                return tc, rt
+    return None
+
+
+def engine_answers(index, recipes, package: str, versions: list[Version], target: str = "12.0", world_size: int = 8,
+                   topology: str = "pcie", say=lambda m: None) -> dict:
+    """The engine answers for each release of ``package`` in ``versions``, each read on a site: the chain that
+    installs it (:func:`chain_for`) with that release moved in (:func:`candidate`: an engine with what it pins, a
+    library under its engine as a what-if). Returns ``{"toolchain", "runtime", "engine", "releases": {version:
+    {"set", "breaks", "headline", "statuses": {backend: status}}}}``, or ``{"not_read": why}`` when no chain
+    installs the package."""
+    found = chain_for(recipes, package)
+    if found is None:
+        return {"not_read": f"no image chain in the recipes installs {package}: no engine reads it"}
+    tc, rt = found
+    ck = Checker(index, recipes, tc, rt)
+    out: dict = {"toolchain": tc.name, "runtime": rt, "engine": ck.engine, "releases": {}}
+    for v in versions:
+        say(f"reading {package} {v} as a site in {tc.name}'s {ck.engine} chain")
+        c = candidate(ck, package, v)
+        try:
+            res = run_site(ck, c, target, world_size, topology)
+        except (StackError, siteprobe.SiteError) as e:
+            out["releases"][str(v)] = {"set": c.versions, "breaks": c.breaks, "not_read": str(e)}
+            continue
+        st = {b: siteprobe._word(s) for (who, b), s in siteprobe.statuses(res).items() if who == ck.engine}
+        out["releases"][str(v)] = {"set": c.versions, "breaks": c.breaks, "headline": res["headline"].get(ck.engine),
+                                   "statuses": st}
+    return out
+
+
+def render_engine_answers(ans: dict, package: str) -> str:
+    """The engine answers of :func:`engine_answers` as text: per release its set, the pins it breaks and each
+    backend's status, and where a status moved from the release before."""
+    if "not_read" in ans:
+        return f"engine answers: not read: {ans['not_read']}"
+    lines = [f"engine answers ({ans['engine']}, read on a site of toolchain {ans['toolchain']}'s {ans['runtime']} chain "
+             f"with {package} moved in; validate's own readers):"]
+    prev: dict = {}
+    for v, r in ans["releases"].items():
+        lines.append(f"  {package} {v}: set " + ", ".join(f"{d} {x}" for d, x in sorted(r["set"].items())))
+        for b in r["breaks"]:
+            lines.append(f"    {b}")
+        if "not_read" in r:
+            lines.append(f"    not read: {r['not_read']}")
+            continue
+        for b, s in r["statuses"].items():
+            moved = f" (was {prev[b]})" if b in prev and prev[b] != s else ""
+            lines.append(f"    {b}: {s}{moved}")
+        prev = r["statuses"]
+    return "\n".join(lines)

@@ -93,8 +93,9 @@ def summarize(texts: Iterable[str], env: dict[str, str] | None = None) -> dict:
         if env is not None and (level or "").upper() not in ("INFO", "TRACE"):
             why = f"NCCL_DEBUG was {level!r} in the ranks, not INFO" if level else "NCCL_DEBUG was not set in the ranks"
         elif not info:
-            why = "no NCCL INFO line at all in the ranks' output (NCCL not loaded, or its output went elsewhere: " \
-                  "NCCL_DEBUG_FILE)"
+            why = ("no NCCL INFO line at all in the ranks' output (NCCL not loaded; its output sent elsewhere by "
+                   "NCCL_DEBUG_FILE; or the ranks killed before their buffered stdout reached the log: NCCL writes "
+                   "to C stdout, src/debug.cc, flushed at exit)")
         else:
             why = (f"{info} NCCL INFO lines but none for a connection (NCCL_DEBUG_SUBSYS without INIT/P2P/SHM/NET, "
                    "or a world size of 1: no peers to connect)")

@@ -11,7 +11,7 @@ import pytest
 
 from stackprobe.report import Report
 from stackprobe.userwords import headline, headline_line
-from validate_support import engine_copy, evidence, suite_env, verdict
+from validate_support import engine_copy, evidence, pip_target, suite_env, verdict
 
 pytestmark = pytest.mark.network
 
@@ -146,3 +146,70 @@ def test_point1d_quantization_assert_is_read_and_a_wrong_quantization_is_a_start
     bad, _ = drive([sglang059, fi063], backends=(EP,), extra=NO_NVCC, args={**args, "--quantization": "fp8"})
     v = verdict(bad, EP, "engine")
     assert v["status"] == "startup-failure-if-set" and "AssertionError" in v["cause"] and "'fp8'" in v["cause"]
+
+
+# --- point 11 and C63: readers across vLLM releases ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def v034():
+    """vllm 0.34.0 beside flashinfer-python 0.7.4: 0.34.0 pins flashinfer-python==0.7.3, which PyPI lacks, so both
+    are installed without dependencies (the suite reads source only)."""
+    return [pip_target("vllm==0.34.0"), pip_target("flashinfer-python==0.7.4")]
+
+
+@pytest.fixture(scope="module")
+def v021():
+    return [pip_target("vllm==0.21.0"), pip_target("flashinfer-python==0.7.2")]
+
+
+def test_c63_vllm_0_34_two_sided_is_a_start_up_failure_through_moe_ep(drive, v034):
+    """Case C63. Before: "error: gate not found" (the reader looked for flashinfer.comm.mnnvl), and the headline
+    dropped EP silently."""
+    d, report = drive(v034, backends=(EP,), engine="vllm")
+    v = next(x for x in d["verdicts"] if x["backend"] == EP and x.get("engine") == "vllm")
+    assert (v["status"], v["gate"]) == ("startup-failure-if-set", "topology")
+    assert "FlashInferNVLinkTwoSidedManager" in v["cause"]
+    assert "flashinfer/moe_ep/backends/split/comm/nvlink_common.py:86 `raise RuntimeError(...)`" in v["cause"]
+    assert "gate not found" not in json.dumps(v)
+    line = headline_line(report)
+    assert "MoE all-to-all for expert parallelism (it changes the deployment): do not set: " in line
+    assert "ep-flashinfer-a2a: start-up failure" in line
+
+
+def test_c63_twin_a_flashinfer_whose_nvlink_check_does_not_raise_leaves_it_an_opt_in(drive, v034, tmp_path):
+    """The twin: the same 0.34.0 with a FlashInfer copy whose mnnvl_mapping_and_config no longer raises reads opt-in."""
+    rel = "flashinfer/moe_ep/backends/split/comm/nvlink_common.py"
+    src = (v034[1] / rel).read_text()
+    start = src.index("        raise RuntimeError(")
+    raised = src[start:src.index("        )", start) + 10]
+    fi = engine_copy(v034[1], tmp_path / "fi", {rel: (raised, "        pass\n")})
+    d, _ = drive([v034[0], fi], backends=(EP,), engine="vllm")
+    v = next(x for x in d["verdicts"] if x["backend"] == EP and x.get("engine") == "vllm")
+    assert v["status"] == "opt-in" and "start-up failure" not in v["cause"]
+
+
+def test_point11_vllm_0_21_has_no_pcie_ipc_not_integrated_and_errors_stay_in_the_headline(drive, v021):
+    """Point 11. Before: vllm 0.21.0's PCIe IPC read "error: gate not found" (the release has no PCIe IPC at all), the
+    dispatch could not be read for the same reason, and error answers were dropped from the headline."""
+    d, report = drive(v021, engine="vllm")
+    vs = {x["backend"]: x for x in d["verdicts"] if x.get("engine") == "vllm"}
+    assert (vs[PCIE]["status"], vs[PCIE]["gate"]) == ("not-integrated", "not-integrated")
+    assert "never mentions PcieIpcAllReduce or FLASHINFER_PCIE_IPC" in vs[PCIE]["cause"]
+    assert d["dispatch"].get("serves") == "nccl-ring" and "error" not in d["dispatch"]
+    errors = [b for b, x in vs.items() if x["status"] == "error"]
+    assert errors, "vllm 0.21.0 has a path this reader does not know (the all-to-all's use_all2all)"
+    line = headline_line(report)
+    assert "not assessed (the reader could not answer for this release" in line
+    for b in errors:
+        assert f"{b} (vllm answer error: not assessed: vllm 0.21.0 is a release this reader does not know" in line
+
+
+def test_point11_twin_a_renamed_variable_in_a_release_that_has_pcie_ipc_stays_an_error(drive, tmp_path):
+    """The twin: vllm 0.33.0 with its PCIe IPC variable renamed still ships the path (its module mentions
+    PcieIpcAllReduce), so the reader's miss is an error shown as not assessed, never "not integrated"."""
+    vllm = pip_target("vllm==0.33.0")
+    root = engine_copy(vllm, tmp_path / "vllm", {"vllm/envs.py": ('"VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC": lambda',
+                                                                 '"VLLM_ALLREDUCE_USE_FI_PCIE_IPC": lambda')})
+    d, report = drive([root, pip_target("flashinfer-python==0.7.2.post1")], backends=(PCIE,), engine="vllm")
+    v = next(x for x in d["verdicts"] if x["backend"] == PCIE and x.get("engine") == "vllm")
+    assert v["status"] == "error"
+    assert f"{PCIE} (vllm answer error" in headline_line(report)

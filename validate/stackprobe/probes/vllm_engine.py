@@ -582,14 +582,17 @@ def _all2all(ctx, eng: Engine) -> Verdict:
                                                                "enable_expert_parallel")[1],
                  GATE_SETTING, "expert parallelism is off by default", LIFT_SETTING, "--enable-expert-parallel",
                  flag="--enable-expert-parallel", opt_in=True, configured=ep))
-    pick = next((n for n in fi if "two_sided" in n), fi[0])
-    one_sided = _one_sided_nvlink_check(eng) if any("one_sided" in n for n in fi) else None
+    managers = _managers(eng, fi)
+    checks = {n: _moe_ep_nvlink_check(eng, managers[n]) for n in fi if n in managers}
+    raising = [n for n in fi if checks.get(n, (False, ""))[0]]
     # a backend whose set-up raises without NVLink is no alternative on PCIe
-    alts = [n for n in fi if n != pick and not (one_sided and one_sided[0] and "one_sided" in n
-                                               and ctx.topology == "pcie")]
+    usable = [n for n in fi if n not in raising] if ctx.topology == "pcie" else list(fi)
+    pick = next((n for n in usable if "two_sided" in n), usable[0] if usable else
+                next((n for n in fi if "two_sided" in n), fi[0]))
+    alts = [n for n in usable if n != pick]
     ans.add(Gate("--all2all-backend", given in fi, where, GATE_SETTING, f"--all2all-backend defaults to {default!r}",
                  LIFT_SETTING, f"--all2all-backend {pick}" + (f" (or {', '.join(alts)})" if alts else ""),
-                 value={"default": default, "flashinfer": fi},
+                 value={"default": default, "flashinfer": fi, "managers": managers},
                  flag="--all2all-backend", set_to=pick, opt_in=True, configured=given in fi))
     dp_where = _use_all2all(eng)
     dp = _int_flag(ctx, "--data-parallel-size")
@@ -601,25 +604,54 @@ def _all2all(ctx, eng: Engine) -> Verdict:
                  "allreduce than the one read here)",
                  value={"data_parallel_size": dp}, flag="--data-parallel-size", set_to="2", opt_in=True,
                  configured=dp > 1))
-    others = ", ".join(n for n in fi if "one_sided" not in n) if one_sided and one_sided[0] else ", ".join(fi)
-    ended = ""
-    if one_sided and one_sided[0]:
-        ended = (f"; flashinfer_nvlink_one_sided is a start-up failure without NVLink: {one_sided[1]}"
-                 if ctx.topology == "pcie" else f"; flashinfer_nvlink_one_sided needs NVLink: {one_sided[1]}")
+    if pick in raising and ctx.topology == "pcie":
+        # every FlashInfer backend of this release raises without NVLink: setting it is a start-up failure
+        ans.add(Gate(f"FlashInfer NVLink check ({pick} set-up)", False, checks[pick][1], GATE_TOPOLOGY,
+                     f"{pick} ({managers[pick]}) builds its communication through flashinfer.moe_ep, whose "
+                     "mnnvl_mapping_and_config raises RuntimeError when any EP rank lacks NVLink; vLLM does not catch "
+                     "it", LIFT_NOTHING, f"nothing on PCIe: every FlashInfer all-to-all backend of vllm {eng.version} "
+                     f"({', '.join(fi)}) needs NVLink", value={n: checks[n][0] for n in checks}, on_fail="raise",
+                     raises=f"RuntimeError from flashinfer.moe_ep's NVLink check ({checks[pick][1]})"))
+    others = ", ".join(n for n in fi if n not in raising) or "none"
+    ended = "".join(f"; {n} is a start-up failure without NVLink: {checks[n][1]}" if ctx.topology == "pcie"
+                    else f"; {n} needs NVLink: {checks[n][1]}" for n in raising)
     v = ans.verdict(f"vLLM {eng.version} dispatches MoE tokens through FlashInfer's all-to-all ({', '.join(fi)}); "
                     f"the {'PCIe' if ctx.topology == 'pcie' else ctx.topology} outcome of {others} is not read "
                     "here (runtime): no check on their path in vLLM or FlashInfer declines the topology, and "
                     "FlashInfer's MNNVL memory uses POSIX-fd handles where FABRIC ones are not supported" + ended)
-    if one_sided:
-        v.add("flashinfer_nvlink_one_sided set-up: FlashInfer's NVLink check (raises, vLLM does not catch it)",
-              one_sided[0], one_sided[1])
+    for n in fi:
+        if n in checks and checks[n][0]:
+            v.add(f"{n} set-up: FlashInfer's NVLink check (raises, vLLM does not catch it)", True, checks[n][1])
+        elif n in checks:
+            v.add(f"{n} set-up: FlashInfer's NVLink check", False, checks[n][1])
     rel = f"{DC}/all2all.py"
-    mn = _find(eng.tree(rel), lambda n: isinstance(n, ast.ImportFrom) and (n.module or "").startswith("flashinfer.comm.mnnvl"),
-               "no import from flashinfer.comm.mnnvl in the all2all managers", eng, rel)
-    v.add("MNNVL transport import (inside the manager's initialize(), not a check)", ast.unparse(mn),
-          _where(eng, rel, mn))
+    tree = eng.tree(rel)
+    owner = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == managers.get(pick)), tree)
+    mn = next((n for n in ast.walk(owner) if isinstance(n, ast.ImportFrom)
+               and (n.module or "").startswith(("flashinfer.comm.mnnvl", "flashinfer.moe_ep"))), None)
+    if mn is not None:
+        v.add("MNNVL transport import (inside the manager's initialize(), not a check)", ast.unparse(mn),
+              _where(eng, rel, mn))
     v.add("FlashInfer MNNVL memory handle fall-back", *_mnnvl_posix_fallback())
     return v
+
+
+def _managers(eng: Engine, names: list[str]) -> dict[str, str]:
+    """``{all2all backend name: manager class}`` as ``CudaCommunicator.__init__`` builds them
+    (``distributed/device_communicators/cuda_communicator.py``: the ``*Manager(...)`` call under the ``if`` that names
+    the backend); a name with no such branch is left out."""
+    init = eng.method(CUDA_COMM, "CudaCommunicator", "__init__")
+    out: dict[str, str] = {}
+    for n in ast.walk(init):
+        if not isinstance(n, ast.If):
+            continue
+        consts = {c.value for c in ast.walk(n.test) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+        hit = [x for x in names if x in consts]
+        call = next((c for b in n.body for c in ast.walk(b) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+                     and c.func.id.endswith("Manager")), None) if hit else None
+        for x in hit if call is not None else ():
+            out.setdefault(x, call.func.id)
+    return out
 
 
 def _int_flag(ctx, *names: str) -> int:
@@ -663,26 +695,34 @@ def _use_all2all(eng: Engine) -> str:
                       _where(eng, moe, kc, ast.unparse(kc))))
 
 
-def _one_sided_nvlink_check(eng: Engine) -> tuple[bool, str]:
-    """Whether vLLM's ``flashinfer_nvlink_one_sided`` set-up reaches FlashInfer's NVLink check that raises:
-    ``FlashInferNVLinkOneSidedManager.initialize`` (``distributed/device_communicators/all2all.py``) builds its
-    communication through ``flashinfer.moe_ep``, whose ``mnnvl_mapping_and_config``
-    (``flashinfer/moe_ep/backends/split/comm/nvlink_common.py``, flashinfer-python 0.7.2.post1) gathers
-    ``nvlink_platform_supported()`` from every rank and raises ``RuntimeError`` on all of them if any rank lacks
-    P2P-capable NVLinks (found by a fresh review against the wheels). Returns ``(raises, where)``; ``(False, why)``
-    when either side is not found (the verdict then says nothing about one-sided: never a guess)."""
+def _moe_ep_nvlink_check(eng: Engine, manager: str) -> tuple[bool, str]:
+    """Whether vLLM's all-to-all ``manager`` (a class of ``distributed/device_communicators/all2all.py``) reaches
+    FlashInfer's NVLink check that raises: the manager imports from ``flashinfer.moe_ep``, the class it imports is
+    defined in a module of the installed ``flashinfer/moe_ep`` that calls ``mnnvl_mapping_and_config``, and that
+    function (``flashinfer/moe_ep/backends/split/comm/nvlink_common.py``) gathers ``nvlink_platform_supported()`` from
+    every rank and raises ``RuntimeError`` on all of them if any lacks P2P-capable NVLinks (flashinfer-python
+    0.7.2.post1 ``nvlink_common.py:86``; vLLM 0.33.0 reaches it from ``flashinfer_nvlink_one_sided`` only, vLLM 0.34.0
+    from ``flashinfer_nvlink_two_sided`` too). Returns ``(raises, where)``; ``(False, why)`` when a link of that chain
+    is not found (the verdict then says nothing of it: never a guess)."""
     rel = f"{DC}/all2all.py"
-    cls = next((n for n in eng.tree(rel).body if isinstance(n, ast.ClassDef) and n.name == "FlashInferNVLinkOneSidedManager"),
-               None)
-    imp = next((n for n in ast.walk(cls) if isinstance(n, ast.ImportFrom) and n.module == "flashinfer.moe_ep"),
-               None) if cls is not None else None
-    if imp is None:
-        return False, f"vllm/{rel}: FlashInferNVLinkOneSidedManager does not import from flashinfer.moe_ep: not read"
+    cls = next((n for n in eng.tree(rel).body if isinstance(n, ast.ClassDef) and n.name == manager), None)
+    imp = [n for n in ast.walk(cls) if isinstance(n, ast.ImportFrom) and n.module == "flashinfer.moe_ep"] \
+        if cls is not None else []
+    if not imp:
+        return False, f"vllm/{rel}: {manager} does not import from flashinfer.moe_ep"
     fi = source.package_dir("flashinfer")
-    p = fi / "moe_ep" / "backends" / "split" / "comm" / "nvlink_common.py" if fi else None
-    if p is None or not p.is_file():
-        return False, "flashinfer/moe_ep/backends/split/comm/nvlink_common.py not installed: not read"
-    tree = ast.parse(p.read_text(encoding="utf-8", errors="replace"))
+    if fi is None or not (fi / "moe_ep").is_dir():
+        return False, "flashinfer/moe_ep not installed: not read"
+    names = {a.name for n in imp for a in n.names}
+    common = fi / "moe_ep" / "backends" / "split" / "comm" / "nvlink_common.py"
+    callers = []
+    for p in sorted((fi / "moe_ep").rglob("*.py")):
+        text = p.read_text(encoding="utf-8", errors="replace")
+        if "mnnvl_mapping_and_config(" in text and any(f"class {n}" in text for n in names):
+            callers.append(p)
+    if not callers or not common.is_file():
+        return False, f"flashinfer/moe_ep: none of {sorted(names)} calls mnnvl_mapping_and_config: not read"
+    tree = ast.parse(common.read_text(encoding="utf-8", errors="replace"))
     fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "mnnvl_mapping_and_config"), None)
     raise_ = None
     if fn is not None and any(isinstance(n, ast.Call) and ast.unparse(n.func).endswith("nvlink_platform_supported")
@@ -691,9 +731,11 @@ def _one_sided_nvlink_check(eng: Engine) -> tuple[bool, str]:
                        and ast.unparse(n.exc).startswith("RuntimeError(")), None)
     if raise_ is None:
         return False, "nvlink_common.py: mnnvl_mapping_and_config no longer raises on a rank without NVLink: not read"
-    return True, (f"{_where(eng, rel, imp, 'from flashinfer.moe_ep import ...')} -> flashinfer/moe_ep/backends/split/"
-                  f"comm/nvlink_common.py:{raise_.lineno} `raise RuntimeError(...)` when nvlink_platform_supported() "
-                  f"is False on any EP rank (flashinfer-python {dist_version('flashinfer-python')})")
+    via = callers[0].relative_to(fi.parent).as_posix()
+    return True, (f"{_where(eng, rel, imp[0], 'from flashinfer.moe_ep import ...')} ({manager}) -> {via} -> "
+                  f"flashinfer/moe_ep/backends/split/comm/nvlink_common.py:{raise_.lineno} `raise RuntimeError(...)` "
+                  f"when nvlink_platform_supported() is False on any EP rank (flashinfer-python "
+                  f"{dist_version('flashinfer-python')})")
 
 
 def _mnnvl_posix_fallback() -> tuple[str, str]:
@@ -763,6 +805,31 @@ DECIDERS = {"vllm-custom-allreduce": _custom_allreduce, "torch-symm-mem": _torch
             "quick-allreduce": _quick_allreduce, "ep-flashinfer-a2a": _all2all, "b12x": _b12x}
 
 
+#: what the installed vLLM's source must mention for a path to exist in it at all (any one of them): a path whose
+#: gate is not found and whose names appear nowhere is ``not-integrated`` in that release, not an ``error``
+#: (vllm 0.21.0 has no FlashInfer PCIe IPC allreduce at all)
+MARKERS = {"vllm-custom-allreduce": ("CustomAllreduce",), "torch-symm-mem": ("SymmMemCommunicator",),
+           "nccl-symm-mem": ("VLLM_USE_NCCL_SYMM_MEM", "all_reduce_symmetric_with_copy"),
+           "flashinfer-pcie-ipc-allreduce": ("PcieIpcAllReduce", "FLASHINFER_PCIE_IPC"),
+           "flashinfer-allreduce": ("FlashInferAllReduce",), "flashinfer-allreduce-fusion": ("AllReduceFusionPass",),
+           "quick-allreduce": ("QuickAllReduce",), "aiter-custom-allreduce": ("aiter_ar_comm",),
+           "ep-flashinfer-a2a": ("flashinfer_all2allv", "flashinfer_nvlink"), "b12x": ("b12x",)}
+
+
+def absent(backend: str, eng: Engine, ctx=None) -> Verdict | None:
+    """``not-integrated`` when the installed vLLM's source mentions none of ``MARKERS[backend]`` (searched over every
+    ``vllm/**/*.py``), else None (the path exists: a gate not found is then the reader's error)."""
+    needles = MARKERS.get(backend)
+    if not needles or _references(eng, *needles):
+        return None
+    v = Verdict(backend, NOT_INTEGRATED, scope=SCOPE_ENGINE, gate=GATE_NOT_INTEGRATED, lift=LIFT_PACKAGE,
+                host=se.target_host(ctx) if ctx is not None else {},
+                cause=f"not integrated in vllm {eng.version}: its source never mentions {' or '.join(needles)}, so "
+                      "this path does not exist in this release",
+                lift_detail="a vllm release that ships this path")
+    return v.add("vllm references", [], f"vllm/**/*.py searched for {', '.join(needles)}")
+
+
 # --- the TP allreduce dispatch ----------------------------------------------------------------------
 #: what marks each step in CudaCommunicator.all_reduce's source (the call it returns), in the suite's names (pynccl's
 #: step is ``nccl-ring``, as in SGLang's dispatch: NCCL with its own algorithm choice)
@@ -775,12 +842,15 @@ STEP_MARKERS = (("nccl-symm-mem", "all_reduce_symmetric_with_copy"), ("quick-all
 
 def read_dispatch(eng: Engine) -> list[tuple[str, str]]:
     """``[(backend, "vllm/FILE:LINE"), ...]``: the steps of ``CudaCommunicator.all_reduce`` in source order (the line
-    of the call each step returns). Raises GateNotFound when a step's call is missing (a moved dispatch)."""
+    of the call each step returns). A step of a path the release does not ship (:func:`absent`) is left out. Raises
+    GateNotFound when a step's call is missing for a path the release has (a moved dispatch)."""
     fn = eng.method(CUDA_COMM, "CudaCommunicator", "all_reduce")
     found = []
     calls = [(n.lineno, ast.unparse(n.func)) for n in ast.walk(fn) if isinstance(n, ast.Call)]
     for backend, marker in STEP_MARKERS:
         line = min((ln for ln, text in calls if text.endswith(marker)), default=None)
+        if line is None and absent(backend, eng) is not None:
+            continue                 # a path this release does not ship at all: no step of its dispatch
         if line is None:
             raise GateNotFound(f"gate not found in vllm {eng.version} at vllm/{CUDA_COMM}: CudaCommunicator.all_reduce "
                                f"no longer calls {marker} (the {backend} step)")
@@ -836,9 +906,12 @@ def engine_verdicts(ctx, backends=None, engine: Engine | None = None) -> tuple[l
         try:
             v = DECIDERS[b](ctx, eng)
         except GateNotFound as e:
-            v = Verdict(b, ERROR, scope=SCOPE_ENGINE, cause=str(e), host=se.target_host(ctx),
-                        lift_detail="teach this suite where the gate lives in this vllm release (it refuses to guess)")
+            v = absent(b, eng, ctx) or Verdict(
+                b, ERROR, scope=SCOPE_ENGINE, host=se.target_host(ctx),
+                cause=f"not assessed: vllm {eng.version} is a release this reader does not know for this path: {e}",
+                lift_detail="teach this suite where the gate lives in this vllm release (it refuses to guess)")
             v.add("vllm version", eng.version, "distribution metadata")
+            v.add("reader", str(e), "GateNotFound")
         v.engine = DIST
         out.append(v)
     try:

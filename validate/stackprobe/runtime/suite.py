@@ -332,7 +332,7 @@ def run_suite(probes: list[str], world_sizes: list[int], config: BenchConfig, *,
         for name, probe in resolved:
             dev_gpus = gpus if probe.device == "cuda" else ws
             reason = None
-            if name in peer_paths and name != baseline and ws > 1:
+            if name in peer_paths and name != baseline and 1 < ws <= dev_gpus:   # too few GPUs: said below
                 reason = p2pcheck.gate_reason(p2p_check, list(range(ws)))
             reason = reason or (None if name == baseline else probe.skip_reason(ws, dev_gpus))
             if reason is None and name != baseline and ws == 1:

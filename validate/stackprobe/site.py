@@ -15,8 +15,8 @@ replaced because they need what a site does not have:
 * the environment health stage (:func:`site_health`): ``import`` of each backend and the shared-object checks
   need the binaries; they say "not assessed" with the reason. The declared-requirements check runs (metadata only)
   where a requirement parser (``packaging``) is on the site;
-* the library answers (:func:`site_library_answers`) become ``not-assessed`` with the reason: the library gates
-  import the library with torch or read its binaries.
+* the library gates are not run: each backend's library answer is ``not-assessed`` with the reason (they import the
+  library with torch or read its binaries; :func:`site_library_answers` catches any other library answer).
 
 Everything else is the tier as it runs in an image: the engine readers (:mod:`stackprobe.engines`, read from the
 sources with ``ast``), the dispatch walk, the user statuses and the headline
@@ -197,6 +197,29 @@ def site_health(environment: dict, target, topology: str, backends=None, timeout
     return health
 
 
+def _memo_parse(parse):
+    """``parse`` (:func:`stackprobe.source.parse`) remembered per path for one run on a site (the readers parse the
+    same engine files many times; a site's files do not change while it is read)."""
+    seen: dict = {}
+
+    def memo(path):
+        key = str(path)
+        if key not in seen:
+            seen[key] = parse(path)
+        return seen[key]
+    return memo
+
+
+def _not_assessed_library(backends: tuple):
+    """A library gate for a site: one ``not-assessed`` library answer per backend, saying why (see
+    :func:`site_library_answers`)."""
+    def gate(ctx) -> list:
+        from .verdict import NOT_ASSESSED, SCOPE_LIBRARY, Verdict
+        return [Verdict(b, NOT_ASSESSED, scope=SCOPE_LIBRARY, cause="not assessed: " + NOT_ASSESSED_IMPORTS
+                        + " (a library gate imports the library or reads its binaries)") for b in backends]
+    return gate
+
+
 def _child_main(args: dict) -> None:
     """In the child (see :func:`run`): the tier with the site's environment and health, one JSON line out."""
     from . import static
@@ -205,8 +228,13 @@ def _child_main(args: dict) -> None:
     from .probes import sglang_engine
 
     _TOOLKIT["release"] = args.get("toolkit")
-    static.envmod.collect = site_environment      # the two parts of the tier a site cannot run (module docstring)
+    static.envmod.collect = site_environment      # the parts of the tier a site cannot run (module docstring)
     static.run_health = site_health
+    from . import source
+    source.parse = _memo_parse(source.parse)      # a site never changes under a run: each file is parsed once
+    from .probes import probes
+    for mod in probes():                          # the library gates: not assessed, without their import children
+        mod.library_gate = _not_assessed_library(tuple(getattr(mod, "BACKENDS", ())))
     try:
         engines = select(args["engine"])
         configs = {e.name: e.parse_config(args["server_args"], args["env"]) for e in engines}

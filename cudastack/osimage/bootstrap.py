@@ -266,19 +266,10 @@ def bootstrap_os_image(
         cmd = ["nice", "-n", "10", prog, f"--variant={variant}"] + (["--format=tar"] if mm else []) + \
             [suite, rootfs, mirror]
         env = dict(os.environ, SOURCE_DATE_EPOCH=str(epoch)) if mm else None
-        tail: list[str] = []
-        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                line = line.rstrip()
-                tail = (tail + [line])[-15:]
-                # one line per step, not one per package
-                if not line.startswith(_PER_PACKAGE) or line.startswith(("I: Retrieving Release",
-                                                                         "I: Retrieving Packages")):
-                    _say(progress, f"[{time.monotonic() - t0:5.1f}s] {line}")
-        if proc.returncode != 0:
+        rc, tail = _run_tool(cmd, env, progress, t0)
+        if rc != 0:
             raise EnvironmentError_(
-                f"{os.path.basename(prog)} failed (exit {proc.returncode}) for suite {suite!r} from {mirror}. Last "
+                f"{os.path.basename(prog)} failed (exit {rc}) for suite {suite!r} from {mirror}. Last "
                 "lines: " + " | ".join(tail) + ". Check the mirror and free disk space, then retry."
             )
         want = None
@@ -318,6 +309,50 @@ def bootstrap_os_image(
                                 "this engine rewrites image configs; load the archive into a classic engine.")
     _say(progress, f"[{time.monotonic() - t0:5.1f}s] OS image {tag} = {image_id}")
     return image_id
+
+
+def _run_tool(cmd: list[str], env: dict | None, progress, t0: float) -> tuple[int, list[str]]:
+    """Run the bootstrap tool, one progress line per step; returns its exit code and its last 15 lines. Its own
+    process group: a terminal's Ctrl-C reaches this process only, which then stops the tool and keeps reading its
+    output while it cleans up (:func:`_stop_tool`; an interrupted tool whose output pipe was closed died of SIGPIPE
+    in its clean-up and left its chroot's /proc, /sys and /dev mounts and its temp dir behind)."""
+    tail: list[str] = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                          process_group=0) as proc:
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                line = line.rstrip()
+                tail = (tail + [line])[-15:]
+                # one line per step, not one per package
+                if not line.startswith(_PER_PACKAGE) or line.startswith(("I: Retrieving Release",
+                                                                         "I: Retrieving Packages")):
+                    _say(progress, f"[{time.monotonic() - t0:5.1f}s] {line}")
+        except KeyboardInterrupt:
+            _stop_tool(proc, progress)
+            raise
+    return proc.returncode, tail
+
+
+def _stop_tool(proc: subprocess.Popen, progress) -> None:
+    """Stop an interrupted bootstrap tool so that it cleans up after itself: SIGINT (mmdebstrap and debootstrap
+    unmount what they mounted in the chroot and remove their temp dir on it), its output read until it exits (a
+    closed pipe would end its clean-up with SIGPIPE), SIGKILL after 120 s."""
+    import signal
+
+    _say(progress, "interrupted: stopping the bootstrap and letting it unmount and remove its temp dir")
+    try:
+        proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 120
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.strip():
+                _say(progress, f"  {line.rstrip()}")
+            if time.monotonic() > deadline:
+                break
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except (subprocess.TimeoutExpired, OSError, ValueError):
+        proc.kill()
 
 
 def _debootstrap_slim(rootfs: str) -> None:

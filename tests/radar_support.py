@@ -171,13 +171,6 @@ def _pins(text: str, component: str, pin: str) -> bool:
     return False
 
 
-def check_gate_lift(row: dict, gate: str, before: str, first: str) -> None:
-    """The row's move names ``gate`` blocking with ``before`` at the pin, admitting at the newest (whatever
-    its list then reads) and the first release that lifts it."""
-    pat = re.escape(f"{gate} blocks ({before}) -> admits (") + r"\[[^\]]*\]\) " + re.escape(f"(first in {first})")
-    assert re.search(pat, row["move"]), row["move"]
-
-
 def check_engine_refuses(data: list[dict], tc: str, engine: str, requirement: str, component: str) -> None:
     """The engine's ``Requires-Dist `requirement``` refuses ``tc``'s pin of ``component`` moved alone."""
     conflicts = next(t for t in data if t["toolchain"] == tc)["conflicts"]

@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.only in ("both", "old"):
         rev = a.baseline or baseline_rev()
         trees[f"today's radar ({rev})"] = extract(rev, work / "baseline")
-    results = {}
+    results: dict = {}
     for label, tree in trees.items():
         cache = work / f"cache-{len(results)}"
         for run in ("cold", "warm"):

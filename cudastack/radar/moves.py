@@ -94,9 +94,9 @@ def candidate(ck: Checker, name: str, v: Version) -> Candidate:
     eng = ck.pins.get(ck.engine)
     if eng is not None:
         ereqs, efn = ck.requires(ck.engine, Version(eng.version))
-        r = ereqs.get(name)
-        if r is not None and not r.specifier.contains(v, prereleases=True):
-            c.breaks.append(f"what-if: breaks {ck.engine} {eng.version}'s pin `{r}` ({efn} METADATA)")
+        pin = ereqs.get(name)
+        if pin is not None and not pin.specifier.contains(v, prereleases=True):
+            c.breaks.append(f"what-if: breaks {ck.engine} {eng.version}'s pin `{pin}` ({efn} METADATA)")
     for dep, r in own.items():
         if dep != name and dep in c.versions and not r.specifier.contains(c.versions[dep], prereleases=True):
             c.breaks.append(f"what-if: {name} {v} Requires-Dist `{r}` ({fn}), the chain has {dep} {c.versions[dep]}")

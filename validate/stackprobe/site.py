@@ -39,6 +39,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Sequence
 
 SUITE_ROOT = str(Path(__file__).resolve().parent.parent)
 NOT_ASSESSED_IMPORTS = ("not assessed: the packages are laid out from their wheels without binaries and not "
@@ -76,7 +77,7 @@ class SiteError(RuntimeError):
     """The site could not be read: a folder is missing, or the child interpreter failed (its stderr's tail)."""
 
 
-def run(roots: list[str | Path], target: str = "12.0", *, world_size: int = 8, topology: str = "pcie",
+def run(roots: Sequence[str | Path], target: str = "12.0", *, world_size: int = 8, topology: str = "pcie",
         engine: str = "auto", server_args: str = "", env: list[str] | tuple = (), toolkit: str | None = None,
         python: str | None = None, timeout: float = 600.0) -> dict:
     """The static tier over the site ``roots`` (folders, first wins as on ``sys.path``), in a child interpreter
@@ -89,12 +90,13 @@ def run(roots: list[str | Path], target: str = "12.0", *, world_size: int = 8, t
     missing = [str(r) for r in roots if not Path(r).is_dir()]
     if missing:
         raise SiteError(f"site folder(s) missing: {', '.join(missing)}; lay the wheels out first")
-    args = {"suite": SUITE_ROOT, "roots": [str(Path(r).resolve()) for r in roots], "target": str(target),
+    resolved = [str(Path(r).resolve()) for r in roots]
+    args = {"suite": SUITE_ROOT, "roots": resolved, "target": str(target),
             "world_size": int(world_size), "topology": topology, "engine": engine, "server_args": server_args,
             "env": list(env), "toolkit": toolkit}
     child_env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "CUDA_", "FLASHINFER_", "NCCL_",
                                                                           "VLLM_", "SGLANG_"))}
-    child_env["PYTHONPATH"] = os.pathsep.join([SUITE_ROOT] + args["roots"])   # the tier's own children see the site
+    child_env["PYTHONPATH"] = os.pathsep.join([SUITE_ROOT] + resolved)   # the tier's own children see the site
     child_env["PYTHONDONTWRITEBYTECODE"] = "1"
     child_env["PYTHONNOUSERSITE"] = "1"
     child_env["PATH"] = "/usr/bin:/bin"     # no nvcc of this host: a site has none
@@ -189,7 +191,7 @@ def site_health(environment: dict, target, topology: str, backends=None, timeout
         findings.insert(0, {"check": "requirements", "level": "warning", "message": unread})
     findings.append({"check": "imports", "level": "warning", "message": NOT_ASSESSED_IMPORTS})
     cuda, where = h.stack_cuda(environment)
-    health = {"seconds": 0.0, "stack_cuda": cuda, "stack_cuda_source": where, "requirements": breaks,
+    health: dict = {"seconds": 0.0, "stack_cuda": cuda, "stack_cuda_source": where, "requirements": breaks,
             "requirements_not_assessed": unread, "imports": [], "imports_not_assessed": NOT_ASSESSED_IMPORTS,
             "shared_objects": [], "shared_objects_not_assessed": NOT_ASSESSED_IMPORTS, "static_symbols": {},
             "nccl": {}, "toolchain": {}, "findings": findings, "blocks": {}}
@@ -292,7 +294,7 @@ def headline_change(old: dict, new: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ what a move costs
-def _pkg(roots: list[str | Path], top: str) -> Path | None:
+def _pkg(roots: Sequence[str | Path], top: str) -> Path | None:
     return next((Path(r) / top for r in roots if (Path(r) / top).is_dir()), None)
 
 
@@ -338,7 +340,7 @@ def tune_versions(root: Path) -> dict:
 AOT_MODULES = (("gen_pcie_ipc_comm_module", "PCIe IPC allreduce"),)
 
 
-def move_costs(old_roots: list[str | Path], new_roots: list[str | Path]) -> list[str]:
+def move_costs(old_roots: Sequence[str | Path], new_roots: Sequence[str | Path]) -> list[str]:
     """What moving FlashInfer from the ``old_roots`` site to the ``new_roots`` site costs besides the statuses, one
     sentence each: an ahead-of-time module to rebuild (the new wrapper calls functions the old module does not
     export, read with ``ast``) or to build (the old release loads no such module), a tune cache to redo (a ``*TUNE_VERSION`` changed). [] when FlashInfer is in neither

@@ -5,8 +5,8 @@ readers ("today's radar", a git revision), in one run, with their answers compar
     python benchmarks/radar_bytes.py --all                # every toolchain (the old radar downloads about 6 GB)
     python benchmarks/radar_bytes.py --baseline REV --only new
 
-Each radar runs as ``python -m invoke outdated`` in its own tree (the baseline is extracted with ``git archive`` into
-a temporary folder: the checkout is not touched) with an empty cache (``CUDASTACK_CACHE`` and ``STACKPROBE_CACHE`` in
+Each radar runs as ``python -m invoke outdated`` in its own tree (both extracted with ``git archive`` into a
+temporary folder: the checkout is not touched, and edits made in it during the run change nothing) with an empty cache (``CUDASTACK_CACHE`` and ``STACKPROBE_CACHE`` in
 a temporary folder: cold), then again on the same cache (warm). Bytes are what the index answered: every HTTP
 response's ``Content-Length`` (project pages, PEP 658 metadata, range reads, whole downloads), summed by a hook on
 ``requests.Session.send`` in the radar's own process. The answers compared are the columns that do not depend on how
@@ -100,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--all", action="store_true", help="every toolchain (default: --cuda 13.1)")
     ap.add_argument("--cuda", default="13.1", help="the toolchain without --all (default 13.1)")
     ap.add_argument("--baseline", help="git revision of today's radar (default: before the site readers)")
+    ap.add_argument("--rev", default="HEAD", help="git revision of the site radar (default HEAD: committed code only, "
+                    "so edits in the working tree during the run cannot change it)")
     ap.add_argument("--only", choices=("both", "new", "old"), default="both")
     ap.add_argument("--keep", action="store_true", help="keep the temporary caches and outputs")
     a = ap.parse_args(argv)
@@ -107,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="radar-bench-"))
     trees = {}
     if a.only in ("both", "new"):
-        trees["this tree"] = ROOT
+        trees[f"site radar ({a.rev})"] = extract(a.rev, work / "new")
     if a.only in ("both", "old"):
         rev = a.baseline or baseline_rev()
         trees[f"today's radar ({rev})"] = extract(rev, work / "baseline")

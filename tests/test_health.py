@@ -130,6 +130,7 @@ def test_requirements_not_assessed_without_a_parser(monkeypatch):
         health.requirement_breaks({})
 
 
+@pytest.mark.network      # suite_venv installs torch from PyPI
 def test_requirement_breaks_agree_with_pip_check(tmp_path):
     """Our reading of the metadata against pip's own `pip check`, on real wheels: sglang-kernel 0.4.6.post1 next to
     sglang 0.5.23 (which pins sglang-kernel==0.4.10) and the venv's torch."""

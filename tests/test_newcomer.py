@@ -82,6 +82,7 @@ def _untracked(work: Path) -> list[str]:
     return [line for line in out.splitlines() if not line.endswith(".gitignore")]
 
 
+@pytest.mark.network      # bake lists releases on PyPI
 def test_tasks_leave_only_ignored_files(tmp_path):
     """cluster-job (both schedulers), bake and validate with their default outputs, run from another working
     directory: the outputs land under the project root (not the caller's directory), each one ignored by git

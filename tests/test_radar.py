@@ -318,6 +318,7 @@ def _stack_13x(w: Path, forward: bool) -> None:
     make_sdist(w, "flash-attn", "2.8.3.post2", ["torch"])
 
 
+@pytest.mark.network      # reads releases from PyPI into the test cache
 @pytest.mark.parametrize("forward", [False, True], ids=["as-pinned", "newest-moved-forward"])
 def test_radar_relations_hold_when_the_newest_release_moves_forward(tmp_path, forward):
     """The relations the live test asserts, on a local index, before and after upstream publishes newer
@@ -361,6 +362,7 @@ def _vllm_index(w: Path) -> None:
         make_wheel(w, "cuda-toolkit", v, tag="py3-none-manylinux_2_28_x86_64")
 
 
+@pytest.mark.network      # reads releases from PyPI into the test cache
 def test_the_radar_covers_vllm_and_b12x_in_vllms_own_chain(tmp_path):
     """vLLM's radar reads vLLM's chain (its torch 2.14.0, not SGLang's 2.14.1): torch and FlashInfer are held by
     vllm 0.33.0's exact pins, b12x by the pin of its `b12x` extra (an extra the image installs), and the newer

@@ -229,6 +229,7 @@ def test_bake_reads_and_fills_the_node_cache(tmp_path, monkeypatch, engine, regi
             subprocess.run([docker_cli, "rmi", "-f", ref], capture_output=True)
 
 
+@pytest.mark.docker      # bake asks the engine before its --cache check
 def test_bake_cache_bad_input_stops_before_anything_is_written(tmp_path):
     """Through invoke: --cache-read-only without a cache is exit 2, a cache whose registry does not answer exit 8,
     both in one paragraph and before the bake file or any context is written."""

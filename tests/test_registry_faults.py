@@ -169,6 +169,7 @@ def test_login_is_never_sent_to_a_plain_http_realm_off_this_host(docker_config, 
         registry.shutdown()
 
 
+@pytest.mark.network      # connects to an address off this host
 def test_plain_http_registry_off_this_host_gets_nothing(docker_config):  # noqa: F811
     secret = "pw-" + os.urandom(8).hex()
 

@@ -92,6 +92,8 @@ def test_unknown_toolchain(task, tmp_path):
     assert "99.9" in r.stderr
 
 
+@pytest.mark.network      # the locked dry run checks hashes on PyPI and the engine
+@pytest.mark.docker
 @pytest.mark.parametrize("cuda", ["13.1", "12.8"])
 def test_committed_lockfiles_match_the_recipes(cuda):
     """The committed lockfiles still match the recipes and Dockerfiles, with the options each lock remembers
@@ -169,6 +171,7 @@ def test_c47_one_edited_spelling_is_refused_by_pull_and_cluster_job(tmp_path, fi
     assert not out.exists()
 
 
+@pytest.mark.docker
 def test_c47_agreeing_spellings_pass_the_check(tmp_path):
     """The same lock unedited: cluster-job writes the job from it (with the enroot spelling the lock records), and
     pull goes past the check to the registry (which does not answer here: exit 8, not 7)."""

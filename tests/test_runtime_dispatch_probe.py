@@ -87,6 +87,7 @@ def default_run(venv_env, tmp_path_factory):
 
 
 # --- (a) the server args reach SGLang's parser in each rank ---------------------------------------------------
+@pytest.mark.network      # suite_venv installs torch from PyPI
 def test_disable_custom_all_reduce_is_parsed_in_every_rank_and_switches_it_off(venv_env, tmp_path):
     rc, res, log = dispatch(venv_env, tmp_path, "--server-args", "--disable-custom-all-reduce")
     assert rc == 0, log[-3000:]
@@ -99,6 +100,7 @@ def test_disable_custom_all_reduce_is_parsed_in_every_rank_and_switches_it_off(v
     assert res["plan"]["server_args"] == "--disable-custom-all-reduce"
 
 
+@pytest.mark.network      # suite_venv installs torch from PyPI
 def test_without_the_flag_custom_allreduce_is_built_and_serves(default_run):
     rc, res, log = default_run
     assert rc == 0, log[-3000:]
@@ -110,12 +112,14 @@ def test_without_the_flag_custom_allreduce_is_built_and_serves(default_run):
 
 
 # --- (b) the attribution follows the installed dispatch ---------------------------------------------------------
+@pytest.mark.network      # suite_venv installs torch from PyPI
 def test_custom_allreduce_serves_and_pynccl_serves_with_it_off(default_run):
     _, res, _ = default_run
     assert res["merged"]["paths_per_rank"] == [{"on": "ca_comm.custom_all_reduce",
                                                 "off": "pynccl_comm.all_reduce"}] * 2
 
 
+@pytest.mark.network      # suite_venv installs torch from PyPI
 def test_with_the_pcie_ipc_opt_in_the_next_step_is_pcie_ipc(venv_env, tmp_path):
     rc, res, log = dispatch(venv_env, tmp_path, "--env", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1")
     assert rc == 0, log[-3000:]
@@ -124,6 +128,7 @@ def test_with_the_pcie_ipc_opt_in_the_next_step_is_pcie_ipc(venv_env, tmp_path):
 
 
 # --- (c) P2P off: the peer-memory paths are skipped with the reason and never started --------------------------
+@pytest.mark.network      # suite_venv installs torch from PyPI
 def test_p2p_off_skips_custom_allreduce_and_pcie_ipc_with_the_reason(venv_env, tmp_path):
     rc, res, log = dispatch(venv_env, tmp_path, "--env", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1", mode="hang-setup",
                             p2p=P2P_OFF)
@@ -141,6 +146,7 @@ def test_p2p_off_skips_custom_allreduce_and_pcie_ipc_with_the_reason(venv_env, t
 
 
 # --- (d) a planted hang in the bring-up is a hang, and no rank survives ------------------------------------------
+@pytest.mark.network      # suite_venv installs torch from PyPI
 def test_a_hang_in_custom_allreduce_set_up_is_reported_as_a_hang_and_no_rank_survives(venv_env, tmp_path):
     rc, res, log = dispatch(venv_env, tmp_path, mode="hang-setup", p2p=P2P_ON, timeout=75)
     assert rc == 9, log[-3000:]
@@ -154,11 +160,13 @@ def test_a_hang_in_custom_allreduce_set_up_is_reported_as_a_hang_and_no_rank_sur
     assert not any(v["backend"] == "sglang-custom-allreduce" for v in res["verdicts"])
 
 
+@pytest.mark.network      # suite_venv installs torch from PyPI
 def test_the_same_run_without_the_planted_hang_is_not_a_hang(default_run):
     assert default_run[1]["run"]["status"] == "ok"
 
 
 # --- (e) the paired timing, and planted faults that must not become a ratio ------------------------------------
+@pytest.mark.network      # suite_venv installs torch from PyPI
 def test_the_paired_timing_gives_a_ratio_with_its_interval(default_run):
     _, res, _ = default_run
     v = row(res, "sglang-custom-allreduce")
@@ -169,6 +177,7 @@ def test_the_paired_timing_gives_a_ratio_with_its_interval(default_run):
     assert res["merged"]["checks"] == {"on": True, "off": None}     # pynccl's in-place result is on the meta tensor
 
 
+@pytest.mark.network      # suite_venv installs torch from PyPI
 def test_a_path_that_ignores_being_switched_off_is_a_fault_not_a_ratio(venv_env, tmp_path):
     rc, res, log = dispatch(venv_env, tmp_path, mode="sticky")
     assert rc == 0, log[-3000:]
@@ -177,6 +186,7 @@ def test_a_path_that_ignores_being_switched_off_is_a_fault_not_a_ratio(venv_env,
     assert "ratio_to_baseline" not in v["measurements"]
 
 
+@pytest.mark.network      # suite_venv installs torch from PyPI
 def test_a_wrong_sum_is_blocked_not_a_ratio(venv_env, tmp_path):
     rc, res, log = dispatch(venv_env, tmp_path, mode="wrong")
     assert rc == 0, log[-3000:]
@@ -186,6 +196,7 @@ def test_a_wrong_sum_is_blocked_not_a_ratio(venv_env, tmp_path):
 
 
 # --- the report: measured here, not the target's verdict (C20) ----------------------------------------------------
+@pytest.mark.network      # suite_venv installs torch from PyPI
 def test_every_result_says_measured_here_when_the_host_is_not_the_target(default_run):
     _, res, _ = default_run
     assert res["target_note"]["for_target"] is False
@@ -215,6 +226,7 @@ def test_plan_and_target_rules_on_their_own():
 
 
 # --- bad input: a clear error before any rank starts ----------------------------------------------------------------
+@pytest.mark.network      # suite_venv installs torch from PyPI
 def test_bad_env_and_bad_p2p_report_exit_2_before_any_rank(venv_env, tmp_path):
     py, env = venv_env
     base = [str(py), "-m", "stackprobe.runtime", "dispatch", "--device", "cpu", "--out", str(tmp_path / "o")]
@@ -236,6 +248,7 @@ if sys.platform != "linux":
     pytestmark = pytest.mark.skip(reason="gloo ranks over TCP and /proc on Linux")
 
 
+@pytest.mark.network      # suite_venv installs torch from PyPI
 def test_in_the_static_report_a_dispatch_verdict_from_another_host_is_measured_here_not_the_targets(default_run):
     from stackprobe.report import Report
     from stackprobe.verdict import Verdict

@@ -97,12 +97,14 @@ def _attribute(env, sglang: Path, case: str = "both") -> list[dict]:
     return out
 
 
+@pytest.mark.network      # suite_venv installs torch from PyPI
 def test_the_installed_dispatch_asks_custom_allreduce_before_pcie_ipc(env):
     ranks = _attribute(env, env[1])
     assert [r["path"] for r in ranks] == [INSTALLED, INSTALLED], ranks
     assert all(r["calls"] == [INSTALLED] for r in ranks)
 
 
+@pytest.mark.network      # suite_venv installs torch from PyPI
 def test_a_copy_with_the_two_steps_swapped_is_attributed_to_pcie_ipc(env, tmp_path):
     edited = engine_copy(env[1], tmp_path / "swapped", {PS: _swap(env[1])})
     text = (edited / PS).read_text()
@@ -110,17 +112,20 @@ def test_a_copy_with_the_two_steps_swapped_is_attributed_to_pcie_ipc(env, tmp_pa
     assert [r["path"] for r in _attribute(env, edited)] == [SWAPPED, SWAPPED]
 
 
+@pytest.mark.network      # suite_venv installs torch from PyPI
 def test_a_copy_left_unswapped_keeps_the_installed_attribution(env, tmp_path):
     same = engine_copy(env[1], tmp_path / "same", {})
     assert [r["path"] for r in _attribute(env, same)] != [SWAPPED, SWAPPED]
 
 
+@pytest.mark.network      # suite_venv installs torch from PyPI
 def test_with_the_observation_off_nothing_is_attributed(env):
     ranks = _attribute(env, env[1], "unobserved")
     assert [r["path"] for r in ranks] == ["no observed method"] * 2, ranks
     assert [r["path"] for r in ranks] != [INSTALLED, INSTALLED]
 
 
+@pytest.mark.network      # suite_venv installs torch from PyPI
 def test_the_swap_edit_fails_loudly_when_the_steps_are_not_found(env, tmp_path):
     with pytest.raises(AssertionError, match="no longer contains"):
         engine_copy(env[1], tmp_path / "x", {PS: ("return \"ca_gone\"", "")})

@@ -28,6 +28,7 @@ def _line_of(text: str, needle: str) -> int:
     return text[:text.index(needle)].count("\n") + 1
 
 
+@pytest.mark.network      # the sglang fixture downloads sglang 0.5.23 from PyPI
 def test_every_built_communicator_is_found_at_its_own_line_with_its_world_size_test(sglang):
     text = (sglang / PS).read_text()
     gates = construction_gates(text)
@@ -47,6 +48,7 @@ def test_every_built_communicator_is_found_at_its_own_line_with_its_world_size_t
         assert any("self.world_size > 1" in t["test"] for t in gates[attr]["tests"]), attr
 
 
+@pytest.mark.network      # the sglang fixture downloads sglang 0.5.23 from PyPI
 def test_a_copy_without_the_world_size_test_reports_the_gate_it_has(sglang, tmp_path):
     edited = engine_copy(sglang, tmp_path / "nows", {PS: (PYNCCL_GATE, PYNCCL_GATE.replace(
         " and self.world_size > 1", ""))})
@@ -54,6 +56,7 @@ def test_a_copy_without_the_world_size_test_reports_the_gate_it_has(sglang, tmp_
     assert [t["test"] for t in g["tests"]] == ["use_pynccl"]
 
 
+@pytest.mark.network      # the sglang fixture downloads sglang 0.5.23 from PyPI
 def test_a_copy_that_never_builds_pynccl_says_so(sglang, tmp_path):
     edited = engine_copy(sglang, tmp_path / "nobuild", {PS: (PYNCCL_GATE, PYNCCL_GATE.replace(
         "self.pynccl_comm = PyNcclCommunicator(", "_unused = PyNcclCommunicator("))})

@@ -94,9 +94,12 @@ def run_build(
     of built (record status "pulled"), nodes built here are pushed to it unless it is read-only; a failed pull
     builds the node, a failed push is reported in ``cache_failures`` and leaves the result as it is.
 
-    Raises EnvironmentError_ (no daemon, no BuildKit path, too little disk) before any build, UsageError
-    for a missing --ca-bundle, and BuildError when a node fails (after writing a record with status
-    "failed"; the error carries the failing step's last lines and the log path).
+    Raises EnvironmentError_ (no daemon, no BuildKit path, too little disk) before any build and before the run
+    journal is written (a refusal leaves no record), UsageError for a missing --ca-bundle, BuildError when a node
+    fails (after writing a record with status "failed"; the error leads with the failing step's first error line,
+    then its last lines and the log path), and BuildInterrupted (exit 130) when the run is stopped from outside
+    at any point after the journal exists (Ctrl-C, SIGTERM: record status "interrupted", message from
+    :func:`interrupted_message`).
     """
     with RunLock(Path(state_dir).resolve()) as run_lock:
         return _run_build(plan, state_dir=state_dir, ca_bundle=ca_bundle, engine=engine, say=say, builder=builder,

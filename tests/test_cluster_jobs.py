@@ -132,7 +132,23 @@ def _suite_argv_slurm(text: str) -> list[str]:
 def _suite_argv_kubernetes(job: dict) -> list[str]:
     import shlex
     script = job["spec"]["template"]["spec"]["containers"][0]["args"][0]
-    return shlex.split(script.splitlines()[1].replace('"$REPORT"', "R"))
+    return shlex.split(script.splitlines()[2].replace('"$REPORT"', "R"))
+
+
+def test_both_jobs_run_the_p2p_check_first_and_go_on_to_the_suite_whatever_it_finds():
+    """The P2P check (python -m stackprobe.runtime p2p) is each job's first step on the node; its failure is said,
+    not fatal: the suite's report (host section, runtime tier) still gets written."""
+    import shlex
+    slurm = cluster.slurm_script(IMAGE, gpus=8, toolchain="13.1")
+    step = slurm[slurm.index("srun --ntasks-per-node=1 --container-image"):]
+    inner = shlex.split(step.replace("\\\n", " "))
+    inner = inner[inner.index("-c") + 1]
+    assert inner.index("python -m stackprobe.runtime p2p") < inner.index("exec python -m stackprobe")
+    assert "|| echo" in inner.split("exec ", 1)[0]
+    script = cluster.kubernetes_job(IMAGE, gpus=8, toolchain="13.1")["spec"]["template"]["spec"]["containers"][0]["args"][0]
+    lines = script.splitlines()
+    assert lines[1].startswith("python -m stackprobe.runtime p2p") and "|| echo" in lines[1]
+    assert lines[2].startswith("python -m stackprobe --json")
 
 
 def test_both_jobs_hand_the_server_configuration_to_the_suite_and_its_runtime_tier():

@@ -103,6 +103,14 @@ def probe_command(report_path: str, probe_args: Iterable[str] = ()) -> list[str]
     return ["python", "-m", "stackprobe", "--json", report_path, *probe_args]
 
 
+def p2p_check_command() -> str:
+    """The job's first step on each node, before the suite: ``python -m stackprobe.runtime p2p`` (per GPU pair a peer
+    copy and a kernel-side peer read/write in a child with a timeout, checked against known data), its pages written
+    beside the report (``<report>-p2p/``). Its exit status does not stop the suite: the runtime tier reads the same
+    check before any peer-memory path, and the report's host section says what the box shows."""
+    return 'python -m stackprobe.runtime p2p --out "${REPORT%.json}-p2p" || echo "stackprobe: the P2P check found a problem (see ${REPORT%.json}-p2p)" >&2'
+
+
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -202,7 +210,7 @@ def slurm_script(image: str, *, gpus: int, nodes: int = 1, toolchain: str = "", 
         "# shellcheck disable=SC2016",
         f'srun --ntasks-per-node=1 --container-image="$IMAGE" --container-mounts="$REPORT_DIR:{container_mount}" \\',
         f"     --container-workdir={container_mount} --no-container-mount-home \\",
-        f"     bash -c {shlex.quote(f'REPORT={report}; exec {cmd}')}",
+        f"     bash -c {shlex.quote(f'REPORT={report}; {p2p_check_command()}; exec {cmd}')}",
         "",
         'echo "stackprobe reports in $REPORT_DIR:"',
         'ls -l "$REPORT_DIR"',
@@ -246,6 +254,7 @@ def kubernetes_job(image: str, *, gpus: int, nodes: int = 1, toolchain: str = ""
     cmd = " ".join(shlex.quote(a) for a in probe_command("REPORT", probe_args)).replace("REPORT", '"$REPORT"', 1)
     script = "\n".join([
         f'REPORT="{report}"',
+        p2p_check_command(),
         f"{cmd}",
         "rc=$?",
         f'echo "{REPORT_BEGIN} $NODE_NAME -----"',

@@ -74,3 +74,30 @@ def test_a_malformed_measured_time_is_refused_naming_the_entry(entry, tmp_path):
     f.write_text(yaml.safe_dump({"nodes": [entry]}))
     with pytest.raises(StackError, match=r"nodes\[0\]: give toolchain and node"):
         E.measured_times("13.1", f)
+
+
+def test_one_unit_count_for_the_dry_run_and_the_build_s_counter(tmp_path):
+    """flash-attn 2.8.3.post2's setup.py names 72 .cu + flash_api.cpp for CUDA and 7 csrc/flash_attn_ck/*.cpp for
+    ROCm; its CUDA build's ninja counter reads /73 (the build's progress, "compiled n/73"). The dry run counted 80.
+    Here a tree laid out like that sdist's setup.py: the count is 73, and the twin without the ROCm rule is 80."""
+    from cudastack.plan import costs
+
+    cu = [f"csrc/flash_attn/src/flash_fwd_hdim{h}_{t}_{c}sm80.cu" for h in (32, 64, 96, 128, 192, 256)
+          for t in ("fp16", "bf16") for c in ("", "causal_")] * 1
+    cu += [n.replace("fwd", "bwd") for n in cu] + [n.replace("fwd", "fwd_split") for n in cu]
+    ck = [f"csrc/flash_attn_ck/{n}.cpp" for n in ("flash_api", "flash_common", "mha_bwd", "mha_fwd_kvcache",
+                                                  "mha_fwd", "mha_varlen_bwd", "mha_varlen_fwd")]
+    setup = ("if not IS_ROCM:\n    sources = ['csrc/flash_attn/flash_api.cpp'" + "".join(f", '{n}'" for n in cu) + "]\n"
+             "else:\n    sources = [" + ", ".join(f"'{n}'" for n in ck) + "]\n")
+    names = cu + ck + ["csrc/flash_attn/flash_api.cpp", "setup.py"]
+    tree = costs.Tree(names, lambda n: setup if n == "setup.py" else "", "flash_attn-like/")
+    count = costs.count_setup_py(tree)
+    assert (len(cu), count.cu, count.cpp) == (72, 72, 1), count
+    assert costs._other_backend("csrc/flash_attn_ck/mha_fwd.cpp") and not costs._other_backend("csrc/flash_attn/x.cu")
+    import unittest.mock as um
+    with um.patch.object(costs, "_other_backend", lambda path: False):      # the count before: 80
+        before = costs.count_setup_py(tree)
+    assert (before.cu, before.cpp) == (72, 8), before
+    plan = make_plan(None, "13.1", resources=RES)
+    text = render_plan(plan, None, state_dir=str(tmp_path)).split("] flash-attn ")[1].split("\n[")[0]
+    assert "units   72 .cu x 1 archs + 1 C/C++" in text, text

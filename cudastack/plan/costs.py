@@ -174,9 +174,20 @@ def count_in(tree: Tree, units_from: str = "lists") -> UnitCount:
                               "upper bound: the build may skip some)")
 
 
+def _other_backend(path: str) -> bool:
+    """Whether a source path belongs to a ROCm build (a path part ending in ``_ck``, Composable Kernel, or named
+    rocm/hip), which a CUDA build never compiles: flash-attn 2.8.3.post2's setup.py names
+    ``csrc/flash_attn_ck/*.cpp`` (7 files) in its ROCm branch beside the CUDA branch's 72 .cu and flash_api.cpp,
+    and ninja's counter in the CUDA build reads /73."""
+    parts = [q.lower() for q in Path(path).parts[:-1]]
+    return any(q.endswith("_ck") or q in ("rocm", "hip") for q in parts)
+
+
 def count_setup_py(tree: Tree) -> UnitCount | None:
     """Units named as string literals in ``setup.py`` ("csrc/x.cu", "src/host.cpp"), each checked against the
-    tree; a literal with a wildcard is matched against the tree. None when it names none."""
+    tree; a literal with a wildcard is matched against the tree; a ROCm build's sources are left out
+    (:func:`_other_backend`). None when it names none. The count is the build's own step count (ninja's
+    ``[n/N]``, which the build's progress shows), so the dry run and the build count the same units."""
     text = tree.read("setup.py")
     if not text:
         return None
@@ -185,6 +196,7 @@ def count_setup_py(tree: Tree) -> UnitCount | None:
         return None
     names = set(tree.names)
     files: set[str] = set()
+    lits = [lit for lit in lits if not _other_backend(lit)]
     for lit in lits:
         if any(ch in lit for ch in "*?["):
             files.update(n for n in names if fnmatch.fnmatch(n, lit))

@@ -466,7 +466,7 @@ def scan_libnccl(target: Arch, reader: str = "auto") -> PackageCoverage | None:
     if lib is None:
         return None
     own = file_nccl_version(lib["path"])
-    version = own or lib["version"] or ""
+    version = lib["version"] or own.split("+")[0]
     if own and lib["version"] and own.split("+")[0] != lib["version"]:   # the row names what loads (C55)
         version = f"{own} (the file; wheel metadata {lib['dist']} {lib['version']})"
     cov = scan_files([(lib["rel"], lib["path"])], target, reader, package="libnccl", version=version)

@@ -59,7 +59,8 @@ def nccl_library_gate(ctx, verdicts: list, version: str | None) -> list:
             elif cov.level == "partial" and f:
                 v.warnings.append(f"libnccl: {f.detail.get('target')} of {f.detail.get('most')} fatbins carry code for "
                                   f"{target.cc}")
-        kb = {"world_size": ctx.world_size, "driver": ((ctx.env or {}).get("driver") or {}).get("version")}   # C59
+        kb = {"world_size": getattr(ctx, "world_size", None),                       # C59: the entry's conditions
+              "driver": ((getattr(ctx, "env", None) or {}).get("driver") or {}).get("version")}
         for entry in known_bad.matches("nccl", version, target, ctx.topology, v.backend, context=kb):
             v.add(f"known-bad release {entry.id}", entry.describe(version, kb), entry.source)
             if _open(v) or v.gate == GATE_BINARY:

@@ -157,7 +157,7 @@ def test_c51_acs_redirect_puts_the_nccl_baseline_and_every_peer_path_at_risk(tmp
     assert peer and all(v["host_risk"]["level"] == "risk" for v in peer)
     line = headline_line(Report.from_json(bad))
     assert "fix the host first" in line and "worth measuring on the target: flashinfer-pcie-ipc" not in line
-    assert "NCCL's P2P transport is at hang risk" in line
+    assert "NCCL's P2P transport at hang risk: ACS redirect on 0000:02:00.0, 0000:02:01.0" in line
     md = Report.from_json(bad).to_markdown()
     assert "## Host (P2P, IOMMU, ACS)" in md and "0000:02:00.0, 0000:02:01.0" in md
     # the twin: the same host with ACS off
@@ -198,7 +198,7 @@ def test_c53_p2p_disabled_and_pcie_ipc_on_is_not_reported_as_all_well(wheels):
     assert rep["host"]["present"] is False
     ipc = verdict(rep, "flashinfer-pcie-ipc-allreduce", "engine")
     assert ipc["status"] == "on-as-configured" and ipc["host_risk"]["level"] == "risk"
-    assert "through CUDA IPC whatever NCCL's variable says" in ipc["host_risk"]["what"]
+    assert "opens peer memory through CUDA IPC does so whatever NCCL's variable says" in ipc["host_risk"]["what"]
     assert ipc["host_risk"]["now"] == "unset SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"
     ring = verdict(rep, "nccl-ring", "library")
     assert "SHM, not P2P" in ring["host_risk"]["what"]

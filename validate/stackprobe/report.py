@@ -278,6 +278,8 @@ class Report:
         lines = [f"# stackprobe report{': ' + self.label if self.label else ''}", "",
                  f"{self.headline()}  ", f"tiers: {', '.join(self.tiers)}; created {self.created}; schema {self.schema}  ",
                  f"provenance: {_provenance(self.provenance)}", ""]
+        from .summary import block as summary_block
+        lines += summary_block(self)   # what a person reads in a minute and pastes into a bug report
         from .health_report import markdown as health_markdown
         lines += health_markdown(self.environment.get("health"))   # first: a broken install must not be missed
         from .host import markdown as host_markdown

@@ -213,3 +213,38 @@ def test_point11_twin_a_renamed_variable_in_a_release_that_has_pcie_ipc_stays_an
     v = next(x for x in d["verdicts"] if x["backend"] == PCIE and x.get("engine") == "vllm")
     assert v["status"] == "error"
     assert f"{PCIE} (vllm answer error" in headline_line(report)
+
+
+# --- point 8 and C62: the answer per decode width ---------------------------------------------------------------
+NCCL_SYMM_AND_PCIE = {"VLLM_USE_NCCL_SYMM_MEM": "1", "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC": "1"}
+
+
+@pytest.fixture(scope="module")
+def v033():
+    return [pip_target("vllm==0.33.0"), pip_target("flashinfer-python==0.7.2.post1")]
+
+
+def test_c62_point8_nccl_symmetric_memory_and_pcie_ipc_per_decode_width(drive, v033):
+    """Case C62, point 8. Before: one row count (the 3-row verify tensor) was the answer: "NCCL symmetric memory falls
+    back if set", although at world size 8 its band (all_reduce_utils.py) leaves it 1 row and 10 rows or more, where
+    it preempts PCIe IPC."""
+    d, report = drive(v033, env=NCCL_SYMM_AND_PCIE, engine="vllm")
+    pw = d["dispatch"]["per_width"]
+    assert [(g["serves"], g["rows"]) for g in pw["ranges"]] == [
+        ("nccl-symm-mem", "1"), ("flashinfer-pcie-ipc-allreduce", "2-9"), ("nccl-symm-mem", "10-512")]
+    assert pw["ranges"][1]["captured"] == [2, 3, 4, 6, 8, 9]          # draft steps and 3-token verify steps
+    assert {w["rows"]: w["serves"] for w in pw["widths"]}[18] == "nccl-symm-mem"
+    assert pw["source"].startswith("vllm/config/vllm.py:") and "default_max_graph_size" in pw["source"]
+    line = headline_line(report)
+    assert ("per decode width: nccl-symm-mem at 1 and 10-512 rows; flashinfer-pcie-ipc-allreduce at 2-9 rows"
+            in line)
+    assert "falls back to" not in line or "VLLM_USE_NCCL_SYMM_MEM=1 (nccl-symm-mem)" not in line
+    nccl = next(x for x in d["verdicts"] if x["backend"] == "nccl-symm-mem" and x.get("engine") == "vllm")
+    assert "One row count is not the answer" in nccl["cause"]
+
+
+def test_c62_twin_without_nccl_symmetric_memory_one_path_serves_every_width(drive, v033):
+    """The twin: PCIe IPC alone serves every captured width, and the headline names no per-width split."""
+    d, report = drive(v033, env={"VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC": "1"}, engine="vllm")
+    assert [g["serves"] for g in d["dispatch"]["per_width"]["ranges"]] == ["flashinfer-pcie-ipc-allreduce"]
+    assert "per decode width" not in headline_line(report)

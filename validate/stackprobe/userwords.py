@@ -181,6 +181,8 @@ def _phrase(report, v: Verdict) -> tuple[str, str] | None:
     if v.status == STARTUP_FAILURE:
         return "do_not_set", f"{_setting(v) or v.backend} ({v.backend}: start-up failure)"
     if v.status == FALLS_BACK:
+        if v.backend in _width_servers(report):     # it declines the decode tensor, yet serves other widths
+            return None
         return "falls_back", f"{_setting(v) or v.backend} ({v.backend})"
     if v.status == PREEMPTED:
         return "preempted", f"{v.backend} ({v.cause.split(': ', 2)[1] if ': ' in v.cause else v.cause})"
@@ -211,6 +213,12 @@ def _serves_host(report, eng: list, serves: str) -> str:
     if r["level"] == "risk":
         return f"at risk on this host: {r['what']}; now: {r.get('now') or 'switch it off'}; fix: {r['fix']}"
     return r["what"] if r["level"] == "transport" else ""
+
+
+def _width_servers(report) -> set:
+    """The paths that serve some decode width in the report's per-width dispatch (``dispatch["per_width"]``)."""
+    pw = (getattr(report, "dispatch", None) or {}).get("per_width") or {}
+    return {g.get("serves") for g in pw.get("ranges") or []}
 
 
 def headline_line(report) -> str:

@@ -346,7 +346,10 @@ def _nccl_symm_mem(ctx, eng: Engine) -> Verdict:
                  f"custom_ar_preferred_ranges[{ws}] {band}, where vLLM leaves it to the next path", LIFT_NOTHING,
                  "a decode tensor outside that band (<= lower or >= upper bound)", value={"bytes": t["bytes"], "band": band},
                  on_fail="decline", falls_to="the next step of CudaCommunicator.all_reduce"))
+    built = all(g.admits for g in ans.gates[:-1])      # every gate but the per-call size rule
+    rule = {"band": band, "above": above, "where": f"vllm/{UTILS}:{fn.lineno}", "built": built}
     v = ans.verdict(f"vLLM {eng.version} tries NCCL symmetric memory first for this tensor")
+    v.add("per-call size rule (rows -> claims)", rule, f"vllm/{UTILS}:{fn.lineno} should_nccl_symm_mem_allreduce")
     v.warnings.append("NCCL symmetric memory needs vLLM's NCCL allocator, compiled at start-up with torch's "
                       "load_inline (vllm/distributed/device_communicators/pynccl_allocator.py compile_nccl_allocator: "
                       "a host compiler and NCCL headers; it disables itself if that fails), and whether NCCL's "
@@ -858,7 +861,126 @@ def read_dispatch(eng: Engine) -> list[tuple[str, str]]:
     return [(b, w) for _, b, w in sorted(found)]
 
 
-def apply_dispatch(verdicts: list[Verdict], eng: Engine, config: ServerConfig | None = None) -> dict:
+def _nccl_symm_claims(rule: dict, nbytes: int) -> bool:
+    """``should_nccl_symm_mem_allreduce``'s size rule (``all_reduce_utils.py``) for a tensor of ``nbytes``: outside
+    the world size's ``custom_ar_preferred_ranges`` band (``<= lower or >= upper``), or any size above
+    ``always_use_above_world_size`` (``band`` None)."""
+    band = rule.get("band")
+    return band is None or nbytes <= band[0] or nbytes >= band[1]
+
+
+def capture_widths(eng: Engine, tokens: int, target=None) -> tuple[list[int], str]:
+    """The decode widths (rows of a decode-step allreduce) vLLM captures CUDA graphs for, read from the installed
+    vLLM's ``VllmConfig._set_cudagraph_sizes`` (``config/vllm.py``): its default ceiling ``default_max_graph_size``
+    (vllm 0.33.0: ``1024 if current_platform.is_device_capability_family(100) else 512``, taken for ``target``), and the
+    default list built up to it (``[i for i in [1, 2, 4] if i <= max_cudagraph_capture_size]``, then ``+= list(range(8,
+    ..., 8))`` and ``+= list(range(256, ..., 16))``), each piece evaluated with that ceiling; plus the verify steps of
+    speculative decoding at those sizes rounded up to a multiple of ``tokens`` (``CompilationConfig.
+    adjust_cudagraph_sizes_for_spec_decode``); the draft model's own steps are the sizes themselves (one row per
+    request). Returns (sorted widths, "vllm/FILE:LINE ..."). Raises GateNotFound when no piece is found."""
+    rel = "config/vllm.py"
+    fn = eng.method(rel, "VllmConfig", "_set_cudagraph_sizes")
+    mx = next((n for n in ast.walk(fn) if isinstance(n, ast.Assign)
+               and ast.unparse(n.targets[0]) == "default_max_graph_size"), None)
+    if mx is None:
+        raise GateNotFound(f"gate not found in vllm {eng.version} at vllm/{rel}: no default_max_graph_size in "
+                           "VllmConfig._set_cudagraph_sizes")
+    val = mx.value
+    if isinstance(val, ast.IfExp):
+        fams = [int(x) for x in re.findall(r"capability_family\((\d+)\)", ast.unparse(val.test))]
+        hit = target is not None and any(target.major == f // 10 for f in fams)
+        val = val.body if hit else val.orelse
+    if not (isinstance(val, ast.Constant) and isinstance(val.value, int)):
+        raise GateNotFound(f"gate not readable in vllm {eng.version} at vllm/{rel}:{mx.lineno}: default_max_graph_size "
+                           f"`{ast.unparse(mx.value)}` is not a literal")
+    top = val.value
+    names = {"list": list, "range": range, "min": min, "max": max, "max_cudagraph_capture_size": top}
+    sizes: set[int] = set()
+    lines = []
+    for n in ast.walk(fn):
+        if isinstance(n, (ast.Assign, ast.AugAssign)):
+            tgt = ast.unparse(n.targets[0] if isinstance(n, ast.Assign) else n.target)
+            text = ast.unparse(n.value)
+            if tgt != "cudagraph_capture_sizes" or "max_cudagraph_capture_size" not in text or "interactivity" in text:
+                continue
+            if isinstance(n, ast.Assign) and "[1, 2, 4]" not in text:
+                continue
+            try:
+                got = eval(compile(ast.Expression(n.value), "<capture sizes>", "eval"),  # noqa: S307 - literal ranges
+                           {"__builtins__": {}, **names})
+            except Exception:  # noqa: BLE001, S112 - a piece with other names is not the default list
+                continue
+            sizes |= {int(x) for x in got}
+            lines.append(str(n.lineno))
+    if not sizes:
+        raise GateNotFound(f"gate not found in vllm {eng.version} at vllm/{rel}: no default cudagraph_capture_sizes "
+                           "list built up to max_cudagraph_capture_size")
+    widths = set(sizes)
+    if tokens > 1:
+        widths |= {-(-x // tokens) * tokens for x in sizes if -(-x // tokens) * tokens <= top}
+    return sorted(widths), (f"vllm/{rel}:{','.join(lines)} default capture sizes up to {top} "
+                            f"(vllm/{rel}:{mx.lineno} default_max_graph_size); verify steps rounded up to multiples of "
+                            f"{tokens} (adjust_cudagraph_sizes_for_spec_decode)")
+
+
+def per_width(verdicts: list[Verdict], steps: list[tuple[str, str]], eng: Engine, target=None) -> dict:
+    """Which path serves a decode-step allreduce at each decode width (rows = batch x tokens per request), over the
+    widths vLLM captures (:func:`capture_widths`) for the workload's hidden size and dtype: the first step of the
+    dispatch that claims it, where NCCL symmetric memory claims by its size rule (``all_reduce_utils.py``) and the
+    other open paths claim every width. Returns ``{"hidden", "tokens", "widths": [{"rows", "bytes", "serves"}],
+    "ranges": [{"serves", "rows": "2-9", "captured": [...]}], "source"}`` (ranges over every row count from 1 to the
+    largest captured width, so a change between two captured widths is not missed)."""
+    t = decode_tensor()
+    by = {v.backend: v for v in verdicts}
+    nccl = by.get("nccl-symm-mem")
+    rule = next((e.value for e in nccl.evidence if e.what.startswith("per-call size rule (rows")), None) \
+        if nccl is not None else None
+    widths, where = capture_widths(eng, t.tokens, target)
+    elt = 4 if t.dtype == "float32" else 2
+
+    def serves(rows: int) -> str:
+        for backend, _ in steps:
+            v = by.get(backend)
+            if backend == "nccl-ring":
+                return backend
+            if backend == "nccl-symm-mem" and rule and rule.get("built"):
+                if _nccl_symm_claims(rule, rows * t.hidden * elt):
+                    return backend
+                continue
+            if v is not None and v.status in (ON_BY_DEFAULT, ON_AS_CONFIGURED):
+                return backend
+        return "nccl-ring"
+
+    ranges: list[dict] = []
+    for r in range(1, (widths[-1] if widths else 1) + 1):
+        who = serves(r)
+        if ranges and ranges[-1]["serves"] == who:
+            ranges[-1]["last"] = r
+        else:
+            ranges.append({"serves": who, "first": r, "last": r})
+    out = []
+    for g in ranges:
+        g["rows"] = f"{g['first']}" if g["first"] == g["last"] else f"{g['first']}-{g['last']}"
+        g["captured"] = [w for w in widths if g["first"] <= w <= g["last"]]
+        out.append({k: g[k] for k in ("serves", "rows", "captured")})
+    return {"hidden": t.hidden, "tokens": t.tokens, "dtype": t.dtype, "source": where,
+            "widths": [{"rows": w, "bytes": w * t.hidden * elt, "serves": serves(w)} for w in widths],
+            "ranges": out}
+
+
+def width_words(section: dict) -> str:
+    """``nccl-symm-mem at 1 and 10-512 rows; flashinfer-pcie-ipc-allreduce at 2-9 rows`` from :func:`per_width`'s
+    ranges, each path once with all its row ranges; "" when one path serves every width."""
+    ranges = section.get("ranges") or []
+    who: dict[str, list[str]] = {}
+    for g in ranges:
+        who.setdefault(g["serves"], []).append(g["rows"])
+    if len(who) < 2:
+        return ""
+    return "; ".join(f"{b} at {' and '.join(r)} rows" for b, r in who.items())
+
+
+def apply_dispatch(verdicts: list[Verdict], eng: Engine, config: ServerConfig | None = None, target=None) -> dict:
     """The first open path of the dispatch claims the decode tensor; a later path that would serve becomes
     ``preempted`` naming it. Returns the report's dispatch section ``{"vllm", "config", "tensor", "steps", "serves",
     "preempted"}`` (``config``: the configuration asked about, ``ServerConfig.to_json()``, as SGLang's)."""
@@ -882,11 +1004,24 @@ def apply_dispatch(verdicts: list[Verdict], eng: Engine, config: ServerConfig | 
             v.cause = (f"vLLM {eng.version}: preempted by {serves}: CudaCommunicator.all_reduce tries {serves} first "
                        f"({first}) and it claims the decode-step tensor")
             v.lift_detail = f"leave {serves} off to let {backend} serve"
+    widths: dict = {}
+    try:
+        widths = per_width(verdicts, steps, eng, target)
+    except GateNotFound as e:
+        widths = {"error": f"not assessed: the decode widths vLLM captures: {e}"}
+    split = width_words(widths)
+    if split:
+        serves = f"{serves} at the {decode_tensor().rows}-row decode tensor; per decode width: {split}"
+        for v in verdicts:
+            if v.backend in {g["serves"] for g in widths["ranges"]}:
+                v.cause += (f". One row count is not the answer: per decode width over the widths vLLM captures "
+                            f"({widths['source']}), {split}")
+                v.add("per decode width: the path that serves", widths["ranges"], widths["source"])
     for v in verdicts:
         v.add("TP allreduce dispatch: the path a decode-step allreduce takes", serves, f"vllm/{CUDA_COMM} "
               "CudaCommunicator.all_reduce")
     return {"vllm": eng.version, "config": (config or ServerConfig()).to_json(), "tensor": decode_tensor().to_json(),
-            "steps": rows, "serves": serves, "preempted": preempted}
+            "steps": rows, "serves": serves, "preempted": preempted, "per_width": widths}
 
 
 def engine_verdicts(ctx, backends=None, engine: Engine | None = None) -> tuple[list[Verdict], dict]:
@@ -915,7 +1050,7 @@ def engine_verdicts(ctx, backends=None, engine: Engine | None = None) -> tuple[l
         v.engine = DIST
         out.append(v)
     try:
-        dispatch = apply_dispatch(out, eng, ctx.server_config)
+        dispatch = apply_dispatch(out, eng, ctx.server_config, ctx.target)
     except GateNotFound as e:
         for v in out:
             if v.status in (ON_BY_DEFAULT, ON_AS_CONFIGURED):

@@ -64,11 +64,12 @@ def _unit(tok: str) -> str | None:
     return word if word in UNITS else None
 
 
-def _figure(text: str, toks: list[tuple[str, int]], i: int) -> str | None:
-    """The figure that token ``i`` starts, as a literal substring of ``text``, or None when it holds no digit."""
+def _figure(text: str, toks: list[tuple[str, int]], i: int) -> tuple[str | None, int]:
+    """The figure that token ``i`` starts, as a literal substring of ``text`` (None when it holds no digit), and
+    the index of its last token (a unit it took in is not the start of another figure)."""
     core, start = _core(*toks[i])
     if not re.search(r"\d", core) or "](" in core:      # a link's parts are listed as paths
-        return None
+        return None, i
     end = start + len(core)
     j = i + 1
     extended = False
@@ -82,6 +83,7 @@ def _figure(text: str, toks: list[tuple[str, int]], i: int) -> str | None:
             j += 2
             continue
         break
+    last = j if extended else i
     if not extended and re.fullmatch(r"\d{1,3}", core):  # a bare small number: keep the word beside it
         prev = _core(*toks[i - 1]) if i > 0 else ("", 0)
         nxt = _core(*toks[i + 1]) if i + 1 < len(toks) else ("", 0)
@@ -90,8 +92,8 @@ def _figure(text: str, toks: list[tuple[str, int]], i: int) -> str | None:
         elif re.search(r"[A-Za-z]", nxt[0]):
             end = nxt[1] + len(nxt[0].split("](")[0])
         else:
-            return None                                   # "10" alone would be found anywhere: no fact
-    return text[start:end]
+            return None, i                                # "10" alone would be found anywhere: no fact
+    return text[start:end], last
 
 
 def extract(markdown: str) -> list[str]:
@@ -101,10 +103,12 @@ def extract(markdown: str) -> list[str]:
     for m in _LINK.finditer(text):
         facts.setdefault(m.group(1), None)
     toks = [(m.group(0), m.start()) for m in re.finditer(r"\S+", text)]
+    taken = -1                                            # the last token a figure took in
     for i, (tok, start) in enumerate(toks):
-        fig = _figure(text, toks, i)
-        if fig and fig.strip():
-            facts.setdefault(fig, None)
+        if i > taken:
+            fig, taken = _figure(text, toks, i)
+            if fig and fig.strip():
+                facts.setdefault(fig, None)
         offset = 0
         for part in tok.split("]("):                      # [label](target): the label's path and the target's
             core, _ = _core(part, start + offset)

@@ -1,8 +1,8 @@
 """The build half's module structure: no import cycle among ``cudastack`` modules, every module importable on
-its own in a fresh interpreter, imports running one way through the layers the README's architecture section
-lists (a subpackage imports only from its own and from layers below it), and no function grown past the size
-and complexity a reader can hold (ruff's C901, PLR0912 and PLR0915 with the limits in pyproject.toml; they
-replace a 400-line limit per module, which shaped the tree by file size).
+its own in a fresh interpreter, imports running one way through the layers that the "Architecture" section of
+docs/architecture.md (moved there from the README) lists (a subpackage imports only from its own and from
+layers below it), and no function grown past the size and complexity a reader can hold (ruff's C901, PLR0912
+and PLR0915 with the limits in pyproject.toml; they replace a 400-line limit per module, which shaped the tree by file size).
 
 The import graph is read from the source with :mod:`ast`: every ``import``/``from ... import`` statement,
 including those inside functions (a lazy import is still a dependency, and a lazy cycle is how one hides).
@@ -185,7 +185,7 @@ def test_every_module_imports_alone_in_a_fresh_interpreter(module):
 
 
 def test_imports_run_one_way_through_the_readmes_layers():
-    layers = readme_layers(ROOT / "README.md")
+    layers = readme_layers(ROOT / "docs" / "architecture.md")
     assert layers[0] == ["cli"] and layers[-1] == ["core"]
     on_disk = sorted(p.name for p in (ROOT / "cudastack").iterdir() if (p / "__init__.py").is_file())
     assert sorted(n for ly in layers for n in ly) == on_disk
@@ -197,7 +197,7 @@ def test_a_planted_upward_import_breaks_the_layering(tmp_path):
     import shutil
 
     shutil.copytree(ROOT / "cudastack", tmp_path / "cudastack", ignore=shutil.ignore_patterns("__pycache__"))
-    layers = readme_layers(ROOT / "README.md")
+    layers = readme_layers(ROOT / "docs" / "architecture.md")
     assert layering_violations(import_graph(tmp_path, "cudastack"), "cudastack", layers) == []
     planted = tmp_path / "cudastack" / "plan" / "rules.py"
     planted.write_text(planted.read_text() + "\n\ndef _planted():\n    from cudastack.cli import build\n")

@@ -1,10 +1,12 @@
 """The README as a front page, with nothing lost: every figure and link/path the old README carried
 (tests/data/readme_facts.txt, listed by scripts/readme_facts.py before the move to docs/) is in README.md or a
 page under docs/, and the README stays short. Failing twins: a fact removed from every page, or a whole page
-deleted, is named as missing, by the function and by the command line."""
+deleted, is named as missing, by the function and by the command line. Every relative link and #anchor of the
+README and docs/ resolves (a planted broken one is caught)."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
@@ -43,7 +45,7 @@ def test_the_readme_is_a_front_page():
     for must in ("bash scripts/dev.sh build --cuda 13.1", "bash scripts/dev.sh test", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1",
                  "--flashinfer-allreduce-fusion-backend", "python -m stackprobe.host", "python -m stackprobe.runtime p2p"):
         assert must in text, must
-    linked = {p.split("#")[0] for p in __import__("re").findall(r"\]\((docs/[^)\s]+)\)", text)}
+    linked = {p.split("#")[0] for p in re.findall(r"\]\((docs/[^)\s]+)\)", text)}
     assert linked and all((ROOT / p).is_file() for p in linked), linked
     assert {p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")} - {"docs/index.md"} <= linked
 
@@ -92,3 +94,41 @@ def test_a_deleted_page_is_caught_by_the_command(tree):
     bad = subprocess.run([sys.executable, str(SCRIPT), "check", "--root", str(tree / "nowhere")],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "run `extract` first" in bad.stderr
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading: lower case, punctuation dropped, spaces made hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def broken_links(root: Path) -> list[str]:
+    """Every relative link of README.md and docs/*.md whose file, or whose #anchor in a Markdown file, is not there."""
+    out = []
+    for page in rf.pages(root):
+        text = page.read_text()
+        targets = re.findall(r"\]\(([^)\s]+)\)", text) + re.findall(r"^\[[^\]]+\]: (\S+)", text, re.M)
+        for t in targets:
+            if re.match(r"[a-z]+:", t):
+                continue
+            path, _, anchor = t.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                out.append(f"{page.relative_to(root)}: {t} (no such file)")
+            elif anchor and dest.suffix == ".md":
+                slugs = {_slug(h) for h in re.findall(r"^#+ (.+)$", dest.read_text(), re.M)}
+                if anchor not in slugs:
+                    out.append(f"{page.relative_to(root)}: {t} (no such heading)")
+    return out
+
+
+def test_every_link_of_the_readme_and_docs_resolves():
+    assert broken_links(ROOT) == []
+
+
+def test_a_broken_link_or_anchor_is_caught(tree):
+    shutil.copytree(ROOT / "results", tree / "results")
+    assert broken_links(tree) == []
+    page = tree / "docs" / "index.md"
+    page.write_text(page.read_text() + "\n[x](results.md#no-such-heading) [y](../results/nowhere/)\n")
+    assert broken_links(tree) == ["docs/index.md: results.md#no-such-heading (no such heading)",
+                                  "docs/index.md: ../results/nowhere/ (no such file)"]

@@ -248,3 +248,96 @@ def test_c62_twin_without_nccl_symmetric_memory_one_path_serves_every_width(driv
     d, report = drive(v033, env={"VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC": "1"}, engine="vllm")
     assert [g["serves"] for g in d["dispatch"]["per_width"]["ranges"]] == ["flashinfer-pcie-ipc-allreduce"]
     assert "per decode width" not in headline_line(report)
+
+
+# --- point 12: the comparison names the right engine's release ---------------------------------------------------
+def test_point12_a_vllm_comparison_names_vllm_as_the_release_that_moved_a_verdict(drive, v033, v034):
+    """Point 12. Before: userwords._decider knew sglang, flashinfer-python and the toolkit only, so the EP move from
+    vllm 0.33.0 (opt-in) to 0.34.0 (start-up failure) was put on flashinfer-python."""
+    from stackprobe.userwords import moved_by
+    _, before = drive(v033, backends=(EP,), engine="vllm")
+    _, after = drive(v034, backends=(EP,), engine="vllm")
+    assert before.verdict(EP).status == "opt-in" and after.verdict(EP).status == "startup-failure-if-set"
+    text = moved_by(before, after, EP)
+    assert text.startswith("vllm 0.33.0 -> 0.34.0 (its gate decides)")
+    assert "also moved: flashinfer-python 0.7.2.post1 -> 0.7.4" in text and "sglang" not in text
+
+
+# --- points 3, 4, 5: SGLang's PCIe IPC beside its opt-in ----------------------------------------------------------
+PCIE_REL = "sglang/srt/distributed/device_communicators/pcie_ipc_ar.py"
+
+
+@pytest.fixture(scope="module")
+def pcie23(drive, sglang, fi, nvcc131):
+    return drive([sglang, fi], backends=(PCIE,), path_first=[nvcc131])
+
+
+def test_point3_a_failed_set_up_is_caught_and_the_user_is_told_how_to_confirm_it_served(pcie23):
+    """Point 3. Before: the report never said that a failed PCIe IPC set-up is caught (parallel_state.py:492-501,
+    pcie_ipc_ar.py:286-295) and leaves the server on NCCL with one warning, nor which log lines confirm the path
+    served, nor that --disable-flashinfer-autotune skips FlashInfer's tuning."""
+    d, _ = pcie23
+    v = verdict(d, PCIE, "engine")
+    assert v["status"] == "opt-in"
+    caught = evidence(v, "set-up failure: caught")["value"]
+    assert [c["where"] for c in caught] == [
+        "sglang/srt/distributed/parallel_state.py:492-501 (__init__)",
+        f"{PCIE_REL}:278-295 (_ensure_workspace)", f"{PCIE_REL}:359-368 (_tune)"]
+    assert caught[0]["warning"] == "Setup FlashInfer PCIe-IPC allreduce failed with {e}."
+    lines = [c["line"] for c in evidence(v, "how to confirm it served")["value"]]
+    assert lines == ["FlashInfer PCIe-IPC workspace built (world=%d, max_numel=%d, hidden=%d)",
+                     "FlashInfer PCIe-IPC all-reduce autotuned %d shape(s) (hidden=%d, rows=%s)"]
+    assert evidence(v, "autotune switch")["value"] == "--disable-flashinfer-autotune"
+    assert "the server starts on NCCL with one warning" in v["cause"]
+    assert "--disable-flashinfer-autotune (sglang/srt/arg_groups/fields/exec_.py:394) skips" in v["cause"]
+
+
+def test_point3_twin_an_uncaught_constructor_is_not_read_as_caught(venv, sglang):
+    """The twin: with the constructor's handler gone (an edited copy), the reader finds no caught set-up and says so
+    (GateNotFound: the answer becomes an error, never a quiet fallback it did not read)."""
+    import tempfile
+    from pathlib import Path
+    rel = "sglang/srt/distributed/parallel_state.py"
+    src = (sglang / rel).read_text()
+    old = 'logger.warning(f"Setup FlashInfer PCIe-IPC allreduce failed with {e}.")'
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = engine_copy(sglang, Path(tmp) / "sg", {rel: (old, "raise")})
+        assert old in src
+        p = subprocess.run([str(venv), "-c", "from stackprobe.probes import sglang_engine as se, pcie_ipc_engine as pe\n"
+                            "try:\n    pe.setup_fallback(se.installed())\nexcept se.GateNotFound as e:\n    print('GNF', e)"],
+                           capture_output=True, text=True, env=suite_env([copy]), timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.startswith("GNF gate not found in sglang 0.5.23 at sglang/srt/distributed/parallel_state.py")
+
+
+def test_point4_do_not_set_beside_the_opt_in_is_read_from_the_dispatch(pcie23):
+    """Point 4. Before: the configuration that turns PCIe IPC on was not told to leave --enable-deterministic-inference
+    (turns it off, NCCL Tree) and --enable-symm-mem (preempts it; sets NCCL_CUMEM_ENABLE=1, NCCL_NVLS_ENABLE=1) unset."""
+    d, report = pcie23
+    v = verdict(d, PCIE, "engine")
+    avoid = {a["setting"]: a for a in evidence(v, "do not set with it")["value"]}
+    assert avoid["--enable-symm-mem"]["then"] == "nccl-symm-mem"
+    also = " ".join(avoid["--enable-symm-mem"]["also_sets"])
+    assert "NCCL_CUMEM_ENABLE=" in also and "NCCL_NVLS_ENABLE=" in also and "srt/entrypoints/engine.py:19" in also
+    det = avoid["--enable-deterministic-inference"]
+    assert det["then"] == "nccl-ring" and "NCCL_ALGO='allreduce:tree'" in " ".join(det["also_sets"])
+    assert "SGLANG_USE_1STAGE_ALLREDUCE=1" in avoid
+    line = headline_line(report)
+    assert "do not set with it: " in line and "--enable-symm-mem (nccl-symm-mem serves instead)" in line
+
+
+def test_point4_twin_a_setting_already_given_is_not_listed_and_nothing_is_listed_when_the_path_does_not_serve(
+        drive, sglang, fi, nvcc131):
+    """The twin: with --enable-symm-mem given PCIe IPC does not serve (preempted), so there is nothing to protect."""
+    d, _ = drive([sglang, fi], backends=(PCIE,), path_first=[nvcc131], args={"--enable-symm-mem": True})
+    v = verdict(d, PCIE, "engine")
+    assert evidence(v, "do not set with it")["value"] == []
+
+
+def test_point5_upstreams_figure_names_its_hidden_size_beside_the_workloads(pcie23):
+    """Point 5. Before: upstream's 12 KiB figure was cited without saying it was measured at hidden 6144, not the
+    workload's 7168."""
+    _, report = pcie23
+    line = headline_line(report)
+    assert "12 KiB: FlashInfer 5.3 us, NCCL 205.1 us" in line
+    assert "measured at hidden 6144, not the workload's 7168" in line

@@ -47,7 +47,18 @@ def upstream_claim(v: Verdict) -> str:
         return ""
     head, row = e.value.get("header") or [], e.value["rows"][0]
     cells = ", ".join(f"{h} {c}" for h, c in zip(head[1:], row[1:]))
-    return f"upstream's claim ({e.source.split(' (')[0]}), not measured here: {row[0]}: {cells}"
+    at, mine = e.value.get("hidden"), e.value.get("workload_hidden")
+    shape = (f", measured at hidden {at}" + (f", not the workload's {mine}" if mine and mine != at else "")) if at else ""
+    return f"upstream's claim ({e.source.split(' (')[0]}), not measured here: {row[0]}: {cells}{shape}"
+
+
+def _avoid(v: Verdict) -> str:
+    """``; do not set with it: --enable-symm-mem (nccl-symm-mem serves instead)`` from the answer's "do not set with
+    it" evidence (:func:`stackprobe.probes.pcie_ipc_engine.do_not_set`), else ""."""
+    e = _ev(v, "do not set with it")
+    if e is None or not e.value:
+        return ""
+    return "; do not set with it: " + ", ".join(f"{a['setting']} ({a['then']} serves instead)" for a in e.value)
 
 
 def _engine_answers(report) -> list[Verdict]:
@@ -174,7 +185,8 @@ def _phrase(report, v: Verdict) -> tuple[str, str] | None:
             return "fix_host_first", f"{v.backend} ({setting}): {risk['what']}; now: {now}; fix: {risk['fix']}"
         if v.status == OPT_IN:
             claim = upstream_claim(v)
-            return "opt_in", f"{v.backend} ({_setting(v)})" + (f" [{claim}]" if claim else "") + _host_caveat(v)
+            return "opt_in", (f"{v.backend} ({_setting(v)})" + (f" [{claim}]" if claim else "") + _host_caveat(v)
+                              + _avoid(v))
         if collective(v.backend, v) != "allreduce":
             return "on", f"{v.backend} ({v.status})"
         return None

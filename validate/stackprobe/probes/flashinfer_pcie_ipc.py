@@ -15,6 +15,8 @@ read from the module docstring of ``pcie_ipc_ar.py``, are evidence labelled "ups
 """
 from __future__ import annotations
 
+import re
+
 from .. import source
 from ..env import all_nvccs, effective_nvcc
 from ..verdict import (BLOCKED, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_SETTING, GATE_TOOLCHAIN,
@@ -137,10 +139,50 @@ def _engine(ctx, eng) -> Verdict:
         v.warnings.append(f"{what}: {value} ({where})")
         if what == "message-size cap" and v.is_open:
             v.cause += f"; once on, {value} ({where})"
+    from .sglang_dispatch import DecodeTensor
+    hidden = DecodeTensor.from_workload().hidden
     for claim in pcie_det.upstream_claims(eng.file(PCIE_FILE), tree):
-        v.add(f"upstream's claim: {claim['context'][:90]}", {k: claim[k] for k in ("header", "rows", "context")},
+        measured = re.search(r"hidden\s+(\d+)", claim["context"])
+        v.add(f"upstream's claim: {claim['context'][:90]}", {**{k: claim[k] for k in ("header", "rows", "context")},
+                                                            "hidden": int(measured.group(1)) if measured else None,
+                                                            "workload_hidden": hidden},
               f"{short}:{claim['lines']} (module docstring; upstream's claim, not measured by this suite)")
+    _setup_and_settings(ctx, eng, v)
     return v
+
+
+def _setup_and_settings(ctx, eng, v: Verdict) -> None:
+    """What a user needs beside the opt-in (issue 39 points 3 and 4), from :func:`.pcie_ipc_engine.setup_fallback`
+    and :func:`.pcie_ipc_engine.do_not_set`: a failed set-up is caught (the server starts on NCCL with one warning),
+    the log lines that confirm the path served, the flag that skips FlashInfer's tuning, and the settings that take
+    the path away once it is on. Added to the cause of an open answer; evidence always."""
+    fb = pcie_det.setup_fallback(eng)
+    v.add("set-up failure: caught, the server stays on NCCL with one warning", fb["caught"],
+          "; ".join(c["where"] for c in fb["caught"]))
+    v.add("how to confirm it served: log lines printed only when the step worked", fb["confirm"],
+          "; ".join(c["where"] for c in fb["confirm"]))
+    if fb["autotune_flag"]:
+        v.add("autotune switch", fb["autotune_flag"]["flag"], fb["autotune_flag"]["where"])
+    try:
+        avoid = pcie_det.do_not_set(eng, ctx)
+    except (se.GateNotFound, LookupError) as e:
+        avoid = [{"setting": "not assessed", "then": str(e), "also_sets": []}]
+    v.add("do not set with it", avoid, "SGLang's dispatch read with the opt-in and each setting it consults added "
+          "(stackprobe.probes.pcie_ipc_engine.do_not_set)")
+    if not v.is_open:
+        return
+    first = fb["caught"][0]
+    lines = "; ".join(f"'{c['line']}' ({c['where']})" for c in fb["confirm"])
+    v.cause += (f"; if its set-up fails SGLang catches it ({', '.join(c['where'] for c in fb['caught'])}) and the "
+                f"server starts on NCCL with one warning ('{first['warning']}'): confirm it served by the log lines "
+                f"{lines}")
+    if fb["autotune_flag"]:
+        v.cause += (f"; {fb['autotune_flag']['flag']} ({fb['autotune_flag']['where']}) skips the per-shape tuning "
+                    "FlashInfer expects once per machine (the kernels then keep its seed policy)")
+    if avoid:
+        v.cause += "; do not set with it: " + "; ".join(
+            f"{a['setting']} ({a['then']} serves instead" + (f"; it also sets {', '.join(a['also_sets'])}"
+                                                              if a["also_sets"] else "") + ")" for a in avoid)
 
 
 def _module_literal_strings_or_ints(tree, name: str):

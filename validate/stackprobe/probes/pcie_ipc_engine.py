@@ -152,3 +152,172 @@ def upstream_claims(path, tree: ast.Module) -> list[dict]:
                     "lines": f"{first + start}-{first + borders[-1]}"})
         i = j
     return out
+
+
+# --- what else a user must leave unset beside the opt-in (issue 39 point 4) ---------------------------------------
+class _Recording(dict):
+    """A dict that records every key asked about (``in``, ``get``): the flags / variables a reader consulted."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.asked: list[str] = []
+
+    def __contains__(self, key):
+        self.asked.append(key)
+        return super().__contains__(key)
+
+    def get(self, key, default=None):
+        self.asked.append(key)
+        return super().get(key, default)
+
+
+def _nccl_env_set_by(eng, dest: str) -> list[str]:
+    """``["NCCL_CUMEM_ENABLE (sglang/srt/entrypoints/engine.py:1905)", ...]``: the NCCL variables SGLang writes into
+    ``os.environ`` under an ``if`` whose test reads ``dest`` (``cfg.enable_symm_mem``), or whose value does, in its
+    launch code (``srt/entrypoints/engine.py``) and argument files. The kind of side effect a flag carries beside
+    what it switches in the dispatch (sglang 0.5.23 ``engine.py:1898-1915``)."""
+    from .. import source
+
+    paths = [p for p in [eng.root / "srt" / "entrypoints" / "engine.py"] if p.is_file()] + se._arg_sources(eng)
+    out = []
+    for path in paths:
+        try:
+            tree = source.parse(path)
+        except (SyntaxError, ValueError, OSError):
+            continue
+        for n in ast.walk(tree):
+            if not isinstance(n, ast.If) or not re.search(rf"\b{dest}\b", ast.unparse(n.test)):
+                continue
+            for a in (x for b in n.body for x in ast.walk(b) if isinstance(x, ast.Assign)):
+                t = ast.unparse(a.targets[0])
+                m = re.fullmatch(r"os\.environ\[['\"](NCCL_\w+)['\"]\]", t)
+                if m and (re.search(rf"\b{dest}\b", ast.unparse(a.value)) or isinstance(a.value, ast.Constant)):
+                    out.append(f"{m.group(1)}={ast.unparse(a.value)} ({se.short(path)}:{a.lineno})")
+    return list(dict.fromkeys(out))
+
+
+def do_not_set(eng, ctx, backend: str = "flashinfer-pcie-ipc-allreduce") -> list[dict]:
+    """The settings that take ``backend`` away once its opt-in is on, found by SGLang's own dispatch rather than from a
+    list: the dispatch of a decode-step allreduce (:func:`.sglang_dispatch_walk.read_dispatch`) is read with the
+    opt-in set; every server flag and variable that read consulted (recorded as it asks) is then set alone beside it,
+    and each one after which ``backend`` no longer serves is returned, with what serves instead and the NCCL
+    variables SGLang writes for it (:func:`_nccl_env_set_by`). For sglang 0.5.23: ``--enable-deterministic-inference``
+    (turns PCIe IPC off, ``pcie_ipc_ar.py:110``, and that mode forces NCCL Tree) and ``--enable-symm-mem`` (NCCL
+    symmetric memory is tried first, and SGLang sets ``NCCL_CUMEM_ENABLE=1``, ``NCCL_NVLS_ENABLE=1``,
+    ``entrypoints/engine.py:1898-1915``). Returns ``[{"setting", "then", "also_sets"}]``; [] when the opt-in alone
+    does not make ``backend`` serve (nothing to protect)."""
+    from ..serverconfig import ServerConfig
+    from . import sglang_dispatch as dw
+    from . import sglang_flags as sf
+
+    sc = ctx.server_config
+    args, env = _Recording(sc.args), _Recording({**sc.env, "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"})
+    base = dw.read_dispatch(eng, ctx, config=ServerConfig(args=args, env=env, source=sc.source))
+    if base.serves != backend:
+        return []
+    flags = sf.server_flags(eng)
+    out = []
+    for name in dict.fromkeys(args.asked + env.asked):
+        if name in sc.args or name in sc.env or name == "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE":
+            continue
+        if name.startswith("--"):
+            spec = flags.get(name)
+            if spec is None or spec.default is not False or name.startswith(("--no-", "--disable")):
+                continue                # a switch that is off by default: what a user might add
+
+            cfg = ServerConfig(args={**sc.args, name: True}, env=dict(env))
+        elif name.startswith("SGLANG_"):
+            try:
+                default = se.env_flag(eng, name)[0]
+            except se.GateNotFound:
+                continue
+            if default is not False:
+                continue                # a switch variable that is off by default, not a number or a path
+            cfg = ServerConfig(args=dict(sc.args), env={**env, name: "1"})
+        else:
+            continue
+        try:
+            d = dw.read_dispatch(eng, ctx, config=cfg)
+        except Exception:  # noqa: BLE001, S112 - a combination the reader cannot evaluate is not claimed either way
+            continue
+        if d.serves != backend:
+            dest = getattr(flags.get(name), "dest", "") if name.startswith("--") else ""
+            also = _nccl_env_set_by(eng, dest) if dest else []
+            out.append({"setting": name if name.startswith("--") else f"{name}=1", "then": d.serves or "nccl-ring",
+                        "also_sets": also})
+    return out
+
+
+# --- what happens when its set-up fails, and how a user confirms it served (issue 39 point 3) ---------------------
+def _log_text(call: ast.Call) -> str:
+    """The format string of a ``logger.<level>(...)`` call (implicitly joined literals, an f-string's text)."""
+    if not call.args:
+        return ""
+    a = call.args[0]
+    if isinstance(a, ast.Constant):
+        return str(a.value)
+    if isinstance(a, ast.JoinedStr):
+        return "".join(str(v.value) if isinstance(v, ast.Constant) else "{" + ast.unparse(v.value) + "}"
+                       for v in a.values)
+    return ast.unparse(a)
+
+
+def _is_log(n: ast.AST, level: str) -> bool:
+    return (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == level
+            and "log" in ast.unparse(n.func.value).lower())
+
+
+def setup_fallback(eng) -> dict:
+    """How SGLang handles a failed PCIe IPC set-up, and what a user reads in the log when it served, from the installed
+    source (``ast``): ``{"caught": [{"where", "guards", "warning"}], "confirm": [{"where", "line"}],
+    "autotune_flag": {"flag", "where"} | None}``.
+
+    * ``caught``: every ``try`` around the communicator's construction in ``srt/distributed/parallel_state.py`` (sglang
+      0.5.23 ``:492-501``) and around the workspace / tune calls in ``pcie_ipc_ar.py`` (``:286-295``) whose handler
+      logs a warning: a failure there leaves the server on NCCL with that one warning, no start-up failure;
+    * ``confirm``: the first ``logger.info`` after each such ``try`` in the same function: the line that appears only
+      when the step worked ("FlashInfer PCIe-IPC workspace built ...", "... autotuned %d shape(s) ...");
+    * ``autotune_flag``: the server flag the module's autotune check reads (``--disable-flashinfer-autotune``, which
+      skips the per-shape tuning FlashInfer expects once per machine), when the release defines it.
+
+    Raises GateNotFound when the module or the construction site is missing."""
+    from . import sglang_flags as sf
+
+    ps = "srt/distributed/parallel_state.py"
+    caught, confirm = [], []
+
+    def scan(rel: str, tree: ast.Module, want) -> None:
+        for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            for stmts in (getattr(x, "body", None) for x in ast.walk(fn)):
+                if not isinstance(stmts, list):
+                    continue
+                for i, t in enumerate(stmts):
+                    if not (isinstance(t, ast.Try) and any(want(c) for b in t.body for c in ast.walk(b))):
+                        continue
+                    warn = next((c for h in t.handlers for c in ast.walk(h) if _is_log(c, "warning")), None)
+                    if warn is None:
+                        continue
+                    guards = sorted({ast.unparse(c.func) for b in t.body for c in ast.walk(b)
+                                     if isinstance(c, ast.Call) and want(c)})
+                    caught.append({"where": f"sglang/{rel}:{t.lineno}-{t.handlers[-1].end_lineno} ({fn.name})",
+                                   "guards": guards, "warning": _log_text(warn)})
+                    info = next((c for s in stmts[i + 1:] for c in ast.walk(s) if _is_log(c, "info")), None)
+                    if info is not None:
+                        confirm.append({"where": f"sglang/{rel}:{info.lineno}", "line": _log_text(info)})
+
+    scan(ps, eng.tree(ps), lambda c: isinstance(c, ast.Call) and ast.unparse(c.func).endswith("PcieIpcCommunicator"))
+    if not caught:
+        raise se.GateNotFound(f"gate not found in sglang {eng.version} at sglang/{ps}: no try/except with a warning "
+                              "around PcieIpcCommunicator(...)")
+    scan(PCIE_FILE, eng.tree(PCIE_FILE), lambda c: isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+         and c.func.attr in ("tune", "create", "allocate") or isinstance(c, ast.Call)
+         and "workspace" in ast.unparse(c.func).lower())
+    flag = None
+    attr = next((n.attr for n in ast.walk(eng.tree(PCIE_FILE)) if isinstance(n, ast.Attribute)
+                 and "autotune" in n.attr and n.attr.startswith("disable")), None)
+    if attr:
+        f = "--" + attr.replace("_", "-")
+        spec = sf.server_flags(eng).get(f)
+        if spec is not None:
+            flag = {"flag": f, "where": spec.where}
+    return {"caught": caught, "confirm": list({c["where"]: c for c in confirm}.values()), "autotune_flag": flag}

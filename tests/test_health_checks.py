@@ -116,3 +116,12 @@ def test_comparison_row_names_what_was_not_assessed():
             SimpleNamespace(environment={"health": {"findings": [], "not_assessed": [], "blocks": {}}})]
     row = next(line for line in health_report.comparison(reps, ["a", "b"]) if line.startswith("| errors"))
     assert "**not assessed**: shared-object dependencies of x (unreadable)" in row and row.endswith("| no errors |")
+
+
+def test_health_line_shows_the_loaded_nccl_beside_a_disagreeing_wheel():
+    nccl = {"library": "/x/libnccl.so.2", "version": "2.26.2", "version_string": "2.26.2+cuda12.2",
+            "wheel": {"dist": "nvidia-nccl-cu13", "version": "2.30.7", "record": "differs"}}
+    md = "\n".join(health_report.markdown({"findings": [], "nccl": nccl}))
+    assert "(2.26.2+cuda12.2; wheel metadata nvidia-nccl-cu13 2.30.7, the file differs from its RECORD)" in md
+    same = dict(nccl, wheel={"dist": "nvidia-nccl-cu13", "version": "2.26.2", "record": "matches"})
+    assert "wheel metadata" not in "\n".join(health_report.markdown({"findings": [], "nccl": same}))

@@ -33,7 +33,8 @@ def markdown(health: dict | None) -> list[str]:
     tool = health.get("toolchain") or {}
     lines.append(f"stack CUDA {health.get('stack_cuda') or '-'} (torch); nvcc for JIT builds: "
                  f"{tool.get('nvcc') or 'none'} (CUDA {tool.get('nvcc_cuda') or '-'}); libnccl loaded by torch: "
-                 f"{nccl.get('library') or 'none mapped'} ({nccl.get('version_string') or nccl.get('version') or '-'}); "
+                 f"{nccl.get('library') or 'none mapped'} ({nccl.get('version_string') or nccl.get('version') or '-'}"
+                 f"{_wheel_note(nccl)}); "
                  f"checks took {health.get('seconds', '-')} s  ")
     lines.append("")
     lines += [f"- **error** ({f['check']}): {f['message']}" for f in errs]
@@ -49,6 +50,16 @@ def markdown(health: dict | None) -> list[str]:
                                       for b, bl in blocks.items()))]
     lines.append("")
     return lines
+
+
+def _wheel_note(nccl: dict) -> str:
+    """", wheel metadata nvidia-nccl-cu13 2.30.7, the file differs from its RECORD" where the loaded library is not
+    what its wheel says (case C55)."""
+    w = nccl.get("wheel") or {}
+    if not w or not nccl.get("version") or str(w.get("version", "")).split("+")[0] == nccl["version"]:
+        return ""
+    return (f"; wheel metadata {w['dist']} {w['version']}"
+            + (", the file differs from its RECORD" if w.get("record") == "differs" else ""))
 
 
 def _gap(g: dict) -> str:

@@ -82,6 +82,9 @@ def test_c60_the_shared_object_check_runs_without_pyelftools_and_finds_the_other
     assert v["status"] == "blocked" and v["gate"] == "broken-install" and "libcudart.so.13" in v["cause"], v
     section = health_section(md)
     assert "no errors" not in section and "**ERROR: this environment is not healthy" in section
+    # the same modules set the path's driver floor (CUDA 13: >= 580), kept as evidence where no driver is here (C56)
+    floor = rep["environment"]["health"]["driver_floors"][CA]
+    assert any(r["user"].startswith("sglang-kernel 0.4.6.post1") and r["needs"] == "580" for r in floor), floor
 
 
 def test_c60_a_check_that_cannot_run_is_not_assessed_in_the_health_section_and_headline(c60):
@@ -188,6 +191,10 @@ def test_c55_header_coverage_row_and_evidence_show_the_nccl_that_loads(c55):
                for f in rep["environment"]["health"]["findings"])
     ev = evidence(verdict(rep, RING, "library"), "environment health")["value"]
     assert "2.26.2" in str(ev)
+    assert "wheel metadata nvidia-nccl-cu13 2.30.7, the file differs from its RECORD" in health_section(md)
+    # the NCCL that loads sets its own driver floor: built for CUDA 12 (C56)
+    floor = rep["environment"]["health"]["driver_floors"][RING]
+    assert any(r["user"] == "libnccl 2.26.2+cuda12.2" and r["cuda_major"] == 12 for r in floor), floor
 
 
 def test_c55_control_torchs_own_nccl_keeps_its_answer(c55):

@@ -103,6 +103,7 @@ def test_import_walk_finds_cuda_bindings_through_the_package_and_not_elsewhere(t
     (pkg / "comm" / "nv.py").write_text("try:\n    from cuda.bindings import driver\nexcept ImportError:\n    driver = None\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     health_floors._package_root.cache_clear()
+    health_floors.bindings_import.cache_clear()
     hit = health_floors.bindings_import(("fakefi.comm",))
     assert hit["module"] == "fakefi.comm.nv" and hit["line"] == 2 and hit["chain"] == ["fakefi.comm", "fakefi.comm.ar",
                                                                                          "fakefi.comm.nv"]

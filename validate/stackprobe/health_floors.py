@@ -88,6 +88,7 @@ def _imports(path: Path, name: str) -> list[tuple[str, int]]:
     return out
 
 
+@lru_cache(maxsize=64)   # the FlashInfer paths share their modules: one walk for all of them
 def bindings_import(start: tuple[str, ...], limit: int = 3000) -> dict | None:
     """Whether importing the modules ``start`` imports NVIDIA's CUDA Python bindings: the first
     {"module", "file", "line", "imports", "chain": [module, ...]} found, walking the import statements statically

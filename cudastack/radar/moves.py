@@ -135,6 +135,21 @@ def run_site(ck: Checker, c: Candidate, target: str, world_size: int, topology: 
     return res
 
 
+def _costs(ck: Checker, old_roots: list[Path], new_roots: list[Path]) -> list[str]:
+    """:func:`stackprobe.site.move_costs`, cached like a tier run (it reads every FlashInfer source file twice)."""
+    key = hashlib.sha256(json.dumps([[p.name for p in old_roots], [p.name for p in new_roots],
+                                     suite_digest()]).encode()).hexdigest()[:20]
+    path = ck.index.cache / "siteruns" / f"costs-{key}.json"
+    if path.is_file():
+        try:
+            return list(json.loads(path.read_text()))
+        except ValueError:
+            pass
+    costs = siteprobe.move_costs(old_roots, new_roots)
+    atomic_write(path, json.dumps(costs).encode())
+    return costs
+
+
 def _cut(text: str) -> str:
     return text if len(text) <= _CAUSE else text[:_CAUSE - 3].rstrip() + "..."
 
@@ -148,7 +163,7 @@ def describe(ck: Checker, name: str, v: Version, label: str, target: str, world_
     moved = siteprobe.changes(base, new)
     old_roots = [ck.index.cache / "site" / n for n in base.get("laid_out", [])]
     new_roots = [ck.index.cache / "site" / n for n in new.get("laid_out", [])]
-    costs = siteprobe.move_costs(old_roots, new_roots)
+    costs = _costs(ck, old_roots, new_roots)
     others = {d: x for d, x in c.versions.items() if d != name and base_set(ck).get(d) != x}
     parts = []
     if others:

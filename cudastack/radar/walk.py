@@ -234,12 +234,12 @@ def move_effect(row: Row, index: Index, ck: Checker, target, world_size: int, to
     try:
         av = Version(row.allowed)
     except ValueError:
-        av = None
-    if nv <= pv and (av is None or av >= pv):
+        return "no release fits this toolchain's other pins (see held back by): no move to read"
+    if nv <= pv and av >= pv:
         return "up to date"
     name = row.name
     if name == "cuda-toolkit":
-        return _toolkit_effect(ck, pv, av or pv, nv, target)
+        return _toolkit_effect(ck, pv, av, nv, target)
     if name not in LAID_OUT:
         return "no reader of the suite opens this package (built from source or data only): nothing to read"
     if not verdicts:
@@ -249,12 +249,12 @@ def move_effect(row: Row, index: Index, ck: Checker, target, world_size: int, to
         fmt = lambda c: f"CUDA {c[0]}.{c[1]}" if c else "no CUDA"  # noqa: E731
         cu_p = ck.torch_cuda(pv)[0]
         prefix = {v: f"build {fmt(cu_p)} -> {fmt(ck.torch_cuda(v)[0])} (Requires-Dist); arch list not read (binaries); "
-                  for v in (av, nv) if v is not None}
+                  for v in (av, nv)}
     try:
         base = moves.statuses_of_base(ck, target.cc, world_size, topology)
         parts = []
         for label, v in (("newest allowed", av), ("newest", nv)):
-            if v is None or v == pv or (label == "newest" and v == av):
+            if v == pv or (label == "newest" and v == av):
                 continue
             say(f"{ck.tc.name}: reading {name} {v} ({label}) as a site")
             text, detail = moves.describe(ck, name, v, label, target.cc, world_size, topology, base)

@@ -13,7 +13,7 @@ _HELP = {
     "world_size": "Tensor-parallel size the engine gates are read for (default 8).",
     "topology": "GPU interconnect the engine gates are read for: pcie (default) or nvlink.",
     "out": "Folder for the Markdown tables (cu<X>.md) and radar.json. Default: .stack/radar in the project root (ignored by git).",
-    "no_verdicts": "Skip the scans of newer releases (no downloads; the last column says 'not scanned').",
+    "no_verdicts": "Skip reading newer releases as sites (no lay-outs, no tier runs; the last column says 'not read').",
     "package": "Package to scan, as the index names it (flashinfer-python, sglang, sglang-kernel, ...).",
     "versions": "Releases to scan: A..B (inclusive), A.., ..B or one version. Default: every release.",
     "all": "Scan every release in range (no bisection) and print each one's gates.",

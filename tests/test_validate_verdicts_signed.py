@@ -341,3 +341,40 @@ def test_point5_upstreams_figure_names_its_hidden_size_beside_the_workloads(pcie
     line = headline_line(report)
     assert "12 KiB: FlashInfer 5.3 us, NCCL 205.1 us" in line
     assert "measured at hidden 6144, not the workload's 7168" in line
+
+
+# --- point 2: the fusion raise's call chain per backend value ---------------------------------------------------------
+FUSION = "flashinfer-allreduce-fusion"
+AUTO_PATH = ("pre_initialize_workspaces (sglang/srt/model_executor/runner/base_runner.py:329) -> "
+             "ensure_workspace_initialized (sglang/srt/layers/flashinfer_comm_fusion.py:1063) -> "
+             "resolve_flashinfer_allreduce_fusion_backend (sglang/srt/layers/flashinfer_comm_fusion.py:778) -> "
+             "_resolve_backend (sglang/srt/layers/flashinfer_comm_fusion.py:100)")
+CUTEDSL_PATH = ("resolve_flashinfer_allreduce_fusion_backend (sglang/srt/model_executor/runner/base_runner.py:317) -> "
+                "_resolve_backend (sglang/srt/layers/flashinfer_comm_fusion.py:100)")
+
+
+def _platform(v: dict) -> dict:
+    return evidence(v, "engine gate: platform check")["value"]["value"]
+
+
+def test_point2_fusion_call_chain_follows_the_backend_value(drive, sglang, fi, nvcc131):
+    """Point 2. Before: every value was cited through base_runner.py:317, the branch only cutedsl takes (the shortest
+    path, whatever the configuration)."""
+    d, _ = drive([sglang, fi], backends=(FUSION,), path_first=[nvcc131])
+    v = verdict(d, FUSION, "engine")
+    per = _platform(v)["call path per value"]
+    assert AUTO_PATH in per["auto/trtllm/mnnvl"] and CUTEDSL_PATH in per["cutedsl"]
+    assert AUTO_PATH in _platform(v)["call path"]                                      # the default value, auto
+    d2, _ = drive([sglang, fi], backends=(FUSION,), path_first=[nvcc131],
+                  args={"--flashinfer-allreduce-fusion-backend": "cutedsl"})
+    assert CUTEDSL_PATH in _platform(verdict(d2, FUSION, "engine"))["call path"]
+
+
+def test_point2_twin_a_predicate_that_names_another_value_moves_the_path(drive, sglang, fi, nvcc131, tmp_path):
+    """The twin: an edited copy whose uses_cutedsl_ar_fusion() tests "auto" sends auto through :317 instead."""
+    rel = "sglang/srt/layers/flashinfer_comm_fusion.py"
+    copy = engine_copy(sglang, tmp_path / "sg", {rel: ('return get_exec().comm.flashinfer_allreduce_fusion_backend == "cutedsl"',
+                                                      'return get_exec().comm.flashinfer_allreduce_fusion_backend == "auto"')})
+    d, _ = drive([copy, fi], backends=(FUSION,), path_first=[nvcc131])
+    per = _platform(verdict(d, FUSION, "engine"))["call path per value"]
+    assert CUTEDSL_PATH in per["auto"] and AUTO_PATH in per["trtllm/mnnvl/cutedsl"]

@@ -176,11 +176,15 @@ PER_CALL_CHECKS = ("flashinfer_ar_fusion_applies", "apply_flashinfer_allreduce_f
 UNFUSED = "the unfused allreduce (SGLang's TP allreduce dispatch) and a separate RMSNorm"
 
 
-def _start_up_consequence(eng, gate, check) -> None:
+def _start_up_consequence(eng, gate, check, value: str = "auto") -> None:
     """Case C35: what SGLang does when ``_resolve_backend``'s platform check (``check``, an ``if not (...): raise``)
     refuses the target. Reads the raise (exception and message) and the call path from a start-up root
     (``warmup``) to ``_resolve_backend`` (:func:`sglang_raises.call_path`): uncaught, the gate is a start-up
-    failure (``on_fail="raise"``); caught on the way, a decline; no path found, left as it is (blocked)."""
+    failure (``on_fail="raise"``); caught on the way, a decline; no path found, left as it is (blocked). The path is
+    the one the backend ``value`` takes (the configured one, else ``auto``), and the value records the path of every
+    value of the flag (:func:`_site_filter`): sglang 0.5.23 reaches the raise through the workspace
+    (``base_runner.py:329`` -> ``ensure_workspace_initialized`` -> ``flashinfer_comm_fusion.py:100`` -> ``:48``) for
+    ``auto`` / ``trtllm`` / ``mnnvl``, and through ``base_runner.py:317`` only for ``cutedsl``."""
     import ast
 
     from . import sglang_raises as sp
@@ -190,8 +194,15 @@ def _start_up_consequence(eng, gate, check) -> None:
     msg = next((a.value for a in getattr(r.exc, "args", []) if isinstance(a, ast.Constant)), "") if r is not None else ""
     if not exc:
         return
-    cp = sp.call_path(eng.root / "srt", "_resolve_backend", exc, se.short, roots=("warmup",))
-    gate.value = {"majors": gate.value, "raises": f"{exc}({msg!r})", "call path": cp.describe()}
+    values = _backend_values(eng, value)
+    paths = {v: sp.call_path(eng.root / "srt", "_resolve_backend", exc, se.short, roots=("warmup",),
+                             admits=_site_filter(eng, v)) for v in values}
+    cp = paths.get(value) or sp.call_path(eng.root / "srt", "_resolve_backend", exc, se.short, roots=("warmup",))
+    per_value: dict[str, list[str]] = {}
+    for v, path in paths.items():
+        per_value.setdefault(path.describe(), []).append(v)
+    gate.value = {"majors": gate.value, "raises": f"{exc}({msg!r})", "call path": cp.describe(),
+                  "call path per value": {"/".join(vs): d for d, vs in per_value.items()}}
     if not cp.found:
         return
     raise_at = f"sglang/{FUSION_FILE}:{r.lineno}-{r.end_lineno}"
@@ -200,7 +211,56 @@ def _start_up_consequence(eng, gate, check) -> None:
         return
     gate.on_fail = "raise"
     gate.raises = (f"_resolve_backend raises {exc}({msg!r}) at {raise_at}, reached at start-up and not caught: "
-                   f"{cp.describe()}")
+                   + ("; ".join(f"for {'/'.join(vs)}: {d}" for d, vs in per_value.items()) if len(per_value) > 1
+                      else cp.describe()))
+
+
+def _backend_values(eng, value: str) -> list[str]:
+    """The values of the fusion backend flag (its ``choices`` in the installed SGLang; sglang 0.5.23 ``auto``,
+    ``trtllm``, ``mnnvl``, ``cutedsl``), ``value`` first; ``[value]`` where the flag has no choices (0.5.9's switch)."""
+    from . import sglang_flags as sf
+
+    spec = next((sf.server_flags(eng).get(f) for f in FUSION_FLAGS if f in sf.server_flags(eng)), None)
+    choices = [str(c) for c in (spec.choices or ())] if spec is not None else []
+    return list(dict.fromkeys([value] + choices)) if choices else [value]
+
+
+def _site_filter(eng, value: str):
+    """``f(site) -> bool`` for :func:`.sglang_raises.call_path`: whether a call site's conditions hold when the fusion
+    backend is ``value``. A condition is judged when it calls a predicate of ``flashinfer_comm_fusion.py`` whose body
+    returns ``<...>.flashinfer_allreduce_fusion_backend == "<v>"`` (0.5.23 ``uses_cutedsl_ar_fusion``), or tests
+    that backend ``is None`` (false: the backend is set); any other condition is kept (not judged)."""
+    import ast
+    import re
+
+    preds = {}
+    try:
+        for fn in source.functions(eng.tree(FUSION_FILE)).values():
+            ret = fn.body[-1] if fn.body else None
+            if (isinstance(ret, ast.Return) and isinstance(ret.value, ast.Compare)
+                    and ast.unparse(ret.value.left).endswith("fusion_backend") and isinstance(ret.value.ops[0], ast.Eq)
+                    and isinstance(ret.value.comparators[0], ast.Constant)):
+                preds[fn.name] = str(ret.value.comparators[0].value)
+    except se.GateNotFound:
+        pass
+
+    def holds(cond: str) -> bool:
+        neg = re.fullmatch(r"not \((.*)\)", cond)
+        if neg:
+            inner = holds_or_none(neg.group(1))
+            return True if inner is None else not inner
+        got = holds_or_none(cond)
+        return True if got is None else got
+
+    def holds_or_none(cond: str):
+        m = re.fullmatch(r"(\w+)\(\)", cond.strip())
+        if m and m.group(1) in preds:
+            return value == preds[m.group(1)]
+        if re.fullmatch(r".*fusion_backend is None", cond.strip()):
+            return False
+        return None
+
+    return lambda site: all(holds(c) for c in site.under)
 
 
 def engine_gate(ctx) -> list[Verdict]:
@@ -239,7 +299,8 @@ def _engine(ctx, eng) -> Verdict:  # noqa: C901
                             f"fusion requires compute-capability majors {majors} ({' or '.join(names)}); the target "
                             f"{ctx.target.cc} is refused (ValueError)", se.LIFT_PACKAGE,
                             f"an sglang release whose _resolve_backend admits major {ctx.target.major}", value=majors))
-        _start_up_consequence(eng, g, check)
+        given = ctx.server_config.flag(arg["flag"]) if getattr(ctx, "server_config", None) is not None else None
+        _start_up_consequence(eng, g, check, str(given) if isinstance(given, str) else "auto")
         found += 1
     layers = eng.root / "srt" / "layers"
     for name in PER_CALL_CHECKS:

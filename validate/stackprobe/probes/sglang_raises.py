@@ -45,6 +45,9 @@ class Site:
     callee: str
     where: str
     caught_at: str = ""
+    #: the conditions the call sits under inside its function, as source text: an enclosing ``if`` test, ``not
+    #: (test)`` in its ``else`` or after an ``if test: ... return`` earlier in the same block
+    under: tuple = ()
 
 
 def _call_name(node: ast.Call) -> str:
@@ -52,37 +55,59 @@ def _call_name(node: ast.Call) -> str:
     return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
 
 
-def sites(path: Path, tree: ast.Module, callee: str, exc: str, short) -> list[Site]:
-    """Every call of ``callee`` in ``tree`` with the function it sits in and whether a ``try`` around it (inside
-    that function) catches ``exc``."""
+def _returns(stmts: list) -> bool:
+    return bool(stmts) and isinstance(stmts[-1], (ast.Return, ast.Raise))
+
+
+def sites(path: Path, tree: ast.Module, callee: str, exc: str, short) -> list[Site]:  # noqa: C901
+    """Every call of ``callee`` in ``tree`` with the function it sits in, whether a ``try`` around it (inside
+    that function) catches ``exc``, and the conditions it sits under (:attr:`Site.under`)."""
     out: list[Site] = []
 
-    def walk(node, fn: str, guards: list):
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                walk(child, child.name, [])
-                continue
-            if isinstance(child, ast.Try):
-                caught = [h for h in child.handlers if catches(h, exc)]
-                for stmt in child.body:
-                    walk_one(stmt, fn, guards + caught)
-                for part in (child.handlers, child.orelse, child.finalbody):
-                    for stmt in part:
-                        walk_one(stmt, fn, guards)
-                continue
-            walk_one(child, fn, guards)
+    def block(stmts: list, fn: str, guards: list, conds: tuple):
+        for stmt in stmts:
+            walk_one(stmt, fn, guards, conds)
+            if isinstance(stmt, ast.If) and _returns(stmt.body) and not stmt.orelse:
+                conds = conds + (f"not ({ast.unparse(stmt.test)})",)     # what follows runs only when it is false
 
-    def walk_one(node, fn, guards):
+    def walk(node, fn: str, guards: list, conds: tuple = ()):
+        if isinstance(node, ast.If):
+            block(node.body, fn, guards, conds + (ast.unparse(node.test),))
+            block(node.orelse, fn, guards, conds + (f"not ({ast.unparse(node.test)})",))
+            walk_one(node.test, fn, guards, conds)
+            return
+        if isinstance(node, ast.Try):
+            caught = [h for h in node.handlers if catches(h, exc)]
+            block(node.body, fn, guards + caught, conds)
+            for part in (node.handlers, node.orelse, node.finalbody):
+                block(part, fn, guards, conds)
+            return
+        fields = [getattr(node, f, None) for f in node._fields]
+        for value in fields:
+            if isinstance(value, list) and value and all(isinstance(x, ast.stmt) for x in value):
+                block(value, fn, guards, conds)
+            elif isinstance(value, list):
+                for x in value:
+                    if isinstance(x, ast.AST):
+                        walk_one(x, fn, guards, conds)
+            elif isinstance(value, ast.AST):
+                walk_one(value, fn, guards, conds)
+
+    def walk_one(node, fn, guards, conds):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            block(node.body, node.name, [], ())
+            return
+        if isinstance(node, ast.ClassDef):
+            block(node.body, fn, guards, conds)
+            return
         if isinstance(node, ast.Call) and _call_name(node) == callee and fn:
             g = guards[-1] if guards else None
             out.append(Site(fn, callee, f"{short(path)}:{node.lineno}",
-                            f"{short(path)}:{g.lineno} except {', '.join(handler_names(g)) or '(bare)'}" if g else ""))
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            walk(node, node.name, [])
-        else:
-            walk(node, fn, guards)
+                            f"{short(path)}:{g.lineno} except {', '.join(handler_names(g)) or '(bare)'}" if g else "",
+                            conds))
+        walk(node, fn, guards, conds)
 
-    walk(tree, "", [])
+    block(tree.body, "", [], ())
     return out
 
 
@@ -129,12 +154,15 @@ class _Index:
 
 
 def call_path(root: Path, start: str, exc: str, short, *, roots: tuple[str, ...] = ("warmup",),
-              max_depth: int = 6, max_files: int = 12) -> CallPath:
+              max_depth: int = 6, max_files: int = 12, admits=None) -> CallPath:
     """Breadth-first from the callers of function ``start`` up to a function named in ``roots`` (under ``root``,
     SGLang's ``srt`` folder), shortest path first. The answer's ``caught_at`` names the first ``try`` on the
     chosen path whose handler catches ``exc``; a path with such a ``try`` is kept only when no uncaught one
     reaches a root. Dunder methods and names called from more than ``max_files`` files are not followed (a
-    name match there says nothing)."""
+    name match there says nothing). ``admits``: ``f(site) -> bool``; a call site it refuses (its conditions,
+    :attr:`Site.under`, are false for the configuration asked about) is not followed, so the path is the one that
+    configuration takes (issue 39 point 2: the fusion raise is reached through the workspace for ``auto`` /
+    ``trtllm`` / ``mnnvl`` and through the CuTe DSL branch only for ``cutedsl``)."""
     idx = _Index(root)
     import re
     frontier = [(start, [], "")]
@@ -152,6 +180,8 @@ def call_path(root: Path, start: str, exc: str, short, *, roots: tuple[str, ...]
                 if tree is None:
                     continue
                 for s in sites(p, tree, name, exc, short):
+                    if admits is not None and not admits(s):
+                        continue
                     steps = [s] + chain
                     c = caught or s.caught_at
                     if s.caller in roots:

@@ -97,7 +97,7 @@ def test_c60_a_check_that_cannot_run_is_not_assessed_in_the_health_section_and_h
     assert "No module named 'pip'" in req["why"] or "No module named 'packaging'" in req["why"], req
     section = health_section(md)
     assert "> **not assessed: declared requirements (" in section, section[:800]
-    head = md.splitlines()[2]
+    head = next(line for line in md.splitlines() if line.startswith("target "))
     assert "health: " in head and "not assessed: declared requirements" in head, head
 
 
@@ -109,7 +109,7 @@ def test_c60_no_torch_at_all_the_cuda_major_is_not_assessed_never_no_errors(bare
                for g in gaps), gaps
     section = health_section(md)
     assert "no errors:" not in section and "> **not assessed: " in section, section[:600]
-    assert "not assessed: " in md.splitlines()[2]
+    assert "not assessed: " in next(line for line in md.splitlines() if line.startswith("target "))
 
 
 # ------------------------------------------------------------------------------------------------------ C55
@@ -183,8 +183,10 @@ def test_c55_header_coverage_row_and_evidence_show_the_nccl_that_loads(c55):
     nccl = rep["environment"]["health"]["nccl"]
     assert nccl["version"] == "2.26.2" and nccl["wheel"]["dist"] == "nvidia-nccl-cu13"
     assert nccl["wheel"]["version"] == "2.30.7" and nccl["wheel"]["record"] == "differs"
-    head = md.splitlines()[2]
+    head = next(line for line in md.splitlines() if line.startswith("target "))
     assert "NCCL 2.26.2 loaded (wheel metadata nvidia-nccl-cu13 2.30.7)" in head, head
+    stack = next(line for line in md.splitlines() if line.startswith("stack:"))   # the summary block
+    assert "NCCL 2.26.2 loaded (wheel metadata nvidia-nccl-cu13 2.30.7)" in stack, stack
     row = next(line for line in md.splitlines() if line.startswith("| libnccl |"))
     assert "2.26.2+cuda12.2 (the file; wheel metadata nvidia-nccl-cu13 2.30.7)" in row, row
     assert any(f["check"] == "nccl" and f["level"] == "error" and "2.26.2" in f["message"] and "2.30.7" in f["message"]
@@ -203,7 +205,7 @@ def test_c55_control_torchs_own_nccl_keeps_its_answer(c55):
     rep, md = _run(suite_venv(), [pip_target("torch==2.14.1", deps=True)], ["--backend", SYMM, "--backend", RING])
     assert all(v["gate"] != "broken-install" for v in rep["verdicts"])
     assert rep["environment"]["health"]["nccl"]["wheel"]["record"] == "matches"
-    assert "wheel metadata" not in md.splitlines()[2]
+    assert "wheel metadata" not in next(line for line in md.splitlines() if line.startswith("target "))
 
 
 

@@ -58,7 +58,8 @@ def _stack(report) -> str:
     env = report.environment or {}
     t, pk, n = env.get("torch") or {}, env.get("packages") or {}, env.get("nccl") or {}
     fi = pk.get("flashinfer-python") or pk.get("flashinfer_python")
-    nccl = n.get("torch") or n.get("library") or n.get("wheel")
+    from .env import nccl_text   # the NCCL that loads, beside the wheel's metadata where they differ (C55)
+    nccl = nccl_text(env) if (n.get("loaded") or n.get("torch")) else (n.get("library") or n.get("wheel"))
     return (f"torch {t.get('version') or '-'} (CUDA {t.get('cuda') or '-'}); flashinfer-python {fi or '-'}; "
             f"NCCL {nccl or '-'}")
 

@@ -92,7 +92,9 @@ def test_pcie_ipc_opt_in(real):
 def test_flashinfer_allreduce_and_fusion_pass_table_has_no_120(real):
     fi, fusion = _v(real, "flashinfer-allreduce"), _v(real, "flashinfer-allreduce-fusion")
     assert (fi["status"], fi["gate"]) == ("blocked", "python-table")        # VLLM_ALLREDUCE_USE_FLASHINFER: default 1
-    assert fusion["status"] == "falls-back-if-set"                          # off by default for 12.0, declines if set
+    # off by default for 12.0; the size table declines it, and the override that replaces the table is one more opt-in
+    # (issue 39 point 9: past the table FlashInfer's trtllm workspace admits major 12 and a failure is caught)
+    assert fusion["status"] == "opt-in"
     for v in (fi, fusion):
         assert "no 120" in v["cause"] and "vllm/compilation/passes/fusion/allreduce_rms_fusion.py:104" in v["cause"]
     assert "vllm/config/vllm.py:179" in fusion["cause"] and "fuse_allreduce_rms" in fusion["cause"]
@@ -256,13 +258,31 @@ def test_fusion_pass_lift_names_the_size_override(wheels, monkeypatch):
     flag = {"--compilation-config": '{"pass_config": {"fuse_allreduce_rms": true}}'}
     got, _ = _read(wheels, monkeypatch, args=flag)
     v = got["flashinfer-allreduce-fusion"]
-    assert v.status == "falls-back-if-set" and v.lift == "setting"
-    assert '"fi_allreduce_fusion_max_size_mb": N' in v.lift_detail and "not read here" in v.lift_detail
+    assert v.status == "opt-in" and v.lift == "setting"          # issue 39 point 9: the override is an opt-in
+    assert '"fi_allreduce_fusion_max_size_mb": N' in v.lift_detail and "past the size table" in v.lift_detail
     assert "vllm/config/compilation.py:162" in v.lift_detail and "vllm/config/compilation.py:191" in v.lift_detail
     over, _ = _read(wheels, monkeypatch, args={"--compilation-config": '{"pass_config": {"fuse_allreduce_rms": true, '
                                                                        '"fi_allreduce_fusion_max_size_mb": 4}}'})
     o = over["flashinfer-allreduce-fusion"]
-    assert o.status == "on-as-configured" and any("not read here" in w for w in o.warnings)
+    assert o.status == "on-as-configured" and any("past the size table" in w for w in o.warnings)
+
+
+def test_point9_fusion_override_reaches_a_trtllm_workspace_that_admits_12_and_is_caught(wheels, monkeypatch, tmp_path):
+    """Issue 39 point 9. Before: the override was only a "lift" of a falls-back-if-set answer. On one node the pass
+    reaches FlashInfer's mnnvl workspace, then trtllm (flashinfer_all_reduce.py:157-163, :226-232), FlashInfer's
+    gen_trtllm_comm_module admits major 12, and a failed workspace is recorded, not raised: an opt-in to measure, with
+    the caveat of every peer written at once over PCIe. Twin: a copy where the failure is no longer recorded as
+    caught keeps the old answer (falls back if set)."""
+    got, _ = _read(wheels, monkeypatch)
+    v = got["flashinfer-allreduce-fusion"]
+    ev = next(e for e in v.evidence if e.what.startswith("past the size table"))
+    assert ev.value["admits"] is True and 12 in ev.value["majors"]
+    assert "flashinfer_all_reduce.py:157-163" in ev.source or "flashinfer_all_reduce.py:15" in ev.source
+    assert "writes to every peer at once" in v.cause
+    root = _copy(wheels, tmp_path, f"{DC}/flashinfer_all_reduce.py", "_fi_ar_workspace_failed = True",
+                 "_fi_ar_workspace_failed = bool(1)")
+    twin, _ = _read(wheels, monkeypatch, root=root)
+    assert twin["flashinfer-allreduce-fusion"].status == "falls-back-if-set"
 
 
 def test_fusion_override_gone_is_an_error(wheels, monkeypatch, tmp_path):

@@ -498,18 +498,65 @@ def _fusion_pass(ctx, eng: Engine) -> Verdict:
     past = ("what happens past the size (FlashInfer's allreduce-fusion workspace: its multicast backend fails on PCIe, "
             "then the trtllm one) is not read here (runtime)")
     example = f'--compilation-config {{"pass_config": {{"fuse_allreduce_rms": true, "{FI_OVERRIDE}": N}}}}'
+    beyond = _fusion_workspace(eng, ctx)
     if given is not None:
         gate = replace(gate, admits=ctx.world_size in fi_sizes, value={"keys": gate.value, FI_OVERRIDE: given},
                        where=f"{gate.where}; overridden by PassConfig.{FI_OVERRIDE} ({override})")
-    ans.add(replace(gate, lift=LIFT_SETTING,
+    # where the override reaches a workspace FlashInfer admits for the target and vLLM catches its failure, the table
+    # is one more setting to give (an opt-in to measure), not a wall
+    settable = beyond is not None and beyond["admits"] and ctx.world_size in fi_sizes
+    ans.add(replace(gate, lift=LIFT_SETTING, opt_in=settable and not gate.admits, flag="--compilation-config",
+                    set_to=f'\'{{"pass_config": {{"fuse_allreduce_rms": true, "{FI_OVERRIDE}": N}}}}\'',
+                    configured=given is not None and gate.admits,
                     cause=gate.cause.replace("; no CUDA upgrade lifts a Python table", "")
                     + f"; PassConfig.{FI_OVERRIDE}, unset here, would replace the table ({override})",
                     lift_detail=f"{example} (N in MB; PassConfig.{FI_OVERRIDE} replaces the table, {override}); "
-                                f"{past}"))
-    v = ans.verdict(f"vLLM {eng.version}'s compile pass fuses allreduce + RMSNorm into FlashInfer's kernel")
+                                + (beyond["text"] if beyond else past)))
+    v = ans.verdict(f"vLLM {eng.version}'s compile pass fuses allreduce + RMSNorm into FlashInfer's kernel"
+                    + (f"; {beyond['text']}" if beyond else ""))
+    if beyond:
+        v.add("past the size table: FlashInfer's workspace on one node", beyond, beyond["where"])
     if given is not None:
-        v.warnings.append(f"PassConfig.{FI_OVERRIDE}={given} replaces the size table; {past}")
+        v.warnings.append(f"PassConfig.{FI_OVERRIDE}={given} replaces the size table; "
+                          + (beyond["text"] if beyond else past))
     return v
+
+
+def _fusion_workspace(eng: Engine, ctx) -> dict | None:
+    """What the fusion pass reaches once the size table is overridden, read from the installed vLLM and FlashInfer:
+    the backend chosen for one node (``distributed/device_communicators/flashinfer_all_reduce.py``: ``mnnvl`` with
+    ``allow_trtllm_fallback``, vllm 0.33.0 ``:157-163``; then ``trtllm`` when that workspace is None, ``:226-232``),
+    whether a failed workspace is caught (``_fi_ar_workspace_failed = True``: the pass stays unfused, no raise), and
+    the majors FlashInfer's ``gen_trtllm_comm_module`` admits (``flashinfer/jit/comm.py``). Returns ``{"admits",
+    "text", "where", "majors"}`` or None when a piece is not found (the lift then says it is not read)."""
+    rel = f"{DC}/flashinfer_all_reduce.py"
+    try:
+        tree = eng.tree(rel)
+    except GateNotFound:
+        return None
+    single = next((n for n in ast.walk(tree) if isinstance(n, ast.If) and "node_count == 1" in ast.unparse(n.test)
+                   and "allow_trtllm_fallback = True" in ast.unparse(n)), None)
+    fallback = next((n for n in ast.walk(tree) if isinstance(n, ast.If) and "allow_trtllm_fallback" in
+                     ast.unparse(n.test) and "backend = 'trtllm'" in ast.unparse(n)), None)
+    failed = next((n for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                   and ast.unparse(n.targets[0]) == "_fi_ar_workspace_failed" and ast.unparse(n.value) == "True"), None)
+    if single is None or fallback is None or failed is None:
+        return None
+    from . import flashinfer_common as fic
+    try:
+        majors = fic.all_module_majors().get("gen_trtllm_comm_module")
+    except (source.SourceNotFound, SyntaxError):
+        majors = None
+    admits = majors is None or ctx.target.major in majors
+    where = (f"vllm/{rel}:{single.lineno}-{single.end_lineno} (one node: mnnvl, trtllm allowed); "
+             f"vllm/{rel}:{fallback.lineno}-{fallback.end_lineno} (trtllm when mnnvl's workspace is None); "
+             f"vllm/{rel}:{failed.lineno} (a failed workspace is recorded, not raised)")
+    text = (f"past the size table, on one node vLLM tries FlashInfer's mnnvl workspace and falls back to trtllm "
+            f"({where}); FlashInfer's gen_trtllm_comm_module admits majors {majors} "
+            f"({'so ' + ctx.target.cc + ' is admitted' if admits else 'not ' + ctx.target.cc}); a failure there "
+            "leaves the pass unfused rather than stopping start-up: worth measuring, with the caveat that its "
+            "one-shot kernel writes to every peer at once, which over PCIe is every GPU's link at the same time")
+    return {"admits": admits, "text": text, "where": where, "majors": majors}
 
 
 #: the PassConfig field that replaces FI_ALLREDUCE_FUSION_MAX_SIZE_MB in PassConfig.flashinfer_max_size

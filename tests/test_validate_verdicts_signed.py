@@ -378,3 +378,31 @@ def test_point2_twin_a_predicate_that_names_another_value_moves_the_path(drive, 
     d, _ = drive([copy, fi], backends=(FUSION,), path_first=[nvcc131])
     per = _platform(verdict(d, FUSION, "engine"))["call path per value"]
     assert CUTEDSL_PATH in per["auto"] and AUTO_PATH in per["trtllm/mnnvl/cutedsl"]
+
+
+# --- point 10: vLLM's two-sided all-to-all and the expert kernels -------------------------------------------------
+def test_point10_expert_kernel_gate_and_the_deprecated_flashinfer_class_are_read(drive, v033):
+    """Point 10. Before: the two-sided answer did not read the expert-kernel gate (Triton triton_moe.py:187-191,
+    DeepGEMM, CUTLASS and Marlin refuse two-sided) nor that FlashInfer's MnnvlMoe behind it is deprecated since 0.7.1
+    (trtllm_alltoall.py:434-447)."""
+    d, _ = drive(v033, backends=(EP,), engine="vllm")
+    v = next(x for x in d["verdicts"] if x["backend"] == EP and x.get("engine") == "vllm")
+    k = evidence(v, "expert kernels and the two-sided all-to-all")["value"]
+    refuse = " ".join(k["refuse"])
+    for cls in ("TritonExperts (vllm/model_executor/layers/fused_moe/experts/triton_moe.py:187)", "DeepGemmExperts",
+                "MarlinExpertsBase", "CutlassExperts"):
+        assert cls in refuse
+    assert "MnnvlMoe, deprecated since 0.7.1 (flashinfer/comm/trtllm_alltoall.py:440" in v["cause"]
+
+
+def test_point10_twin_a_triton_kernel_that_admits_two_sided_is_not_listed_as_refusing(drive, v033, tmp_path):
+    rel = "vllm/model_executor/layers/fused_moe/experts/triton_moe.py"
+    src = (v033[0] / rel).read_text()
+    old = ("        return not (\n            moe_parallel_config.use_fi_nvl_two_sided_kernels\n"
+           "            or moe_parallel_config.use_fi_nvl_one_sided_kernels\n        )")
+    assert src.count(old) >= 1
+    copy = engine_copy(v033[0], tmp_path / "v", {rel: (old, "        return True")})
+    d, _ = drive([copy, v033[1]], backends=(EP,), engine="vllm")
+    v = next(x for x in d["verdicts"] if x["backend"] == EP and x.get("engine") == "vllm")
+    k = evidence(v, "expert kernels and the two-sided all-to-all")["value"]
+    assert not any(x.startswith("TritonExperts ") for x in k["refuse"])

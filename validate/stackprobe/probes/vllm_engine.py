@@ -674,6 +674,17 @@ def _all2all(ctx, eng: Engine) -> Verdict:
             v.add(f"{n} set-up: FlashInfer's NVLink check (raises, vLLM does not catch it)", True, checks[n][1])
         elif n in checks:
             v.add(f"{n} set-up: FlashInfer's NVLink check", False, checks[n][1])
+    kernels = expert_kernels(eng, "use_fi_nvl_two_sided_kernels")
+    if kernels["refuse"] and "two_sided" in pick:
+        v.cause += (f"; the MoE expert kernel must admit the two-sided all-to-all: {', '.join(kernels['admit']) or 'none'} "
+                    f"admit it, {', '.join(kernels['refuse'])} refuse it (their _supports_parallel_config), so the "
+                    "model's quantization decides whether a kernel is left")
+        v.add("expert kernels and the two-sided all-to-all (_supports_parallel_config)", kernels,
+              "vllm/model_executor/layers/fused_moe/**/*.py (ast)")
+    dep = _deprecated_import(eng, managers.get(pick, ""))
+    if dep:
+        v.cause += f"; {dep}"
+        v.warnings.append(dep)
     rel = f"{DC}/all2all.py"
     tree = eng.tree(rel)
     owner = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == managers.get(pick)), tree)
@@ -684,6 +695,77 @@ def _all2all(ctx, eng: Engine) -> Verdict:
               _where(eng, rel, mn))
     v.add("FlashInfer MNNVL memory handle fall-back", *_mnnvl_posix_fallback())
     return v
+
+
+def _tri(node: ast.AST, flag: str):
+    """Three-valued reading of a ``_supports_parallel_config`` return expression with ``<...>.<flag>`` True and every
+    other term unknown (None): True, False or None."""
+    if isinstance(node, ast.Attribute) and node.attr == flag:
+        return True
+    if isinstance(node, ast.Constant) and isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        x = _tri(node.operand, flag)
+        return None if x is None else not x
+    if isinstance(node, ast.BoolOp):
+        vals = [_tri(v, flag) for v in node.values]
+        if isinstance(node.op, ast.And):
+            return False if False in vals else (True if all(v is True for v in vals) else None)
+        return True if True in vals else (False if all(v is False for v in vals) else None)
+    return None
+
+
+def expert_kernels(eng: Engine, flag: str) -> dict:
+    """Every MoE expert kernel of the installed vLLM (a class under ``model_executor/layers/fused_moe`` with a
+    ``_supports_parallel_config``) and what it answers when ``moe_parallel_config.<flag>`` is True (``flag``:
+    ``use_fi_nvl_two_sided_kernels``): ``{"admit": [...], "refuse": [...], "unknown": [...]}``, each entry
+    ``Class (vllm/FILE:LINE)``. vllm 0.33.0: the Triton (``experts/triton_moe.py:187-191``), DeepGEMM, CUTLASS and
+    Marlin kernels refuse the two-sided all-to-all."""
+    root = eng.root / "model_executor" / "layers" / "fused_moe"
+    out: dict[str, list[str]] = {"admit": [], "refuse": [], "unknown": []}
+    for p in sorted(root.rglob("*.py")) if root.is_dir() else []:
+        text = p.read_text(encoding="utf-8", errors="replace")
+        if "_supports_parallel_config" not in text:
+            continue
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            fn = next((b for b in cls.body if isinstance(b, ast.FunctionDef) and b.name == "_supports_parallel_config"),
+                      None)
+            ret = next((n for n in ast.walk(fn) if isinstance(n, ast.Return)), None) if fn is not None else None
+            if ret is None or ret.value is None:
+                continue
+            got = _tri(ret.value, flag) if flag in ast.unparse(ret.value) else None
+            key = {True: "admit", False: "refuse", None: "unknown"}[got]
+            out[key].append(f"{cls.name} (vllm/{p.relative_to(eng.root).as_posix()}:{fn.lineno})")
+    return out
+
+
+def _deprecated_import(eng: Engine, manager: str) -> str:
+    """A sentence when ``manager`` (in ``all2all.py``) imports a FlashInfer class the installed FlashInfer marks
+    deprecated (a ``@deprecated(...)`` decorator on the class: flashinfer-python 0.7.2.post1
+    ``comm/trtllm_alltoall.py:434-447`` on ``MnnvlMoe``, deprecated since 0.7.1), else ""."""
+    rel = f"{DC}/all2all.py"
+    cls = next((n for n in eng.tree(rel).body if isinstance(n, ast.ClassDef) and n.name == manager), None)
+    if cls is None:
+        return ""
+    for imp in (n for n in ast.walk(cls) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("flashinfer")):
+        try:
+            path = source.module_file(imp.module)
+            tree = source.parse(path)
+        except (source.SourceNotFound, SyntaxError, OSError):
+            continue
+        for a in imp.names:
+            c = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == a.name), None)
+            dec = next((d for d in (c.decorator_list if c else []) if "deprecated" in ast.unparse(d)), None)
+            if dec is not None:
+                since = re.search(r"deprecated::\s*([\d.]+)", ast.get_docstring(c) or "")
+                return (f"{manager} uses FlashInfer's {a.name}, deprecated"
+                        + (f" since {since.group(1)}" if since else "")
+                        + f" ({imp.module.replace('.', '/')}.py:{dec.lineno}-{c.lineno}: `{ast.unparse(dec)[:80]}`)")
+    return ""
 
 
 def _managers(eng: Engine, names: list[str]) -> dict[str, str]:

@@ -406,3 +406,38 @@ def test_point10_twin_a_triton_kernel_that_admits_two_sided_is_not_listed_as_ref
     v = next(x for x in d["verdicts"] if x["backend"] == EP and x.get("engine") == "vllm")
     k = evidence(v, "expert kernels and the two-sided all-to-all")["value"]
     assert not any(x.startswith("TritonExperts ") for x in k["refuse"])
+
+
+# --- point 6: enumeration from the installed server-argument field groups and modules ----------------------------
+def test_point6_communication_settings_enumerated_from_the_field_groups_and_kernel_modules(venv, sglang):
+    """Point 6. Before: the not-assessed list came from a list of names the suite knew, so --speculative-moe-a2a-backend,
+    --dcp-comm-backend, --boundary-reduction, ... and the kernels under sglang/kernels/ops/communication/ were neither
+    assessed nor named as not assessed."""
+    p = subprocess.run([str(venv), "-c", "import json\nfrom stackprobe.probes import sglang_engine as se, sglang_paths as sp\n"
+                        "print(json.dumps(sp.inventory(se.installed())))"], capture_output=True, text=True,
+                       env=suite_env([sglang]), timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = {r["path"]: r for r in json.loads(p.stdout)}
+    for flag, where in (("--speculative-moe-a2a-backend", "sglang/srt/arg_groups/fields/spec.py:181"),
+                        ("--dcp-comm-backend", "sglang/srt/arg_groups/fields/parallel.py:127"),
+                        ("--boundary-reduction", ""), ("--enable-scattered-sconv", ""),
+                        ("--enable-fused-moe-sum-all-reduce", ""), ("--enable-quant-communications", ""),
+                        ("--enable-tp-lm-head-all-to-all", "")):
+        assert rows[flag]["status"] == "not-assessed" and rows[flag]["where"].startswith(where), flag
+    assert rows["kernels/ops/communication/all_reduce_fusion.py"]["status"] == "not-assessed"
+    assert "--moe-a2a-backend" not in rows          # judged (ep-flashinfer-a2a), listed by its choices instead
+
+
+def test_point6_twin_a_new_field_in_a_copy_is_enumerated_without_teaching_the_suite(venv, sglang, tmp_path):
+    """The twin: a field added to the communication group of an edited copy appears as not assessed (nothing in the
+    suite names it)."""
+    rel = "sglang/srt/arg_groups/fields/exec_.py"
+    src = (sglang / rel).read_text()
+    anchor = "class ExecComm(msgspec.Struct):\n"
+    assert anchor in src
+    copy = engine_copy(sglang, tmp_path / "sg", {rel: (anchor, anchor + "    enable_planted_allreduce_path: bool = False\n")})
+    p = subprocess.run([str(venv), "-c", "import json\nfrom stackprobe.probes import sglang_engine as se, sglang_paths as sp\n"
+                        "print(json.dumps([r['path'] for r in sp.inventory(se.installed())]))"], capture_output=True,
+                       text=True, env=suite_env([copy]), timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "--enable-planted-allreduce-path" in json.loads(p.stdout)

@@ -99,6 +99,69 @@ def inventory(engine: se.Engine) -> list[dict]:
         if flag in flags:
             out.append({"path": name, "kind": "server flag", "maps_to": "", "where": f"{flags[flag].where} {flag}",
                         "status": "not-assessed", "why": why})
+    listed = {r["where"].split()[-1] for r in out if r["kind"] == "server flag"} | {a2a.flag if a2a else ""}
+    for f in field_flags(engine):
+        if f["flag"] in listed or f["flag"] in JUDGED_FLAGS:
+            continue
+        out.append({"path": f["flag"], "kind": "server flag (field group)", "maps_to": "", "where": f["where"],
+                    "status": "not-assessed", "why": f"a communication setting of the {f['group']} group this suite "
+                    f"does not judge: {f['help'][:200]}"})
+    kdir = engine.root / KERNEL_DIR
+    for p in sorted(kdir.glob("*.py")) if kdir.is_dir() else []:
+        if p.name != "__init__.py":
+            out.append({"path": f"{KERNEL_DIR}/{p.name}", "kind": "kernel module", "maps_to": "",
+                        "where": f"sglang/{KERNEL_DIR}/{p.name}", "status": "not-assessed",
+                        "why": "a communication kernel module this suite does not judge on its own"})
+    return out
+
+
+#: where sglang 0.5.23 keeps its communication kernels (enumerated, not judged one by one)
+KERNEL_DIR = "kernels/ops/communication"
+#: the field groups of the installed server arguments read for communication settings: class names (0.5.23
+#: ``srt/arg_groups/fields``: ExecComm, ExecMoe, Parallel, Spec) or ``ServerArgs`` (0.5.9)
+GROUP = re.compile(r"comm|moe|parallel|spec|^ServerArgs$", re.IGNORECASE)
+#: what marks a communication setting in a field's name or help
+COMM_TERMS = re.compile(r"all[_ -]?reduce|a2a|all[_ -]?to[_ -]?all|all[_ -]?gather|reduce[_ -]?scatter|collective|"
+                        r"\bnccl|symm|communicat|reduction|comm[_ ]backend", re.IGNORECASE)
+#: flags whose answer one of this suite's verdicts gives (the rest of a group's communication flags are listed)
+JUDGED_FLAGS = {"--moe-a2a-backend", "--enable-symm-mem", "--enable-nccl-nvls", "--attn-dp-size",
+                "--enable-dp-attention", "--flashinfer-allreduce-fusion-backend", "--enable-flashinfer-allreduce-fusion",
+                "--disable-custom-all-reduce", "--enable-mscclpp", "--enable-torch-symm-mem",
+                "--enable-deterministic-inference"}
+
+
+def field_flags(engine: se.Engine) -> list[dict]:
+    """The communication settings of the installed SGLang's server-argument field groups, read from its source
+    (``ast``): every field of a class matching :data:`GROUP` in its argument files (:data:`.sglang_engine.ARG_FILES`)
+    whose name or help text matches :data:`COMM_TERMS` and that is a command-line flag (not ``Arg(no_cli=True)``).
+    sglang 0.5.23 gives, among others, ``--speculative-moe-a2a-backend`` (``fields/spec.py:181``),
+    ``--dcp-comm-backend`` (``fields/parallel.py:127``), ``--enable-tp-lm-head-all-to-all``. Returns ``[{"flag",
+    "group", "where", "help"}]``."""
+    import ast
+
+    from .. import source
+
+    out = []
+    for path in se._arg_sources(engine):
+        try:
+            tree = source.parse(path)
+        except (SyntaxError, ValueError, OSError):
+            continue
+        for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and GROUP.search(n.name)):
+            for f in cls.body:
+                if not (isinstance(f, ast.AnnAssign) and isinstance(f.target, ast.Name)):
+                    continue
+                text = ast.unparse(f.annotation)
+                if "no_cli=True" in text:
+                    continue
+                helps = [k.value.value for k in ast.walk(f.annotation) if isinstance(k, ast.keyword)
+                         and k.arg == "help" and isinstance(k.value, ast.Constant)]
+                helps += [c.value for c in ast.walk(f.annotation) if isinstance(c, ast.Constant)
+                          and isinstance(c.value, str) and len(c.value) > 20][:1]
+                help_text = helps[0] if helps else ""
+                if COMM_TERMS.search(f.target.id) or COMM_TERMS.search(help_text):
+                    out.append({"flag": "--" + f.target.id.replace("_", "-"), "group": cls.name,
+                                "where": f"{se.short(path)}:{f.lineno}", "help": help_text})
     return out
 
 

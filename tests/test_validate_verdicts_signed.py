@@ -441,3 +441,24 @@ def test_point6_twin_a_new_field_in_a_copy_is_enumerated_without_teaching_the_su
                        text=True, env=suite_env([copy]), timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "--enable-planted-allreduce-path" in json.loads(p.stdout)
+
+
+# --- point 7: the Markdown shows the not-assessed list and the per-width answer ------------------------------------
+def test_point7_markdown_lists_the_not_assessed_paths_and_the_per_width_answer(pcie23, drive, v033):
+    """Point 7. Before: the not-assessed list was in the JSON's ``paths`` only, and the Markdown had no per-width table."""
+    d, report = pcie23
+    md = report.to_markdown()
+    assert f"## Not assessed here ({len(d['paths'])})" in md and len(d["paths"]) > 10
+    assert "| --speculative-moe-a2a-backend |" in md and "sglang/srt/arg_groups/fields/spec.py:181" in md
+    _, vr = drive(v033, env=NCCL_SYMM_AND_PCIE, engine="vllm")
+    vmd = vr.to_markdown()
+    assert "### Per decode width (hidden 7168, bfloat16, 3 tokens per verify step)" in vmd
+    assert "| 2-9 | flashinfer-pcie-ipc-allreduce | 2, 3, 4, 6, 8, 9 |" in vmd
+
+
+def test_point7_twin_a_report_without_paths_has_no_such_section(pcie23):
+    import copy
+    _, report = pcie23
+    bare = copy.copy(report)
+    bare.paths = []
+    assert "## Not assessed here" not in bare.to_markdown()

@@ -343,8 +343,11 @@ class Report:
             lines.append(mdtable.row((b, _status(v), _status(a["library"]), _status(a["engine"]), here,
                                       v.gate or "-", cause, lift)))
         lines += dispatch_markdown(self.dispatch)
+        from .pathsmd import not_assessed_markdown, per_width_markdown
+        lines += per_width_markdown(self.dispatch)
         for e in self.engines[1:]:
-            lines += other_engine_markdown(self, e)
+            lines += other_engine_markdown(self, e) + per_width_markdown(e.get("dispatch") or {})
+        lines += not_assessed_markdown(self)
         lines += ["", "## Arch coverage", "",
                   *mdtable.header(("package", "version", "level", "SASS", "files without the target"))]
         for c in self.coverage:

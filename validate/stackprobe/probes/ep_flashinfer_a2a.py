@@ -213,7 +213,8 @@ def _quantization_gate(eng, runner: str, ctx, arg) -> se.Gate | None:
                      and isinstance(a.test.comparators[0], (ast.List, ast.Tuple, ast.Set))), None)
         if node is None:
             continue
-        allowed = [c.value for c in node.test.comparators[0].elts if isinstance(c, ast.Constant)]
+        elts = getattr(getattr(node.test, "comparators", [None])[0], "elts", [])
+        allowed = [c.value for c in elts if isinstance(c, ast.Constant)]
         given = (getattr(ctx, "server_config", None) or NO_FLAGS).flag("--quantization")
         q = None if given in (None, True) else str(given)
         g = se.Gate(f"required setting: quantization with --moe-runner-backend {runner}", q in allowed,
@@ -249,7 +250,7 @@ def _required(ctx, arg: se.Gate, g: se.Gate) -> se.Gate:
     flags = [w for w in g.lift_detail.replace(":", " ").split() if w.startswith("--")]
     old = (g.value or {}).get("spelling", {}).get("deprecated") if isinstance(g.value, dict) else None
     given = (bool(flags) and all(se.configured(ctx, f) for f in flags)
-             or bool(old) and all(se.configured(ctx, f) for f in old))
+             or bool(old) and all(se.configured(ctx, f) for f in (old or [])))
     if given:
         g.admits = True
         g.value = {"required": g.value, "configured": flags}
@@ -471,7 +472,8 @@ def _fd_exchange() -> tuple[str, str]:
                     "to them (CAP_SYS_PTRACE in a container: docker run --cap-add=SYS_PTRACE, as FlashInfer's own "
                     "error says)"), f"{fi._short(path)}:{pid.lineno} {fn.name}"
         for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)):
-            mod = imported.get(call.func.id)
+            callee = getattr(call.func, "id", "")
+            mod = imported.get(callee)
             if not mod:
                 continue
             try:
@@ -481,7 +483,7 @@ def _fd_exchange() -> tuple[str, str]:
             if "SCM_RIGHTS" in other.read_text(encoding="utf-8", errors="replace"):
                 return ("SCM_RIGHTS: descriptors are passed over an AF_UNIX socket, so no CAP_SYS_PTRACE is needed "
                         "(all ranks on one host)"), \
-                    f"{fi._short(path)}:{call.lineno} {fn.name} -> {fi._short(other)} {call.func.id}"
+                    f"{fi._short(path)}:{call.lineno} {fn.name} -> {fi._short(other)} {callee}"
         if "SCM_RIGHTS" in ast.unparse(fn):
             return "SCM_RIGHTS: descriptors passed over an AF_UNIX socket (no CAP_SYS_PTRACE needed)", \
                 f"{fi._short(path)}:{fn.lineno} {fn.name}"

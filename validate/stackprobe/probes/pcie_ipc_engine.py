@@ -249,15 +249,15 @@ def do_not_set(eng, ctx, backend: str = "flashinfer-pcie-ipc-allreduce") -> list
 
 
 # --- what happens when its set-up fails, and how a user confirms it served (issue 39 point 3) ---------------------
-def _log_text(call: ast.Call) -> str:
+def _log_text(call: ast.AST) -> str:
     """The format string of a ``logger.<level>(...)`` call (implicitly joined literals, an f-string's text)."""
-    if not call.args:
+    if not isinstance(call, ast.Call) or not call.args:
         return ""
     a = call.args[0]
     if isinstance(a, ast.Constant):
         return str(a.value)
     if isinstance(a, ast.JoinedStr):
-        return "".join(str(v.value) if isinstance(v, ast.Constant) else "{" + ast.unparse(v.value) + "}"
+        return "".join(str(v.value) if isinstance(v, ast.Constant) else "{" + ast.unparse(getattr(v, "value", v)) + "}"
                        for v in a.values)
     return ast.unparse(a)
 
@@ -303,7 +303,8 @@ def setup_fallback(eng) -> dict:
                                    "guards": guards, "warning": _log_text(warn)})
                     info = next((c for s in stmts[i + 1:] for c in ast.walk(s) if _is_log(c, "info")), None)
                     if info is not None:
-                        confirm.append({"where": f"sglang/{rel}:{info.lineno}", "line": _log_text(info)})
+                        confirm.append({"where": f"sglang/{rel}:{getattr(info, 'lineno', '?')}",
+                                        "line": _log_text(info)})
 
     scan(ps, eng.tree(ps), lambda c: isinstance(c, ast.Call) and ast.unparse(c.func).endswith("PcieIpcCommunicator"))
     if not caught:

@@ -158,7 +158,7 @@ def field_flags(engine: se.Engine) -> list[dict]:
                          and k.arg == "help" and isinstance(k.value, ast.Constant)]
                 helps += [c.value for c in ast.walk(f.annotation) if isinstance(c, ast.Constant)
                           and isinstance(c.value, str) and len(c.value) > 20][:1]
-                help_text = helps[0] if helps else ""
+                help_text = str(helps[0]) if helps else ""
                 if COMM_TERMS.search(f.target.id) or COMM_TERMS.search(help_text):
                     out.append({"flag": "--" + f.target.id.replace("_", "-"), "group": cls.name,
                                 "where": f"{se.short(path)}:{f.lineno}", "help": help_text})

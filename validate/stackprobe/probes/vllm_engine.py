@@ -735,7 +735,7 @@ def expert_kernels(eng: Engine, flag: str) -> dict:
             fn = next((b for b in cls.body if isinstance(b, ast.FunctionDef) and b.name == "_supports_parallel_config"),
                       None)
             ret = next((n for n in ast.walk(fn) if isinstance(n, ast.Return)), None) if fn is not None else None
-            if ret is None or ret.value is None:
+            if fn is None or ret is None or ret.value is None:
                 continue
             got = _tri(ret.value, flag) if flag in ast.unparse(ret.value) else None
             key = {True: "admit", False: "refuse", None: "unknown"}[got]
@@ -752,19 +752,22 @@ def _deprecated_import(eng: Engine, manager: str) -> str:
     if cls is None:
         return ""
     for imp in (n for n in ast.walk(cls) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("flashinfer")):
+        mod = imp.module or ""
         try:
-            path = source.module_file(imp.module)
+            path = source.module_file(mod)
             tree = source.parse(path)
         except (source.SourceNotFound, SyntaxError, OSError):
             continue
         for a in imp.names:
             c = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == a.name), None)
-            dec = next((d for d in (c.decorator_list if c else []) if "deprecated" in ast.unparse(d)), None)
+            if c is None:
+                continue
+            dec = next((d for d in c.decorator_list if "deprecated" in ast.unparse(d)), None)
             if dec is not None:
                 since = re.search(r"deprecated::\s*([\d.]+)", ast.get_docstring(c) or "")
                 return (f"{manager} uses FlashInfer's {a.name}, deprecated"
                         + (f" since {since.group(1)}" if since else "")
-                        + f" ({imp.module.replace('.', '/')}.py:{dec.lineno}-{c.lineno}: `{ast.unparse(dec)[:80]}`)")
+                        + f" ({mod.replace('.', '/')}.py:{dec.lineno}-{c.lineno}: `{ast.unparse(dec)[:80]}`)")
     return ""
 
 
@@ -781,8 +784,10 @@ def _managers(eng: Engine, names: list[str]) -> dict[str, str]:
         hit = [x for x in names if x in consts]
         call = next((c for b in n.body for c in ast.walk(b) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
                      and c.func.id.endswith("Manager")), None) if hit else None
-        for x in hit if call is not None else ():
-            out.setdefault(x, call.func.id)
+        if call is None:
+            continue
+        for x in hit:
+            out.setdefault(x, getattr(call.func, "id", ""))
     return out
 
 

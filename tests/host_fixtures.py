@@ -99,7 +99,7 @@ def make_host(root: Path, *, switch: bool = True, acs: bool = False, iommu_type:
             t for t in lspci_text if "ACSCtl" not in t))
     pairs = [f"{i}-{j}" for i in range(gpus) for j in range(gpus) if i != j]
     (root / "nvml.json").write_text(json.dumps({k: {"p2p_read": "ok" if nvml_ok else "status 4",
-                                                    "link": "NVML_TOPOLOGY_MULTIPLE"} for k in pairs}))
+                                                    "link": "NVML_TOPOLOGY_SINGLE" if switch else "NVML_TOPOLOGY_HOSTBRIDGE"} for k in pairs}))
     if cuda_peers is not None:
         (root / "cuda_peers.json").write_text(json.dumps({k: cuda_peers for k in pairs}))
     return root

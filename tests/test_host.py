@@ -97,7 +97,7 @@ def test_cuda_saying_peer_access_is_possible_never_cancels_a_risk(tmp_path):
     v = Verdict("vllm-custom-allreduce", ON_BY_DEFAULT, scope="engine", engine="vllm")
     H.apply([v], h, 2, checks={"vllm": {"checks": False, "how": "trusts the driver"}})
     assert v.host_risk["level"] == "risk" and "ACS redirects" in v.host_risk["what"]
-    assert v.host_risk["now"] == "--disable-custom-all-reduce"
+    assert v.host_risk["now"].startswith("--disable-custom-all-reduce; and NCCL_P2P_DISABLE=1 for NCCL")
 
 
 def test_a_variable_in_the_server_configuration_is_judged_off_the_target_too(tmp_path):
@@ -151,7 +151,7 @@ def test_c51_acs_redirect_puts_the_nccl_baseline_and_every_peer_path_at_risk(tmp
     ring = verdict(bad, "nccl-ring", "library")
     assert ring["status"] == "gate-passes" and ring["host_risk"]["level"] == "risk"
     assert "ACS redirects peer requests" in ring["host_risk"]["what"]
-    assert ring["host_risk"]["now"].startswith("NCCL_P2P_DISABLE=1") and "ACS off" in ring["host_risk"]["fix"]
+    assert ring["host_risk"]["now"].startswith("NCCL_P2P_DISABLE=1") and "clear ACS redirect" in ring["host_risk"]["fix"]
     peer = [v for v in bad["verdicts"] if P.maps_peer_memory(v["backend"]) and v["status"] in
             ("opt-in", "on-by-default", "on-as-configured", "gate-passes")]
     assert peer and all(v["host_risk"]["level"] == "risk" for v in peer)
@@ -175,7 +175,10 @@ def test_c52_vllm_custom_allreduce_on_by_default_at_risk_with_an_iommu_that_tran
     v = verdict(rep, "vllm-custom-allreduce", "engine")
     assert v["status"] == "on-by-default" and v["host_risk"]["level"] == "risk"
     assert "IOMMU translates" in v["host_risk"]["what"] and "DMA-FQ" in v["host_risk"]["what"]
-    assert v["host_risk"]["now"] == "--disable-custom-all-reduce" and "iommu=pt" in v["host_risk"]["fix"]
+    assert v["host_risk"]["now"].startswith("--disable-custom-all-reduce; and NCCL_P2P_DISABLE=1")
+    assert "iommu=pt" in v["host_risk"]["fix"] and "check ACS again" in v["host_risk"]["fix"]
+    # NCCL, the fallback, is judged on the box even where the checking environment has no NCCL (review #34)
+    assert verdict(rep, "nccl-ring", "library")["host_risk"]["level"] == "risk"
     chk = v["host_risk"]["engine_check"]
     assert chk["checks"] is False and "trusts the driver" in chk["how"] and "VLLM_SKIP_P2P_CHECK" in chk["how"]
     envs = (wheels["vllm"] / "vllm" / "envs.py").read_text().splitlines()
@@ -199,7 +202,7 @@ def test_c53_p2p_disabled_and_pcie_ipc_on_is_not_reported_as_all_well(wheels):
     ipc = verdict(rep, "flashinfer-pcie-ipc-allreduce", "engine")
     assert ipc["status"] == "on-as-configured" and ipc["host_risk"]["level"] == "risk"
     assert "opens peer memory through CUDA IPC does so whatever NCCL's variable says" in ipc["host_risk"]["what"]
-    assert ipc["host_risk"]["now"] == "unset SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"
+    assert ipc["host_risk"]["now"] == "leave SGLANG_ENABLE_PCIE_IPC_ALLREDUCE unset"
     ring = verdict(rep, "nccl-ring", "library")
     assert "SHM, not P2P" in ring["host_risk"]["what"]
     line = headline_line(Report.from_json(rep))
@@ -239,3 +242,30 @@ def test_the_host_command_exits_3_on_a_risk_and_0_on_its_twin(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         H.main(["--snapshot", str(tmp_path / "nowhere")])
     assert e.value.code == 2
+
+
+def test_the_runtime_gate_reads_the_path_records():
+    """The P2P check gates every runtime row whose path maps peer memory (read from stackprobe.paths), never NCCL's."""
+    from stackprobe.runtime.p2pcheck import peer_memory_paths
+    rows = peer_memory_paths()
+    assert {"sglang-pcie-ipc", "sglang-custom-allreduce", "torch-symm-mem-one-shot", "sglang-torch-symm-mem",
+            "flashinfer-pcie-ipc-allreduce"} <= rows
+    assert not rows & {"nccl-ring", "nccl-tree", "sglang-pynccl", "nccl-allreduce-tree"}
+
+
+def test_a_lift_that_would_switch_on_a_peer_memory_path_waits_for_the_host_fix(tmp_path):
+    h = H.read_snapshot(make_host(tmp_path / "acs", acs=True))
+    ca = Verdict("sglang-custom-allreduce", "blocked", scope="engine", engine="sglang", gate="topology",
+                 lift="nothing-on-this-topology", lift_detail="FlashInfer PCIe IPC (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1)")
+    H.apply([ca], h, 2)
+    assert "after the host fix: this box shows ACS redirect on 0000:02:00.0" in ca.lift_detail
+    twin = Verdict("sglang-custom-allreduce", "blocked", scope="engine", engine="sglang", gate="topology",
+                   lift="nothing-on-this-topology", lift_detail="FlashInfer PCIe IPC (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1)")
+    H.apply([twin], H.read_snapshot(make_host(tmp_path / "ok")), 2)
+    assert "after the host fix" not in twin.lift_detail
+
+
+def test_nvml_p2p_status_codes_are_said_in_words(tmp_path):
+    h = H.read_snapshot(make_host(tmp_path, nvml_ok=False, cuda_peers=None))
+    r = H.risks(h, 2)[0]
+    assert "NVML status 4: disabled by a driver registry key" in r["what"] and "registry key" in r["fix"]

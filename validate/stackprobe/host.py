@@ -38,6 +38,7 @@ import re
 import shutil
 import struct
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 from . import paths as pathsmod
@@ -49,7 +50,17 @@ PEER_ENV = ("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE", "NCCL_IGNO
 NVIDIA = "0x10de"
 NCCL_GUIDE = ("NVIDIA's NCCL User Guide, Troubleshooting, 'PCI Access Control Services (ACS)': with VT-d/IOMMU or "
               "ACS, PCI peer-to-peer traffic is redirected to the CPU root complex (slow, or a hang); its advice: ACS "
-              "off on the PCIe switches, or NCCL_P2P_DISABLE=1")
+              "off on the PCIe switches, or VT-d/IOMMU off. NCCL_P2P_DISABLE=1 (NCCL's Environment Variables page) "
+              "makes NCCL use SHM instead of P2P")
+# NVML's nvmlGpuP2PStatus_t (nvml.h): what a P2P status code means
+NVML_P2P_STATUS = {0: "OK", 1: "chipset not supported", 2: "GPU not supported", 3: "IOH topology not supported",
+                   4: "disabled by a driver registry key", 5: "not supported", 6: "unknown"}
+# Linux enables ACS P2P Request and Completion Redirect on downstream ports whenever an IOMMU driver asks for ACS
+# (drivers/pci/pci.c, pci_std_enable_acs under pci_request_acs), whatever the firmware set: an ACS fix must hold
+# after boot (Documentation/admin-guide/kernel-parameters.txt: pci=disable_acs_redir=)
+ACS_FIX = ("clear ACS redirect on those ports after each boot (kernel parameter pci=disable_acs_redir=<ports>, or setpci "
+           "by the host's administrator, e.g. setpci -s {bdf} ECAP_ACS+0x6.w=0000), or VT-d/IOMMU off in the firmware; "
+           "with an IOMMU on, Linux turns ACS redirect on at boot, so a firmware ACS switch alone does not hold")
 HOST_CHECK = "python -m stackprobe.runtime p2p"
 # PCIe ACS Extended Capability (PCI Express Base Specification, "ACS Extended Capability"; Linux
 # include/uapi/linux/pci_regs.h: PCI_EXT_CAP_ID_ACS 0x0d, PCI_ACS_CTRL 0x06, PCI_ACS_RR 0x0004, PCI_ACS_CR 0x0008)
@@ -179,7 +190,7 @@ def pci_gpus(sys_root: str | Path = "/sys") -> list[dict]:
     "root_complex", "bridges": [bdf, ...] (root port first), "iommu_group", "iommu_type"}]``. The chain comes from
     the device's real path (``/sys/devices/pci0000:00/0000:00:01.0/.../0000:41:00.0``)."""
     devices = Path(sys_root) / "bus" / "pci" / "devices"
-    out = []
+    out: list[dict] = []
     for dev in sorted(devices.iterdir()) if devices.is_dir() else []:
         if _read(dev / "vendor") != NVIDIA or not _read(dev / "class").startswith(("0x0300", "0x0302")):
             continue
@@ -282,8 +293,8 @@ def driver_version(proc_root: str | Path = "/proc") -> str | None:
 def peer_env(process_env: dict | None = None, config_env: dict | None = None) -> dict:
     """``{name: {"value", "from": "process" | "server configuration"}}`` for :data:`PEER_ENV`; the server
     configuration asked about wins (it is what the server would run with)."""
-    process_env = os.environ if process_env is None else process_env
-    out = {k: {"value": process_env[k], "from": "process environment"} for k in PEER_ENV if k in process_env}
+    src: Mapping[str, str] = os.environ if process_env is None else process_env
+    out = {k: {"value": src[k], "from": "process environment"} for k in PEER_ENV if k in src}
     for k, v in (config_env or {}).items():
         if k in PEER_ENV:
             out[k] = {"value": v, "from": "server configuration (--env)"}
@@ -314,7 +325,7 @@ def read_host(sys_root: str | Path = "/sys", proc_root: str | Path = "/proc", cm
     nvml = nvml_p2p(len(gpus)) if nvml is None else nvml
     if "not_read" in nvml:
         not_read.append(f"NVML P2P status: {nvml['not_read']}")
-    pairs = {}
+    pairs: dict[str, dict] = {}
     for a in gpus:
         for b in gpus:
             if b["index"] <= a["index"]:
@@ -334,11 +345,13 @@ def read_host(sys_root: str | Path = "/sys", proc_root: str | Path = "/proc", cm
                           "acs_redirect": [b_ for b_, r in acs.items() if r.get("redirect")],
                           "acs_unread": {b_: r["unread"] for b_, r in acs.items() if "unread" in r},
                           "acs": acs, "cuda_peer": cuda, "nvml_p2p": nv}
-    unread = sorted({b_ for p in pairs.values() for b_ in p["acs_unread"]})
+    why_unread: dict[str, str] = {}
+    for p in pairs.values():
+        why_unread.update(p["acs_unread"])
+    unread = sorted(why_unread)
     if unread:
         not_read.append(f"ACS on {len(unread)} bridge(s) between GPUs ({', '.join(unread[:4])}): "
-                        f"{next(iter(pairs[k]['acs_unread'][unread[0]] for k in pairs if unread[0] in pairs[k]['acs_unread']))}; "
-                        "run as root, or lspci -vvv as root, to read it")
+                        f"{why_unread[unread[0]]}; run as root, or lspci -vvv as root, to read it")
     return {"present": True, "gpus": gpus, "pairs": pairs, "iommu": io,
             "acs": {"source": lspci["source"] if lspci["ctl"] else "config space (sysfs)",
                     "redirecting": lspci["redirecting"]},
@@ -401,9 +414,11 @@ def risks(host: dict, world_size: int) -> list[dict]:
     out = []
     why = p2p_disabled(host)
     if why:
-        out.append({"kind": "p2p-disabled", "what": f"{why}: NCCL is told not to use P2P here, which is usually set "
-                    "because P2P is unsafe on the box; this path opens peer memory through CUDA IPC whatever NCCL's "
-                    "variable says", "fix": "find why P2P was disabled (run the host check) before switching it on"})
+        out.append({"kind": "p2p-disabled", "short": f"{why.split(' (')[0]} is set (such a setting often works around a "
+                    "P2P problem on the box)", "what": f"{why}: NCCL is told not to use P2P here (such a setting often "
+                    "works around a P2P problem on the box); a path that opens peer memory through CUDA IPC does so "
+                    "whatever NCCL's variable says", "fix": "find why P2P was disabled (run the host check) before "
+                    "switching a peer-memory path on"})
     if not host.get("present"):
         return out
     ids = set(group(host, world_size))
@@ -411,22 +426,32 @@ def risks(host: dict, world_size: int) -> list[dict]:
     translated = [g for g in gpus if (g.get("iommu_type") or "").startswith("DMA")]
     if translated or (not any(g.get("iommu_type") for g in gpus) and host["iommu"]["mode"] == "translated"):
         kinds = sorted({g["iommu_type"] for g in translated}) or sorted(host["iommu"]["group_types"])
-        out.append({"kind": "iommu-translated", "what": f"the IOMMU translates the GPUs' DMA (iommu group type "
+        out.append({"kind": "iommu-translated", "short": f"the IOMMU translates the GPUs' DMA ({', '.join(kinds)})",
+                    "what": f"the IOMMU translates the GPUs' DMA (iommu group type "
                     f"{', '.join(kinds)}; kernel args {' '.join(host['iommu']['cmdline']) or 'none'})",
-                    "fix": "iommu=pt on the kernel command line (with intel_iommu=on or amd_iommu=on), or the IOMMU "
-                           "off in the firmware"})
+                    "fix": "iommu=pt on the kernel command line (with intel_iommu=on or amd_iommu=on), then check ACS "
+                           "again (with the IOMMU on, Linux keeps ACS redirect on switch ports), or VT-d/IOMMU off in "
+                           "the firmware"})
     pairs = {k: p for k, p in host["pairs"].items() if {int(x) for x in k.split("-")} <= ids}
     red = {k: p["acs_redirect"] for k, p in pairs.items() if p["acs_redirect"]}
     if red:
         bridges = sorted({b for bs in red.values() for b in bs})
-        out.append({"kind": "acs-redirect", "what": f"ACS redirects peer requests to the root complex on "
-                    f"{', '.join(bridges[:4])} (between GPU pair(s) {', '.join(list(red)[:4])})",
-                    "fix": f"ACS off on those ports (a firmware option, or setpci by the host's administrator at each "
-                           f"boot, e.g. setpci -s {bridges[0]} ECAP_ACS+0x6.w=0000)"})
+        more = f" and {len(bridges) - 2} more" if len(bridges) > 2 else ""
+        out.append({"kind": "acs-redirect", "short": f"ACS redirect on {', '.join(bridges[:2])}{more}",
+                    "what": f"ACS redirects peer requests to the root complex on {', '.join(bridges[:4])} (between "
+                    f"GPU pair(s) {', '.join(list(red)[:4])})",
+                    "fix": ACS_FIX.format(bdf=bridges[0])})
     off = [k for k, p in pairs.items() if p.get("cuda_peer") is False or (p.get("nvml_p2p") not in (None, "ok"))]
     if off:
-        out.append({"kind": "p2p-off", "what": f"no peer access between GPU pair(s) {', '.join(off[:4])} (CUDA / "
-                    "NVML P2P status)", "fix": "check nvidia-smi topo -p2p r; a P2P-capable driver and topology"})
+        codes = sorted({c for k in off for c in re.findall(r"status (\d+)", str(pairs[k].get("nvml_p2p")))})
+        meaning = "; ".join(f"NVML status {c}: {NVML_P2P_STATUS.get(int(c), 'undocumented')}" for c in codes)
+        listed = ", ".join(off[:4]) + (f" and {len(off) - 4} more" if len(off) > 4 else "")
+        out.append({"kind": "p2p-off", "short": f"no peer access on {len(off)} GPU pair(s)"
+                    + (f" ({meaning})" if meaning else ""), "what": f"no peer access between {len(off)} GPU pair(s) "
+                    f"({listed}; CUDA / NVML P2P status{': ' + meaning if meaning else ''})",
+                    "fix": ("find and remove the driver registry key that disables P2P (NVML status 4), then check "
+                            "nvidia-smi topo -p2p r" if "4" in codes else
+                            "check nvidia-smi topo -p2p r: peer access needs a P2P-capable driver and topology")})
     return out
 
 
@@ -500,8 +525,10 @@ def _sglang_p2p_check() -> dict:
         return {"checks": False, "where": where, "turn_on": "--enable-p2p-check",
                 "how": f"SGLang {eng.version} does not check P2P by default: --enable-p2p-check is off, and without it "
                        f"sglang/{rel}:{line} replaces gpu_p2p_access_check with one that answers True for every pair; "
-                       "with --enable-p2p-check it runs a data-checked P2P test in child processes (cached per "
-                       "CUDA_VISIBLE_DEVICES), unless SGLANG_SKIP_P2P_CHECK=1 (then the driver's report)"}
+                       "with --enable-p2p-check it runs a P2P data test in child processes (cached per "
+                       "CUDA_VISIBLE_DEVICES), which need not notice an ACS or IOMMU detour; SGLANG_SKIP_P2P_CHECK=1 "
+                       "replaces either with the driver's answer for the first peer; the check guards custom "
+                       "allreduce only, not PCIe IPC"}
     return {"checks": True, "where": where, "turn_on": "",
             "how": f"SGLang {eng.version} runs its data-checked P2P test before custom allreduce (--enable-p2p-check "
                    "is on by default)"}
@@ -541,15 +568,20 @@ def apply(verdicts: list, host: dict, world_size: int, checks: dict | None = Non
     missing = unassessed(host, world_size)
     checks = {} if checks is None else checks
     for v in verdicts:
+        if pathsmod.is_nccl(v.backend):
+            _nccl(v, host, host_found)   # whatever NCCL's status here: on the target NCCL runs (torch ships it)
+            continue
         if not v.is_open:
+            _lift_caveat(v, found)
             continue
         engine = v.engine or ("sglang" if v.scope == "engine" else "")
-        if pathsmod.is_nccl(v.backend):
-            _nccl(v, host, host_found)
-            continue
         if not pathsmod.maps_peer_memory(v.backend):
+            _lift_caveat(v, found)
             continue
         now = pathsmod.switch_off(v.backend, engine) if engine else ""
+        if host_found and now:
+            # switched off, the tensor goes to NCCL, whose P2P transport meets the same host (NVIDIA/nccl#1999)
+            now += "; and NCCL_P2P_DISABLE=1 for NCCL, which takes the tensor then and whose P2P transport meets the same risk"
         rec: dict = {"now": now, "source": NCCL_GUIDE}
         if v.backend.endswith("custom-allreduce") and engine:
             if engine not in checks:
@@ -557,7 +589,7 @@ def apply(verdicts: list, host: dict, world_size: int, checks: dict | None = Non
             rec["engine_check"] = checks[engine]
         if found:
             rec.update(level="risk", found=found, what="hang or set-up failure risk on this host: " +
-                       "; ".join(r["what"] for r in found),
+                       "; ".join(r["what"] for r in found), short="; ".join(r["short"] for r in found),
                        fix="; ".join(r["fix"] for r in found))
         elif not host.get("present"):
             rec.update(level="unchecked", found=[], what=host["line"], fix=f"run {HOST_CHECK} on the target")
@@ -571,6 +603,18 @@ def apply(verdicts: list, host: dict, world_size: int, checks: dict | None = Non
     return verdicts
 
 
+def _lift_caveat(v, found: list) -> None:
+    """A lift that would switch on a path mapping peer memory (the verdict's own path, or one its lift names) says it
+    comes after the host fix, on a box that shows a risk."""
+    if not found or not v.lift_detail or "after the host fix" in v.lift_detail:
+        return
+    names = [r.id for r in pathsmod.PATHS.values() if r.peer_memory is True] + ["PCIe IPC", "custom allreduce",
+                                                                                 "symmetric memory", "TP <= 2"]
+    if pathsmod.maps_peer_memory(v.backend) or any(n in v.lift_detail for n in names):
+        v.lift_detail += (" (after the host fix: this box shows " + "; ".join(r.get("short") or r["what"] for r in found)
+                          + ", and any path that maps peer memory meets it)")
+
+
 def _nccl(v, host: dict, found: list) -> None:
     transport = nccl_transport(host)
     if transport:
@@ -579,6 +623,7 @@ def _nccl(v, host: dict, found: list) -> None:
     elif found:
         v.host_risk = {"level": "risk", "found": found, "source": NCCL_GUIDE,
                        "what": "NCCL's P2P transport is at hang risk on this host: " + "; ".join(r["what"] for r in found),
+                       "short": "NCCL's P2P transport at hang risk: " + "; ".join(r["short"] for r in found),
                        "now": pathsmod.switch_off(v.backend, "*") if v.backend == "nccl-ring" else "NCCL_P2P_DISABLE=1",
                        "fix": "; ".join(r["fix"] for r in found)}
     else:
@@ -635,7 +680,7 @@ def main(argv=None) -> int:
     import json
 
     from .atomic import write_atomic
-    a = argparse.ArgumentParser(prog="python -m stackprobe.host", description=main.__doc__.split(":", 1)[1])
+    a = argparse.ArgumentParser(prog="python -m stackprobe.host", description=(main.__doc__ or "").split(":", 1)[-1])
     a.add_argument("--world-size", type=int, default=8, help="GPUs in the group judged (default: 8)")
     a.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="a variable the server would run with (NCCL_P2P_DISABLE=1 ...)")

@@ -20,6 +20,7 @@ reports (stdlib only).
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from .verdict import (BLOCKED, ERROR, FALLS_BACK, GATE_NEEDS_RUNTIME, GATE_PASSES, GATE_SETTING, NOT_ASSESSED,
                       NOT_INSTALLED, NOT_INTEGRATED, ON_AS_CONFIGURED, ON_BY_DEFAULT, OPT_IN, PREEMPTED, SKIPPED,
@@ -142,8 +143,8 @@ def headline(report) -> dict:
     on = [v for v in allreduce if v.status in (ON_BY_DEFAULT, ON_AS_CONFIGURED)]
     if not serves:
         serves = ", ".join(v.backend for v in on) or f"{NCCL}: no other path is on and admitted"
-    out = {"config": cfg, "serves": serves, "opt_in": [], "do_not_set": [], "falls_back": [], "preempted": [],
-           "on": [f"{v.backend} ({v.status})" for v in on], "engine": bool(eng) and bool(_engine_version(report)),
+    out: dict[str, Any] = {"config": cfg, "serves": serves, "opt_in": [], "do_not_set": [], "falls_back": [],
+           "preempted": [], "on": [f"{v.backend} ({v.status})" for v in on], "engine": bool(eng) and bool(_engine_version(report)),
            "library_blocked": [], "other": {}, "not_assessed": [], "fix_host_first": [],
            "serves_host": _serves_host(report, eng, serves)}
     for v in eng:
@@ -173,16 +174,17 @@ def _phrase(report, v: Verdict) -> tuple[str, str] | None:
         who = f"{v.engine} " if v.engine else ""
         return "not_assessed", f"{v.backend} ({who}answer {v.status}: {_short_cause(v)})"
     if v.status in (OPT_IN, ON_BY_DEFAULT, ON_AS_CONFIGURED):
+        risk = v.host_risk or {}
+        if risk.get("level") == "risk":
+            # a peer-memory path on a host that shows a P2P risk is never "worth measuring" (stackprobe.host); said
+            # first, before the library's answer here: what to switch off now holds whatever the library says
+            setting = _setting(v) if v.status == OPT_IN else v.status.replace("-", " ")
+            now = risk.get("now") or "leave it off"
+            return "fix_host_first", f"{v.backend} ({setting}): {risk.get('short') or risk['what']}; now: {now}"
         lib = _library_block(report, v.backend)
         if lib is not None:
             return "library_blocked", (f"{v.backend} ({_setting(v) or v.status}): the engine admits it, but the "
                                        f"library is {status_word(lib)} here: {_short_cause(lib)}")
-        risk = v.host_risk or {}
-        if risk.get("level") == "risk":
-            # a peer-memory path on a host that shows a P2P risk is never "worth measuring" (stackprobe.host)
-            setting = _setting(v) if v.status == OPT_IN else v.status.replace("-", " ")
-            now = risk.get("now") or "leave it off"
-            return "fix_host_first", f"{v.backend} ({setting}): {risk['what']}; now: {now}; fix: {risk['fix']}"
         if v.status == OPT_IN:
             claim = upstream_claim(v)
             return "opt_in", (f"{v.backend} ({_setting(v)})" + (f" [{claim}]" if claim else "") + _host_caveat(v)
@@ -223,7 +225,7 @@ def _serves_host(report, eng: list, serves: str) -> str:
         return ""
     r = pick.host_risk
     if r["level"] == "risk":
-        return f"at risk on this host: {r['what']}; now: {r.get('now') or 'switch it off'}; fix: {r['fix']}"
+        return f"at risk on this host: {r.get('short') or r['what']}: fix the host first, below"
     return r["what"] if r["level"] == "transport" else ""
 
 
@@ -248,10 +250,13 @@ def headline_line(report) -> str:
         # the baseline every path falls back to, said even where it does not serve: at risk (NVIDIA/nccl#1999), or
         # moving data over SHM because P2P is disabled
         r = ring.host_risk
-        parts.append(f"NCCL, the baseline and fallback: {r['what']}" + (f"; now: {r['now']}" if r.get("now") else ""))
+        parts.append(f"NCCL, the baseline and fallback: {r.get('short') or r['what']}"
+                     + (f"; now: {r['now']}" if r.get("now") else ""))
     if h.get("fix_host_first"):
+        fixes = sorted({f for v in _engine_answers(report) if (v.host_risk or {}).get("level") == "risk"
+                        for f in v.host_risk["fix"].split("; ")})
         parts.append("fix the host first (a peer-memory path on a box that shows a P2P risk): "
-                     + "; ".join(h["fix_host_first"]))
+                     + "; ".join(h["fix_host_first"]) + (f"; the host fix: {'; '.join(fixes)}" if fixes else ""))
     if h["opt_in"]:
         parts.append("opt-in, worth measuring on the target: " + "; ".join(h["opt_in"]))
     if h["library_blocked"]:

@@ -663,13 +663,22 @@ def gate_reason(report: dict | None, devices: list[int]) -> str | None:
 
 
 def peer_memory_paths() -> frozenset[str]:
-    """Names of the rows that map a peer GPU's memory and so start only on pairs that passed: the static list
-    :data:`stackprobe.runtime.p2p.NEEDS_P2P` (engine communicator names) and the runtime probes that stand for them
-    (:data:`stackprobe.runtime.engine.STATIC_BACKEND`). The one place that reads that list."""
+    """Names of the rows that map a peer GPU's memory and so start only on pairs that passed: every runtime row of a
+    probe module (its ``RUNTIME``) whose backend's path record says it maps peer memory
+    (:func:`stackprobe.paths.maps_peer_memory`: custom allreduce, PCIe IPC, FlashInfer fusion, torch symmetric
+    memory, MSCCL++ ...), plus the engine communicators of :data:`stackprobe.runtime.p2p.NEEDS_P2P`. NCCL's own rows
+    are not among them: NCCL picks its transport itself."""
+    from .. import paths
+    from ..probes import probes
     from . import p2p
-    from .engine import STATIC_BACKEND
     names = set(p2p.NEEDS_P2P)
-    names |= {STATIC_BACKEND[n] for n in p2p.NEEDS_P2P if n in STATIC_BACKEND}
+    for mod in probes():
+        for backend in getattr(mod, "BACKENDS", ()):
+            if not paths.maps_peer_memory(backend):
+                continue
+            names.add(backend)
+            for rows in (getattr(mod, "RUNTIME", None) or {}).values():
+                names.update(rows)
     return frozenset(names)
 
 

@@ -359,7 +359,7 @@ def library_gate(ctx) -> list[Verdict]:
     v.status, v.gate, v.lift = SKIPPED, GATE_NEEDS_RUNTIME, LIFT_UNKNOWN
     v.cause = (f"FlashInfer's a2a modules admit {ctx.target.cc} and no topology gate exists (handle type: {handles[0]}, "
                f"{handles[1]}); whether it "
-               f"works over {ctx.topology} (peer access; fd exchange: {exch[0].split(':')[0]}) is for the runtime "
+               f"works over {ctx.topology} (peer access; fd exchange: {_exchange_words(exch[0])}) is for the runtime "
                "tier")
     return [v]
 
@@ -440,6 +440,17 @@ def _fd_fallback() -> tuple[str, str]:
     if "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR" not in path.read_text(encoding="utf-8", errors="replace"):
         return "no POSIX fd fallback found: fabric only", f"{fi._short(path)}"
     return "POSIX file descriptors (no FABRIC/POSIX choice found)", f"{fi._short(path)}"
+
+def _exchange_words(text: str) -> str:
+    """A short phrase for :func:`_fd_exchange`'s answer: ``pidfd_getfd, which needs SYS_PTRACE (CAP_SYS_PTRACE in a
+    container)`` or ``SCM_RIGHTS, no CAP_SYS_PTRACE needed``."""
+    head = text.split(":")[0]
+    if head == "pidfd_getfd":
+        return "pidfd_getfd, which needs SYS_PTRACE (CAP_SYS_PTRACE in a container)"
+    if head == "SCM_RIGHTS":
+        return "SCM_RIGHTS, no CAP_SYS_PTRACE needed"
+    return text
+
 
 def _fd_exchange() -> tuple[str, str]:
     """How the installed FlashInfer's ``MnnvlMemory`` hands each rank its peers' POSIX file descriptors (the handle

@@ -239,6 +239,9 @@ def test_the_host_command_exits_3_on_a_risk_and_0_on_its_twin(tmp_path, capsys):
     assert H.main(["--snapshot", str(make_host(tmp_path / "user", config_size=256)), "--world-size", "2"]) == 4
     (tmp_path / "nogpu" / "sys").mkdir(parents=True)
     assert H.main(["--snapshot", str(tmp_path / "nogpu")]) == 4      # nothing read is never "no risk"
+    one = make_host(tmp_path / "one", gpus=1)
+    assert H.main(["--snapshot", str(one), "--world-size", "8"]) == 4   # one GPU: nothing to pair, not "no risk"
+    assert "nothing to pair" in capsys.readouterr().out
     with pytest.raises(SystemExit) as e:
         H.main(["--snapshot", str(tmp_path / "nowhere")])
     assert e.value.code == 2

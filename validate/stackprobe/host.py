@@ -655,8 +655,12 @@ def markdown(host: dict | None, world_size: int) -> list[str]:
     if not host.get("present"):
         return lines + [f"{host['line']}. Variables that change the path: {envtxt}.", ""]
     r = risks(host, world_size)
+    ids = group(host, world_size)
+    few = (f" (only {len(ids)} GPU(s) here for a group of {world_size}: " +
+           ("nothing to pair, so no peer path is judged on this host)" if len(ids) < 2 else "the pairs present are judged)")
+           if len(ids) < world_size else "")
     lines += [f"{host['line']}; driver {host.get('driver') or 'not read'}; group of {world_size}: GPUs "
-              f"{group(host, world_size)}; variables: {envtxt}.", "",
+              f"{ids}{few}; variables: {envtxt}.", "",
               "**Risks for peer memory**: " + ("; ".join(f"{x['what']} (fix: {x['fix']})" for x in r) or "none found"),
               ""]
     if host.get("not_read"):
@@ -674,8 +678,8 @@ def main(argv=None) -> int:
     """``python -m stackprobe.host [--world-size N] [--env NAME=VALUE ...] [--snapshot DIR] [--out DIR]``: read this
     host (or a saved one), print its section and the risks for a group of N GPUs; write host.json and host.md under
     ``--out``. Exit 0 when the host was read and shows no risk, 3 when it shows one (the section says which and what
-    to change), 4 when it could not be judged (no GPU here, or ACS on a bridge between the group's GPUs unreadable
-    without root): never 0 for a host not read. 2 for bad arguments. Reads only: it changes nothing on the host."""
+    to change), 4 when it could not be judged (no GPU here, fewer than two GPUs in the group, or ACS on a bridge
+    between the group's GPUs unreadable without root): never 0 for a host not read. 2 for bad arguments. Reads only: it changes nothing on the host."""
     import argparse
     import json
 
@@ -703,7 +707,8 @@ def main(argv=None) -> int:
     print(md)
     if risks(h, ns.world_size):
         return 3
-    return 4 if (not h.get("present") or unassessed(h, ns.world_size)) else 0
+    fewer = h.get("present") and len(group(h, ns.world_size)) < 2
+    return 4 if (not h.get("present") or fewer or unassessed(h, ns.world_size)) else 0
 
 
 if __name__ == "__main__":

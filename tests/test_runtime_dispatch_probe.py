@@ -44,7 +44,10 @@ PROBE = "sglang_dispatch_standins:StandInDispatchProbe"
 P2P_OFF = {"peers": {"count": 2, "cuda": {"0-1": False, "1-0": False}, "nvml": {}, "errors": []},
            "iommu": {"mode": "translated", "units": ["dmar0"], "group_types": {"DMA": 12}, "cmdline": []},
            "acs": {"source": "lspci -vvv", "redirecting": [], "bridges_with_acs": 0}, "env": {}}
-P2P_ON = dict(P2P_OFF, peers={"count": 2, "cuda": {"0-1": True, "1-0": True}, "nvml": {}, "errors": []})
+P2P_ON = dict(P2P_OFF, peers={"count": 2, "cuda": {"0-1": True, "1-0": True}, "nvml": {}, "errors": []},
+              iommu={"mode": "passthrough", "units": ["dmar0"], "group_types": {"identity": 12}, "cmdline": ["iommu=pt"]})
+# CUDA says peer access is possible, but the IOMMU translates: a risk CUDA's answer does not cancel (NVIDIA/nccl#1999)
+P2P_ON_TRANSLATED = dict(P2P_OFF, peers=P2P_ON["peers"])
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +217,10 @@ def test_plan_and_target_rules_on_their_own():
     on = d.plan("--tp 2", {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"}, 2, P2P_ON)
     assert on["server_args"] == "--tp 2" and on["skipped"] == [] and on["p2p_reason"] is None
     unknown = dict(P2P_OFF, peers={"count": 0, "cuda": {}, "nvml": {}, "errors": []})   # unknown, IOMMU translated
-    assert d.plan("", {}, 2, unknown)["skipped"][0]["reason"].startswith("skipped: no P2P between GPU 0 and 1 known")
+    assert d.plan("", {}, 2, unknown)["skipped"][0]["reason"].startswith("skipped: this host shows IOMMU in translated")
+    risky = d.plan("--tp 2", {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"}, 2, P2P_ON_TRANSLATED)
+    assert [s["backend"] for s in risky["skipped"]] == ["sglang-custom-allreduce", "sglang-pcie-ipc"]
+    assert "peer access reported possible, which does not cancel it" in risky["skipped"][0]["reason"]
     assert d.plan("", {}, 1, P2P_OFF)["skipped"] == []                                  # no pairs at world size 1
     with pytest.raises(ValueError, match="not one shell-quoted string"):
         d.plan("--tp 'x", {}, 2, P2P_ON)

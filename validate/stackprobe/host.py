@@ -591,6 +591,8 @@ def apply(verdicts: list, host: dict, world_size: int, checks: dict | None = Non
             rec.update(level="risk", found=found, what="hang or set-up failure risk on this host: " +
                        "; ".join(r["what"] for r in found), short="; ".join(r["short"] for r in found),
                        fix="; ".join(r["fix"] for r in found))
+        elif v.scope != "engine":
+            continue   # "check the host first" is advice to a user of the engine, not part of the library's answer
         elif not host.get("present"):
             rec.update(level="unchecked", found=[], what=host["line"], fix=f"run {HOST_CHECK} on the target")
         elif missing:

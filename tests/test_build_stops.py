@@ -217,6 +217,15 @@ def test_a_failure_leads_with_its_first_error_not_the_last_warning():
     for ln in ["#9 [builder 4/5] RUN false", "#9 0.1 warning: nothing here", "#9 ERROR: exit code: 1"]:
         plain.feed(ln)
     assert "first error" not in str(_build_error("x", 1.0, 1, Path("/x.log"), plain))
+    # nvcc's own fatal line ("nvcc fatal   : ...") is the first error, not pip's summary that follows it
+    nv = _Progress()
+    for ln in ["#6 [builder 2/2] RUN pip wheel .", "#6 1.2   nvcc -gencode=arch=compute_999,code=sm_999 kernel.cu",
+               "#6 1.3   nvcc fatal   : Unsupported gpu architecture 'compute_999'",
+               "#6 1.4   error: subprocess-exited-with-error", "#6 1.5 ERROR: Failed to build one or more wheels",
+               "#6 ERROR: process did not complete successfully: exit code: 1"]:
+        nv.feed(ln)
+    assert "first error: nvcc fatal : Unsupported gpu architecture 'compute_999'" in str(
+        _build_error("cuda-ext", 2.0, 1, Path("/x.log"), nv)).splitlines()[0]
 
 
 def test_an_interrupt_message_says_where_what_was_done_and_how_to_resume(tmp_path):

@@ -18,7 +18,7 @@ _COUNTER = re.compile(r"^\d+\.\d+\s+\[(\d+)/(\d+)\] ")   # ninja / CMake progres
 #: A line that reports an error inside a RUN step (BuildKit's "12.3 " time prefix removed): a compiler's
 #: ``file:line: error:`` (gcc, clang) or ``file(line): error:`` (nvcc), ninja's ``FAILED:``, pip's ``ERROR:``,
 #: a Python traceback, ``fatal error``, CMake's ``CMake Error``. Warnings that quote the word are not errors.
-_ERROR_LINE = re.compile(r"(\berror\b\s*:|\bfatal error\b|^FAILED:|^ERROR:|^Traceback \(most recent call last\)"
+_ERROR_LINE = re.compile(r"(\berror\b\s*:|\bfatal error\b|\bfatal\s+:|^FAILED:|^ERROR:|^Traceback \(most recent call last\)"
                          r"|\bCMake Error\b|\berror: subprocess-exited-with-error)")
 _WARNING_LINE = re.compile(r"\bwarning\b\s*[:#]|-W[a-z-]*error", re.IGNORECASE)
 Say = Callable[[str], None]

@@ -358,9 +358,11 @@ def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None,
     built = [n["name"] for n in record["nodes"] if n["status"] == "built"]
     pulled = [n["name"] for n in record["nodes"] if n["status"] == "pulled"]
     skipped = [n["name"] for n in record["nodes"] if n["status"] == "skipped"]
-    say(f"done in {_fmt_s(record['duration_s'])}: built {', '.join(built) or 'nothing'}; "
+    n = record["docker_builds"]
+    ended = {"ok": "done", "interrupted": "stopped", "failed": "failed"}[record["status"]]
+    say(f"{ended} after {_fmt_s(record['duration_s'])}: built {', '.join(built) or 'nothing'}; "
         + (f"pulled from the node cache {', '.join(pulled) or 'nothing'}; " if cache is not None else "")
-        + f"skipped {', '.join(skipped) or 'nothing'}; {record['docker_builds']} docker builds; record {rec_path}")
+        + f"already cached {', '.join(skipped) or 'nothing'}; {n} docker build{'s' * (n != 1)}; record {rec_path}")
     if error:
         raise error
     return record

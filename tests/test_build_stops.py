@@ -157,9 +157,10 @@ def _small_fs(tmp_path: Path, mib: int = 64) -> Path:
     return where
 
 
-def test_a_disk_refusal_leaves_no_journal_and_the_rerun_does_not_call_it_interrupted(tmp_path):
+def test_a_disk_refusal_leaves_no_journal_and_the_rerun_does_not_call_it_interrupted(tmp_path, monkeypatch):
     """Before: the run journal was written before the disk check, so a refusal (exit 5) left a "running"
     record, and the next run opened with "previous run ... was interrupted"."""
+    monkeypatch.delenv("CUDASTACK_NO_DISK_CHECK", raising=False)     # the disk check is under test here
     from cudastack.build.executor import run_build
     from cudastack.core.errors import EnvironmentError_
     from cudastack.plan.planner import make_plan
@@ -238,3 +239,29 @@ def test_an_interrupt_message_says_where_what_was_done_and_how_to_resume(tmp_pat
     assert "while building flash-attn after 27m00s (compiled 30/73)" in msg
     assert "built torch" in msg and "already cached base" in msg and "Not reached: runtime." in msg
     assert "run the same command again" in msg and "failed" not in msg
+
+
+def test_the_disk_check_skipped_on_request_says_not_checked(tmp_path, monkeypatch):
+    """CUDASTACK_NO_DISK_CHECK=1 (a data root whose free space this host cannot see): no refusal, and the report
+    says the disk was not checked; unset, the same small filesystem is refused."""
+    from cudastack.build.context import disk_refusal
+    from cudastack.plan.planner import make_plan
+    from cudastack.plan.rules import Resources
+    from cudastack.recipes.load import load_recipes
+
+    small = _small_fs(tmp_path)
+    try:
+        plan = make_plan(load_recipes(FIXTURES / "recipes"), "13.1", archs="12.0", resources=Resources(2, 8.0),
+                         prefix="cudastack-test")
+
+        class _Root:
+            def root_dir_free_gib(self):
+                return str(small), shutil.disk_usage(small).free / 2**30
+
+        monkeypatch.setenv("CUDASTACK_NO_DISK_CHECK", "1")
+        need, report, refusal = disk_refusal(_Root(), plan, {}, small / "state")
+        assert refusal is None and "not checked (CUDASTACK_NO_DISK_CHECK=1" in report and need > 0
+        monkeypatch.delenv("CUDASTACK_NO_DISK_CHECK")
+        assert disk_refusal(_Root(), plan, {}, small / "state")[2] is not None
+    finally:
+        subprocess.run(["umount", str(small)], check=False)

@@ -16,8 +16,9 @@ INVOKE = [sys.executable, "-m", "invoke", "-r", str(ROOT)]
 
 
 def _invoke(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k != "CUDASTACK_NO_DISK_CHECK"}   # the disk check is under test
     return subprocess.run([*INVOKE, *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **(env or {})})
+                          env={**base, **(env or {})})
 
 
 def _error_line(text: str) -> str:
@@ -53,8 +54,10 @@ def test_dry_run_on_a_too_small_state_folder_refuses_as_the_build_does(small_sta
 
 @pytest.mark.docker
 def test_dry_run_with_room_passes_its_checks_and_exits_0(tmp_path):
-    """The failing twin's other side: enough disk (this machine's), an engine that answers: exit 0."""
-    dry = _invoke("build", "--cuda", "13.1", "--dry-run", "--state-dir", str(tmp_path / "state"), "--skip", "flash-attn")
+    """The failing twin's other side: enough disk (this machine's, for the fixture chain's 5 GiB), an engine that
+    answers: exit 0."""
+    dry = _invoke("build", "--cuda", "13.1", "--dry-run", "--state-dir", str(tmp_path / "state"), "--recipes",
+                  str(ROOT / "tests" / "fixtures" / "recipes"))
     assert dry.returncode == 0, dry.stdout[-1500:] + dry.stderr[-1500:]
     assert "Before its first node the build checks:" in dry.stdout
     assert "Docker engine and BuildKit: ok" in dry.stdout and ": enough" in dry.stdout

@@ -207,10 +207,10 @@ def test_flashinfer_0_7_4_under_vllm_0_33_0_costs_a_pcie_ipc_rebuild_and_its_tun
 
 
 @pytest.mark.network
-@pytest.mark.xfail(strict=True, reason="the vLLM engine reader does not yet read that flashinfer-python 0.7.4 deletes "
-                   "flashinfer.comm.trtllm_alltoall (vllm 0.33.0's two-sided manager then fails all2all.py:659); "
-                   "the validate readers' issue adds it. Remove this mark when it lands.")
 def test_flashinfer_0_7_4_under_vllm_0_33_0_makes_two_sided_a_startup_failure(tmp_path):
+    """0.7.4 deletes flashinfer.comm.trtllm_alltoall; vllm 0.33.0's FlashInferNVLinkTwoSidedManager asserts
+    has_flashinfer_nvlink_two_sided(), which needs its MnnvlMoe: opt-in on 0.7.2.post1 (the twin, the move's left
+    side), start-up failure on 0.7.4."""
     row, _ = _vllm_row(tmp_path, "flashinfer-python")
     assert "vllm ep-flashinfer-a2a: opt-in -> startup-failure-if-set" in row["move"], row["move"]
 

@@ -662,6 +662,17 @@ def _all2all(ctx, eng: Engine) -> Verdict:
                      "it", LIFT_NOTHING, f"nothing on PCIe: every FlashInfer all-to-all backend of vllm {eng.version} "
                      f"({', '.join(fi)}) needs NVLink", value={n: checks[n][0] for n in checks}, on_fail="raise",
                      raises=f"RuntimeError from flashinfer.moe_ep's NVLink check ({checks[pick][1]})"))
+    need = _flashinfer_needs(eng, managers.get(pick, ""))
+    if need is not None and need["missing"]:
+        # the manager's constructor asserts the FlashInfer names it needs: a FlashInfer without them fails start-up
+        ans.add(Gate(f"FlashInfer provides what {managers[pick]} asserts", False, need["assert_where"], GATE_PYTHON,
+                     f"{managers[pick]}.__init__ asserts {need['check']}() ({need['check_where']}), which needs "
+                     f"{', '.join(need['needs'])} from FlashInfer; the installed flashinfer-python "
+                     f"{need['flashinfer'] or '?'} lacks {', '.join(need['missing'])}", LIFT_PACKAGE,
+                     f"a flashinfer-python that still ships {', '.join(need['missing'])} (vllm {eng.version} pins "
+                     f"{need['pin'] or 'its own'}), or a vllm release that no longer needs it",
+                     value=need, on_fail="raise",
+                     raises=f"AssertionError from {managers[pick]}.__init__ ({need['assert_where']})"))
     others = ", ".join(n for n in fi if n not in raising) or "none"
     ended = "".join(f"; {n} is a start-up failure without NVLink: {checks[n][1]}" if ctx.topology == "pcie"
                     else f"; {n} needs NVLink: {checks[n][1]}" for n in raising)
@@ -695,6 +706,79 @@ def _all2all(ctx, eng: Engine) -> Verdict:
               _where(eng, rel, mn))
     v.add("FlashInfer MNNVL memory handle fall-back", *_mnnvl_posix_fallback())
     return v
+
+
+def _flashinfer_needs(eng: Engine, manager: str) -> dict | None:
+    """What a FlashInfer all-to-all manager's constructor asserts: its ``assert has_...()`` call in
+    ``distributed/device_communicators/all2all.py``, that function's ``required_functions`` list of (module, name) in
+    ``utils/flashinfer.py``, and which of them the installed FlashInfer's source lacks (a module file that does not
+    exist, or a name it neither defines nor imports at top level). None when the manager asserts nothing of the kind
+    or FlashInfer is not installed (its library answer says so)."""
+    rel = f"{DC}/all2all.py"
+    cls = next((n for n in eng.tree(rel).body if isinstance(n, ast.ClassDef) and n.name == manager), None)
+    init = next((n for n in (cls.body if cls else []) if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+    check = next((n for n in ast.walk(init) if isinstance(n, ast.Assert) and isinstance(n.test, ast.Call)
+                  and isinstance(n.test.func, ast.Name) and n.test.func.id.startswith("has_")), None) if init else None
+    fi_root = source.package_dir("flashinfer")
+    if check is None or fi_root is None:
+        return None
+    name = check.test.func.id  # type: ignore[attr-defined]
+    urel = "utils/flashinfer.py"
+    fn = source.functions(eng.tree(urel)).get(name)
+    if fn is None:
+        raise GateNotFound(f"gate not found in vllm {eng.version} at vllm/{urel}: no function {name}")
+    lst = next((n for n in ast.walk(fn) if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) ==
+                "required_functions"), None)
+    sub = next((n for n in ast.walk(fn) if isinstance(n, ast.Call) and ast.unparse(n.func) == "_get_submodule"
+                and n.args and isinstance(n.args[0], ast.Constant)), None)
+    names = next((n for n in ast.walk(fn) if isinstance(n, ast.Tuple) and n.elts
+                  and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in n.elts)), None)
+    try:
+        if lst is not None:       # 0.33.0: required_functions = [(module, name), ...]
+            needs = [tuple(x) for x in ast.literal_eval(lst.value)]
+        elif sub is not None and names is not None:   # 0.34.0: hasattr(_get_submodule(module), name) for name in (...)
+            needs = [(sub.args[0].value, e.value) for e in names.elts]  # type: ignore[attr-defined]
+        else:
+            raise GateNotFound(f"gate not found in vllm {eng.version} at vllm/{urel}:{fn.lineno}: {name} names neither "
+                               "a required_functions list nor _get_submodule(...) with a tuple of names")
+    except (ValueError, TypeError) as e:
+        raise GateNotFound(f"gate not readable in vllm {eng.version} at vllm/{urel}:{fn.lineno}: {e}") from e
+    missing = [f"{m}.{a}" for m, a in needs if not _defines(fi_root, m, a)]
+    try:
+        reqs = metadata.requires("vllm") or []
+    except metadata.PackageNotFoundError:   # an edited copy without its dist-info: no pin to name
+        reqs = []
+    pin = next((r for r in reqs if r.replace("_", "-").startswith("flashinfer-python") and "extra ==" not in r), "")
+    return {"check": name, "check_where": f"vllm/{urel}:{fn.lineno}", "assert_where": _where(eng, rel, check),
+            "needs": [f"{m}.{a}" for m, a in needs], "missing": missing, "pin": pin,
+            "flashinfer": dist_version("flashinfer-python")}
+
+
+def _defines(root: Path, module: str, attr: str) -> bool:
+    """Whether the installed package at ``root`` (the ``flashinfer`` folder) has ``module`` with top-level ``attr``
+    (a def, class, assignment or import of that name), read from its source without importing it."""
+    parts = module.split(".")[1:]
+    base = root.joinpath(*parts)
+    path = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+    if not path.is_file():
+        return False
+    try:
+        tree = source.parse(path)
+    except (SyntaxError, ValueError, OSError):
+        return False
+    for n in tree.body:
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == attr:
+            return True
+        if isinstance(n, (ast.Assign, ast.AnnAssign)):
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            if any(isinstance(t, ast.Name) and t.id == attr for t in targets):
+                return True
+        if isinstance(n, (ast.Import, ast.ImportFrom)) and any((al.asname or al.name.split(".")[-1]) == attr
+                                                               for al in n.names):
+            return True
+        if isinstance(n, (ast.Import, ast.ImportFrom)) and any(al.name == "*" for al in n.names):
+            return True   # a star import: the name may come with it (not decided against FlashInfer)
+    return False
 
 
 def _tri(node: ast.AST, flag: str):

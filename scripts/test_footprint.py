@@ -15,7 +15,8 @@ The figures: a full run kept about 19 GB of caches and 17 test images of about 0
 when issue 40 was filed), so the preflight asks for :data:`FULL_GIB` free where the caches and the images go
 (one filesystem on most machines) and :data:`TMP_GIB` in the temporary folder; the fast lane (no Docker, registry
 or network) writes no images and downloads nothing: :data:`FAST_GIB`. ``CUDASTACK_TEST_DISK_GIB`` overrides the
-need. A place whose filesystem is nearly full after a run is reported as full: a full
+need. The caches a previous run left (up to :data:`CACHE_GIB`) are taken off the need: a warm run reuses them. A
+place whose filesystem is nearly full after a run is reported as full: a full
 disk (less than :data:`FULL_AFTER_MIB` or 5 % of a smaller filesystem) shows up in the tests as other errors (pip's "Connection interrupted ... network connectivity" for a
 download that could not be written).
 """
@@ -28,6 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+CACHE_GIB = 19.0         # what a full run keeps in the test caches (pip, uv, index, wheels unpacked)
 FULL_GIB = 40.0          # caches (about 19 GB) + test images (17 x 0.9 GB) + headroom
 TMP_GIB = 5.0            # pytest's tmp_path: wheels unpacked, OS image tarballs
 FAST_GIB = 2.0           # the fast lane: pytest's tmp_path only
@@ -68,7 +70,8 @@ def places(fast: bool) -> list[tuple[str, Path, float]]:
         wanted.append(("temporary folder", tmp, float(need) if need else FAST_GIB))
     else:
         root = docker_root()
-        full = float(need) if need else FULL_GIB
+        # caches a previous run left are reused, not written again: a warm cache needs only the rest
+        full = float(need) if need else FULL_GIB - min(CACHE_GIB, _du_gib(cache_dir()) if cache_dir().is_dir() else 0.0)
         wanted.append(("test caches ($CUDASTACK_TEST_CACHE)", cache_dir(), full))
         if root is not None:
             wanted.append(("Docker data root (test images, BuildKit cache)", root, 0.0))

@@ -168,3 +168,19 @@ def test_dev_sh_stops_the_dockerd_it_started_and_keeps_it_on_request(tmp_path):
         finally:
             if alive:
                 os.kill(pid, 15)
+
+
+def test_a_warm_cache_is_taken_off_the_need(tmp_path):
+    """The full run's need (caches + images + headroom) counts the caches a previous run left: a warm cache of 3 GiB
+    asks 3 GiB less than an empty one."""
+    cold = tmp_path / "cold"
+    cold.mkdir()
+    warm = tmp_path / "warm"
+    warm.mkdir()
+    with open(warm / "wheel.bin", "wb") as f:
+        f.truncate(3 * 2**30)    # sparse: its size counts, not its blocks
+    def need(cache):
+        r = _run("preflight", env={"CUDASTACK_TEST_CACHE": str(cache), "TMPDIR": str(tmp_path)})
+        line = next(ln for ln in r.stderr.splitlines() if "test caches" in ln)
+        return float(line.rsplit("needs about ", 1)[1].split(" GiB")[0])
+    assert need(cold) - need(warm) == pytest.approx(3.0, abs=0.01)

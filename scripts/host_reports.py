@@ -47,6 +47,8 @@ def main(argv: list[str]) -> int:
                            extra_env={"STACKPROBE_HOST_ROOT": str(snap)})
         r = Report.from_json(rep)
         r.host["snapshot"] = f"snapshots/{name}"        # the folder beside the report, not this machine's path
+        for g in r.host.get("gpus", []):
+            g["sysfs"] = str(g["sysfs"]).replace(str(out) + "/", "")
         r.write_json(out / f"{name}.json")
         write_atomic(out / f"{name}.md", r.to_markdown())
         print(f"{name}: {out / (name + '.md')}")

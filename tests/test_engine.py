@@ -153,6 +153,8 @@ def test_too_little_disk_is_refused_before_building(tmp_path, monkeypatch):
     import shutil as _shutil
     from collections import namedtuple
 
+    monkeypatch.delenv("CUDASTACK_NO_DISK_CHECK", raising=False)     # the disk check is under test here
+
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(_shutil, "disk_usage", lambda p: usage(1 << 40, 0, 1 << 40))   # the state dir: plenty
     plan = make_plan(None, "13.1", resources=Resources(2, 24.0))

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..host import acs_state, iommu_state  # noqa: F401 - the readers live in the host stage; re-exported for callers
+from ..host import acs_state, iommu_state, nvml_p2p  # noqa: F401 - the readers live in the host stage; re-exported for callers
 
 NEEDS_P2P = ("sglang-custom-allreduce", "sglang-pcie-ipc")
 WHAT_TO_CHECK = ("check: nvidia-smi topo -p2p r (OK for every pair), the IOMMU mode (iommu=pt or off on the kernel "
@@ -49,33 +49,12 @@ def peer_matrix(count: int | None = None) -> dict:
                         out["cuda"][f"{i}-{j}"] = bool(torch.cuda.can_device_access_peer(i, j))
     except Exception as exc:  # noqa: BLE001 - a report, not a failure
         out["errors"].append(f"torch: {exc}")
-    try:
-        import pynvml as nv
-        nv.nvmlInit()
-        try:
-            n = nv.nvmlDeviceGetCount()
-            out["count"] = max(out["count"], n)
-            hs = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
-            links = {v: k for k, v in vars(nv).items() if k.startswith("NVML_TOPOLOGY_") and isinstance(v, int)}
-            for i in range(n):
-                for j in range(n):
-                    if i == j:
-                        continue
-                    rec = {}
-                    try:
-                        st = nv.nvmlDeviceGetP2PStatus(hs[i], hs[j], nv.NVML_P2P_CAPS_INDEX_READ)
-                        rec["p2p_read"] = "ok" if st == nv.NVML_P2P_STATUS_OK else f"status {st}"
-                    except Exception as exc:  # noqa: BLE001
-                        rec["p2p_read"] = f"error: {exc}"
-                    try:
-                        rec["link"] = links.get(nv.nvmlDeviceGetTopologyCommonAncestor(hs[i], hs[j]), "unknown")
-                    except Exception as exc:  # noqa: BLE001
-                        rec["link"] = f"error: {exc}"
-                    out["nvml"][f"{i}-{j}"] = rec
-        finally:
-            nv.nvmlShutdown()
-    except Exception as exc:  # noqa: BLE001
-        out["errors"].append(f"nvml: {exc}")
+    nvml = nvml_p2p(0)     # the host stage's one NVML reader (every GPU NVML sees)
+    if "not_read" in nvml:
+        out["errors"].append(f"nvml: {nvml['not_read']}")
+    else:
+        out["nvml"] = nvml
+        out["count"] = max(out["count"], max((int(k.split("-")[0]) + 1 for k in nvml), default=0))
     return out
 
 

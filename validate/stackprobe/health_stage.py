@@ -10,7 +10,7 @@ import time
 
 from . import health as h
 from . import health_elf as elf
-from . import health_floors, health_jitcache, health_triton, known_bad
+from . import health_enginecache, health_floors, health_jitcache, health_triton, known_bad
 from .archs import parse_arch
 from .env import effective_nvcc
 from .probes.needs import NEEDS
@@ -246,12 +246,15 @@ def run(environment: dict, target, topology: str, backends=None, timeout: float 
     arch = parse_arch(target) if isinstance(target, str) else target
     jc = health_jitcache.scan(dists, major, arch)
     jit_cache_blocks(jc, backends, cuda, blocks, findings)
+    ec = health_enginecache.scan(dists, major, arch)   # the engines' own compile caches and Triton's (check 8)
+    findings += health_enginecache.findings(ec, cuda)
     fl = health_floors.floors(backends, dists, shared, nccl)
     floor_blocks(fl, (environment or {}).get("driver") or {}, blocks, findings)
     tri_finding = health_triton.finding(tri)
     if tri_finding:
         findings.append(tri_finding)
     gaps = not_assessed(unread, shared, syms, nccl, cuda, imports)
+    gaps += [dict(g, check="engine_cache") for g in ec["not_assessed"]]
     if jc.get("not_assessed"):
         gaps.append({"check": "jit_cache", "what": f"FlashInfer {jc['version']}'s JIT cache", "why": jc["not_assessed"]})
     if tri.get("not_assessed"):
@@ -261,7 +264,7 @@ def run(environment: dict, target, topology: str, backends=None, timeout: float 
         findings.insert(0, {"check": g["check"], "level": "warning", "message": f"not assessed: {g['what']} ({g['why']})"})
     return {"seconds": round(time.time() - t0, 1), "stack_cuda": cuda, "stack_cuda_source": cuda_where,
             "requirements": breaks, "requirements_not_assessed": unread, "imports": list(imports.values()), "shared_objects": shared,
-            "static_symbols": syms, "nccl": nccl, "toolchain": tool, "triton": tri, "driver_floors": fl, "jit_cache": jc, "findings": findings, "blocks": blocks,
+            "static_symbols": syms, "nccl": nccl, "toolchain": tool, "triton": tri, "driver_floors": fl, "jit_cache": jc, "engine_cache": ec, "findings": findings, "blocks": blocks,
             "not_assessed": gaps}
 
 

@@ -206,6 +206,9 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
                                **({"dispatch": dispatch} if eng is not engines[0] or eng is not sglang else {})})
         if eng is engines[0] and eng is not sglang:
             report.dispatch = dispatch
+        if eng.name == "vllm":  # the settings and modules vLLM ships that no verdict judges (issue 39 point 6)
+            from .probes.vllm_paths import report_paths
+            report.paths = list(report.paths or []) + report_paths(ctx)
     report.options["seconds"] = round(time.time() - t0, 1)
     return report
 

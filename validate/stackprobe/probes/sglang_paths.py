@@ -79,7 +79,9 @@ def inventory(engine: se.Engine) -> list[dict]:
                     "status": "assessed" if known[0] else "not-assessed", "why": known[1]})
     flags = sf.server_flags(engine)
     a2a = flags.get("--moe-a2a-backend")
-    for choice in (a2a.choices or ()) if a2a else ():
+    a2a_choices = (a2a.choices or next((tuple(f["choices"]) for f in cli_flags(engine)
+                                        if f["flag"] == a2a.flag and f["choices"]), ())) if a2a else ()
+    for choice in a2a_choices:
         judged = A2A_JUDGED.get(choice)
         out.append({"path": f"--moe-a2a-backend {choice}", "kind": "moe-a2a-backend", "maps_to": judged or "",
                     "where": a2a.where, "status": "assessed" if judged is not None else "not-assessed",
@@ -100,12 +102,21 @@ def inventory(engine: se.Engine) -> list[dict]:
             out.append({"path": name, "kind": "server flag", "maps_to": "", "where": f"{flags[flag].where} {flag}",
                         "status": "not-assessed", "why": why})
     listed = {r["where"].split()[-1] for r in out if r["kind"] == "server flag"} | {a2a.flag if a2a else ""}
-    for f in field_flags(engine):
-        if f["flag"] in listed or f["flag"] in JUDGED_FLAGS:
+    # add_argument calls first: sglang 0.5.9's help text and flag declaration are there, not on the dataclass field
+    for f in cli_flags(engine) + field_flags(engine):
+        if f["flag"] in listed or RENDEZVOUS.search(f["flag"]):
             continue
-        out.append({"path": f["flag"], "kind": "server flag (field group)", "maps_to": "", "where": f["where"],
+        listed.add(f["flag"])
+        judged = JUDGED_FLAGS.get(f["flag"])
+        kind = "server flag (field group)" if f.get("source") != "add_argument" else "server flag (add_argument)"
+        choices = f" (choices: {', '.join(map(str, f['choices']))})" if f.get("choices") else ""
+        if judged:
+            out.append({"path": f["flag"], "kind": kind, "maps_to": judged, "where": f["where"], "status": "assessed",
+                        "why": f"judged by the {judged} verdict"})
+            continue
+        out.append({"path": f["flag"], "kind": kind, "maps_to": "", "where": f["where"],
                     "status": "not-assessed", "why": f"a communication setting of the {f['group']} group this suite "
-                    f"does not judge: {f['help'][:200]}"})
+                    f"does not judge: {f['help'][:200]}{choices}"})
     kdir = engine.root / KERNEL_DIR
     for p in sorted(kdir.glob("*.py")) if kdir.is_dir() else []:
         if p.name != "__init__.py":
@@ -123,17 +134,107 @@ GROUP = re.compile(r"comm|moe|parallel|spec|^ServerArgs$", re.IGNORECASE)
 #: what marks a communication setting in a field's name or help
 COMM_TERMS = re.compile(r"all[_ -]?reduce|a2a|all[_ -]?to[_ -]?all|all[_ -]?gather|reduce[_ -]?scatter|collective|"
                         r"\bnccl|symm|communicat|reduction|comm[_ ]backend", re.IGNORECASE)
-#: flags whose answer one of this suite's verdicts gives (the rest of a group's communication flags are listed)
-JUDGED_FLAGS = {"--moe-a2a-backend", "--enable-symm-mem", "--enable-nccl-nvls", "--attn-dp-size",
-                "--enable-dp-attention", "--flashinfer-allreduce-fusion-backend", "--enable-flashinfer-allreduce-fusion",
-                "--disable-custom-all-reduce", "--enable-mscclpp", "--enable-torch-symm-mem",
-                "--enable-deterministic-inference"}
+#: flags whose answer one of this suite's verdicts gives -> that verdict's backend (the rest of the installed
+#: release's communication flags are listed as not assessed). ``--moe-a2a-backend`` is listed per choice, and
+#: ``--enable-symm-mem`` / ``--enable-nccl-nvls`` / DP attention / the fusion backend flag by the named rows of
+#: :func:`inventory`; tests check that each backend here is one the suite answers for.
+JUDGED_FLAGS = {"--moe-a2a-backend": "ep-flashinfer-a2a", "--enable-flashinfer-allreduce-fusion":
+                "flashinfer-allreduce-fusion", "--flashinfer-allreduce-fusion-backend": "flashinfer-allreduce-fusion",
+                "--disable-custom-all-reduce": "sglang-custom-allreduce", "--enable-mscclpp": "mscclpp",
+                "--enable-torch-symm-mem": "torch-symm-mem",
+                "--enable-deterministic-inference": "flashinfer-pcie-ipc-allreduce"}
+#: what marks a communication setting in an ``add_argument`` call beyond :data:`COMM_TERMS` (its flag, help text or
+#: choices): PCIe, P2P (the peer-access check), scattered inputs, DeepEP, MSCCL++, NVLS, the custom allreduce
+CLI_TERMS = re.compile(COMM_TERMS.pattern + r"|pcie|\bp2p\b|scattered|deepep|mscclpp|\bnvls\b|custom[_ -]all",
+                       re.IGNORECASE)
+#: what marks one in the flag's own name only (help texts mention DP attention and overlap in passing): DP attention
+#: and two-batch overlap, which change which collectives a step runs
+NAME_TERMS = re.compile(r"dp-attention|batch-overlap")
+#: a flag that only names where a process group meets (a port, an address, a host) sets up the rendezvous, and a
+#: timeout bounds a wait: neither selects a path
+RENDEZVOUS = re.compile(r"-(port|ports|addr|address|host)$|timeout")
+
+
+def _strings(node) -> list[str]:
+    """Every string constant under ``node``, in source order."""
+    import ast
+    return [c.value for c in ast.walk(node) if isinstance(c, ast.Constant) and isinstance(c.value, str)] if node else []
+
+
+def _choices(node, consts: dict) -> list:
+    """An ``add_argument``'s ``choices=``: a literal, or a module-level name of the same file (``MOE_A2A_BACKEND_CHOICES``
+    in sglang 0.5.9's ``server_args.py``), a ``[*NAME, "x"]`` spread or ``list(NAME)`` of one; [] when not read."""
+    import ast
+    if node is None:
+        return []
+    try:
+        v = ast.literal_eval(node)
+        return list(v) if isinstance(v, (list, tuple, set)) else []
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        pass
+    out: list = []
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name) and n.id in consts:
+            out += _choices(consts[n.id], {k: v for k, v in consts.items() if k != n.id})
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+            out.append(n.value)
+    return list(dict.fromkeys(out))
+
+
+def _section(lines: list[str], lineno: int) -> str:
+    """The comment heading the block an ``add_argument`` call sits in (``# Expert parallelism`` in 0.5.9's
+    ``add_cli_args``): the nearest line above it that is a comment alone; "" when none within 400 lines."""
+    for i in range(lineno - 2, max(lineno - 400, 0) - 1, -1):
+        t = lines[i].strip()
+        if t.startswith("#") and not t.startswith("#:"):
+            return t.lstrip("# ").strip()
+    return ""
+
+
+def cli_flags(engine: se.Engine) -> list[dict]:
+    """The communication settings among the installed SGLang's ``parser.add_argument(...)`` calls in its argument files
+    (:data:`.sglang_engine.ARG_FILES`; sglang 0.5.9 declares every server flag so, in ``ServerArgs.add_cli_args`` of
+    ``srt/server_args.py``, with its help text there and not on the dataclass field): a call whose flag, help text or
+    choices match :data:`CLI_TERMS`, leaving out rendezvous settings (:data:`RENDEZVOUS`). Choices given as a module
+    constant are resolved in the same file. Returns ``[{"flag", "group" (the section comment, or the file), "where"
+    ("sglang/FILE:LINE"), "help", "choices", "source": "add_argument"}]``, one per call (its first ``--`` name)."""
+    import ast
+
+    from .. import source
+
+    out = []
+    for path in se._arg_sources(engine):
+        try:
+            tree = source.parse(path)
+            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        except (SyntaxError, ValueError, OSError):
+            continue
+        consts = {t.id: n.value for n in tree.body if isinstance(n, ast.Assign) for t in n.targets
+                  if isinstance(t, ast.Name)}
+        for call in ast.walk(tree):
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                    and call.func.attr == "add_argument"):
+                continue
+            names = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                     and a.value.startswith("--")]
+            if not names or RENDEZVOUS.search(names[0]):
+                continue
+            kw = {k.arg: k.value for k in call.keywords if k.arg}
+            help_text = " ".join(_strings(kw.get("help"))).strip()
+            choices = _choices(kw.get("choices"), consts)
+            if not (CLI_TERMS.search(" ".join(names)) or NAME_TERMS.search(" ".join(names)) or CLI_TERMS.search(help_text)
+                    or any(CLI_TERMS.search(str(c)) for c in choices)):
+                continue
+            out.append({"flag": names[0], "group": _section(lines, call.lineno) or se.short(path),
+                        "where": f"{se.short(path)}:{call.lineno}", "help": help_text, "choices": choices,
+                        "source": "add_argument"})
+    return out
 
 
 def field_flags(engine: se.Engine) -> list[dict]:
     """The communication settings of the installed SGLang's server-argument field groups, read from its source
     (``ast``): every field of a class matching :data:`GROUP` in its argument files (:data:`.sglang_engine.ARG_FILES`)
-    whose name or help text matches :data:`COMM_TERMS` and that is a command-line flag (not ``Arg(no_cli=True)``).
+    whose name or help text matches :data:`CLI_TERMS` (or whose flag matches :data:`NAME_TERMS`) and that is a command-line flag (not ``Arg(no_cli=True)``).
     sglang 0.5.23 gives, among others, ``--speculative-moe-a2a-backend`` (``fields/spec.py:181``),
     ``--dcp-comm-backend`` (``fields/parallel.py:127``), ``--enable-tp-lm-head-all-to-all``. Returns ``[{"flag",
     "group", "where", "help"}]``."""
@@ -159,7 +260,8 @@ def field_flags(engine: se.Engine) -> list[dict]:
                 helps += [c.value for c in ast.walk(f.annotation) if isinstance(c, ast.Constant)
                           and isinstance(c.value, str) and len(c.value) > 20][:1]
                 help_text = str(helps[0]) if helps else ""
-                if COMM_TERMS.search(f.target.id) or COMM_TERMS.search(help_text):
+                flag = "--" + f.target.id.replace("_", "-")
+                if CLI_TERMS.search(f.target.id) or CLI_TERMS.search(help_text) or NAME_TERMS.search(flag):
                     out.append({"flag": "--" + f.target.id.replace("_", "-"), "group": cls.name,
                                 "where": f"{se.short(path)}:{f.lineno}", "help": help_text})
     return out

@@ -236,3 +236,39 @@ def test_report_health_section_names_stale_engine_cache_entries(bare_python, tmp
     else:
         assert "engine_cache" not in rep["environment"]["health"]
         assert not _stale_named(rep, md, so, meta)
+
+
+@pytest.mark.parametrize("with_sglang", [True, False])
+def test_import_sglang_moves_triton_and_flashinfer_caches_and_both_are_read(tmp_path, with_sglang):
+    """SGLang 0.5.23's ``import sglang`` points ``TRITON_CACHE_DIR`` at ``$SGLANG_CACHE_DIR/triton`` and
+    ``FLASHINFER_WORKSPACE_BASE`` at ``$SGLANG_CACHE_DIR`` where unset (srt/environ.py ``third_party_cache_defaults``).
+    A stale Triton entry and a CUDA 13 FlashInfer module planted there are flagged; without SGLang installed
+    (the twin: nothing moves the caches) that folder is not where anything loads from, and it is not read."""
+    base = tmp_path / "sgc"
+    meta = plant_triton(base / "triton", "KEY", 90)
+    so = base / ".cache" / "flashinfer" / "0.7.2" / "90a" / "cached_ops" / "trtllm_comm" / "trtllm_comm.so"
+    so.parent.mkdir(parents=True)
+    shutil.copy(_so(13), so)
+    paths = [pip_target("flashinfer-python==0.7.2"), pip_target("torch==2.9.1"), pip_target("triton==3.9.0")]
+    if with_sglang:
+        paths.insert(0, pip_target("sglang==0.5.23"))
+    env = {"SGLANG_CACHE_DIR": str(base), "SGLANG_JIT_CACHE_DIR": str(tmp_path / "none"),
+           "HOME": str(tmp_path / "home")}
+    r = _scan(paths, "9.0", env)
+    code = ("import json; from stackprobe import health as h, health_jitcache as j; "
+            "from stackprobe.archs import parse_arch; print(json.dumps(j.scan_all(h.installed(), 12, "
+            "parse_arch('9.0'))))")
+    p = subprocess.run([str(_bare()), "-c", code], capture_output=True, text=True, env=suite_env(paths, extra=env),
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    jc = json.loads(p.stdout)
+    errs = [f["message"] for f in r["findings"] if f["level"] == "error"]
+    fi_rows = [m for m in jc["modules"] if m["path"] == str(so)]
+    if with_sglang:
+        moved = next(c for c in r["caches"] if c["kind"].startswith("triton (where import sglang"))
+        assert moved["root"] == str(base / "triton") and len(errs) == 1 and str(meta) in errs[0]
+        assert str(base / ".cache" / "flashinfer" / "0.7.2") in jc["roots"]
+        assert len(fi_rows) == 1 and fi_rows[0]["mismatch"] == ["libcudart.so.13"]
+    else:
+        assert errs == [] and [c["root"] for c in r["caches"]] == [str(tmp_path / "home" / ".triton" / "cache")]
+        assert fi_rows == [] and jc["roots"] == [str(tmp_path / "home" / ".cache" / "flashinfer" / "0.7.2")]

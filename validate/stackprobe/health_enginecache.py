@@ -29,6 +29,11 @@ Where the caches are, and when a cached module is loaded instead of compiled (re
   ``TRITON_CACHE_DIR`` was set by the caller (``compilation/compiler_interface.py:29-42``). The compiled graph is
   loaded from the cache before compiling (``compilation/backends.py:303-304``). Shared objects found there are
   checked like installed ones; its Triton entries as below.
+* **SGLang 0.5.23 moves other caches at import**: ``import sglang`` runs ``redirect_third_party_caches()``
+  (``sglang/__init__.py:10-14``), which ``setdefault``s ``TRITON_CACHE_DIR`` to ``$SGLANG_CACHE_DIR/triton`` and
+  ``FLASHINFER_WORKSPACE_BASE`` to ``$SGLANG_CACHE_DIR`` (``srt/environ.py:2308-2336``; ``SGLANG_CACHE_DIR`` defaults
+  to ``~/.cache/sglang``, ``:1383``): in an SGLang process Triton's and FlashInfer's caches are there, not at their
+  own defaults (:func:`sglang_env`; both places are read).
 * **Triton** (every engine's Triton kernels): ``$TRITON_CACHE_DIR`` else ``$TRITON_HOME/.triton/cache`` (triton
   3.9.0 ``knobs.py:345-355``; 3.2.0 ``runtime/cache.py:12-17,65``); one folder per key, holding ``<kernel>.json``
   (its ``"target": {"backend", "arch", "warp_size"}``) and ``<kernel>.cubin``. The key hashes Triton's own build,
@@ -93,6 +98,11 @@ LAYOUTS = {
                    "(backends.py:1091-1097)"),
     },
 }
+#: what SGLang must spell for its import-time redirect (:func:`sglang_env`)
+SGLANG_REDIRECT = {"__init__.py": ("_redirect_third_party_caches()",),
+                   "srt/environ.py": ("def third_party_cache_defaults", '"TRITON_CACHE_DIR": os.path.join(base, "triton")',
+                                      '"FLASHINFER_WORKSPACE_BASE": base', 'SGLANG_CACHE_DIR = EnvStr(os.path.expanduser'
+                                      '("~/.cache/sglang"))', "os.environ.setdefault(key, value)")}
 #: what the installed triton must spell for the cache rules above (3.2.0: runtime/cache.py; 3.9.0: knobs.py)
 TRITON_MARKS = ("TRITON_CACHE_DIR", "TRITON_HOME", ".triton")
 TRITON_KEY_MARKS = ("triton_key()", "backend.hash()")
@@ -131,6 +141,19 @@ def layout_root(name: str, env=None) -> Path:
             env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "vllm")
         return Path(os.path.expanduser(base)) / lay["sub"]
     return Path(os.path.expanduser(env.get(lay["env"]) or lay["default"]))
+
+
+def sglang_env(dists: dict, env=None) -> dict | None:
+    """The environment an SGLang process runs with after ``import sglang`` redirected the third-party caches
+    (``TRITON_CACHE_DIR``, ``FLASHINFER_WORKSPACE_BASE`` set where unset, under ``$SGLANG_CACHE_DIR``), or None when
+    SGLang is not installed or does not spell that redirect (then nothing moves)."""
+    env = dict(os.environ if env is None else env)
+    if dists.get("sglang") is None or not _spelled(_package_dir("sglang"), SGLANG_REDIRECT)[0]:
+        return None
+    base = os.path.expanduser(env.get("SGLANG_CACHE_DIR") or "~/.cache/sglang")
+    env.setdefault("TRITON_CACHE_DIR", os.path.join(base, "triton"))
+    env.setdefault("FLASHINFER_WORKSPACE_BASE", base)
+    return env
 
 
 def triton_root(env=None) -> Path:
@@ -300,11 +323,11 @@ def scan(dists: dict, stack_major: int | None, target, env=None, torch_dirs: lis
                                                + "; ".join(results) + ")"})
     tri = dists.get("triton")
     if tri is not None:
-        _triton_cache(tri, target, env, out)
+        _triton_cache(tri, target, env, out, dists)
     return out
 
 
-def _triton_cache(tri, target, env, out: dict) -> None:
+def _triton_cache(tri, target, env, out: dict, dists: dict) -> None:
     """Triton's process-wide cache (the installed triton's rules confirmed first) into ``out``."""
     troot = _package_dir("triton")
     texts = ""
@@ -319,12 +342,16 @@ def _triton_cache(tri, target, env, out: dict) -> None:
                                     "why": f"its runtime/cache.py, knobs.py and compiler/compiler.py lack "
                                            f"{', '.join(missing) or 'everything'}"})
         return
-    root = triton_root(env)
-    rows, other, _ = triton_entries(root, target)
-    out["caches"].append({"engine": f"triton {tri.version}", "kind": "triton", "root": str(root),
-                          "source": str(troot), "loader": "Triton reuses an entry found under its key "
-                          "(triton_key, source, ptxas version and target arch, options)",
-                          "modules": [], "triton": rows, "other_targets": other})
+    roots = [(triton_root(env), "triton")]
+    sg = sglang_env(dists, env)
+    if sg is not None and triton_root(sg) != roots[0][0]:
+        roots.append((triton_root(sg), "triton (where import sglang points it)"))
+    for root, kind in roots:
+        rows, other, _ = triton_entries(root, target)
+        out["caches"].append({"engine": f"triton {tri.version}", "kind": kind, "root": str(root),
+                              "source": str(troot), "loader": "Triton reuses an entry found under its key "
+                              "(triton_key, source, ptxas version and target arch, options)",
+                              "modules": [], "triton": rows, "other_targets": other})
 
 
 def findings(scanned: dict, stack_cuda: str | None) -> list[dict]:

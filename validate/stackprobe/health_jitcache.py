@@ -92,6 +92,25 @@ def scan(dists: dict, stack_major: int | None, target, env=None) -> dict:
     return out
 
 
+def scan_all(dists: dict, stack_major: int | None, target, env=None) -> dict:
+    """:func:`scan` at FlashInfer's own default, and also where ``import sglang`` points FlashInfer's workspace
+    (SGLang 0.5.23 sets ``FLASHINFER_WORKSPACE_BASE`` to ``$SGLANG_CACHE_DIR`` when unset:
+    :func:`stackprobe.health_enginecache.sglang_env`); the modules of both, ``roots`` every folder read."""
+    from .health_enginecache import sglang_env
+
+    out = scan(dists, stack_major, target, env)
+    if out:
+        out["roots"] = [out["root"]]
+    sg = sglang_env(dists, env)
+    if not out or not out.get("layout") or sg is None or cache_root(sg) == cache_root(env):
+        return out
+    more = scan(dists, stack_major, target, sg)
+    out["roots"].append(more["root"])
+    out["modules"] += [dict(m, via="import sglang (FLASHINFER_WORKSPACE_BASE=$SGLANG_CACHE_DIR)")
+                       for m in more.get("modules", [])]
+    return out
+
+
 def backend_modules() -> dict:
     """{backend: JIT module name} from the installed FlashInfer's generators (read with ``ast``; none imported)."""
     from .probes import flashinfer_common as fi

@@ -244,7 +244,7 @@ def run(environment: dict, target, topology: str, backends=None, timeout: float 
     blocks = decide(backends, imports, breaks, shared, syms, tool, dists)
     findings = _findings(breaks, imports, shared, syms, nccl, tool)
     arch = parse_arch(target) if isinstance(target, str) else target
-    jc = health_jitcache.scan(dists, major, arch)
+    jc = health_jitcache.scan_all(dists, major, arch)   # also where import sglang moves it
     jit_cache_blocks(jc, backends, cuda, blocks, findings)
     ec = health_enginecache.scan(dists, major, arch)   # the engines' own compile caches and Triton's (check 8)
     findings += health_enginecache.findings(ec, cuda)

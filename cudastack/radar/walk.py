@@ -293,13 +293,24 @@ def render_markdown(r: Radar) -> str:
              "and from the released files; `invoke outdated` writes this table.", "",
              *mdtable.header(("component", "pinned", "newest", "newest allowed", "held back by",
                               "what a move would change in the verdicts"))]
+    spill = mdtable.Spill()   # long reasons and moves, under one heading per component after the table
     for row in r.rows:
         p = row.pinned
         pinned = p.version + ("" if p.locked is None else " (locked)" if p.locked == p.version else
                               f" (lock: {p.locked or 'not recorded'})")
-        held = "; ".join(row.holds) if row.holds else ("-" if row.allowed == row.newest else "")
-        lines.append(mdtable.row((row.name, pinned, row.newest, row.allowed, held,
-                                  row.move + ("; " + "; ".join(row.notes) if row.notes else ""))))
+        # the deciding reason in the cell (an engine's pin where there is one), every reason below
+        first = next((h for h in row.holds if h.startswith("pin:")), row.holds[0]) if row.holds else ""
+        held = (f"{first} (+{len(row.holds) - 1} more below)" if len(row.holds) > 1 else
+                first if row.holds else ("-" if row.allowed == row.newest else ""))
+        if len(row.holds) > 1:
+            for h in row.holds:
+                spill.add(row.name, f"held back by: {h}")
+        move = row.move + ("; " + "; ".join(row.notes) if row.notes else "")
+        lines.append(mdtable.row((row.name, pinned, row.newest, row.allowed, spill.cell(row.name, held, "held back by"),
+                                  spill.cell(row.name, move, "what a move would change"))))
+    lines += spill.markdown("Per component, in full", "One heading per component whose cells above were cut: every "
+                            "reason it is held back and what each move would change, whole (radar.json has the "
+                            "per-move detail: the sets read, statuses old -> new, costs).", level=3)
     lines.append("")
     if r.conflicts:
         lines.append("Pins that refuse this toolchain as written:")
@@ -331,6 +342,16 @@ def to_json(r: Radar) -> dict:
             "rows": [{"component": x.name, "pinned": x.pinned.version, "pinned_where": x.pinned.where,
                       "locked": x.pinned.locked, "newest": x.newest, "newest_allowed": x.allowed, "held_back_by": x.holds,
                       "move": x.move, "move_detail": x.detail, "notes": x.notes} for x in r.rows]}
+
+
+def from_json(d: dict) -> Radar:
+    """The :class:`Radar` that :func:`to_json` wrote (one item of ``radar.json``), to render its Markdown again.
+    Raises KeyError for a dict without the keys :func:`to_json` writes."""
+    rows = [Row(x["component"], Pin(x["component"], x["pinned"], x.get("pinned_where", ""), locked=x.get("locked")),
+                x.get("newest", ""), x.get("newest_allowed", ""), list(x.get("held_back_by") or []), x.get("move", ""),
+                list(x.get("move_detail") or []), list(x.get("notes") or [])) for x in d["rows"]]
+    return Radar(d["toolchain"], d["cuda_version"], d["base"], d["target"], d["engine"], rows, list(d["conflicts"]),
+                 d.get("index", ""), d.get("as_of", ""), d.get("runtime", ""))
 
 
 def toolchain_names(recipes: RecipeSet | None, cuda: str | None) -> list[str]:

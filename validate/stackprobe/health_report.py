@@ -45,9 +45,12 @@ def markdown(health: dict | None) -> list[str]:
     lines += [f"- info ({f['check']}): {f['message']}" for f in infos[:6]]
     blocks = health.get("blocks") or {}
     if blocks:
+        spill = mdtable.Spill()
         lines += ["", *mdtable.table(("backend", "blocked by the environment", "what to change"),
-                                     ((b, bl[0]["gate"] + ": " + bl[0]["cause"], bl[0]["lift_detail"])
+                                     ((b, spill.cell(b, bl[0]["gate"] + ": " + bl[0]["cause"], "blocked by"),
+                                       spill.cell(b, bl[0]["lift_detail"], "what to change"))
                                       for b, bl in blocks.items()))]
+        lines += spill.markdown("Blocked by the environment, in full", "Per backend, the cells above whole.", level=3)
     lines.append("")
     return lines
 
@@ -88,7 +91,9 @@ def comparison(reports: list, labels: list[str]) -> list[str]:
         gaps = ((r.environment or {}).get("health") or {}).get("not_assessed") or []
         errs.append("; ".join([f"**error** ({f['check']}): {f['message']}" for f in fs]
                               + [f"**not assessed**: {_gap(g)}" for g in gaps]) or "no errors")
-    lines.append(mdtable.row(["errors", *errs]))
+    spill = mdtable.Spill()
+    lines.append(mdtable.row(["errors", *(spill.cell(lab, e, "errors") for lab, e in zip(labels, errs))]))
     lines.append(mdtable.row(["blocked by the environment", *(
-        ", ".join(((r.environment or {}).get("health") or {}).get("blocks", {})) or "-" for r in reports)]))
-    return lines + [""]
+        spill.cell(lab, ", ".join(((r.environment or {}).get("health") or {}).get("blocks", {})) or "-",
+                   "blocked by the environment") for lab, r in zip(labels, reports))]))
+    return lines + spill.markdown("Environment health in full", "Per image, the health cells above whole.", level=3) + [""]

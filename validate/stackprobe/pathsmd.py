@@ -9,18 +9,24 @@ from __future__ import annotations
 from . import mdtable
 
 
-def not_assessed_markdown(report) -> list[str]:
+def not_assessed_markdown(report, spill: mdtable.Spill | None = None) -> list[str]:
     """``## Not assessed here (N)`` and one table row per not-assessed path (path, why, where the engine ships it);
-    [] when the report has none."""
+    [] when the report has none. A long why goes to ``spill`` under the path's name (a section of its own after the
+    table when none is given)."""
+    own = spill is None
+    spill = spill if spill is not None else mdtable.Spill()
     rows = []
     for p in getattr(report, "paths", None) or []:
+        name = p.get("backend", "?")
         where = next((e.get("source") for e in p.get("evidence") or [] if e.get("what") == "shipped by"), "")
-        rows.append((p.get("backend", "?"), p.get("cause") or "not judged by this suite", where or "-"))
+        rows.append((name, spill.cell(name, p.get("cause") or "not judged by this suite", "why not assessed"),
+                     spill.cell(name, where or "-", "where")))
     if not rows:
         return []
     return ["", f"## Not assessed here ({len(rows)})", "",
             "Paths and settings the installed engine ships that this suite does not judge: nothing below says they work "
-            "or fail on the target.", "", *mdtable.table(("path or setting", "why not assessed", "where"), rows)]
+            "or fail on the target.", "", *mdtable.table(("path or setting", "why not assessed", "where"), rows),
+            *(spill.markdown("Not assessed here, in full", "The why of each path above, whole.") if own else [])]
 
 
 def per_width_markdown(dispatch: dict) -> list[str]:

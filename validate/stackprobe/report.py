@@ -309,6 +309,7 @@ class Report:
             lines += ["## Environment findings", ""]
             lines += [f"- **{f['level']}**{' (' + f['case'] + ')' if f.get('case') else ''}: {f['message']}" for f in findings]
             lines.append("")
+        spill = mdtable.Spill()   # what the cells below cannot hold, under one heading per path after the matrix
         roots = self.environment.get("toolkit_roots") or []
         if roots:
             lines += ["## Toolkit roots", "",
@@ -316,8 +317,10 @@ class Report:
             for r in roots:
                 wheels = ", ".join(f"{d} {v}" for d, v in (r.get("wheels") or {}).items()) or "-"
                 ok = {True: "yes", False: "**no**: " + r.get("problem", ""), None: "- (nothing to compare)"}[r.get("coherent")]
+                key = f"toolkit root {r['root']}"
                 lines.append(mdtable.row((r["root"], ", ".join(r.get("found_by", [])), r.get("nvcc") or "-",
-                                          r.get("cudart") or "-", wheels, ok)))
+                                          r.get("cudart") or "-", spill.cell(key, wheels, "CUDA wheels"),
+                                          spill.cell(key, ok, "coherent"))))
             lines.append("")
         title = self._title()
         eng = (self.environment.get("packages") or {}).get(self.primary_engine()) or next(
@@ -340,20 +343,22 @@ class Report:
                              if r is not v) or "-"
             from .host import risk_phrase
             cause = v.cause + (f" **Host**: {risk_phrase(v)}." if risk_phrase(v) else "")
-            lines.append(mdtable.row((b, _status(v), _status(a["library"]), _status(a["engine"]), here,
-                                      v.gate or "-", cause, lift)))
-        lines += dispatch_markdown(self.dispatch)
+            lines.append(mdtable.row((b, _status(v), _status(a["library"]), _status(a["engine"]),
+                                      spill.cell(b, here, "measured here"), v.gate or "-",
+                                      spill.cell(b, cause, "cause"), spill.cell(b, lift, "what would lift it"))))
+        lines += dispatch_markdown(self.dispatch, spill)
         from .pathsmd import not_assessed_markdown, per_width_markdown
         lines += per_width_markdown(self.dispatch)
         for e in self.engines[1:]:
-            lines += other_engine_markdown(self, e) + per_width_markdown(e.get("dispatch") or {})
-        lines += not_assessed_markdown(self)
+            lines += other_engine_markdown(self, e, spill) + per_width_markdown(e.get("dispatch") or {})
+        lines += not_assessed_markdown(self, spill)
         lines += ["", "## Arch coverage", "",
                   *mdtable.header(("package", "version", "level", "SASS", "files without the target"))]
         for c in self.coverage:
             sass = sorted({s for f in c.get("files", []) for s in f.get("sass", [])})
-            lines.append(mdtable.row((c["package"], c.get("version", ""), c["level"], " ".join(sass) or "-",
-                                      ", ".join(c.get("files_without", [])) or "-")))
+            lines.append(mdtable.row((c["package"], c.get("version", ""), c["level"],
+                                      mdtable.listed(sass, 8, "architectures").replace(", ", " "),
+                                      mdtable.listed(c.get("files_without", []), 3, "files"))))
         notes = []
         for c in self.coverage:
             rows = [f for f in c.get("files", []) if f.get("level") in ("partial", "ptx-only", "same-major", "family")]
@@ -362,16 +367,18 @@ class Report:
                 notes.append(f"- {c['package']}: {len(rows) - 5} more files (the JSON report lists them)")
         if notes:
             lines += ["", "Which rule applies (CUDA's binary/PTX compatibility):", ""] + notes
-        lines += ["", "## Evidence", ""]
-        for v in self.verdicts:
-            lines.append(f"### {v.backend} ({v.tier}{', ' + v.scope if v.scope else ''}"
-                         f"{', ' + host_label(v.host) if v.tier == 'runtime' and v.host else ''})")
+        for v in self.verdicts:   # the evidence of every answer, under its path's heading
+            if not (v.evidence or v.warnings):
+                continue
+            who = (f"{v.tier}{', ' + v.scope if v.scope else ''}{', ' + v.engine if v.engine else ''}"
+                   f"{', ' + host_label(v.host) if v.tier == 'runtime' and v.host else ''}")
+            spill.add(v.backend, f"evidence ({who}; {v.status}{', ' + v.gate if v.gate else ''}):")
             for e in v.evidence:
-                lines.append(f"- {e.what}: `{_short_value(e.value)}`" + (f" ({e.source})" if e.source else ""))
+                spill.add(v.backend, f"  - {e.what}: `{_short_value(e.value)}`" + (f" ({e.source})" if e.source else ""))
             for w in v.warnings:
-                lines.append(f"- warning: {w}")
-            lines.append("")
-        return "\n".join(lines)
+                spill.add(v.backend, f"  - warning: {w}")
+        lines += spill.markdown("Per path: cause, evidence and call chains", PER_PATH_INTRO)
+        return "\n".join(lines) + "\n"
 
 
     def _title(self) -> str:
@@ -385,20 +392,34 @@ class Report:
         return "; ".join(sorted(hosts))
 
 
-def other_engine_markdown(report: Report, e: dict) -> list[str]:
-    """A second engine's answers (``## vLLM 0.33.0's answers``): one row per backend it answers for, then its dispatch."""
+#: the paragraph under the per-path section's heading
+PER_PATH_INTRO = ("One heading per path with more to say than its cells above: the full cause, what would lift it, the "
+                  "call chain of the dispatch, and the evidence each answer read (values over 300 characters are cut "
+                  "here; the JSON report has them whole). A path whose cells say it all has no heading.")
+
+
+def other_engine_markdown(report: Report, e: dict, spill: mdtable.Spill | None = None) -> list[str]:
+    """A second engine's answers (``## vLLM 0.33.0's answers``): one row per backend it answers for, then its dispatch.
+    Long causes and lifts go to ``spill`` (a section of their own after the dispatch when none is given)."""
+    own = spill is None
+    spill = spill if spill is not None else mdtable.Spill()
     name, title = e.get("name"), e.get("title") or e.get("name")
     rows = [v for v in report.verdicts if v.tier == "static" and v.scope == "engine" and report._of_engine(v, name)]
     lines = ["", f"## {title} {e.get('version') or '(not installed)'}'s answers", "",
              *mdtable.table(("backend", "answer", "gate", "cause", "what would lift it"),
-                            ((v.backend, _status(v), v.gate or "-", v.cause,
-                              v.lift + (f": {v.lift_detail}" if v.lift_detail else "")) for v in rows))]
-    return lines + dispatch_markdown(e.get("dispatch") or {})
+                            ((v.backend, _status(v), v.gate or "-", spill.cell(f"{v.backend} ({title})", v.cause, "cause"),
+                              spill.cell(f"{v.backend} ({title})", v.lift + (f": {v.lift_detail}" if v.lift_detail else ""),
+                                         "what would lift it")) for v in rows))]
+    lines += dispatch_markdown(e.get("dispatch") or {}, spill)
+    return lines + (spill.markdown(f"{title}'s answers in full", PER_PATH_INTRO) if own else [])
 
 
-def dispatch_markdown(d: dict) -> list[str]:
+def dispatch_markdown(d: dict, spill: mdtable.Spill | None = None) -> list[str]:
     """"SGLang's dispatch for a decode allreduce": the flags asked about, step order, the served path and the
-    preempted ones (from ``Report.dispatch``); [] without one."""
+    preempted ones (from ``Report.dispatch``); [] without one. A step's long condition or call chain goes to
+    ``spill`` under the step's path (a section of its own after the table when none is given)."""
+    own = spill is None
+    spill = spill if spill is not None else mdtable.Spill()
     if not d:
         return []
     cfg = (d.get("config") or {}).get("describe") or "no flags"
@@ -411,9 +432,13 @@ def dispatch_markdown(d: dict) -> list[str]:
               + (f"; undecided: {d['undecided']}" if d.get("undecided") else "")
               + ("; preempted: " + ", ".join(f"{k} by {v}" for k, v in d["preempted"].items()) if d.get("preempted") else ""),
               "", *mdtable.table(("#", "step", "built", "per-call admits", "its condition holds", "where"),
-                                 ((i, s["backend"], s.get("built", s.get("status", "-")), s.get("admits", "-"),
-                                   s["claims"], s["where"]) for i, s in enumerate(d.get("steps") or [], 1)))]
-    return lines
+                                 ((i, s["backend"], spill.cell(s["backend"], s.get("built", s.get("status", "-")),
+                                                               f"{who} dispatch step {i}, built"),
+                                   spill.cell(s["backend"], s.get("admits", "-"), f"{who} dispatch step {i}, per-call admits"),
+                                   spill.cell(s["backend"], s["claims"], f"{who} dispatch step {i}, its condition holds"),
+                                   spill.cell(s["backend"], s["where"], f"{who} dispatch step {i}, where"))
+                                  for i, s in enumerate(d.get("steps") or [], 1)))]
+    return lines + (spill.markdown(f"{who}'s dispatch in full", PER_PATH_INTRO) if own else [])
 
 
 def _status(v: Verdict | None) -> str:
@@ -560,21 +585,26 @@ def comparison_markdown(reports: list[Report], labels: list[str] | None = None) 
     if len(reports) > 1 and cuda_tie(reports[0], reports[-1]):
         lines += ["", f"Why: {cuda_tie(reports[0], reports[-1])}."]
     lines += [""]
+    spill = mdtable.Spill()   # the why of each path in full, under its own heading after the tables
     lines += mdtable.header(("backend", *labels, "changed", "why"))
     for c in compare(reports, labels):
         cells = []
-        for r, st in zip(reports, c.statuses):
+        for lab, r, st in zip(labels, reports, c.statuses):
             a = r.answers(c.backend)
             both = f"library {_status(a['library'])}; engine {_status(a['engine'])}" if a["engine"] else ""
             here = "; ".join(f"measured here ({host_label(x.host or {})}): {x.status}" for x in a["measured_here"])
-            cells.append("; ".join(x for x in (f"**{st}**", both, here) if x))
-        lines.append(mdtable.row((c.backend, *cells, "yes" if c.changed else "no", c.why)))
+            cells.append(spill.cell(c.backend, "; ".join(x for x in (f"**{st}**", both, here) if x), lab))
+        why = spill.cell(c.backend, c.why.split(" | ")[0], "why") + (" (more below)" if " | " in c.why else "")
+        for part in c.why.split(" | ")[1:]:
+            spill.add(c.backend, part)
+        lines.append(mdtable.row((c.backend, *cells, "yes" if c.changed else "no", why)))
     lines += ["", *mdtable.header(("environment", *labels))]
-    lines.append(mdtable.row(("stack", *(r.headline() for r in reports))))
-    lines.append(mdtable.row(("provenance", *(_provenance(r.provenance) for r in reports))))
-    lines.append(mdtable.row(("findings", *(
-        "; ".join(f"{f['level']}{' ' + f['case'] if f.get('case') else ''}: {f['message']}"
-                  for f in r.environment.get("findings", [])) or "-" for r in reports))))
+    lines.append(mdtable.row(("stack", *(spill.cell("stack", r.headline(), lab) for lab, r in zip(labels, reports)))))
+    lines.append(mdtable.row(("provenance", *(spill.cell("provenance", _provenance(r.provenance), lab)
+                                              for lab, r in zip(labels, reports)))))
+    lines.append(mdtable.row(("findings", *(spill.cell("findings", "; ".join(
+        f"{f['level']}{' ' + f['case'] if f.get('case') else ''}: {f['message']}"
+        for f in r.environment.get("findings", [])) or "-", lab) for lab, r in zip(labels, reports)))))
     pk = sorted({c["package"] for r in reports for c in r.coverage})
     for p in pk:
         cells = []
@@ -582,4 +612,6 @@ def comparison_markdown(reports: list[Report], labels: list[str] | None = None) 
             c = r.package_coverage(p)
             cells.append(f"{c['version']}: {c['level']}" if c else "-")
         lines.append(mdtable.row((f"coverage {p}", *cells)))
+    lines += spill.markdown("Per path and row, in full", "One heading per path or row whose cells above were cut or "
+                            "whose why has more parts: the whole text, per image.")
     return "\n".join(lines) + "\n"

@@ -151,7 +151,9 @@ def markdown(report: dict, plot_name: str | None = None) -> str:  # noqa: C901, 
         verdicts = run.get("verdicts") or []
         measured = [v for v in verdicts if v["status"] in ("baseline", "faster", "parity", "slower", "inconclusive")]
         rest = [v for v in verdicts if v not in measured]
-        lines += ["", f"## World size {ws}", ""]
+        spill = mdtable.Spill()   # causes and preconditions too long for a cell, under the row's heading below
+        lines += ["", f"## World size {ws}", "", f"{len(measured)} rows measured; {len(rest)} not measured, blocked or in "
+                  "error.", ""]
         for kind, title in (("backend", "Backends"), ("setting", "NCCL settings (ranked apart: each needs its "
                                                                   "precondition)")):
             vs = sorted([v for v in measured if v["measurements"].get("kind") in (kind, "baseline")], key=_rank_key)
@@ -177,7 +179,7 @@ def markdown(report: dict, plot_name: str | None = None) -> str:  # noqa: C901, 
                 if kind == "backend":
                     lines.append(mdtable.row((i, v["backend"], f"**{v['status']}**", _ratio_text(m), _work_text(m),
                                               _fmt(m.get("floor_us"), 2), m.get("rounds", "-"),
-                                              _fmt(m.get("step_us")), cause[:500])))
+                                              _fmt(m.get("step_us")), spill.cell(v["backend"], cause, "cause"))))
                 else:
                     st = m.get("setting") or {}
                     sg = st.get("sglang") or {}
@@ -185,8 +187,11 @@ def markdown(report: dict, plot_name: str | None = None) -> str:  # noqa: C901, 
                     lines.append(mdtable.row((i, f"{v['backend']} (`{env}`, {st.get('scope', '')} scope)",
                                               f"**{v['status']}**", _ratio_text(m), _work_text(m),
                                               m.get("rounds", "-"),
-                                              f"{st.get('precondition', '')} ({st.get('source', '')})",
-                                              f"{'yes' if sg.get('meets') else 'no'}: {sg.get('note', '')}")))
+                                              spill.cell(v["backend"], st.get("precondition", ""), "precondition",
+                                                         limit=max(80, 190 - len(str(st.get("source", "")))))
+                                              + f" ({st.get('source', '')})",
+                                              spill.cell(v["backend"], f"{'yes' if sg.get('meets') else 'no'}: "
+                                                         f"{sg.get('note', '')}", "SGLang as shipped meets it"))))
             lines.append("")
         if rest:
             lines += ["### Not measured, blocked or in error", "",
@@ -198,7 +203,9 @@ def markdown(report: dict, plot_name: str | None = None) -> str:  # noqa: C901, 
                 if "ratio_to_baseline" in v["measurements"]:
                     cause += f" Ratio {_ratio_text(v['measurements'])}."
                 lines.append(mdtable.row((v["backend"], v["measurements"].get("kind", ""), v["status"],
-                                          v.get("gate", ""), cause[:600])))
+                                          v.get("gate", ""), spill.cell(v["backend"], cause, "cause"))))
+        lines += spill.markdown(f"Rows in full (world size {ws})", "One heading per row whose cells above were cut: "
+                                "its cause, precondition or note whole.", level=3)
         for row in run["rows"]:
             if not row.get("sweep"):
                 continue
@@ -207,7 +214,8 @@ def markdown(report: dict, plot_name: str | None = None) -> str:  # noqa: C901, 
                                        "busbw GB/s", "rounds", "correct (eager/sequence/timed graph)"), right=(4, 5))]
             for rec in row["sweep"]:
                 if "error" in rec and "work_us" not in rec:
-                    lines.append(mdtable.row((_kb(rec["bytes"]), f"error: {str(rec['error'])[:200]}", "", "", "", "",
+                    lines.append(mdtable.row((_kb(rec["bytes"]), mdtable.short(f"error: {rec['error']}", 200,
+                                                                               " ... (the JSON has it whole)"), "", "", "", "",
                                               "")))
                     continue
                 lines.append(mdtable.row((_kb(rec["bytes"]), _ci_text(rec.get("time_us")), _ci_text(rec.get("work_us")),

@@ -241,3 +241,257 @@ def test_the_linter_limits_function_size_and_complexity(tmp_path):
     small.write_text("def step(x, i):\n    return i if x == i else x\n\n\n"
                      "def small(x):\n    for i in range(30):\n        x = step(x, i)\n    return x\n")
     assert _ruff(small).returncode == 0
+
+
+# ---- the validate half: validate/stackprobe, laid out in layers of files (docs/architecture.md) ----
+
+VALIDATE = ROOT / "validate"
+
+
+def stackprobe_layers(doc: Path) -> list[list[str]]:
+    """The layers of the doc's "The validate half" section, top first: each numbered line names one layer's files
+    (``static.py``) and folders (``runtime/``) in backticks, relative to ``stackprobe/``, before its dash. ValueError
+    when the section or its numbered lines are missing, or a name is given twice."""
+    text = doc.read_text()
+    m = re.search(r"^## The validate half\n(.*?)(?=^## |\Z)", text, re.M | re.S)
+    if not m:
+        raise ValueError(f"{doc}: no '## The validate half' section")
+    layers, current = [], None
+    for ln in m.group(1).splitlines():
+        if re.match(r"\d+\. ", ln):
+            current = []
+            layers.append(current)
+        elif not ln.startswith("   "):
+            current = None
+        if current is not None:
+            head = ln.split("—")[0]
+            current.extend(re.findall(r"`([a-z_*]+(?:/[a-z_*]+)*(?:\.py|/))`", head))
+            if "—" in ln:
+                current = None     # the names end at the dash; the rest of the item is prose
+    layers = [ly for ly in layers if ly]
+    names = [n for ly in layers for n in ly]
+    if not layers or len(names) != len(set(names)):
+        raise ValueError(f"{doc}: 'The validate half' names no layer in numbered lines, or a file twice")
+    return layers
+
+
+def file_layer(module: str, package: str, layers: list[list[str]]) -> int | None:
+    """The layer index (0 = top) of ``module`` (dotted, in ``package``): the layer naming its file
+    (``runtime/suite.py``; a package by its ``__init__.py``), else one whose pattern matches the file
+    (``health_*.py``, :func:`fnmatch.fnmatchcase`), else the one naming its deepest folder (``runtime/``); None when
+    no layer names any."""
+    from fnmatch import fnmatchcase
+
+    parts = module.split(".")[1:]
+    rank = {name: i for i, layer in enumerate(layers) for name in layer}
+    mod_file = "/".join(parts) + ".py" if parts else "__init__.py"
+    candidates = [mod_file, "/".join(parts) + "/__init__.py"] if parts else [mod_file]
+    for c in candidates:
+        if c in rank:
+            return rank[c]
+    for c in candidates:
+        hit = sorted(rank[n] for n in rank if "*" in n and fnmatchcase(c, n))
+        if hit:
+            return hit[0]
+    for i in range(len(parts), 0, -1):
+        folder = "/".join(parts[:i]) + "/"
+        if folder in rank:
+            return rank[folder]
+    return None
+
+
+def file_layering_violations(graph: dict[str, set[str]], package: str, layers: list[list[str]]) -> list[str]:
+    """One line per import against ``layers`` (top first): a module may import its own layer and the layers below,
+    nothing above. A module in no layer, or an import of one, is a violation too: every module belongs to a layer."""
+    out = []
+    for mod, deps in sorted(graph.items()):
+        a = file_layer(mod, package, layers)
+        if a is None:
+            out.append(f"{mod}: in no layer of the architecture")
+            continue
+        for dep in sorted(deps):
+            b = file_layer(dep, package, layers)
+            if b is None:
+                out.append(f"{mod} imports {dep}, which is in no layer")
+            elif b < a:
+                out.append(f"{mod} imports {dep}: layer {b + 1} is above {mod}'s layer {a + 1}")
+    return out
+
+
+def test_no_import_cycle_among_stackprobe_modules():
+    """Both cycles issue 36 named (six probes/sglang_*.py modules through a bottom-of-file import; engines <->
+    static) and the two the graph showed besides (coverage -> driver -> health -> coverage; runtime suite <->
+    p2pcheck) are gone: the graph, lazy imports included, has no cycle."""
+    graph = import_graph(VALIDATE, "stackprobe")
+    assert "stackprobe.probes.sglang_dispatch" in graph and "stackprobe.runtime.suite" in graph
+    assert find_cycle(graph) == []
+
+
+def test_stackprobe_imports_run_one_way_through_the_documented_layers():
+    doc = ROOT / "docs" / "architecture.md"
+    layers = stackprobe_layers(doc)
+    assert layers[0][0] == "__main__.py" and "verdict.py" in layers[-1]
+    pkg = VALIDATE / "stackprobe"
+    for name in (n for ly in layers for n in ly):   # a name the doc keeps after its file is gone is stale
+        assert list(pkg.glob(name.rstrip("/"))), f"{doc} names {name}, which is not in {pkg}"
+    assert file_layering_violations(import_graph(VALIDATE, "stackprobe"), "stackprobe", layers) == []
+
+
+def test_a_planted_upward_import_breaks_the_stackprobe_layering(tmp_path):
+    """A copy of the real package: a base module that imports the static tier (lazily, inside a function) fails,
+    as does a file no layer names; imports inside one layer and downward pass."""
+    import shutil
+
+    shutil.copytree(VALIDATE / "stackprobe", tmp_path / "stackprobe", ignore=shutil.ignore_patterns("__pycache__"))
+    layers = stackprobe_layers(ROOT / "docs" / "architecture.md")
+    assert file_layering_violations(import_graph(tmp_path, "stackprobe"), "stackprobe", layers) == []
+    planted = tmp_path / "stackprobe" / "verdict.py"
+    planted.write_text(planted.read_text() + "\n\ndef _planted():\n    from .static import run_static\n")
+    got = file_layering_violations(import_graph(tmp_path, "stackprobe"), "stackprobe", layers)
+    assert got == ["stackprobe.verdict imports stackprobe.static: layer 2 is above stackprobe.verdict's layer 5"], got
+    assert find_cycle(import_graph(tmp_path, "stackprobe")) != []      # static imports verdict: now a cycle too
+    (tmp_path / "stackprobe" / "probes" / "stray.py").write_text("from ..runtime.suite import run_suite\n")
+    got = file_layering_violations(import_graph(tmp_path, "stackprobe"), "stackprobe", layers)
+    assert "stackprobe.probes.stray imports stackprobe.runtime.suite: layer 2 is above stackprobe.probes.stray's " \
+           "layer 3" in got
+    (tmp_path / "stackprobe" / "stray.py").write_text("")
+    assert "stackprobe.stray: in no layer of the architecture" in file_layering_violations(
+        import_graph(tmp_path, "stackprobe"), "stackprobe", layers)
+
+
+def test_a_file_named_on_its_own_wins_over_its_folder():
+    layers = [["__main__.py", "runtime/", "health_stage.py"], ["probes/", "health_*.py"],
+              ["runtime/workload.py", "__init__.py", "verdict.py"]]
+    assert file_layer("stackprobe.health_stage", "stackprobe", layers) == 0
+    assert file_layer("stackprobe.health_elf", "stackprobe", layers) == 1
+    assert file_layer("stackprobe.runtime.workload", "stackprobe", layers) == 2
+    assert file_layer("stackprobe.runtime.suite", "stackprobe", layers) == 0
+    assert file_layer("stackprobe.runtime", "stackprobe", layers) == 0
+    assert file_layer("stackprobe", "stackprobe", layers) == 2
+    assert file_layer("stackprobe.host", "stackprobe", layers) is None
+    graph = {"stackprobe.runtime.workload": {"stackprobe.runtime.suite"}, "stackprobe.runtime.suite": {"stackprobe"}}
+    assert file_layering_violations(graph, "stackprobe", layers) == [
+        "stackprobe.runtime.workload imports stackprobe.runtime.suite: layer 1 is above "
+        "stackprobe.runtime.workload's layer 3"]
+
+
+def test_stackprobe_layers_fail_without_the_section(tmp_path):
+    doc = tmp_path / "a.md"
+    doc.write_text("# x\n\n## Architecture\n\n1. `cli/` — tasks\n\n## End\n")
+    with pytest.raises(ValueError, match="no '## The validate half' section"):
+        stackprobe_layers(doc)
+    doc.write_text("## The validate half\n\n1. `a.py` — x\n2. `b.py`,\n   `a.py` — y\n\n## End\n")
+    with pytest.raises(ValueError, match="twice"):
+        stackprobe_layers(doc)
+    doc.write_text("## The validate half\n\n1. `a.py` — x\n2. `b_*.py`,\n   `runtime/` — y `c.py`\n")
+    assert stackprobe_layers(doc) == [["a.py"], ["b_*.py", "runtime/"]]
+
+
+def foreign_imports(root: Path, package: str, other_root: Path, other: str) -> dict[str, set[str]]:
+    """{subpackage of ``package``: the modules of ``other`` (read under ``other_root``) its modules import}, from
+    every import statement at any depth (``from other.x import name`` counts as ``other.x.name`` when that is a
+    module); imports under ``if TYPE_CHECKING:`` are left out, as in :func:`import_graph`."""
+    theirs = module_files(other_root, other)
+    out: dict[str, set[str]] = {}
+    for name, f in module_files(root, package).items():
+        tree = ast.parse(f.read_text(), str(f))
+        typing_only = {id(n) for b in ast.walk(tree) if isinstance(b, ast.If)
+                       and getattr(b.test, "id", getattr(b.test, "attr", "")) == "TYPE_CHECKING"
+                       for stmt in b.body for n in ast.walk(stmt)}
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                targets = [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            for t in targets:
+                if t.split(".")[0] != other:
+                    continue
+                while t and t not in theirs:
+                    t = t.rpartition(".")[0]
+                if t:
+                    out.setdefault(name.split(".")[1] if "." in name else name, set()).add(t)
+    return out
+
+
+# What cudastack/ imports of stackprobe today, by subpackage. Issue 36 asks that the build half use the validate
+# half through one public module; that module is not built yet (reason: the radar reads probe internals to judge
+# a release, radar/gates.py and radar/moves.py, and the build half shares the compute-capability arithmetic and
+# the atomic writer). Until it is, this list may only shrink: an import not on it fails, and so does an entry no
+# import needs any more (take it off).
+CUDASTACK_USES_STACKPROBE = {
+    "build": {"stackprobe.atomic"},
+    "cli": {"stackprobe.engines"},
+    "jobs": {"stackprobe.atomic", "stackprobe.engines", "stackprobe.health_stage", "stackprobe.report",
+             "stackprobe.statusplot"},
+    "lock": {"stackprobe.archs", "stackprobe.atomic"},
+    "pkgindex": {"stackprobe.atomic"},
+    "plan": {"stackprobe.archs"},
+    "radar": {"stackprobe.archs", "stackprobe.coverage", "stackprobe.mdtable", "stackprobe.probes.flashinfer_common",
+              "stackprobe.probes.sglang_custom_ar", "stackprobe.probes.torch_symm_mem", "stackprobe.report",
+              "stackprobe.site", "stackprobe.source"},
+    "recipes": {"stackprobe.archs"},
+    "registry": {"stackprobe.atomic"},
+}
+
+
+def allowlist_breaches(used: dict[str, set[str]], allowed: dict[str, set[str]]) -> list[str]:
+    """One line per import of the validate half not on ``allowed`` and per entry of ``allowed`` no import needs."""
+    out = []
+    for sub in sorted(set(used) | set(allowed)):
+        out += [f"cudastack/{sub} imports {m}, which the allowlist does not hold"
+                for m in sorted(used.get(sub, set()) - allowed.get(sub, set()))]
+        out += [f"cudastack/{sub} no longer imports {m}: take it off the allowlist"
+                for m in sorted(allowed.get(sub, set()) - used.get(sub, set()))]
+    return out
+
+
+def test_cudastack_reaches_stackprobe_only_where_the_shrinking_allowlist_says():
+    used = foreign_imports(ROOT, "cudastack", VALIDATE, "stackprobe")
+    assert allowlist_breaches(used, CUDASTACK_USES_STACKPROBE) == []
+
+
+def test_an_import_off_the_allowlist_and_a_stale_entry_both_fail(tmp_path):
+    import shutil
+
+    shutil.copytree(ROOT / "cudastack", tmp_path / "cudastack", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "cudastack" / "plan" / "reach.py").write_text(
+        "def f():\n    from stackprobe.probes.sglang_dispatch import read_dispatch\n")
+    used = foreign_imports(tmp_path, "cudastack", VALIDATE, "stackprobe")
+    assert allowlist_breaches(used, CUDASTACK_USES_STACKPROBE) == [
+        "cudastack/plan imports stackprobe.probes.sglang_dispatch, which the allowlist does not hold"]
+    more = {**CUDASTACK_USES_STACKPROBE, "core": {"stackprobe.verdict"}}
+    assert "cudastack/core no longer imports stackprobe.verdict: take it off the allowlist" in allowlist_breaches(
+        foreign_imports(ROOT, "cudastack", VALIDATE, "stackprobe"), more)
+
+
+SIZE_NOQA = re.compile(r"#\s*noqa:\s*((?:C901|PLR0912|PLR0915)(?:\s*,\s*[A-Z]+[0-9]+)*)(.*)$")
+
+
+def unexplained_size_exemptions(files: list[Path]) -> list[str]:
+    """``file:line`` of every size exemption (``# noqa: C901``, ``PLR0912``, ``PLR0915``) without a named reason
+    after its codes (``# noqa: C901 - reason: one branch per ast node type``): a debt kept on purpose says why."""
+    out = []
+    for f in files:
+        for n, ln in enumerate(f.read_text().splitlines(), 1):
+            m = SIZE_NOQA.search(ln)
+            if m and not re.match(r"\s*-\s*reason:\s*\S.{8,}", m.group(2)):
+                out.append(f"{f}:{n}")
+    return out
+
+
+def test_every_size_exemption_names_its_reason():
+    files = sorted(module_files(ROOT, "cudastack").values()) + sorted(module_files(VALIDATE, "stackprobe").values())
+    assert unexplained_size_exemptions(files) == []
+
+
+def test_a_size_exemption_without_a_reason_is_reported(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("def a():  # noqa: C901, PLR0912 - reason: one branch per node type\n    pass\n"
+                 "def b():  # noqa: C901\n    pass\n"
+                 "def c():  # noqa: PLR0915 - reason:\n    pass\n"
+                 "import os  # noqa: F401 - not a size exemption\n")
+    assert unexplained_size_exemptions([f]) == [f"{f}:3", f"{f}:5"]

@@ -106,7 +106,7 @@ def run_build(
                           builder_nodes=builder_nodes, run_lock=run_lock, cache=cache)
 
 
-def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None, engine: Engine | None,  # noqa: C901, PLR0912, PLR0915
+def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None, engine: Engine | None,  # noqa: C901, PLR0912, PLR0915 - reason: the build orchestrator; its split into named phases is issue 36 item 4, open
                say: Say | None, builder, builder_nodes: str, run_lock: RunLock, cache=None) -> dict:
     """:func:`run_build`'s body, run while this process holds ``run_lock`` (the journal's liveness mark)."""
     say = say or _say_default

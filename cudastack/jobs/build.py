@@ -188,7 +188,7 @@ def _open_cache(prefix: str, read_only: bool, optional: bool, client):
                           say=lambda m: print(m, file=sys.stderr, flush=True))
 
 
-def build(*, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jobs=None, nvcc_threads=None,  # noqa: C901, PLR0915
+def build(*, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jobs=None, nvcc_threads=None,  # noqa: C901, PLR0915 - reason: the build task's 21 options spelled out; declaring them once is issue 36 item 4, open
           ca_bundle=None, recipes=None, state_dir=".stack", locked=False, prefix=None,
           lockfiles=None, method=None, source=None, builder=None, builder_nodes="source", cache=None,
           cache_read_only=False, cache_optional=False, only=None, json_out=None):

@@ -24,7 +24,7 @@ from cudastack.lock.pip_resolver import _cert_args, _clean_env, index_args
 from cudastack.lock.resolve import _requested_specs, _source_entry, node_installs
 
 
-def stale_entries(plan, lock: dict, *, client=None) -> list[str]:  # noqa: C901, PLR0912
+def stale_entries(plan, lock: dict, *, client=None) -> list[str]:  # noqa: C901, PLR0912 - reason: one comparison per kind of lock entry, in the lock's order; named in issue 36 item 4
     """Every way ``lock`` does not match ``plan``, one line each naming the lock entry (empty: it matches).
     Compares toolchain, node set and kind/method, each pip install's requested specs and index, the sdist/git
     pins, the OS image's current local id (when ``client`` is given) and the base image reference."""

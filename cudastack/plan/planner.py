@@ -197,7 +197,7 @@ def _component_knobs(c: Component, recipes: RecipeSet, tc: Toolchain, target, ar
     return p
 
 
-def _component_build_args(p: _NodeParts, c: Component, tc: Toolchain, parent_tag: str,  # noqa: C901
+def _component_build_args(p: _NodeParts, c: Component, tc: Toolchain, parent_tag: str,  # noqa: C901 - reason: one branch per component kind of the Dockerfile contract
                           planned: list[PlannedNode], probe_dir: Path, recipes_components: dict) -> None:
     """Fill ``p.args`` (and the runtime's context and env knobs) for a non-base component, per kind, as the
     Dockerfile contract (:mod:`cudastack.plan.model`) names them. ``planned``: the nodes planned so far (the

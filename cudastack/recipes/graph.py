@@ -12,7 +12,7 @@ from cudastack.core.schemas import key_path
 _fail = RecipeError.at
 
 
-def check_graph(components: dict) -> None:  # noqa: C901
+def check_graph(components: dict) -> None:  # noqa: C901 - reason: one raise per rule of the needs graph, each with its own message
     """The ``needs`` graph of the components ({node name: Component}): one base, every name known, an image
     parent for every non-base node, only runtime nodes need wheels nodes, no cycle. Raises RecipeError."""
     bases = [c for c in components.values() if c.kind == "base"]

@@ -121,7 +121,7 @@ def _glue_server_args(argv: list[str]) -> list[str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:  # noqa: C901
+def main(argv: list[str] | None = None) -> int:  # noqa: C901 - reason: the CLI's modes and their exit codes, decided in one place
     args = build_parser().parse_args(_glue_server_args(list(sys.argv[1:] if argv is None else argv)))
     if args.compare:
         try:

@@ -22,6 +22,9 @@ import ctypes
 import re
 import shutil
 import subprocess
+import sys
+from importlib import util
+from pathlib import Path
 
 from .archs import version_tuple
 
@@ -197,12 +200,32 @@ def apply_driver_floor(verdicts: list, floor: dict | None) -> list:
     return verdicts
 
 
+def stack_cuda(environment: dict) -> tuple[str | None, str]:
+    """torch's CUDA version and where it was read: ``torch.version.cuda`` from the environment report, else
+    the installed ``torch/version.py`` read as text (a torch that does not import still names its CUDA)."""
+    t = (environment or {}).get("torch") or {}
+    if t.get("cuda"):
+        return str(t["cuda"]), "torch.version.cuda"
+    if "torch" in sys.modules and getattr(getattr(sys.modules["torch"], "version", None), "cuda", None):
+        return str(sys.modules["torch"].version.cuda), "torch.version.cuda"
+    try:
+        spec = util.find_spec("torch")
+    except (ImportError, ValueError):
+        spec = None
+    roots = list(spec.submodule_search_locations or []) if spec else []
+    for r in roots:
+        p = Path(r) / "version.py"
+        if p.is_file():
+            m = re.search(r"^cuda\s*(?::\s*\S+)?\s*=\s*['\"]([\d.]+)['\"]", p.read_text(errors="replace"), re.M)
+            if m:
+                return m.group(1), f"{p} (read as text)"
+    return None, ""
+
+
 def stack_cuda_version(environment: dict) -> tuple[str | None, str]:
     """(CUDA version the stack runs, where it was read): torch's ``torch.version.cuda`` (or, where ``import torch``
     fails, the ``cuda`` its installed ``torch/version.py`` names: a broken torch is still the stack), else the
     ``CUDART_VERSION`` of the toolkit root ``CUDA_HOME`` names, else of the first root that has one."""
-    from .health import stack_cuda
-
     t, where = stack_cuda(environment)   # torch's own, also when `import torch` fails (its version.py as text)
     if t:
         return t, where

@@ -45,7 +45,7 @@ class ServingEngine:
 
 class SGLang(ServingEngine):
     """SGLang: each backend module's ``engine_gate(ctx)`` (called per ``module``, in the probe loop, so every SGLang
-    verdict is exactly what it was before the interface) and :func:`stackprobe.static.engine_sections`."""
+    verdict is exactly what it was before the interface) and :func:`engine_sections`."""
 
     name, dist, title = "sglang", "sglang", "SGLang"
 
@@ -62,7 +62,6 @@ class SGLang(ServingEngine):
         return out
 
     def sections(self, report, ctx) -> dict:
-        from .static import engine_sections
         engine_sections(report, ctx)
         return report.dispatch
 
@@ -107,3 +106,34 @@ def select(choice: str = "auto") -> list[ServingEngine]:
         return [ENGINES[choice]()]
     found = [cls() for cls in ENGINES.values() if dist_version(cls.dist) is not None]
     return found or [SGLang()]
+
+
+def engine_sections(report, ctx) -> None:
+    """The report's ``server_config``, ``dispatch`` (SGLang's dispatch of a decode allreduce, or ``{"error": ...}``),
+    ``paths`` (not-assessed paths, engine-scope verdicts as JSON) and ``launch_environment`` sections; the findings for
+    an unknown communication path (C39). Nothing but ``server_config`` without SGLang."""
+    from .probes import sglang_engine as se
+    from .probes.sglang_dispatch import DispatchError, read_dispatch
+    from .probes.sglang_paths import findings, launch_environment, paths
+
+    report.server_config = ctx.server_config.to_json()
+    eng = se.installed()
+    if eng is None:
+        return
+    try:
+        report.dispatch = read_dispatch(eng, ctx).to_json()
+        from .probes.sglang_dispatch import DecodeTensor
+        from .probes.sglang_pcie_ipc import pcie_ipc_admission
+        report.dispatch["pcie_ipc_admission"] = [e.to_json() for e in pcie_ipc_admission(
+            eng, ctx.server_config, DecodeTensor.from_workload(), ctx.world_size)]
+    except (DispatchError, se.GateNotFound) as e:
+        report.dispatch = {"sglang": eng.version, "error": str(e), "unknown": getattr(e, "unknown", ""),
+                           "where": getattr(e, "where", "")}
+        if getattr(e, "unknown", ""):
+            report.environment.setdefault("findings", []).append({"case": "C39", "level": "error", "message": str(e)})
+    try:
+        report.paths = [v.to_json() for v in paths(eng, ctx)]
+        report.environment.setdefault("findings", []).extend(findings(eng))
+        report.launch_environment = launch_environment(eng, ctx.server_config)
+    except se.GateNotFound as e:
+        report.launch_environment = {"error": str(e)}

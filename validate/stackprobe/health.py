@@ -56,6 +56,7 @@ from importlib import metadata, util
 from pathlib import Path
 
 from . import health_elf as elf
+from .driver import stack_cuda
 from .probes.needs import NEEDS
 
 ENGINE_DIST = "sglang"
@@ -329,28 +330,6 @@ def run_imports(dists: dict, backends, timeout: float) -> tuple[dict, dict]:
 
 
 # -------------------------------------------------------------------------------------- 3. shared objects
-def stack_cuda(environment: dict) -> tuple[str | None, str]:
-    """torch's CUDA version and where it was read: ``torch.version.cuda`` from the environment report, else
-    the installed ``torch/version.py`` read as text (a torch that does not import still names its CUDA)."""
-    t = (environment or {}).get("torch") or {}
-    if t.get("cuda"):
-        return str(t["cuda"]), "torch.version.cuda"
-    if "torch" in sys.modules and getattr(getattr(sys.modules["torch"], "version", None), "cuda", None):
-        return str(sys.modules["torch"].version.cuda), "torch.version.cuda"
-    try:
-        spec = util.find_spec("torch")
-    except (ImportError, ValueError):
-        spec = None
-    roots = list(spec.submodule_search_locations or []) if spec else []
-    for r in roots:
-        p = Path(r) / "version.py"
-        if p.is_file():
-            m = re.search(r"^cuda\s*(?::\s*\S+)?\s*=\s*['\"]([\d.]+)['\"]", p.read_text(errors="replace"), re.M)
-            if m:
-                return m.group(1), f"{p} (read as text)"
-    return None, ""
-
-
 def torch_lib_dirs() -> list[str]:
     """torch's ``lib/`` folder (libc10.so, libtorch*.so), found without importing torch."""
     try:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from . import coverage as cov
 from . import driver as drivermod
+from .engines import SGLang
 from . import env as envmod
 from . import gates
 from . import health_stage
@@ -81,7 +82,7 @@ def _log(msg: str, quiet: bool) -> None:
         print(f"[stackprobe] {msg}", file=sys.stderr, flush=True)
 
 
-def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, cache_dir: str | Path | None = None,  # noqa: C901, PLR0915
+def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, cache_dir: str | Path | None = None,  # noqa: C901, PLR0915 - reason: an orchestrator named in issue 36 item 4; its phases are not split yet
                coverage_reader: str = "auto", world_size: int = 8, topology: str = "auto",
                backends: list[str] | None = None, label: str = "", timeout: float = 180.0,
                scan_dists: list[str] | tuple = (), quiet: bool = True, server_config=None, engines=None,
@@ -150,7 +151,6 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
         environment.setdefault("findings", []).append({"case": "C19", "level": "error", "message": torch_gap})
     host = {"compute_capability": target.cc, "topology": topo, "world_size": world_size, "topology_source": topo_source}
     health = run_health(environment, target, topo, backends, timeout, quiet)
-    from .engines import SGLang
     engines = list(engines) if engines else [SGLang()]
     sglang = next((e for e in engines if e.name == "sglang"), None)
 
@@ -270,34 +270,3 @@ def torch_lacks_target(environment: dict, target: Arch, coverage=None) -> str:
         return ""
     return (f"torch {t.get('version')} carries no kernel image for {target.cc}: its arch list is {archs} "
             f"(torch.cuda.get_arch_list())")
-
-
-def engine_sections(report: Report, ctx) -> None:
-    """The report's ``server_config``, ``dispatch`` (SGLang's dispatch of a decode allreduce, or ``{"error": ...}``),
-    ``paths`` (not-assessed paths, engine-scope verdicts as JSON) and ``launch_environment`` sections; the findings for
-    an unknown communication path (C39). Nothing but ``server_config`` without SGLang."""
-    from .probes import sglang_engine as se
-    from .probes.sglang_dispatch import DispatchError, read_dispatch
-    from .probes.sglang_paths import findings, launch_environment, paths
-
-    report.server_config = ctx.server_config.to_json()
-    eng = se.installed()
-    if eng is None:
-        return
-    try:
-        report.dispatch = read_dispatch(eng, ctx).to_json()
-        from .probes.sglang_dispatch import DecodeTensor
-        from .probes.sglang_pcie_ipc import pcie_ipc_admission
-        report.dispatch["pcie_ipc_admission"] = [e.to_json() for e in pcie_ipc_admission(
-            eng, ctx.server_config, DecodeTensor.from_workload(), ctx.world_size)]
-    except (DispatchError, se.GateNotFound) as e:
-        report.dispatch = {"sglang": eng.version, "error": str(e), "unknown": getattr(e, "unknown", ""),
-                           "where": getattr(e, "where", "")}
-        if getattr(e, "unknown", ""):
-            report.environment.setdefault("findings", []).append({"case": "C39", "level": "error", "message": str(e)})
-    try:
-        report.paths = [v.to_json() for v in paths(eng, ctx)]
-        report.environment.setdefault("findings", []).extend(findings(eng))
-        report.launch_environment = launch_environment(eng, ctx.server_config)
-    except se.GateNotFound as e:
-        report.launch_environment = {"error": str(e)}

@@ -33,6 +33,7 @@ from ..verdict import (FALLS_BACK, OPT_IN, STARTUP_FAILURE, BLOCKED, GATE_NEEDS_
                        GATE_TOOLCHAIN, LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_SETTING, LIFT_UNKNOWN,
                        SCOPE_ENGINE, SCOPE_LIBRARY, SKIPPED, Verdict)
 from . import flashinfer_common as fi
+from . import sglang_answer as sa
 from . import sglang_engine as se
 from .sglang_custom_ar import short
 
@@ -56,7 +57,7 @@ def engine_gate(ctx) -> list[Verdict]:
     if fi.version() is None and se.installed() is not None:
         return [Verdict(BACKENDS[0], SKIPPED, scope=SCOPE_ENGINE, gate=GATE_NOT_INSTALLED, lift=LIFT_PACKAGE,
                         cause="not installed: flashinfer-python")]
-    return se.answer(BACKENDS[0], ctx, _engine)
+    return sa.answer(BACKENDS[0], ctx, _engine)
 
 
 def _assert_under(tree: ast.AST, attr: str, value: str, needle: str) -> ast.Assert | None:

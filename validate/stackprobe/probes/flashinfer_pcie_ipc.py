@@ -23,6 +23,7 @@ from ..verdict import (BLOCKED, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GA
                        LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_SETTING, SCOPE_LIBRARY, SKIPPED, Verdict)
 from . import flashinfer_common as fi
 from . import pcie_ipc_engine as pcie_det
+from . import sglang_answer as sa
 from . import sglang_engine as se
 
 
@@ -96,7 +97,7 @@ def library_gate(ctx) -> list[Verdict]:
 
 
 def engine_gate(ctx) -> list[Verdict]:
-    return se.answer(BACKENDS[0], ctx, _engine)
+    return sa.answer(BACKENDS[0], ctx, _engine)
 
 
 def _engine(ctx, eng) -> Verdict:

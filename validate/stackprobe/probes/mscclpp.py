@@ -23,6 +23,7 @@ from ..env import dist_version
 from ..isolate import run_task
 from ..verdict import (BLOCKED, ERROR, GATE_BINARY, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, LIFT_NONE_NEEDED,
                        LIFT_PACKAGE, LIFT_REBUILD, SCOPE_LIBRARY, SKIPPED, Verdict)
+from . import sglang_answer as sa
 from . import sglang_engine as se
 
 
@@ -143,7 +144,7 @@ def library_gate(ctx) -> list[Verdict]:
 
 
 def engine_gate(ctx) -> list[Verdict]:
-    return se.answer(BACKENDS[0], ctx, _engine)
+    return sa.answer(BACKENDS[0], ctx, _engine)
 
 
 def _engine(ctx, eng) -> Verdict:

@@ -198,7 +198,7 @@ def _nccl_env_set_by(eng, dest: str) -> list[str]:
 
 def do_not_set(eng, ctx, backend: str = "flashinfer-pcie-ipc-allreduce") -> list[dict]:
     """The settings that take ``backend`` away once its opt-in is on, found by SGLang's own dispatch rather than from a
-    list: the dispatch of a decode-step allreduce (:func:`.sglang_dispatch_walk.read_dispatch`) is read with the
+    list: the dispatch of a decode-step allreduce (:func:`.sglang_dispatch.read_dispatch`) is read with the
     opt-in set; every server flag and variable that read consulted (recorded as it asks) is then set alone beside it,
     and each one after which ``backend`` no longer serves is returned, with what serves instead and the NCCL
     variables SGLang writes for it (:func:`_nccl_env_set_by`). For sglang 0.5.23: ``--enable-deterministic-inference``

@@ -28,7 +28,9 @@ from .. import source
 from ..coverage import SASS_LEVELS
 from ..verdict import (BLOCKED, ERROR, GATE_BINARY, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_TOPOLOGY,
                        LIFT_NONE_NEEDED, LIFT_NOTHING, LIFT_PACKAGE, LIFT_REBUILD, SCOPE_LIBRARY, SKIPPED, Verdict)
+from . import sglang_answer as sa
 from . import sglang_engine as se
+from .sglang_dispatch import UNKNOWN, custom_ar_per_call, find_pcie_world_size_rule
 
 BACKENDS = ("sglang-custom-allreduce",)
 RUNTIME = {"library": (), "engine": ("sglang-custom-allreduce",)}
@@ -41,30 +43,6 @@ def sglang_root() -> Path | None:
 
 
 short = se.short
-
-
-def find_pcie_world_size_rule(root: Path) -> tuple[int, str] | None:
-    """(N, "file:line `test`") of the first ``world_size > N and not <...nvlink...>`` test under
-    ``root/srt/distributed``, or None."""
-    base = root / "srt" / "distributed"
-    for p in source.find_files_containing(base if base.is_dir() else root, "nvlink"):
-        try:
-            tree = source.parse(p)
-        except SyntaxError:
-            continue
-        for node in ast.walk(tree):
-            if not (isinstance(node, ast.If) and isinstance(node.test, ast.BoolOp) and isinstance(node.test.op, ast.And)):
-                continue
-            limit, nvl = None, False
-            for val in node.test.values:
-                if (isinstance(val, ast.Compare) and isinstance(val.left, ast.Name) and val.left.id == "world_size"
-                        and isinstance(val.ops[0], ast.Gt) and isinstance(val.comparators[0], ast.Constant)):
-                    limit = val.comparators[0].value
-                if isinstance(val, ast.UnaryOp) and isinstance(val.op, ast.Not) and "nvlink" in ast.unparse(val.operand).lower():
-                    nvl = True
-            if limit is not None and nvl:
-                return int(limit), f"{short(p)}:{node.lineno} `{ast.unparse(node.test)}`"
-    return None
 
 
 def kernel_coverage(ctx):
@@ -160,7 +138,7 @@ def v2_path(eng) -> dict | None:
 
 
 def engine_gate(ctx) -> list[Verdict]:
-    return se.answer(BACKENDS[0], ctx, _engine)
+    return sa.answer(BACKENDS[0], ctx, _engine)
 
 
 def _engine(ctx, eng) -> Verdict:
@@ -187,7 +165,6 @@ def _engine(ctx, eng) -> Verdict:
                     LIFT_NOTHING, f"nothing on PCIe beyond {n} GPUs: use a PCIe-native design (FlashInfer PCIe IPC "
                     f"allreduce, b12x) or TP<={n}", value=f"disabled when world_size > {n} without full NVLink"))
     # C48: the per-call check answers from its own code, never from the init rule above
-    from .sglang_dispatch import UNKNOWN, custom_ar_per_call
     admits, why = custom_ar_per_call(eng, ctx)
     ans.add(se.Gate("per-call check should_custom_ar", admits is True, why, GATE_TOPOLOGY,
                     ("should_custom_ar's outcome for the decode tensor is decided at run time" if admits is UNKNOWN else

@@ -37,7 +37,7 @@ from .. import source
 from ..env import dist_version
 from ..verdict import (BLOCKED, ERROR, FALLS_BACK, GATE_NOT_INSTALLED, GATE_NOT_INTEGRATED, GATE_SETTING, LIFT_NONE_NEEDED,
                        LIFT_NOTHING, LIFT_PACKAGE, LIFT_SETTING, NOT_INSTALLED, NOT_INTEGRATED, ON_AS_CONFIGURED,
-                       ON_BY_DEFAULT, OPT_IN, PREEMPTED, SCOPE_ENGINE, SKIPPED, STARTUP_FAILURE, Verdict)
+                       ON_BY_DEFAULT, OPT_IN, SCOPE_ENGINE, SKIPPED, STARTUP_FAILURE, Verdict)
 
 DIST = "sglang"
 # lifts, hardest first: what a user must do when several gates close
@@ -249,49 +249,6 @@ class EngineAnswer:
         return v
 
 
-def apply_preemption(v: Verdict, ctx, engine: Engine) -> Verdict:
-    """A path that would serve (``on-as-configured``, ``on-by-default``) but that an earlier path of SGLang's TP
-    allreduce dispatch claims first (:func:`stackprobe.probes.sglang_dispatch.read_dispatch`, ``Dispatch.preempted``:
-    {backend: the earlier backend}) becomes ``preempted``, naming that path and where it is tried. A dispatch the
-    reader cannot map is an ``error`` (never a pass). The dispatch's ``serves`` is recorded as evidence."""
-    if v.status not in (ON_AS_CONFIGURED, ON_BY_DEFAULT):
-        return v
-    from . import sglang_dispatch as sd
-
-    try:
-        d = sd.read_dispatch(engine, ctx)
-    except (GateNotFound, sd.DispatchError) as e:
-        v.add("verdict before the dispatch order", f"{v.status}: {v.cause}", "engine gates")
-        v.status, v.gate, v.cause = ERROR, "", f"the TP allreduce dispatch of sglang {engine.version} cannot be read: {e}"
-        return v
-    v.add("TP allreduce dispatch: the path a decode-step allreduce takes", d.serves or f"undecided ({d.undecided})",
-          f"sglang/{sd.PS_FILE} GroupCoordinator.all_reduce")
-    by = (d.preempted or {}).get(v.backend)
-    if by:
-        step = d.step(by)
-        where = f" ({step.where}: `{step.condition}`)" if step is not None else ""
-        v.add("verdict before the dispatch order", f"{v.status}: {v.cause}", "engine gates")
-        v.status, v.gate, v.lift = PREEMPTED, GATE_SETTING, LIFT_SETTING
-        v.cause = (f"SGLang {engine.version}: preempted by {by}: the TP allreduce dispatch tries {by} first{where} and "
-                   f"it claims the decode-step tensor, so it never reaches {v.backend}")
-        v.lift_detail = f"leave {by} off (its flag or variable unset) to let {v.backend} serve"
-    return v
-
-
-def answer(backend: str, ctx, decide) -> list[Verdict]:
-    """The engine answer for ``backend``: ``decide(ctx, engine) -> Verdict`` over the installed SGLang;
-    ``skipped (not installed: sglang)`` without one (C18) and an error naming the file when ``decide`` cannot
-    find a gate (C17, :class:`GateNotFound`): never a pass by default. A path that would serve then meets the
-    dispatch order (:func:`apply_preemption`)."""
-    eng = installed()
-    if eng is None:
-        return [not_installed(backend)]
-    try:
-        return [apply_preemption(decide(ctx, eng), ctx, eng)]
-    except GateNotFound as e:
-        return [error(backend, eng, e, ctx)]
-
-
 def error(backend: str, engine: Engine, exc: Exception, ctx=None) -> Verdict:
     """Case C17: a gate that moved or vanished is an error naming package, version and file."""
     v = Verdict(backend, ERROR, scope=SCOPE_ENGINE, cause=str(exc),
@@ -438,7 +395,7 @@ def _cli_name_rule(trees: dict[Path, ast.Module]) -> str | None:
     return None
 
 
-def server_argument(engine: Engine, flags: tuple[str, ...]) -> dict:  # noqa: C901
+def server_argument(engine: Engine, flags: tuple[str, ...]) -> dict:  # noqa: C901 - reason: both flag layouts (0.5.9 add_argument, 0.5.23 arg-group fields) in one pass
     """The first of ``flags`` (``--enable-mscclpp``; candidates, newest name first) that the installed SGLang
     declares, read from its source: an ``add_argument("--flag", ...)`` call in ``srt/server_args.py`` (0.5.9) or
     ``srt/arg_groups/*.py``, or (0.5.23) an arg-group dataclass field whose name the arg groups turn into the

@@ -22,6 +22,7 @@ import ast
 from .. import source
 from ..verdict import (BLOCKED, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_TOPOLOGY, LIFT_NONE_NEEDED,
                        LIFT_NOTHING, LIFT_PACKAGE, SCOPE_LIBRARY, SKIPPED, Verdict)
+from . import sglang_answer as sa
 from . import sglang_engine as se
 
 BACKENDS = ("torch-symm-mem",)
@@ -67,7 +68,7 @@ def library_gate(ctx) -> list[Verdict]:
 
 
 def engine_gate(ctx) -> list[Verdict]:
-    return se.answer(BACKENDS[0], ctx, _engine)
+    return sa.answer(BACKENDS[0], ctx, _engine)
 
 
 def _engine(ctx, eng) -> Verdict:

@@ -188,7 +188,7 @@ def p2p_main(args) -> int:
     return 1 if failed or rep["leftover_pids"] else 0
 
 
-def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
+def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912 - reason: one branch per subcommand (run, p2p, dispatch) and its options
     argv = list(sys.argv[1:] if argv is None else argv)
     # "--server-args --flag": argparse would read a value starting with -- as a flag of its own
     for i in range(len(argv) - 1):

@@ -482,7 +482,7 @@ class SglangDispatchProbe(Probe):
         ctx.log(f"bring-up steps {rep.get('steps')}; error {rep.get('error')}")
         return {"bring_up": rep}
 
-    def measure(self, tp, ctx, cfg: dict, cuda: bool) -> dict:  # noqa: C901, PLR0915
+    def measure(self, tp, ctx, cfg: dict, cuda: bool) -> dict:  # noqa: C901, PLR0915 - reason: an orchestrator named in issue 36 item 4; its phases are not split yet
         """In the rank: the on / off / floor units inside one ``tp.graph_capture()``, their observed paths, checks
         and paired samples (us per call)."""
         import torch

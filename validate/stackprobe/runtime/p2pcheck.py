@@ -608,7 +608,7 @@ def run_check(devices: list[int] | None = None, *, device: str = "cuda", nbytes:
                          "bytes (one int32), the timeout positive and repeats at least 1")
     if devices is None:
         if device == "cuda":
-            from .suite import gpu_count
+            from .gpus import gpu_count
             devices = list(range(gpu_count()))
         else:
             devices = [0, 1]

@@ -109,7 +109,7 @@ def host_table(host: dict | None) -> list[str]:
     return mdtable.table(("host", *keys), [("measured on", *(host.get(k, "-") for k in keys))])
 
 
-def markdown(report: dict, plot_name: str | None = None) -> str:  # noqa: C901, PLR0912
+def markdown(report: dict, plot_name: str | None = None) -> str:  # noqa: C901, PLR0912 - reason: an orchestrator named in issue 36 item 4; one section per block, not split yet
     """The Markdown report: hardware note and host block, settings, then per world size the backends and the
     NCCL settings ranked apart (each by its paired ratio to the baseline, with the 95% interval and status),
     the rows that did not run, and the sweep of every row."""

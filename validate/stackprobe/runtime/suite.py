@@ -18,46 +18,18 @@ a check passes only when it passes on every rank.
 from __future__ import annotations
 
 import datetime as _dt
-import os
-import shutil
 import statistics
-import subprocess
 import sys
 
 from .. import REPORT_SCHEMA_VERSION
 from . import stats
 from .bench import FLOOR, BenchConfig, bandwidths
+from .gpus import _smi, gpu_count
 from .orchestrate import MULTICAST_OFF, run_probe
 from .probes import BASELINE_CPU, BASELINE_CUDA, SETTINGS, group_ref, registry
 from .verdicts import DEFAULT_TOLERANCE, decide_all
 from .worker import load_probe
 from .workload import Workload
-
-
-def _smi(*args: str) -> str:
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return ""
-    try:
-        return subprocess.run([exe, *args], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
-def gpu_count() -> int:
-    """GPUs visible to this host, without creating a CUDA context here (``nvidia-smi -L``, else torch)."""
-    if shutil.which("nvidia-smi"):
-        out = _smi("-L")
-        n = sum(1 for ln in out.splitlines() if ln.startswith("GPU "))
-        vis = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if vis is not None:
-            n = min(n, len([v for v in vis.split(",") if v.strip()]))
-        return n
-    try:
-        import torch
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except ImportError:
-        return 0
 
 
 def topology() -> dict:
@@ -282,7 +254,7 @@ def default_probes(device: str) -> list[str]:
     return [n for n, p in registry().items() if p.device == device]
 
 
-def run_suite(probes: list[str], world_sizes: list[int], config: BenchConfig, *, device: str = "cuda",  # noqa: C901, PLR0912
+def run_suite(probes: list[str], world_sizes: list[int], config: BenchConfig, *, device: str = "cuda",  # noqa: C901, PLR0912 - reason: an orchestrator named in issue 36 item 4; its phases are not split yet
               timeout: float = 300.0, tolerance: float = DEFAULT_TOLERANCE, workload: Workload | None = None,
               baseline: str | None = None, env_overrides: dict[str, str] | None = None, gpus: int | None = None,
               label: str = "", target_arch: str = "12.0", progress=None, rounds: int = 4,

@@ -37,7 +37,7 @@ def per_width_markdown(dispatch: dict) -> list[str]:
         return []
     if pw.get("error"):
         return ["", f"Per decode width: {pw['error']}"]
-    rows = [(g["rows"], g["serves"], ", ".join(str(w) for w in g.get("captured") or []) or "-")
+    rows = [(g["rows"], g["serves"], mdtable.listed(g.get("captured") or [], 12, "widths"))
             for g in pw.get("ranges") or []]
     return ["", f"### Per decode width (hidden {pw.get('hidden')}, {pw.get('dtype')}, {pw.get('tokens')} tokens per "
             f"verify step)", "", f"Widths vLLM captures: {pw.get('source')}.", "",

@@ -52,6 +52,7 @@ from cudastack.lock.resolve import _chain_pins  # noqa: E402
 from cudastack.lock import resolve_uv as U  # noqa: E402
 from cudastack.core.errors import LockError  # noqa: E402
 from cudastack.plan.planner import make_plan  # noqa: E402
+from stackprobe import mdtable  # noqa: E402  (a table cell at most mdtable.LIMIT characters, issue 42)
 
 
 # ----------------------------------------------------------------------------------------- timing
@@ -319,7 +320,7 @@ def render(results: list[dict], checks: dict, env: dict, repeat: int) -> str:
                      f"{' (re-resolved)' if any(kept['reresolved']) else ''} | "
                      f"{'; '.join(r['extras_diff']) or 'none'} | {r['hashes']['lock']} / "
                      f"{r['hashes']['uv_requirements_txt']} ({r['hashes']['uv_requirements_txt_max']}) | "
-                     f"{notes.replace('|', '/')} |")
+                     f"{mdtable.short(notes.replace('|', '/'), 200, ' ... (resolver_compare.json has them whole)')} |")
     lines += ["", "## Checks of uv's pins", ""] + [f"- {k}: {v}" for k, v in checks.items()]
     return "\n".join(lines) + "\n"
 

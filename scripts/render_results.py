@@ -72,7 +72,7 @@ def render(folder: Path) -> list[Path]:
         name = f"comparison-{cu[0]}-vs-{cu[-1]}.md" if len(cu) == len(labels) else "comparison.md"
         head = write_beside(reports, labels, folder / name)     # comparison-....png beside it (matplotlib)
         write_atomic(folder / name, head + comparison_markdown(reports, labels))
-        out += [folder / name] + ([(folder / name).with_suffix(".png")] if head.startswith("![") else [])
+        out.append(folder / name)
     return out
 
 

@@ -261,11 +261,13 @@ def safe_name(image: str) -> str:
 
 
 def validate_many(images: list[str], target_arch: str = "12.0", *, out_dir: str | Path | None = None,
-                  say=print, order: str = "toolchain", **kw) -> tuple[list, str]:
+                  say=print, order: str = "toolchain", figure: str | Path | None = None, **kw) -> tuple[list, str]:
     """Validate each image (or the current environment when ``images`` is empty); write each JSON
     report to ``out_dir`` when given; return (reports, Markdown: the comparison for two or more, the
     matrix for one). ``order``: ``toolchain`` (default) puts reports and comparison columns from older to
-    newer toolchain (:func:`older_to_newer`); ``given`` keeps the order of ``images``."""
+    newer toolchain (:func:`older_to_newer`); ``given`` keeps the order of ``images``. ``figure``: the file the
+    comparison's Markdown goes to; for two or more reports its PNG (paths x images, :mod:`stackprobe.statusplot`) is
+    drawn beside it and the comparison opens with it (or says matplotlib is not installed)."""
     if order not in ("toolchain", "given"):
         raise UsageError(f"--order {order!r}: use toolchain (older to newer) or given (as the images are listed).")
     from stackprobe.report import comparison_markdown
@@ -290,7 +292,9 @@ def validate_many(images: list[str], target_arch: str = "12.0", *, out_dir: str 
     labels = list(images)
     if order == "toolchain":
         reports, labels = older_to_newer(reports, labels)
-    return reports, comparison_markdown(reports, labels)
+    from stackprobe.statusplot import write_beside
+    head = write_beside(reports, labels, figure) if figure else ""
+    return reports, head + comparison_markdown(reports, labels)
 
 
 def _strict(reports) -> None:
@@ -373,7 +377,7 @@ def validate(*, image=None, target_arch="12.0", out=DEFAULT_OUT, markdown=None, 
     hidden = check_hidden(hide)
     if hidden and not image:
         raise UsageError("--hide applies to --image runs (it covers folders of the image in its container).")
-    reports, text = validate_many(list(image or []), str(target_arch), out_dir=out, order=str(order),
+    reports, text = validate_many(list(image or []), str(target_arch), out_dir=out, order=str(order), figure=markdown,
                             jit_compile=bool(jit_compile),
                             world_size=ws, topology=topology, say=lambda m: print(m, file=sys.stderr),
                             **({"image_suite": True} if image_suite else {}),

@@ -55,11 +55,12 @@ import json
 import os
 from importlib import util
 from pathlib import Path
+from typing import Any
 
 from . import health_elf as elf
 
 #: per layout: the engine distribution, its files (relative to the package named first) and what they must spell
-LAYOUTS = {
+LAYOUTS: dict[str, dict[str, Any]] = {
     "sglang-jit": {
         "dist": "sglang", "package": "sglang",
         "files": {"kernels/jit/utils/compile/cache.py": ("SGLANG_JIT_CACHE_DIR", '"~/.cache/sglang/jit"',
@@ -169,7 +170,7 @@ def target_number(target) -> int:
     return target.major * 10 + target.minor
 
 
-def check_module(path: Path, stack_major: int | None, target, torch_dirs: list[str]) -> dict:
+def check_module(path: Path, stack_major: int | None, target, torch_dirs: list) -> dict:
     """One cached shared object checked like an installed extension: {"path", "cuda", "mismatch", "sass", "level",
     "symbols_missing" (None: not judged), "symbols_note", "error"}."""
     from .coverage import SASS_LEVELS, level_for, read_elf
@@ -207,7 +208,8 @@ def triton_entries(root: Path, target) -> tuple[list[dict], int, int]:
     from .coverage import cubin_arch
     from .elfread import ELF
 
-    rows, other, foreign = [], 0, 0
+    rows: list[dict] = []
+    other = foreign = 0
     if not root.is_dir():
         return rows, other, foreign
     for meta in sorted(root.glob("*/*.json")):
@@ -256,7 +258,8 @@ def _tag_matches(tag: str, target) -> bool:
 
 def _modules(name: str, root: Path, target) -> tuple[list[tuple[str, Path]], int]:
     """([(module, .so path)] the layout would consider for ``target``, count under other targets)."""
-    out, other = [], 0
+    out: list[tuple[str, Path]] = []
+    other = 0
     if not root.is_dir():
         return out, other
     if name == "sglang-jit":

@@ -33,7 +33,9 @@ The checks (each one's findings carry ``check``, ``level`` "error" | "warning" |
 7. ``driver_floors``: the driver floor of every CUDA user on a path: cuda-bindings imported by its modules,
    its extensions' CUDA major, the loaded NCCL's (:mod:`stackprobe.health_floors`, case C56).
 8. ``jit_cache``: FlashInfer's JIT cache modules, checked like installed ones (:mod:`stackprobe.health_jitcache`,
-   case C58).
+   case C58); ``engine_cache``: the engines' own compile caches (SGLang's JIT and tvm-ffi caches, vLLM's
+   torch_compile_cache) and Triton's kernel cache, each where the engine would load from
+   (:mod:`stackprobe.health_enginecache`).
 
 A check (or part of one) that cannot run here is listed in ``not_assessed`` ({"check", "what", "why"}) and
 shown as "not assessed: what (why)" in the health section and the report's headline, never as "no errors"
@@ -41,7 +43,7 @@ shown as "not assessed: what (why)" in the health section and the report's headl
 runs whatever the target environment lacks.
 
 ``run`` returns plain JSON data (kept in the report as ``environment.health``): ``{"seconds", "stack_cuda",
-"requirements", "imports", "shared_objects", "nccl", "toolchain", "triton", "findings", "blocks", "not_assessed"}`` where ``blocks`` maps a
+"requirements", "imports", "shared_objects", "nccl", "toolchain", "triton", "jit_cache", "engine_cache", "findings", "blocks", "not_assessed"}`` where ``blocks`` maps a
 backend to ``[{"scope" ("" = both answers), "gate", "cause", "lift", "lift_detail", "evidence", "source"}]``.
 """
 from __future__ import annotations

@@ -495,3 +495,12 @@ def test_a_size_exemption_without_a_reason_is_reported(tmp_path):
                  "def c():  # noqa: PLR0915 - reason:\n    pass\n"
                  "import os  # noqa: F401 - not a size exemption\n")
     assert unexplained_size_exemptions([f]) == [f"{f}:3", f"{f}:5"]
+
+
+@pytest.mark.parametrize("module", sorted(module_files(VALIDATE, "stackprobe")))
+def test_every_stackprobe_module_imports_alone_in_a_fresh_interpreter(module):
+    """As for cudastack: each stackprobe module imports first in a new interpreter (the suite's own path only)."""
+    env = dict(os.environ, PYTHONPATH=str(VALIDATE))
+    proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -98,7 +98,7 @@ class Report:
     schema: int = REPORT_SCHEMA_VERSION
     suite_version: str = __version__
     provenance: dict = field(default_factory=lambda: {"suite_digest": suite_digest()})
-    # the engine sections (stackprobe.static.engine_sections): the flags asked about, SGLang's dispatch of a decode
+    # the engine sections (stackprobe.engines.engine_sections): the flags asked about, SGLang's dispatch of a decode
     # allreduce (Dispatch.to_json), the not-assessed paths (Verdict JSON) and the engine's launch environment
     server_config: dict = field(default_factory=dict)
     dispatch: dict = field(default_factory=dict)

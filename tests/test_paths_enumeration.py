@@ -125,6 +125,8 @@ def test_vllm_033_settings_and_modules_enumerated_from_its_declarations(v033):
                         ("VLLM_USE_DIRECT_DCP_A2A", "vllm/envs.py:2245"),
                         ("mnnvl_compat.py", "vllm/distributed/device_communicators/mnnvl_compat.py")):
         assert (by[path]["status"], by[path]["where"]) == ("not-assessed", where), (path, by[path])
+    assert "not a command-line choice (taken off at vllm/engine/arg_utils.py:1159)" in by["--all2all-backend passthrough"]["why"]
+    assert "command-line" not in by["--all2all-backend deepep_low_latency"]["why"]
     assert "choices: ag_rs, a2a" in by["--dcp-comm-backend"]["why"]
     assert "choices: auto, trtllm, mnnvl" in by["VLLM_FLASHINFER_ALLREDUCE_BACKEND"]["why"]
     for path, backend in (("VLLM_USE_NCCL_SYMM_MEM", "nccl-symm-mem"), ("VLLM_ALLREDUCE_USE_SYMM_MEM", "torch-symm-mem"),

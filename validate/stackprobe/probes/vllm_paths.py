@@ -187,6 +187,39 @@ def env_settings(eng) -> list[dict]:
     return out
 
 
+def _removed_choices(eng, field: str) -> dict[str, str]:
+    """Choices ``engine/arg_utils.py`` takes off a field's command line (``parallel_kwargs["all2all_backend"]
+    ["choices"].remove(PASSTHROUGH_ALL2ALL_BACKEND)`` in vllm 0.33.0, the name resolved in ``vllm/config/*.py``):
+    ``{choice: "vllm/engine/arg_utils.py:LINE"}``."""
+    try:
+        tree = eng.tree(ARG_FILE)
+    except (se.GateNotFound, OSError, SyntaxError, ValueError):
+        return {}
+    consts: dict[str, str] = {}
+    for path in sorted((eng.root / CONFIG_DIR).glob("*.py")):
+        try:
+            for n in source.parse(path).body:
+                if not isinstance(n, (ast.Assign, ast.AnnAssign)):
+                    continue
+                target = n.targets[0] if isinstance(n, ast.Assign) else n.target
+                if isinstance(target, ast.Name) and isinstance(n.value, ast.Constant):
+                    consts.setdefault(target.id, n.value.value)
+        except (SyntaxError, ValueError, OSError):
+            continue
+    out = {}
+    for c in ast.walk(tree):
+        if not (isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "remove" and c.args):
+            continue
+        owner = ast.unparse(c.func.value)
+        if f"'{field}'" not in owner or "'choices'" not in owner:
+            continue
+        arg = c.args[0]
+        value = arg.value if isinstance(arg, ast.Constant) else consts.get(ast.unparse(arg))
+        if isinstance(value, str):
+            out[value] = _where(ARG_FILE, c.lineno)
+    return out
+
+
 def inventory(eng) -> list[dict]:
     """Every communication setting and module: ``{"path", "kind" ("server argument" / "environment variable" /
     "all2all-backend" / "module" / "compilation pass"), "maps_to" (suite backend or ""), "status" ("assessed" /
@@ -195,12 +228,15 @@ def inventory(eng) -> list[dict]:
     for s in config_settings(eng) + env_settings(eng):
         kind = "environment variable" if s["group"] == "envs.py" else "server argument"
         if s["setting"] == "--all2all-backend" and s["choices"]:
+            off_cli = _removed_choices(eng, "all2all_backend")
             for c in s["choices"]:
                 judged = ASSESSED.get(f"--all2all-backend {c}", "")
+                why = f"judged by the {judged} verdict" if judged else \
+                    "an expert-parallel all-to-all backend this suite does not judge"
+                if c in off_cli:
+                    why += f"; not a command-line choice (taken off at {off_cli[c]}): only vLLM itself sets it"
                 out.append({"path": f"--all2all-backend {c}", "kind": "all2all-backend", "maps_to": judged,
-                            "where": s["where"], "status": "assessed" if judged else "not-assessed",
-                            "why": f"judged by the {judged} verdict" if judged else
-                            "an expert-parallel all-to-all backend this suite does not judge"})
+                            "where": s["where"], "status": "assessed" if judged else "not-assessed", "why": why})
             continue
         judged = ASSESSED.get(s["setting"], "")
         choices = f" (choices: {', '.join(map(str, s['choices']))})" if s["choices"] else ""

@@ -202,7 +202,7 @@ def _removed_choices(eng, field: str) -> dict[str, str]:
                 if not isinstance(n, (ast.Assign, ast.AnnAssign)):
                     continue
                 target = n.targets[0] if isinstance(n, ast.Assign) else n.target
-                if isinstance(target, ast.Name) and isinstance(n.value, ast.Constant):
+                if isinstance(target, ast.Name) and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str):
                     consts.setdefault(target.id, n.value.value)
         except (SyntaxError, ValueError, OSError):
             continue

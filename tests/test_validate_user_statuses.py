@@ -73,7 +73,10 @@ def test_c34_pcie_ipc_is_opt_in_with_upstreams_figures_as_upstreams_claim(none23
     assert line.startswith("with no flags: a decode-step allreduce takes NCCL (pynccl)")
     assert "opt-in, worth measuring on the target: flashinfer-pcie-ipc-allreduce (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1)" in line
     assert f"[upstream's claim ({PCIE_REL}:{lo}-{hi}), not measured here: 12 KiB: FlashInfer 5.3 us, NCCL 205.1 us" in line
-    assert "do not set: --flashinfer-allreduce-fusion-backend auto (flashinfer-allreduce-fusion: start-up failure)" in line
+    # every value of the flag reaches the uncaught raise, and 0.5.23's deprecated switch sets it to auto
+    assert ("do not set: --flashinfer-allreduce-fusion-backend (any value: auto, trtllm, mnnvl, cutedsl), or the "
+            "deprecated --enable-flashinfer-allreduce-fusion (it sets auto, sglang/srt/arg_groups/serving_hook.py:285-297)"
+            " (flashinfer-allreduce-fusion: start-up failure)") in line
 
 
 def test_c34_with_the_variable_set_it_is_on_as_configured_and_other_paths_keep_their_status(none23, drive, sglang, fi):
@@ -97,6 +100,20 @@ def test_c35_fusion_backend_flag_on_major_12_is_a_start_up_failure_naming_the_ra
             "sglang/srt/layers/flashinfer_comm_fusion.py:49-51") in v["cause"]
     assert "warmup -> _warmup (sglang/srt/model_executor/runner/base_runner.py:255)" in v["cause"]
     assert "_resolve_backend (sglang/srt/layers/flashinfer_comm_fusion.py:100); no try on the path catches ValueError" in v["cause"]
+
+
+def test_c35_deprecated_fusion_switch_is_named_only_where_the_release_maps_it(drive, sglang, fi, tmp_path):
+    """sglang 0.5.23 maps the deprecated ``--enable-flashinfer-allreduce-fusion`` onto the backend flag (``auto``):
+    the same start-up failure, so "do not set" names both. Failing twin: an edited copy whose mapping no longer
+    sets the backend leaves the alias out (before this reading, the alias was never named at all)."""
+    rel = "sglang/srt/arg_groups/serving_hook.py"
+    text = (sglang / rel).read_text()
+    assert 'flashinfer_allreduce_fusion_backend="auto",' in text
+    copy = engine_copy(sglang, tmp_path / "sg", {rel: ('            flashinfer_allreduce_fusion_backend="auto",\n',
+                                                      '            other_field="auto",\n')})
+    edited = headline_line(Report.from_json(drive([copy, fi], backends=(FUSION,))))
+    assert "do not set: --flashinfer-allreduce-fusion-backend (any value: auto, trtllm, mnnvl, cutedsl) (" in edited
+    assert "deprecated" not in edited
 
 
 def test_c35_planted_try_around_the_raise_turns_it_into_a_fallback(drive, sglang, fi, tmp_path):

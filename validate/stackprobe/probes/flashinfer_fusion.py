@@ -203,7 +203,8 @@ def _start_up_consequence(eng, gate, check, value: str = "auto") -> None:
     for v, path in paths.items():
         per_value.setdefault(path.describe(), []).append(v)
     gate.value = {"majors": gate.value, "raises": f"{exc}({msg!r})", "call path": cp.describe(),
-                  "call path per value": {"/".join(vs): d for d, vs in per_value.items()}}
+                  "call path per value": {"/".join(vs): d for d, vs in per_value.items()},
+                  "raises for": [v for v, path in paths.items() if path.found and not path.caught_at]}
     if not cp.found:
         return
     raise_at = f"sglang/{FUSION_FILE}:{r.lineno}-{r.end_lineno}"
@@ -357,11 +358,64 @@ def _engine(ctx, eng) -> Verdict:  # noqa: C901 - reason: one gate per SGLang fu
     if auto is not None:
         v.add("auto-enable (listed models only)", {"majors": auto["majors"], "predicates": auto["predicates"],
                                                    "admits target": ctx.target.major in auto["majors"]}, auto["where"])
+    if v.status == STARTUP_FAILURE:
+        _do_not_set(v, eng, ans.gates[0].flag, arg["dest"], check_gate=next(
+            (g for g in ans.gates if isinstance(g.value, dict) and "raises for" in g.value), None))
     if v.status in (BLOCKED, OPT_IN, FALLS_BACK, STARTUP_FAILURE):
         extra = _library_lifts(ctx)
         if extra:
             v.lift_detail = "; ".join([v.lift_detail] + extra) if v.lift_detail else "; ".join(extra)
     return v
+
+
+def deprecated_aliases(eng, dest: str) -> list[dict]:
+    """The deprecated flags SGLang maps onto the fusion field ``dest``, read from its argument files: an ``if``
+    whose test reads another field and ``<dest> is None`` and whose body passes ``<dest>=<constant>`` (sglang 0.5.23
+    ``srt/arg_groups/serving_hook.py:284-296``: ``--enable-flashinfer-allreduce-fusion`` becomes
+    ``flashinfer_allreduce_fusion_backend="auto"``, with a deprecation warning). Returns
+    [{"flag": "--enable-...", "value": "auto", "where": "sglang/FILE:L1-L2"}]; [] where there is none (0.5.9, whose
+    ``--enable-flashinfer-allreduce-fusion`` is the switch itself)."""
+    import ast
+
+    out = []
+    for path, node in se.arg_ifs(eng):
+        reads = [n.attr for n in ast.walk(node.test) if isinstance(n, ast.Attribute)]
+        unset = any(isinstance(c, ast.Compare) and isinstance(c.ops[0], ast.Is) and isinstance(c.left, ast.Attribute)
+                    and c.left.attr == dest and isinstance(c.comparators[0], ast.Constant)
+                    and c.comparators[0].value is None for c in ast.walk(node.test))
+        old = [a for a in reads if a != dest]
+        if not unset or len(old) != 1:
+            continue
+        for stmt in node.body:
+            for kw in (k for k in ast.walk(stmt) if isinstance(k, ast.keyword)):
+                if kw.arg == dest and isinstance(kw.value, ast.Constant):
+                    out.append({"flag": "--" + old[0].replace("_", "-"), "value": kw.value.value,
+                                "where": f"{se.short(path)}:{node.lineno}-{node.end_lineno}"})
+    return out
+
+
+def _do_not_set(v: Verdict, eng, flag: str, dest: str, check_gate) -> None:
+    """The setting a user must not pass, as one phrase for the summary's "do not set" line (evidence
+    ``user setting``): the flag with every value whose path reaches the uncaught raise (all of them: "any value"),
+    and each deprecated alias that sets the flag (:func:`deprecated_aliases`)."""
+    values = list(check_gate.value.get("raises for") or []) if check_gate is not None else []
+    choices = _backend_values(eng, values[0]) if values else []
+    if values and choices and set(choices) <= set(values) and len(choices) > 1:
+        setting = f"{flag} (any value: {', '.join(choices)})"
+    elif values:
+        setting = f"{flag} {'/'.join(values)}"
+    else:
+        setting = f"{flag} auto"
+    aliases = [a for a in deprecated_aliases(eng, dest) if not values or a["value"] in values]
+    for a in aliases:
+        setting += f", or the deprecated {a['flag']} (it sets {a['value']}, {a['where']})"
+    have = next((e for e in v.evidence if e.what == "user setting"), None)
+    if have is None:
+        v.add("user setting", setting, f"sglang {eng.version} server arguments")
+    else:
+        have.value = setting
+    if aliases:
+        v.add("deprecated alias", aliases, aliases[0]["where"])
 
 
 def _auto_enable(eng, dest: str) -> dict | None:

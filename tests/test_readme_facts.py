@@ -43,7 +43,7 @@ def test_the_readme_is_a_front_page():
     assert len(lines) <= 200, len(lines)
     text = "\n".join(lines)
     for must in ("bash scripts/dev.sh build --cuda 13.1", "bash scripts/dev.sh test", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1",
-                 "--flashinfer-allreduce-fusion-backend", "python -m stackprobe.host", "python -m stackprobe.runtime p2p"):
+                 "--flashinfer-allreduce-fusion-backend", "python3 -m stackprobe.host", "python3 -m stackprobe.runtime p2p"):
         assert must in text, must
     linked = {p.split("#")[0] for p in re.findall(r"\]\((docs/[^)\s]+)\)", text)}
     assert linked and all((ROOT / p).is_file() for p in linked), linked

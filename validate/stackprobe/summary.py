@@ -14,9 +14,7 @@ Lines, in order: ``target``, ``host`` (the report's host section in one line, or
 * ``other collective``: paths that are not the decode allreduce (expert-parallel all-to-all), with their answer;
 * ``broken here``: a health error, or a path blocked by a broken install;
 * ``not assessed (N)``: engine answers the readers could not give (a release they do not know), and health checks
-  that could not run;
-* ``not judged here``: how many paths and settings the installed engine ships that no verdict judges (the report's
-  ``paths``, listed under "Not assessed here").
+  that could not run.
 
 Every phrase comes from :func:`stackprobe.userwords.headline`, so the block and the headline never disagree.
 """
@@ -99,7 +97,4 @@ def block(report) -> list[str]:
     gaps += list(h.get("not_assessed", [])) if h["engine"] else []
     if gaps:
         lines.append(_line(f"not assessed ({len(gaps)})", "; ".join(gaps)))
-    if getattr(report, "paths", None):   # the list itself is the "Not assessed here" section (stackprobe.pathsmd)
-        lines.append(_line("not judged here", f"{len(report.paths)} path(s) and setting(s) the engine ships that no "
-                                              "verdict judges: see 'Not assessed here'"))
     return ["## Summary", "", "```text", *lines, "```", ""]

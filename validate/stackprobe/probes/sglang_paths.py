@@ -3,8 +3,9 @@
 :func:`inventory` lists each module under ``srt/distributed/device_communicators/``, every ``--moe-a2a-backend``
 choice (read from the release's own flag definition), NCCL symmetric memory (``--enable-symm-mem``), NCCL NVLS
 (``--enable-nccl-nvls``), DP attention (``--attn-dp-size``, 0.5.9: ``--dp-size`` with ``--enable-dp-attention``),
-FlashInfer's fusion-only allreduce and the multimem all-gather module: each maps to the suite backend that judges
-it, or is ``not-assessed`` with why. A module the suite does not know is the finding "unknown communication path:
+FlashInfer's fusion-only allreduce and the multimem all-gather module, and every other communication flag the
+release declares (:func:`cli_flags`, :func:`field_flags`): each maps to the suite backend that judges it, or is
+``not-assessed`` with why and its ``sglang/FILE:LINE``. A module the suite does not know is the finding "unknown communication path:
 not assessed", naming it and the ``parallel_state.py`` line that uses it. :func:`paths` gives the not-assessed
 ones as engine-scope verdicts. :func:`launch_environment` runs ``_set_envs_and_config``
 (``srt/entrypoints/engine.py``) for a configuration: what the engine sets before its workers start.
@@ -60,8 +61,11 @@ def _use_line(engine: se.Engine, module: str) -> str:
 
 
 def inventory(engine: se.Engine) -> list[dict]:
-    """Every path: ``{"path", "kind" ("module" / "moe-a2a-backend" / "server flag" / "dispatch step"), "maps_to"
-    (suite backend or ""), "status" ("assessed" / "not-assessed" / "unknown"), "why", "where"}``."""
+    """Every path: ``{"path", "kind" ("module" / "moe-a2a-backend" / "server flag" / "server flag (add_argument)" /
+    "server flag (field group)" / "kernel module"), "maps_to" (suite backend or ""), "status" ("assessed" /
+    "not-assessed" / "unknown"), "why", "where"}``. The communication flags come from :func:`cli_flags` (the
+    release's ``add_argument`` calls: all of sglang 0.5.9's) and :func:`field_flags` (0.5.23's field groups); a flag
+    in :data:`JUDGED_FLAGS` is ``assessed`` with its backend, every other one ``not-assessed`` with its line."""
     out = []
     d = engine.root / COMM_DIR
     for p in sorted(d.glob("*.py")) if d.is_dir() else []:

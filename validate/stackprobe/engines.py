@@ -12,15 +12,26 @@ asked about?" for the backends it has a path for. The interface is what the tier
   (a gate not found is an ``error`` naming package, version and file, never a pass);
 * :meth:`~ServingEngine.sections`: its dispatch of a decode-step allreduce for the report (``{}`` when none).
 
-:data:`ENGINES` lists the implementations: SGLang (:mod:`stackprobe.probes.sglang_engine` and each backend module's
-``engine_gate``) and vLLM (:mod:`stackprobe.probes.vllm_engine`). :func:`select` turns ``--engine`` into engines.
+* :meth:`~ServingEngine.not_assessed`: the paths and settings it ships that no verdict judges (Verdict JSON);
+* :attr:`~ServingEngine.runtime`: its record for the runtime tier's dispatch probe
+  (:class:`stackprobe.runtime.dispatch.RuntimeEngine`, resolved on first use so that this module stays stdlib-only),
+  None for an engine without one.
+
+One registry holds the implementations: :func:`register` (one call, for a new engine or a test's), :func:`unregister`,
+:func:`registered`, :func:`choices` (``auto`` and every registered name: the ``--engine`` values of both tiers).
+SGLang (:mod:`stackprobe.probes.sglang_engine` and each backend module's ``engine_gate``) and vLLM
+(:mod:`stackprobe.probes.vllm_engine`) are registered here. :func:`select` turns ``--engine`` into engines.
 """
 from __future__ import annotations
+
+import importlib
 
 from .env import dist_version
 from .serverconfig import ServerConfig
 
-CHOICES = ("auto", "sglang", "vllm")
+#: the engine of reports made before the engine list (their engine answers carry no ``engine``), and the one
+#: :func:`select` answers for when no registered engine is installed (its answers then say "not installed")
+DEFAULT = "sglang"
 
 
 class ServingEngine:
@@ -29,9 +40,32 @@ class ServingEngine:
     name = ""
     dist = ""
     title = ""
+    #: True: :meth:`answers` is called once per probe module (``answers(ctx, module)``, in the static tier's probe
+    #: loop, beside the module's library gate); False: once for all backends (``module`` None)
+    per_module = False
+    #: True: :meth:`sections` writes the report's top-level ``dispatch`` / ``paths`` / ``launch_environment`` itself
+    #: and, as the primary engine, its ``engines`` entry holds no ``dispatch`` (report schema 3 keeps SGLang's there,
+    #: as before the engine list); False: its dispatch is nested in its ``engines`` entry (and is ``dispatch`` too
+    #: when it is the primary engine)
+    top_level_sections = False
+    #: ``module:attr`` of its :class:`stackprobe.runtime.dispatch.RuntimeEngine`; "" when it has none
+    runtime_ref = ""
 
     def version(self) -> str | None:
         return dist_version(self.dist)
+
+    def not_assessed(self, ctx) -> list:
+        """The settings and modules the installed engine ships that no verdict judges, as Verdict JSON dicts
+        (appended to the report's ``paths``); [] by default."""
+        return []
+
+    @property
+    def runtime(self):
+        """Its :class:`stackprobe.runtime.dispatch.RuntimeEngine` (imported on first use), or None."""
+        if not self.runtime_ref:
+            return None
+        mod, _, attr = self.runtime_ref.partition(":")
+        return getattr(importlib.import_module(mod), attr)
 
     def parse_config(self, server_args: str, env: list[str] | tuple) -> ServerConfig:
         raise NotImplementedError
@@ -48,6 +82,8 @@ class SGLang(ServingEngine):
     verdict is exactly what it was before the interface) and :func:`engine_sections`."""
 
     name, dist, title = "sglang", "sglang", "SGLang"
+    per_module, top_level_sections = True, True
+    runtime_ref = f"{__package__}.runtime.dispatch:SGLANG"
 
     def parse_config(self, server_args, env):
         from .probes import sglang_engine
@@ -71,6 +107,7 @@ class VLLM(ServingEngine):
     dispatch, read from the installed vLLM); answered once for all its backends (``module`` None)."""
 
     name, dist, title = "vllm", "vllm", "vLLM"
+    runtime_ref = f"{__package__}.runtime.dispatch:VLLM"
 
     def __init__(self):
         self._dispatch: dict = {}
@@ -87,25 +124,85 @@ class VLLM(ServingEngine):
     def sections(self, report, ctx) -> dict:
         return self._dispatch
 
+    def not_assessed(self, ctx) -> list:
+        """:func:`stackprobe.probes.vllm_paths.report_paths` (issue 39 point 6)."""
+        from .probes.vllm_paths import report_paths
+        return report_paths(ctx)
 
-ENGINES = {"sglang": SGLang, "vllm": VLLM}
+
+_REGISTRY: dict[str, type[ServingEngine]] = {}
+
+
+def register(engine: type[ServingEngine] | ServingEngine) -> type[ServingEngine]:
+    """Register an engine implementation (a :class:`ServingEngine` subclass, or an instance: its class is kept;
+    :func:`select` makes a fresh instance per run). From then on it is an ``--engine`` choice, ``auto`` picks it
+    where its distribution is installed, and both tiers ask it. Raises ``ValueError`` for a class that is no
+    ServingEngine, has no ``name`` / ``dist`` / ``title``, is named ``auto``, or whose name another class holds.
+    Returns the class."""
+    cls = engine if isinstance(engine, type) else type(engine)
+    if not issubclass(cls, ServingEngine):
+        raise ValueError(f"{cls.__name__} is not a stackprobe.engines.ServingEngine subclass: derive from it and "
+                         "set name, dist and title")
+    if not (cls.name and cls.dist and cls.title) or cls.name == "auto":
+        raise ValueError(f"{cls.__name__}: set name (the --engine value, not 'auto'), dist (its distribution) and title "
+                         f"(how reports name it); got name={cls.name!r}, dist={cls.dist!r}, title={cls.title!r}")
+    held = _REGISTRY.get(cls.name)
+    if held is not None and held is not cls:
+        raise ValueError(f"engine name {cls.name!r} is already registered by {held.__module__}.{held.__qualname__}; "
+                         f"unregister({cls.name!r}) first or pick another name")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def unregister(name: str) -> None:
+    """Take engine ``name`` out of the registry (tests); nothing when it is not there."""
+    _REGISTRY.pop(name, None)
+
+
+def registered() -> dict[str, type[ServingEngine]]:
+    """Name -> implementation class, in registration order (SGLang, vLLM, then any registered later)."""
+    return dict(_REGISTRY)
+
+
+def choices() -> tuple[str, ...]:
+    """The ``--engine`` values: ``auto`` and every registered name."""
+    return ("auto", *_REGISTRY)
+
+
+def title_of(name: str) -> str:
+    """How reports name engine ``name`` (its registered ``title``; the name itself for an engine not registered)."""
+    cls = _REGISTRY.get(name)
+    return cls.title if cls is not None else name
+
+
+def __getattr__(attr: str):
+    # CHOICES and ENGINES, read at use: what the registry holds then
+    if attr == "CHOICES":
+        return choices()
+    if attr == "ENGINES":
+        return registered()
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
 
 
 class EngineChoiceError(ValueError):
-    """An ``--engine`` value that is none of :data:`CHOICES`."""
+    """An ``--engine`` value that is none of :func:`choices`."""
 
 
 def select(choice: str = "auto") -> list[ServingEngine]:
-    """``--engine`` -> engines, primary first. ``auto``: every installed engine (SGLang first when both are); none
-    installed: SGLang (its answers then say ``not installed: sglang``, as before the interface). Raises
-    :class:`EngineChoiceError` for another value."""
-    if choice not in CHOICES:
-        raise EngineChoiceError(f"--engine {choice!r}: use one of {', '.join(CHOICES)} (auto: whichever serving engine "
-                                "is installed, both when both are).")
+    """``--engine`` -> engines, primary first. ``auto``: every registered engine whose distribution is installed, in
+    registration order (SGLang first when both it and vLLM are); none installed: :data:`DEFAULT` (its answers then
+    say ``not installed: sglang``, as before the interface). Raises :class:`EngineChoiceError` for another value."""
+    if choice not in _REGISTRY and choice != "auto":
+        raise EngineChoiceError(f"--engine {choice!r}: use one of {', '.join(choices())} (auto: whichever serving "
+                                "engine is installed, every one that is).")
     if choice != "auto":
-        return [ENGINES[choice]()]
-    found = [cls() for cls in ENGINES.values() if dist_version(cls.dist) is not None]
-    return found or [SGLang()]
+        return [_REGISTRY[choice]()]
+    found = [cls() for cls in _REGISTRY.values() if dist_version(cls.dist) is not None]
+    return found or [_REGISTRY[DEFAULT]()]
+
+
+register(SGLang)
+register(VLLM)
 
 
 def engine_sections(report, ctx) -> None:

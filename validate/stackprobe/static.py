@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import coverage as cov
 from . import driver as drivermod
-from .engines import SGLang
+from .engines import DEFAULT, registered
 from . import env as envmod
 from . import gates
 from . import health_stage
@@ -96,7 +96,8 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
     ``backends``: restrict to these backend names. ``scan_dists``: more distributions to cover.
     ``server_config``: the engine flags and variables the verdicts are for (a :class:`ServerConfig`; None: no flags),
     recorded in ``options.server_config``. ``engines``: the serving engines that answer (:mod:`stackprobe.engines`,
-    primary first; None: SGLang alone, as before the interface), named in the report's ``engines``;
+    primary first; None: :data:`stackprobe.engines.DEFAULT` alone, as before the interface), named in the report's
+    ``engines``; each goes through the same contract (``per_module``, ``answers``, ``sections``, ``not_assessed``);
     ``engine_configs``: engine name -> the ServerConfig that engine checked. Raises TargetArchError for a bad target.
     A probe that crashes gives an ``error`` verdict with the exception, not an exception here.
     """
@@ -151,8 +152,8 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
         environment.setdefault("findings", []).append({"case": "C19", "level": "error", "message": torch_gap})
     host = {"compute_capability": target.cc, "topology": topo, "world_size": world_size, "topology_source": topo_source}
     health = run_health(environment, target, topo, backends, timeout, quiet)
-    engines = list(engines) if engines else [SGLang()]
-    sglang = next((e for e in engines if e.name == "sglang"), None)
+    engines = list(engines) if engines else [registered()[DEFAULT]()]
+    per_module = [e for e in engines if e.per_module]    # answered beside each probe module's library gate
 
     def admit(verdicts: list) -> None:
         health_stage.apply(verdicts, health)   # decided once, before the gates were read
@@ -172,20 +173,19 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
             continue
         _log(f"probe {', '.join(names)}", quiet)
         verdicts = []
-        engine_fn = (lambda c, m=mod: sglang.answers(c, m)) if sglang is not None and getattr(mod, "engine_gate", None) else None
-        for scope, fn in ((SCOPE_LIBRARY, getattr(mod, "library_gate", None) or mod.probe), (SCOPE_ENGINE, engine_fn)):
-            if fn is None:
-                continue
+        gates_of = [(SCOPE_LIBRARY, "", getattr(mod, "library_gate", None) or mod.probe)]
+        gates_of += [(SCOPE_ENGINE, e.name, lambda c, m=mod, e=e: e.answers(c, m)) for e in per_module
+                     if getattr(mod, "engine_gate", None)]
+        for scope, who, fn in gates_of:
             try:
                 verdicts += fn(ctx)
             except Exception as e:  # noqa: BLE001 - a probe bug is a verdict, not the end of the suite
                 tb = traceback.format_exc().strip().splitlines()
                 verdicts += [Verdict(n, ERROR, scope=scope, cause=f"static {scope} gate crashed: {type(e).__name__}: {e}",
-                                     warnings=[" / ".join(tb[-3:])], engine="sglang" if scope == SCOPE_ENGINE else "")
-                             for n in names]
+                                     warnings=[" / ".join(tb[-3:])], engine=who) for n in names]
         admit(verdicts)
     for eng in engines:
-        if eng is sglang:
+        if eng.per_module:
             continue
         _log(f"engine {eng.name}", quiet)
         try:
@@ -202,13 +202,14 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
     report.server_config = ctx.server_config.to_json()
     for eng in engines:
         dispatch = eng.sections(report, ctx) or {}
+        primary = eng is engines[0]
         report.engines.append({"name": eng.name, "title": eng.title, "version": eng.version(),
-                               **({"dispatch": dispatch} if eng is not engines[0] or eng is not sglang else {})})
-        if eng is engines[0] and eng is not sglang:
+                               **({"dispatch": dispatch} if not (primary and eng.top_level_sections) else {})})
+        if primary and not eng.top_level_sections:
             report.dispatch = dispatch
-        if eng.name == "vllm":  # the settings and modules vLLM ships that no verdict judges (issue 39 point 6)
-            from .probes.vllm_paths import report_paths
-            report.paths = list(report.paths or []) + report_paths(ctx)
+        extra = eng.not_assessed(ctx)   # the settings and modules it ships that no verdict judges (issue 39 point 6)
+        if extra:
+            report.paths = list(report.paths or []) + extra
     report.options["seconds"] = round(time.time() - t0, 1)
     return report
 

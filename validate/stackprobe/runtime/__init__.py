@@ -95,17 +95,17 @@ def run_runtime(report, args) -> dict:
     out = Path(json_path).with_suffix("").as_posix() + "-runtime" if json_path and json_path != "-" else "stackprobe-runtime"
     paths = write(rt, out)
     report.options["runtime_report"] = {k: str(p) for k, p in paths.items()}
-    names = [e.get("name") for e in report.engines] or ["sglang"]
-    for name in ("sglang", "vllm"):
-        if name in names:
-            report.options[f"{name}_dispatch"] = run_engine_dispatch(
-                report, args, ws, out if name == "sglang" else f"{out}/vllm", progress, engine=name)
+    from ..engines import DEFAULT
+    from .dispatch import dispatch_plans
+    for eng, eng_out in dispatch_plans([e.get("name") for e in report.engines] or [DEFAULT], out):
+        report.options[f"{eng.name}_dispatch"] = run_engine_dispatch(report, args, ws, eng_out, progress,
+                                                                     engine=eng.name)
     return rt
 
 
 def run_engine_dispatch(report, args, ws: int, out: str, progress, engine: str = "sglang") -> dict | str:
-    """The runtime tier's dispatch probe (:mod:`.dispatch`) for ``engine`` (``sglang``; ``vllm`` when the report
-    answered for vLLM) with the user's ``--server-args`` / ``--env`` (the ones the static answer took; the cluster
+    """The runtime tier's dispatch probe (:mod:`.dispatch`) for ``engine`` (each engine the report answered for
+    that has a runtime record: :func:`stackprobe.runtime.dispatch.dispatch_plans`) with the user's ``--server-args`` / ``--env`` (the ones the static answer took; the cluster
     job passes both) at world size ``ws``; its verdicts go into ``report`` with the host they were measured on (a
     host that is not the target's reads "measured here": C20), ``dispatch.json`` / ``dispatch.md`` into ``out``.
     Returns what ``options.<engine>_dispatch`` records, or why it did not run (world size 1: the engine returns

@@ -134,8 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--target-arch", default="12.0")
     g.add_argument("--target-topology", default="pcie", choices=("pcie", "nvlink"))
     g.add_argument("--target-world-size", type=int, default=8)
-    g.add_argument("--engine", default="sglang", choices=("sglang", "vllm"),
-                   help="whose dispatch: SGLang's GroupCoordinator or vLLM's CudaCommunicator (default sglang)")
+    from ..engines import DEFAULT
+    from .dispatch import runtime_engines
+    g.add_argument("--engine", default=DEFAULT, choices=tuple(runtime_engines()),
+                   help="whose dispatch: a registered engine with a runtime record (SGLang's GroupCoordinator, vLLM's "
+                        f"CudaCommunicator; default {DEFAULT})")
     g.add_argument("--probe", default="", help=argparse.SUPPRESS)   # module:attr of a probe subclass (tests)
     g.add_argument("--out", default="stackprobe-dispatch")
     return p

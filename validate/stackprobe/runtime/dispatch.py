@@ -79,10 +79,11 @@ class RuntimeEngine:
     rows: dict
     fallbacks: tuple = FALLBACKS
     state: str = ""          # the module that brings the engine up (cited in the evidence)
+    out_subdir: str | None = None   # where the runtime tier writes its dispatch report under its folder (None: name)
 
 
 SGLANG = RuntimeEngine("sglang", "SGLang", PROBE_REF, PCIE_OPT_IN, "pcie_ipc_comm", ROW,
-                       state="stackprobe.runtime.sglang_state.bring_up")
+                       state="stackprobe.runtime.sglang_state.bring_up", out_subdir="")
 # vLLM 0.33.0 CudaCommunicator attribute -> row (vllm/distributed/device_communicators/cuda_communicator.py)
 VLLM_ROW = {"fi_pcie_ipc_ar_comm": "vllm-flashinfer-pcie-ipc", "fi_ar_comm": "vllm-flashinfer-allreduce",
             "qr_comm": "vllm-quick-allreduce", "aiter_ar_comm": "vllm-aiter-custom-allreduce",
@@ -92,14 +93,38 @@ VLLM_ROW = {"fi_pcie_ipc_ar_comm": "vllm-flashinfer-pcie-ipc", "fi_ar_comm": "vl
 VLLM = RuntimeEngine("vllm", "vLLM", "stackprobe.runtime.vllm_state:VllmDispatchProbe",
                      "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC", "fi_pcie_ipc_ar_comm", VLLM_ROW,
                      state="stackprobe.runtime.vllm_state.bring_up")
-ENGINES = {e.name: e for e in (SGLANG, VLLM)}
+
+
+def runtime_engines() -> dict[str, RuntimeEngine]:
+    """Engine name -> :class:`RuntimeEngine` of every engine in :mod:`stackprobe.engines`' registry that has one
+    (``ServingEngine.runtime``), in registration order."""
+    from ..engines import registered
+    out = {}
+    for name, cls in registered().items():
+        rt = cls().runtime
+        if rt is not None:
+            out[name] = rt
+    return out
 
 
 def engine_of(name: str) -> RuntimeEngine:
-    """The :class:`RuntimeEngine` named ``name``; raises ``ValueError`` naming the choices."""
-    if name not in ENGINES:
-        raise ValueError(f"--engine {name!r}: the dispatch probe knows {', '.join(ENGINES)}")
-    return ENGINES[name]
+    """The :class:`RuntimeEngine` of registered engine ``name``; raises ``ValueError`` naming the choices."""
+    engines = runtime_engines()
+    if name not in engines:
+        raise ValueError(f"--engine {name!r}: the dispatch probe knows {', '.join(engines)}")
+    return engines[name]
+
+
+def dispatch_plans(names: list[str], out: str) -> list[tuple[RuntimeEngine, str]]:
+    """The runtime tier's plan of engine dispatch runs: for each registered engine with a :class:`RuntimeEngine`
+    that ``names`` (the report's engines) lists, in registration order, ``(its record, the folder its
+    dispatch.json / dispatch.md go to)``: ``out/<out_subdir>`` (``out`` itself where ``out_subdir`` is "")."""
+    plans = []
+    for name, rt in runtime_engines().items():
+        if name in names:
+            sub = rt.name if rt.out_subdir is None else rt.out_subdir
+            plans.append((rt, f"{out}/{sub}" if sub else out))
+    return plans
 
 
 # --------------------------------------------------------------------------------------------- parent side
@@ -331,8 +356,8 @@ def run_dispatch(server_args: str = "", env: dict[str, str] | None = None, world
     :func:`stackprobe.runtime.p2p.host_report` (default: this host's, read before any rank starts, with ``env``
     over the process environment). ``target``: ``{"compute_capability", "topology", "world_size"}`` the verdicts
     are for (C20). ``rows`` x ``hidden``: the decode tensor (bf16); ``calls``: all_reduce calls per captured graph;
-    ``replays``: graph replays per timed trial; ``rounds``: paired rounds. ``engine``: ``sglang`` or ``vllm``
-    (:data:`ENGINES`); ``probe_ref`` (module:attr) replaces its rank-side probe. Raises ``ValueError`` for bad input,
+    ``replays``: graph replays per timed trial; ``rounds``: paired rounds. ``engine``: a registered engine's name
+    (:func:`runtime_engines`); ``probe_ref`` (module:attr) replaces its rank-side probe. Raises ``ValueError`` for bad input,
     before any rank starts."""
     from . import p2p
     from .orchestrate import run_probe

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from . import REPORT_SCHEMA_VERSION, __version__, mdtable
 from .atomic import write_atomic
+from .engines import DEFAULT, registered, title_of
 from .verdict import Verdict
 
 
@@ -114,11 +115,11 @@ class Report:
     # --- engines ---------------------------------------------------------------------------------
     def primary_engine(self) -> str:
         """The engine whose answers make the headline and the matrix: the first of ``engines`` (default sglang)."""
-        return (self.engines[0].get("name") if self.engines else "") or "sglang"
+        return (self.engines[0].get("name") if self.engines else "") or DEFAULT
 
     def _of_engine(self, v: Verdict, engine: str | None = None) -> bool:
         want = engine or self.primary_engine()
-        return (v.engine or "sglang") == want
+        return (v.engine or DEFAULT) == want
 
     def engine_view(self, name: str) -> "Report":
         """This report with ``name`` as its primary engine (its dispatch as ``dispatch``): the same verdicts, for the
@@ -383,7 +384,7 @@ class Report:
 
     def _title(self) -> str:
         return next((e.get("title") for e in self.engines if e.get("name") == self.primary_engine() and e.get("title")),
-                    None) or {"sglang": "SGLang", "vllm": "vLLM"}.get(self.primary_engine(), self.primary_engine())
+                    None) or title_of(self.primary_engine())
 
     def host_differs(self) -> str:
         """``SM90, nvlink, ws 2`` when runtime verdicts were measured on a host unlike the target, else ""."""
@@ -423,7 +424,8 @@ def dispatch_markdown(d: dict, spill: mdtable.Spill | None = None) -> list[str]:
     if not d:
         return []
     cfg = (d.get("config") or {}).get("describe") or "no flags"
-    who, ver = ("vLLM", d["vllm"]) if d.get("vllm") and not d.get("sglang") else ("SGLang", d.get("sglang"))
+    name = next((n for n in registered() if d.get(n)), DEFAULT)   # the dispatch records its engine's version by name
+    who, ver = title_of(name), d.get(name)
     lines = ["", f"## {who}'s dispatch for a decode allreduce ({who.lower()} {ver}, {cfg})", ""]
     if d.get("error"):
         return lines + [f"**error**: {d['error']}"]

@@ -48,9 +48,10 @@ def _host(report) -> str:
 
 def _engines(report) -> str:
     out = [f"{e.get('name')} {e.get('version') or '(not installed)'}" for e in (report.engines or [])]
-    if not out:   # a report made before the engine list: SGLang, as the environment recorded it
-        ver = ((report.environment or {}).get("packages") or {}).get("sglang")
-        out = [f"sglang {ver or '(not installed)'}"]
+    if not out:   # a report made before the engine list: SGLang's (engines.DEFAULT), as the environment recorded it
+        from .engines import DEFAULT
+        ver = ((report.environment or {}).get("packages") or {}).get(DEFAULT)
+        out = [f"{DEFAULT} {ver or '(not installed)'}"]
     return ", ".join(out)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .engines import DEFAULT, registered, title_of
 from .verdict import (BLOCKED, ERROR, FALLS_BACK, GATE_NEEDS_RUNTIME, GATE_PASSES, GATE_SETTING, NOT_ASSESSED,
                       NOT_INSTALLED, NOT_INTEGRATED, ON_AS_CONFIGURED, ON_BY_DEFAULT, OPT_IN, PREEMPTED, SKIPPED,
                       STARTUP_FAILURE, Verdict)
@@ -74,7 +75,7 @@ def _engine_answers(report) -> list[Verdict]:
 def _engine_version(report) -> str:
     """The installed version of the report's primary engine ("" when it is not installed: then its rows are
     "not installed" skips, and no headline may speak for it)."""
-    name = report.primary_engine() if hasattr(report, "primary_engine") else "sglang"
+    name = report.primary_engine() if hasattr(report, "primary_engine") else DEFAULT
     ver = ((report.environment or {}).get("packages") or {}).get(name)
     return str(ver or next((e.get("version") for e in getattr(report, "engines", None) or []
                             if e.get("name") == name and e.get("version")), "") or "")
@@ -324,8 +325,10 @@ def cuda_tie(before, after) -> str:
             f"(its Requires-Dist){was}; {built}")
 
 
-#: the engines whose source a verdict's cause may cite (``sglang/FILE``, ``vllm/FILE``), in :func:`_decider`
-ENGINE_DISTS = ("sglang", "vllm")
+def _engine_dists() -> tuple[str, ...]:
+    """The engines whose source a verdict's cause may cite (``sglang/FILE``, ``vllm/FILE``), in :func:`_decider`:
+    every engine in :mod:`stackprobe.engines`' registry, by name."""
+    return tuple(registered())
 
 
 def _versions(report) -> dict:
@@ -336,10 +339,10 @@ def _versions(report) -> dict:
     nv = env.get("nvcc") or {}
     nvcc = (nv.get("cuda_home_nvcc") or nv.get("path") or (nv.get("pip") or [None])[0] or {}).get("release")
     out = {}
-    for name in ENGINE_DISTS:
+    for name in _engine_dists():
         ver = pk.get(name) or next((e.get("version") for e in getattr(report, "engines", None) or []
                                     if e.get("name") == name and e.get("version")), None)
-        if ver or name == (report.primary_engine() if hasattr(report, "primary_engine") else "sglang"):
+        if ver or name == (report.primary_engine() if hasattr(report, "primary_engine") else DEFAULT):
             out[name] = ver
     out["flashinfer-python"] = pk.get("flashinfer-python") or pk.get("flashinfer_python")
     out["CUDA toolkit"] = nvcc or (env.get("torch") or {}).get("cuda")
@@ -355,9 +358,8 @@ def _decider(v: Verdict | None) -> str:
     if v.gate in ("toolchain", "compiled-binary", "driver"):
         return "CUDA toolkit"
     if v.scope == "engine":
-        return v.engine or next((n for n in ENGINE_DISTS if f"{n}/" in v.cause), "sglang")
-    cited = next((n for n in ENGINE_DISTS if f"{n}/" in v.cause or f"{'SGLang' if n == 'sglang' else 'vLLM'} " in v.cause),
-                 "")
+        return v.engine or next((n for n in _engine_dists() if f"{n}/" in v.cause), DEFAULT)
+    cited = next((n for n in _engine_dists() if f"{n}/" in v.cause or f"{title_of(n)} " in v.cause), "")
     if cited:
         return cited
     if "FlashInfer" in v.cause or "flashinfer" in v.cause.lower():

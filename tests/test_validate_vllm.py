@@ -275,6 +275,10 @@ def test_point9_fusion_override_reaches_a_trtllm_workspace_that_admits_12_and_is
     caught keeps the old answer (falls back if set)."""
     got, _ = _read(wheels, monkeypatch)
     v = got["flashinfer-allreduce-fusion"]
+    # one --compilation-config, the one that carries both keys: given twice, argparse keeps only the last
+    setting = next(e.value for e in v.evidence if e.what == "user setting")
+    assert setting == ('--compilation-config \'{"pass_config": {"fuse_allreduce_rms": true, '
+                       '"fi_allreduce_fusion_max_size_mb": N}}\''), setting
     ev = next(e for e in v.evidence if e.what.startswith("past the size table"))
     assert ev.value["admits"] is True and 12 in ev.value["majors"]
     assert "flashinfer_all_reduce.py:157-163" in ev.source or "flashinfer_all_reduce.py:15" in ev.source
@@ -343,3 +347,17 @@ def test_one_sided_all2all_is_a_start_up_failure_on_pcie_not_an_alternative(whee
     quiet, _ = _read(wheels, monkeypatch)
     q = quiet["ep-flashinfer-a2a"]
     assert "start-up failure" not in q.cause and "flashinfer_nvlink_one_sided" in q.lift_detail
+
+
+def test_a_flag_two_gates_set_is_typed_once_with_the_last_value_and_distinct_flags_all_stay():
+    """The user setting of an opt-in path (``sglang_engine._flags``): the same flag from two gates is written once,
+    with the later gate's value (argparse keeps the last of a repeated flag); twin: distinct flags and variables are
+    all kept, in path order."""
+    from stackprobe.probes.sglang_engine import Gate, _flags
+
+    a = Gate("a", False, "x", flag="--compilation-config", set_to="'{\"k\": 1}'")
+    b = Gate("b", False, "x", flag="--compilation-config", set_to="'{\"k\": 1, \"n\": 2}'")
+    assert _flags([a, b]) == "--compilation-config '{\"k\": 1, \"n\": 2}'"
+    c = Gate("c", False, "x", flag="--enable-expert-parallel")
+    d = Gate("d", False, "x", flag="VLLM_X")
+    assert _flags([c, a, d]) == "--enable-expert-parallel, --compilation-config '{\"k\": 1}', VLLM_X=1"

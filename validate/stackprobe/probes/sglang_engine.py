@@ -165,9 +165,15 @@ def configured(ctx, flag: str, equals: str | None = None) -> bool:
 
 
 def _flags(gates) -> str:
-    """The flags and variables of ``gates`` as a user types them: ``--flag value`` or ``NAME=1``."""
-    return ", ".join(dict.fromkeys(f"{g.flag} {g.set_to}".strip() if g.flag.startswith("--") else f"{g.flag}=1"
-                                   for g in gates if g.flag))
+    """The flags and variables of ``gates`` as a user types them: ``--flag value`` or ``NAME=1``. A flag that two
+    gates set (vLLM's ``--compilation-config``, whose later gate's JSON carries the earlier one's keys too) is
+    written once, with the last gate's value: given twice on a command line, argparse keeps only the last."""
+    typed: dict[str, str] = {}
+    for g in gates:
+        if g.flag:
+            typed.pop(g.flag, None)
+            typed[g.flag] = f"{g.flag} {g.set_to}".strip() if g.flag.startswith("--") else f"{g.flag}=1"
+    return ", ".join(typed.values())
 
 
 @dataclass

@@ -122,3 +122,16 @@ def test_invoke_validate_without_image_validates_this_environment(tmp_path):
     assert (tmp_path / "m.md").read_text().strip() == p.stdout.strip()
     bad = subprocess.run(inv[:4] + ["--arch", "13.7"], capture_output=True, text=True, cwd=root, timeout=600)
     assert bad.returncode == 4 and "12.0" in bad.stderr      # the README: a bad --arch exits 4 on every task
+
+
+def test_help_is_grouped_and_no_option_is_left_ungrouped():
+    """``python -m stackprobe --help`` groups its options (issue 42 item 4): the target, reports, tiers, readers.
+    An option added without a group would land under argparse's own "options:" heading beside -h: none may."""
+    from stackprobe.__main__ import build_parser
+
+    text = build_parser().format_help()
+    for head in ("what the verdicts are for", "reports:", "tiers and comparisons:", "readers and limits:"):
+        assert head in text, head
+    ungrouped = text.split("options:", 1)[1].split("\n\n", 1)[0]
+    assert [ln.split()[0] for ln in ungrouped.strip().splitlines() if ln.strip().startswith("-")] == ["-h,"], ungrouped
+    assert "--arch CC" in text.split("what the verdicts are for", 1)[1].split("reports:", 1)[0]

@@ -42,42 +42,46 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m stackprobe", description=(
         "Which allreduce backends can work in this environment for a target GPU architecture, which cannot, "
         "why, and what would lift each gate. The static tier needs no GPU."))
-    p.add_argument("--arch", dest="target_arch", default="12.0", metavar="CC",
-                   help=f"target compute capability (default 12.0); one of {', '.join(KNOWN_COMPUTE_CAPABILITIES)} "
+    target = p.add_argument_group("what the verdicts are for (the target, as every invoke task spells it)")
+    output = p.add_argument_group("reports")
+    tiers = p.add_argument_group("tiers and comparisons")
+    readers = p.add_argument_group("readers and limits")
+    target.add_argument("--arch", dest="target_arch", default="12.0", metavar="CC",
+                        help=f"target compute capability (default 12.0); one of {', '.join(KNOWN_COMPUTE_CAPABILITIES)} "
                         "(the same spelling as every invoke task's --arch)")
-    p.add_argument("--target-arch", dest="target_arch", action=_OldSpelling, help=argparse.SUPPRESS)
-    p.add_argument("--json", metavar="PATH", help="write the JSON report here ('-' for stdout)")
-    p.add_argument("--markdown", metavar="PATH", help="write the Markdown matrix here ('-' for stdout)")
-    p.add_argument("--label", default="", help="a name for this environment in reports and comparisons")
-    p.add_argument("--jit-compile", action="store_true",
-                   help="compile FlashInfer's allreduce-fusion module for the target (minutes; cached by content)")
-    p.add_argument("--cache-dir", help="cache for compile results (default $STACKPROBE_CACHE or ~/.cache/stackprobe)")
-    p.add_argument("--coverage-reader", choices=("auto", "elf", "cuobjdump"), default="auto",
-                   help="fatbin reader: pyelftools (keeps the f suffix) or NVIDIA's cuobjdump")
-    p.add_argument("--scan-dist", action="append", default=[], metavar="DIST",
-                   help="also report arch coverage of this installed distribution (repeatable)")
-    p.add_argument("--world-size", type=int, default=8, help="tensor-parallel size the verdicts are for (default 8)")
-    p.add_argument("--topology", choices=("auto", "pcie", "nvlink"), default="auto",
-                   help="GPU interconnect of the target host (auto: detected with GPUs, else PCIe assumed)")
-    p.add_argument("--backend", action="append", dest="backends", metavar="NAME", help="only this backend (repeatable)")
-    p.add_argument("--timeout", type=float, default=180.0, help="seconds per child interpreter (imports, gates)")
-    p.add_argument("--runtime", action="store_true", help="also run the runtime tier (GPUs needed)")
-    p.add_argument("--merge-runtime", action="append", default=[], metavar="JSON",
-                   help="add the runtime verdicts of this file (a runtime or engine-runner JSON with 'verdicts') to the "
+    target.add_argument("--target-arch", dest="target_arch", action=_OldSpelling, help=argparse.SUPPRESS)
+    output.add_argument("--json", metavar="PATH", help="write the JSON report here ('-' for stdout)")
+    output.add_argument("--markdown", metavar="PATH", help="write the Markdown matrix here ('-' for stdout)")
+    output.add_argument("--label", default="", help="a name for this environment in reports and comparisons")
+    tiers.add_argument("--jit-compile", action="store_true",
+                       help="compile FlashInfer's allreduce-fusion module for the target (minutes; cached by content)")
+    readers.add_argument("--cache-dir", help="cache for compile results (default $STACKPROBE_CACHE or ~/.cache/stackprobe)")
+    readers.add_argument("--coverage-reader", choices=("auto", "elf", "cuobjdump"), default="auto",
+                         help="fatbin reader: pyelftools (keeps the f suffix) or NVIDIA's cuobjdump")
+    readers.add_argument("--scan-dist", action="append", default=[], metavar="DIST",
+                         help="also report arch coverage of this installed distribution (repeatable)")
+    target.add_argument("--world-size", type=int, default=8, help="tensor-parallel size the verdicts are for (default 8)")
+    target.add_argument("--topology", choices=("auto", "pcie", "nvlink"), default="auto",
+                        help="GPU interconnect of the target host (auto: detected with GPUs, else PCIe assumed)")
+    target.add_argument("--backend", action="append", dest="backends", metavar="NAME", help="only this backend (repeatable)")
+    readers.add_argument("--timeout", type=float, default=180.0, help="seconds per child interpreter (imports, gates)")
+    tiers.add_argument("--runtime", action="store_true", help="also run the runtime tier (GPUs needed)")
+    tiers.add_argument("--merge-runtime", action="append", default=[], metavar="JSON",
+                       help="add the runtime verdicts of this file (a runtime or engine-runner JSON with 'verdicts') to the "
                         "report; each keeps the host it was measured on and replaces the target's verdict only when that "
                         "host matches the target (repeatable)")
-    p.add_argument("--compare", nargs="+", metavar="REPORT", help="compare JSON reports (first = before) and exit")
-    p.add_argument("--server-args", default="", metavar="FLAGS",
-                   help="the SGLang server flags the verdicts are for, one shell-quoted string (default: none), "
+    tiers.add_argument("--compare", nargs="+", metavar="REPORT", help="compare JSON reports (first = before) and exit")
+    target.add_argument("--server-args", default="", metavar="FLAGS",
+                        help="the SGLang server flags the verdicts are for, one shell-quoted string (default: none), "
                         "checked against the installed SGLang's own flags")
-    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                   help="an environment variable of the SGLang server the verdicts are for (repeatable)")
-    p.add_argument("--engine", default="auto", metavar="ENGINE",
-                   help="the serving engine whose answers the report gives: sglang, vllm or auto (default: whichever "
+    target.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an environment variable of the SGLang server the verdicts are for (repeatable)")
+    target.add_argument("--engine", default="auto", metavar="ENGINE",
+                        help="the serving engine whose answers the report gives: sglang, vllm or auto (default: whichever "
                         "is installed, both when both are; SGLang's answers head the report then)")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    p.add_argument("--strict", action="store_true",
-                   help="exit 10 (after writing the report) when the environment health stage found an error (for CI)")
+    output.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    output.add_argument("--strict", action="store_true",
+                        help="exit 10 (after writing the report) when the environment health stage found an error (for CI)")
     return p
 
 

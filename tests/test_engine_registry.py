@@ -117,7 +117,7 @@ def test_a_registered_third_engine_appears_in_every_place(toy_on_path, tmp_path)
 def test_unregistered_the_third_engine_appears_nowhere(toy_on_path, tmp_path):
     """The failing twin: the same fixture on sys.path, the same runs, no register call."""
     assert "toyserve" not in engines.choices() and "toyserve" not in engines.registered()
-    assert [e.name for e in engines.select("auto")] == ["sglang"]      # nothing registered is installed: the default
+    assert "toyserve" not in [e.name for e in engines.select("auto")]   # here: ["sglang"], the default, not installed
     with pytest.raises(engines.EngineChoiceError, match="use one of auto, sglang, vllm"):
         engines.select("toyserve")
     old, old_json, old_md = _static(tmp_path, "toy-1.0")

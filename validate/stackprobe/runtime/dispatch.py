@@ -80,6 +80,7 @@ class RuntimeEngine:
     fallbacks: tuple = FALLBACKS
     state: str = ""          # the module that brings the engine up (cited in the evidence)
     out_subdir: str | None = None   # where the runtime tier writes its dispatch report under its folder (None: name)
+    ca_off_flag: str = DISABLE_CA   # the server flag that switches its custom allreduce (rows["ca_comm"]) off
 
 
 SGLANG = RuntimeEngine("sglang", "SGLang", PROBE_REF, PCIE_OPT_IN, "pcie_ipc_comm", ROW,
@@ -164,8 +165,8 @@ def plan(server_args: str, env: dict[str, str], world_size: int, p2p_report: dic
     reason = p2p.skip_reason(p2p_report, list(range(world_size))) if world_size > 1 else None
     skipped = []
     if reason:
-        if DISABLE_CA not in argv:
-            argv.append(DISABLE_CA)
+        if engine.ca_off_flag not in argv:
+            argv.append(engine.ca_off_flag)
             skipped.append({"backend": engine.rows["ca_comm"], "reason": reason})
         if _truthy(env.get(engine.pcie_opt_in)):
             skipped.append({"backend": engine.rows[engine.pcie_attr], "reason": reason})

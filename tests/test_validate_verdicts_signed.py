@@ -334,6 +334,39 @@ def test_point4_twin_a_setting_already_given_is_not_listed_and_nothing_is_listed
     assert evidence(v, "do not set with it")["value"] == []
 
 
+def test_review26_enable_mscclpp_is_not_listed_without_the_mscclpp_package(pcie23):
+    """Review item 26. Before: "--enable-mscclpp (nccl-ring serves instead)": the dispatch left undecided by MSCCL++'s
+    run-time per-call check was read as NCCL. Without the mscclpp package (not among sglang 0.5.23's Requires-Dist,
+    not in this environment) PyMscclppCommunicator stays disabled (pymscclpp.py:1029, 1047-1057), so PCIe IPC still
+    serves and the flag is not listed."""
+    d, report = pcie23
+    v = verdict(d, PCIE, "engine")
+    avoid = {a["setting"]: a for a in evidence(v, "do not set with it")["value"]}
+    assert "--enable-mscclpp" not in avoid
+    assert "--enable-symm-mem" in avoid                 # the list itself is still read
+    assert "--enable-mscclpp (" not in headline_line(report)
+
+
+def test_review26_twin_with_the_mscclpp_package_importable_mscclpp_serves_captured_decode(drive, sglang, fi, nvcc131,
+                                                                                          tmp_path):
+    """The twin: the same wheels with a package named mscclpp on the path (its three modules, empty: only
+    importability is read, with importlib.util.find_spec) list --enable-mscclpp as taken over by MSCCL++ for captured
+    decode (parallel_state.py:669 change_state(enable=True); :966-973; :983), naming the package, never as NCCL."""
+    pkg = tmp_path / "site" / "mscclpp"
+    pkg.mkdir(parents=True)
+    for m in ("__init__.py", "ext.py", "default_algos.py"):
+        (pkg / m).write_text("")
+    d, _ = drive([sglang, fi, pkg.parent], backends=(PCIE,), path_first=[nvcc131])
+    v = verdict(d, PCIE, "engine")
+    avoid = {a["setting"]: a for a in evidence(v, "do not set with it")["value"]}
+    m = avoid["--enable-mscclpp"]
+    assert m["then"] == "mscclpp" and m["needs"] == "mscclpp"
+    assert m["note"].startswith("MSCCL++ serves captured decode instead: the mscclpp package is importable here")
+    assert "pymscclpp.py:1047-1057" in m["note"] and "without the mscclpp package --enable-mscclpp has no effect" in m["note"]
+    assert "--enable-mscclpp (MSCCL++ serves captured decode instead" in v["cause"]
+    assert "--enable-mscclpp (nccl-ring serves instead)" not in v["cause"]
+
+
 def test_point5_upstreams_figure_names_its_hidden_size_beside_the_workloads(pcie23):
     """Point 5. Before: upstream's 12 KiB figure was cited without saying it was measured at hidden 6144, not the
     workload's 7168."""

@@ -182,8 +182,8 @@ def _setup_and_settings(ctx, eng, v: Verdict) -> None:
                     "FlashInfer expects once per machine (the kernels then keep its seed policy)")
     if avoid:
         v.cause += "; do not set with it: " + "; ".join(
-            f"{a['setting']} ({a['then']} serves instead" + (f"; it also sets {', '.join(a['also_sets'])}"
-                                                              if a["also_sets"] else "") + ")" for a in avoid)
+            f"{a['setting']} ({a.get('note') or a['then'] + ' serves instead'}"
+            + (f"; it also sets {', '.join(a['also_sets'])}" if a["also_sets"] else "") + ")" for a in avoid)
 
 
 def _module_literal_strings_or_ints(tree, name: str):

@@ -204,7 +204,12 @@ def do_not_set(eng, ctx, backend: str = "flashinfer-pcie-ipc-allreduce") -> list
     variables SGLang writes for it (:func:`_nccl_env_set_by`). For sglang 0.5.23: ``--enable-deterministic-inference``
     (turns PCIe IPC off, ``pcie_ipc_ar.py:110``, and that mode forces NCCL Tree) and ``--enable-symm-mem`` (NCCL
     symmetric memory is tried first, and SGLang sets ``NCCL_CUMEM_ENABLE=1``, ``NCCL_NVLS_ENABLE=1``,
-    ``entrypoints/engine.py:1898-1915``). Returns ``[{"setting", "then", "also_sets"}]``; [] when the opt-in alone
+    ``entrypoints/engine.py:1898-1915``); ``--enable-mscclpp`` only where the mscclpp package is importable in the
+    environment read (:func:`.sglang_dispatch.mscclpp_package`): then graph capture enables MSCCL++
+    (``parallel_state.py:669``), ``should_mscclpp_allreduce`` excludes PCIe IPC (``:966-973``) and ``:983`` returns
+    "pymscclpp"; without it the communicator stays disabled (``pymscclpp.py:1029,1048-1056``) and the flag is not
+    listed. Returns ``[{"setting", "then", "also_sets"}]`` (plus ``"note"``, and ``"needs"``: the package, where the
+    path that takes over decides per call at run time); [] when the opt-in alone
     does not make ``backend`` serve (nothing to protect)."""
     from ..serverconfig import ServerConfig
     from . import sglang_dispatch as dw
@@ -243,8 +248,21 @@ def do_not_set(eng, ctx, backend: str = "flashinfer-pcie-ipc-allreduce") -> list
         if d.serves != backend:
             dest = getattr(flags.get(name), "dest", "") if name.startswith("--") else ""
             also = _nccl_env_set_by(eng, dest) if dest else []
-            out.append({"setting": name if name.startswith("--") else f"{name}=1", "then": d.serves or "nccl-ring",
-                        "also_sets": also})
+            entry = {"setting": name if name.startswith("--") else f"{name}=1", "then": d.serves, "also_sets": also}
+            if not d.serves:            # undecided: what takes it is a path whose own per-call check runs at run time
+                run_time = next((s for s in d.steps if s.built is True and s.admits == "unknown"
+                                 and s.backend != backend), None)
+                if run_time is None:
+                    continue            # nothing read takes it: not claimed either way
+                entry["then"] = run_time.backend
+                entry["note"] = f"decided at run time: {run_time.why}"
+                if run_time.backend == "mscclpp":
+                    pkg = dw.mscclpp_package(eng)
+                    entry["needs"] = pkg["package"]
+                    entry["note"] = (f"MSCCL++ serves captured decode instead: {pkg['why']}, and "
+                                     "should_mscclpp_allreduce then excludes PCIe IPC; without the "
+                                     f"{pkg['package']} package --enable-mscclpp has no effect")
+            out.append(entry)
     return out
 
 

@@ -281,11 +281,15 @@ def _build(st: _State, attr: str) -> dict:
         on, where = st.flag("--enable-mscclpp")
         if not on:
             return {**none, "why": f"not built: {where}"}
+        pkg = mscclpp_package(eng)
+        if not pkg["importable"]:
+            return {"obj": _BUILT, "disabled": True, "check": check, "admits": False, "package": pkg,
+                    "why": f"built ({where}) but disabled: {pkg['why']}"}
         sizes, _ = pi._module_constant(eng.tree(rel), "_SUPPORTED_WORLD_SIZES")
         admits, why = _per_call(st, rel, cls, check, {"self.disabled": False, "self.world_size": st.ws,
                                                       "_SUPPORTED_WORLD_SIZES": tuple(sizes or ())})
-        return {"obj": _BUILT, "disabled": False, "check": check, "admits": admits,
-                "why": f"built ({where}; needs the mscclpp package); per call {why}"}
+        return {"obj": _BUILT, "disabled": False, "check": check, "admits": admits, "package": pkg,
+                "why": f"built ({where}; {pkg['why']}); per call {why}"}
     if attr == "torch_symm_mem_comm":
         on, where = st.flag("--enable-torch-symm-mem")
         if not on:
@@ -296,6 +300,45 @@ def _build(st: _State, attr: str) -> dict:
                 "why": f"built ({where}); " + ("disabled at init without multicast (the torch-symm-mem verdict)"
                                                if disabled else "enabled") + f"; per call {why}"}
     raise DispatchError(f"no rule for communicator {attr}")
+
+
+def mscclpp_package(engine: se.Engine) -> dict:
+    """Whether the modules ``PyMscclppCommunicator`` imports are importable in the environment read:
+    ``{"modules": [...], "importable": bool, "where": "sglang/FILE:LINES", "why": text}``. The modules are read from
+    the ``importlib.import_module("...")`` calls in the ``try`` whose handler catches ImportError in its
+    ``__init__`` (sglang 0.5.23 ``pymscclpp.py:1047-1056``: ``mscclpp``, ``mscclpp.ext``, ``mscclpp.default_algos``);
+    each top-level package is looked up with ``importlib.util.find_spec`` (nothing is imported). Without them the
+    constructor returns with ``self.disabled = True`` and ``self.available = False`` (``pymscclpp.py:1029-1030``), and
+    ``change_state`` keeps it disabled during graph capture (``:1270-1271``); with them, ``GroupCoordinator
+    .graph_capture`` enables it (``parallel_state.py:669``). The package is not among sglang 0.5.23's Requires-Dist.
+    Raises GateNotFound when the class or that ``try`` is missing."""
+    import importlib.util
+
+    rel = f"{COMM_DIR}/pymscclpp.py"
+    tree = engine.tree(rel)
+    klass = next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "PyMscclppCommunicator"), None)
+    init = next((n for n in (klass.body if klass else []) if isinstance(n, ast.FunctionDef) and n.name == "__init__"),
+                None)
+    for t in (x for x in ast.walk(init) if isinstance(x, ast.Try)) if init else ():
+        if not any("ImportError" in ast.unparse(h.type) for h in t.handlers if h.type is not None):
+            continue
+        mods = [c.args[0].value for b in t.body for c in ast.walk(b) if isinstance(c, ast.Call)
+                and ast.unparse(c.func).endswith("import_module") and c.args and isinstance(c.args[0], ast.Constant)]
+        if not mods:
+            continue
+        tops = list(dict.fromkeys(m.split(".")[0] for m in mods))
+        missing = [m for m in tops if importlib.util.find_spec(m) is None]
+        where = f"sglang/{rel}:{t.lineno}-{t.handlers[-1].end_lineno}"
+        if missing:
+            why = (f"the {', '.join(missing)} package is not importable here, so PyMscclppCommunicator's ImportError "
+                   f"branch ({where}) leaves it disabled, also during graph capture (change_state keeps an unavailable "
+                   "communicator disabled)")
+        else:
+            why = (f"the {', '.join(tops)} package is importable here ({', '.join(mods)}, {where}), so graph capture "
+                   "enables it (GroupCoordinator.graph_capture: change_state(enable=True))")
+        return {"modules": mods, "package": tops[0], "importable": not missing, "where": where, "why": why}
+    raise se.GateNotFound(f"gate not found in sglang {engine.version} at sglang/{rel}: no try/except ImportError "
+                          "around importlib.import_module(...) in PyMscclppCommunicator.__init__")
 
 
 def find_pcie_world_size_rule(root: Path) -> tuple[int, str] | None:

@@ -103,6 +103,26 @@ def test_sglang_judged_flags_name_backends_the_suite_answers_for():
     assert set(v for v in sp.A2A_JUDGED.values() if v) <= set(PATHS)
 
 
+def test_sglang_023_fusion_off_switch_is_judged_by_the_fusion_verdict(sglang):
+    """Review item 27. Before: --enforce-disable-flashinfer-allreduce-fusion, which clears the fusion backend
+    (sglang 0.5.23 arg_groups/overrides.py:1005-1006), was listed as not assessed although the fusion verdict judges
+    the path it switches off."""
+    r = _rows(sp.inventory(_sg(sglang, "0.5.23")))["--enforce-disable-flashinfer-allreduce-fusion"]
+    assert (r["status"], r["maps_to"]) == ("assessed", "flashinfer-allreduce-fusion")
+
+
+def test_sglang_023_twin_a_renamed_off_switch_is_not_assessed(sglang, tmp_path):
+    """The twin: the same field renamed in an edited copy is not in the judged flags, so it is listed as not assessed
+    (the judged row comes from the name the fusion verdict knows, not from any flag that mentions fusion)."""
+    rel = "sglang/srt/arg_groups/fields/exec_.py"
+    old = "    enforce_disable_flashinfer_allreduce_fusion:"
+    assert old in (sglang / rel).read_text()
+    copy = engine_copy(sglang, tmp_path / "sg", {rel: (old, "    enforce_off_flashinfer_allreduce_fusion:")})
+    rows = _rows(sp.inventory(_sg(copy, "0.5.23")))
+    assert "--enforce-disable-flashinfer-allreduce-fusion" not in rows
+    assert rows["--enforce-off-flashinfer-allreduce-fusion"]["status"] == "not-assessed"
+
+
 # --- vllm 0.33.0 ----------------------------------------------------------------------------------------------------
 def test_vllm_033_settings_and_modules_enumerated_from_its_declarations(v033):
     """Before: nothing of vLLM was enumerated; a vLLM report had no not-assessed list, so --enable-dbo, the DeepEP,

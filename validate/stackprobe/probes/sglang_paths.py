@@ -146,7 +146,10 @@ JUDGED_FLAGS = {"--moe-a2a-backend": "ep-flashinfer-a2a", "--enable-flashinfer-a
                 "flashinfer-allreduce-fusion", "--flashinfer-allreduce-fusion-backend": "flashinfer-allreduce-fusion",
                 "--disable-custom-all-reduce": "sglang-custom-allreduce", "--enable-mscclpp": "mscclpp",
                 "--enable-torch-symm-mem": "torch-symm-mem",
-                "--enable-deterministic-inference": "flashinfer-pcie-ipc-allreduce"}
+                "--enable-deterministic-inference": "flashinfer-pcie-ipc-allreduce",
+                # the fusion's off switch: it clears the fusion backend (sglang 0.5.23 arg_groups/overrides.py:1006),
+                # so the start-up failure the fusion verdict warns of cannot follow
+                "--enforce-disable-flashinfer-allreduce-fusion": "flashinfer-allreduce-fusion"}
 #: what marks a communication setting in an ``add_argument`` call beyond :data:`COMM_TERMS` (its flag, help text or
 #: choices): PCIe, P2P (the peer-access check), scattered inputs, DeepEP, MSCCL++, NVLS, the custom allreduce
 CLI_TERMS = re.compile(COMM_TERMS.pattern + r"|pcie|\bp2p\b|scattered|deepep|mscclpp|\bnvls\b|custom[_ -]all",

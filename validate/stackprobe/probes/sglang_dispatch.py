@@ -322,8 +322,9 @@ def mscclpp_package(engine: se.Engine) -> dict:
     for t in (x for x in ast.walk(init) if isinstance(x, ast.Try)) if init else ():
         if not any("ImportError" in ast.unparse(h.type) for h in t.handlers if h.type is not None):
             continue
-        mods = [c.args[0].value for b in t.body for c in ast.walk(b) if isinstance(c, ast.Call)
-                and ast.unparse(c.func).endswith("import_module") and c.args and isinstance(c.args[0], ast.Constant)]
+        mods: list[str] = [c.args[0].value for b in t.body for c in ast.walk(b) if isinstance(c, ast.Call)
+                           and ast.unparse(c.func).endswith("import_module") and c.args
+                           and isinstance(c.args[0], ast.Constant) and isinstance(c.args[0].value, str)]
         if not mods:
             continue
         tops = list(dict.fromkeys(m.split(".")[0] for m in mods))

@@ -441,6 +441,53 @@ def test_point10_twin_a_triton_kernel_that_admits_two_sided_is_not_listed_as_ref
     assert not any(x.startswith("TritonExperts ") for x in k["refuse"])
 
 
+FI_CUTLASS = "vllm/model_executor/layers/fused_moe/experts/flashinfer_cutlass_moe.py"
+
+
+def test_review12_expert_kernels_that_admit_two_sided_on_12_0_are_read_from_their_own_predicates(drive, v033):
+    """Review item 12. Before: FlashInferExperts (flashinfer_cutlass_moe.py:194 returns True; its device check
+    :128-139 admits capability family 120) and FlashInferMoeEpExperts (flashinfer_moe_ep.py:109) were filed under
+    "unknown", and the answer read "none admit it". Now each kernel's own predicates are read for the two-sided
+    parallel config and 12.0."""
+    d, report = drive(v033, backends=(EP,), engine="vllm")
+    v = next(x for x in d["verdicts"] if x["backend"] == EP and x.get("engine") == "vllm")
+    k = evidence(v, "expert kernels and the two-sided all-to-all")["value"]
+    admit = " ".join(k["admit"])
+    assert f"FlashInferExperts ({FI_CUTLASS}:194); device check {FI_CUTLASS}:128-139" in admit
+    assert k["assumed"]["FlashInferExperts"] == ["has_flashinfer_cutlass_fused_moe()"]
+    # FlashInferMoeEpExperts admits EP, but its device check (flashinfer_moe_ep.py _SUPPORTED_CAPABILITIES) is 10.x
+    assert any(x.startswith("FlashInferMoeEpExperts (") for x in k["other_device"])
+    assert not any(x.startswith(("FlashInferExperts ", "FlashInferMoeEpExperts ")) for x in k["unknown"])
+    assert "none admit" not in v["cause"]
+    assert ("on 12.0 FlashInferExperts (experts/flashinfer_cutlass_moe.py:194, experts/flashinfer_cutlass_moe.py:"
+            "128-139; given has_flashinfer_cutlass_fused_moe())") in v["cause"]
+    assert "not read here: FallbackExperts" in v["cause"]
+    for cls in ("TritonExperts", "DeepGemmExperts", "MarlinExpertsBase", "CutlassExpertsFp8"):
+        assert cls in " ".join(k["refuse"])
+    assert "on 12.0 FlashInferExperts" in report.to_markdown()
+
+
+def test_review12_twin_a_flashinfer_kernel_whose_predicate_returns_false_refuses(drive, v033, tmp_path):
+    """The twin: a copy of vllm 0.33.0 whose FlashInferExperts._supports_parallel_config returns False lists it as
+    refusing; and one whose device check drops family 120 lists it as not for 12.0."""
+    src = (v033[0] / FI_CUTLASS).read_text()
+    ret = "        # TODO: the per-tensor fp8 kernels don't work with MNNVL FI A2As.\n        return True"
+    assert src.count(ret) == 1
+    copy = engine_copy(v033[0], tmp_path / "v", {FI_CUTLASS: (ret, ret.replace("True", "False"))})
+    d, _ = drive([copy, v033[1]], backends=(EP,), engine="vllm")
+    v = next(x for x in d["verdicts"] if x["backend"] == EP and x.get("engine") == "vllm")
+    k = evidence(v, "expert kernels and the two-sided all-to-all")["value"]
+    assert any(x.startswith("FlashInferExperts (") for x in k["refuse"])
+    assert not any(x.startswith("FlashInferExperts (") for x in k["admit"])
+    fam = "                or p.is_device_capability_family(120)\n"
+    assert src.count(fam) == 1
+    copy2 = engine_copy(v033[0], tmp_path / "v2", {FI_CUTLASS: (fam, "")})
+    d, _ = drive([copy2, v033[1]], backends=(EP,), engine="vllm")
+    v = next(x for x in d["verdicts"] if x["backend"] == EP and x.get("engine") == "vllm")
+    k = evidence(v, "expert kernels and the two-sided all-to-all")["value"]
+    assert any(x.startswith("FlashInferExperts (") for x in k["other_device"])
+
+
 # --- point 6: enumeration from the installed server-argument field groups and modules ----------------------------
 def test_point6_communication_settings_enumerated_from_the_field_groups_and_kernel_modules(venv, sglang):
     """Point 6. Before: the not-assessed list came from a list of names the suite knew, so --speculative-moe-a2a-backend,

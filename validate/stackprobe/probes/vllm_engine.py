@@ -685,13 +685,11 @@ def _all2all(ctx, eng: Engine) -> Verdict:
             v.add(f"{n} set-up: FlashInfer's NVLink check (raises, vLLM does not catch it)", True, checks[n][1])
         elif n in checks:
             v.add(f"{n} set-up: FlashInfer's NVLink check", False, checks[n][1])
-    kernels = expert_kernels(eng, "use_fi_nvl_two_sided_kernels")
+    kernels = expert_kernels(eng, pick, ctx.target, ctx.world_size or 8)
     if kernels["refuse"] and "two_sided" in pick:
-        v.cause += (f"; the MoE expert kernel must admit the two-sided all-to-all: {', '.join(kernels['admit']) or 'none'} "
-                    f"admit it, {', '.join(kernels['refuse'])} refuse it (their _supports_parallel_config), so the "
-                    "model's quantization decides whether a kernel is left")
-        v.add("expert kernels and the two-sided all-to-all (_supports_parallel_config)", kernels,
-              "vllm/model_executor/layers/fused_moe/**/*.py (ast)")
+        v.cause += "; " + _kernel_words(kernels, ctx.target)
+        v.add("expert kernels and the two-sided all-to-all (_supports_parallel_config, _supports_current_device)",
+              kernels, "vllm/model_executor/layers/fused_moe/**/*.py (ast)")
     dep = _deprecated_import(eng, managers.get(pick, ""))
     if dep:
         v.cause += f"; {dep}"
@@ -781,50 +779,329 @@ def _defines(root: Path, module: str, attr: str) -> bool:
     return False
 
 
-def _tri(node: ast.AST, flag: str):
-    """Three-valued reading of a ``_supports_parallel_config`` return expression with ``<...>.<flag>`` True and every
-    other term unknown (None): True, False or None."""
-    if isinstance(node, ast.Attribute) and node.attr == flag:
-        return True
-    if isinstance(node, ast.Constant) and isinstance(node.value, bool):
-        return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-        x = _tri(node.operand, flag)
-        return None if x is None else not x
-    if isinstance(node, ast.BoolOp):
-        vals = [_tri(v, flag) for v in node.values]
-        if isinstance(node.op, ast.And):
-            return False if False in vals else (True if all(v is True for v in vals) else None)
-        return True if True in vals else (False if all(v is False for v in vals) else None)
-    return None
+#: the platform predicates of ``vllm.platforms`` read for a CUDA target (``vllm/platforms/interface.py``)
+_PLATFORM = {"is_cuda": True, "is_cuda_alike": True, "is_rocm": False, "is_xpu": False, "is_cpu": False,
+             "is_tpu": False, "supports_mx": False}
 
 
-def expert_kernels(eng: Engine, flag: str) -> dict:
+class _Reader:
+    """Three-valued reading of an expert kernel's ``_supports_parallel_config`` / ``_supports_current_device`` body:
+    True, False or None (not read). ``config``: ``FusedMoEParallelConfig`` field values; ``props``: its properties'
+    return expressions (read from ``model_executor/layers/fused_moe/config.py``, evaluated with the same fields);
+    ``cap``: the target's capability as an int (120 for 12.0). A call this reader does not know (``has_...()``) is
+    taken as True and kept in ``assumed`` (a library-availability check answered by the library's own probe)."""
+
+    def __init__(self, config: dict, props: dict, cap: int, resolve=None):
+        self.config, self.props, self.cap, self.resolve = config, props, cap, resolve
+        self.assumed: list[str] = []
+        self.names: dict[str, str] = {}
+        self.consts: dict = {}
+        self.depth = 0
+
+    def _cap_arg(self, node: ast.AST):
+        try:
+            v = ast.literal_eval(node)
+        except ValueError:
+            return None
+        if isinstance(v, tuple) and len(v) == 2:
+            return v[0] * 10 + v[1]
+        return v if isinstance(v, int) else None
+
+    def value(self, node: ast.AST, self_name: str = ""):
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Name):
+            return self.consts.get(node.id)
+        if isinstance(node, ast.Tuple):
+            vals = [self.value(e, self_name) for e in node.elts]
+            return None if None in vals else tuple(vals)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                and self.names.get(node.value.id) == "capability" and node.attr in ("major", "minor"):
+            return self.cap // 10 if node.attr == "major" else self.cap % 10
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if self.names.get(node.value.id) == "config" or (self_name and node.value.id == self_name):
+                if node.attr in self.config:
+                    return self.config[node.attr]
+                if node.attr in self.props:
+                    return self.value(self.props[node.attr], "self")
+            return None
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            x = self.value(node.operand, self_name)
+            return None if x is None else not x
+        if isinstance(node, ast.BoolOp):
+            vals = [self.value(v, self_name) for v in node.values]
+            if isinstance(node.op, ast.And):
+                return False if False in vals else (True if all(v is True for v in vals) else None)
+            return True if True in vals else (False if all(v is False for v in vals) else None)
+        if isinstance(node, ast.Compare) and len(node.ops) == 1:
+            return self._compare(node, self_name)
+        if isinstance(node, ast.Call):
+            return self._call(node)
+        return None
+
+    def _compare(self, node: ast.Compare, self_name: str):
+        if isinstance(node.ops[0], ast.IsNot) \
+                and isinstance(node.left, ast.Name) and self.names.get(node.left.id) == "capability" \
+                and isinstance(node.comparators[0], ast.Constant) and node.comparators[0].value is None:
+            return True     # a CUDA target has a device capability
+        if isinstance(node.ops[0], (ast.In, ast.NotIn)):
+            a, b = self.value(node.left, self_name), self.value(node.comparators[0], self_name)
+            if a is None or not isinstance(b, (tuple, list, set, frozenset)):
+                return None
+            return (a in b) == isinstance(node.ops[0], ast.In)
+        a, b = self.value(node.left, self_name), self.value(node.comparators[0], self_name)
+        if a is None or b is None:
+            return None
+        op = type(node.ops[0])
+        table = {ast.Eq: a == b, ast.NotEq: a != b, ast.Lt: a < b, ast.LtE: a <= b, ast.Gt: a > b,
+                 ast.GtE: a >= b} if isinstance(a, int) and isinstance(b, int) else {ast.Eq: a == b,
+                                                                                     ast.NotEq: a != b}
+        return table.get(op)
+
+    def _call(self, node: ast.Call):
+        if isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
+                and self.names.get(node.func.value.id, node.func.value.id) in ("platform", "current_platform"):
+            name, arg = node.func.attr, self._cap_arg(node.args[0]) if node.args else None
+            if name in _PLATFORM:
+                return _PLATFORM[name]
+            if name == "is_device_capability" and arg is not None:
+                return self.cap == arg
+            if name == "is_device_capability_family" and arg is not None:
+                return self.cap // 10 == arg // 10
+            if name == "has_device_capability" and arg is not None:
+                return self.cap >= arg
+            return None
+        if isinstance(node.func, ast.Name) and not node.args and self.resolve \
+                and self.depth < 3:
+            got = self.resolve(node.func.id)
+            if got is not None:     # a vLLM function of the same release: read its body too
+                sub = _Reader(self.config, self.props, self.cap, got[2])
+                sub.consts, sub.depth = got[1], self.depth + 1
+                ans = sub.body(got[0], "")
+                if ans is not None or not node.func.id.startswith(("has_", "is_")):
+                    self.assumed += sub.assumed
+                    return ans
+        if isinstance(node.func, ast.Name) and node.func.id.startswith(("has_", "is_")) \
+                and node.func.id != "isinstance":
+            self.assumed.append(ast.unparse(node))
+            return True
+        return None
+
+    def body(self, fn: ast.FunctionDef, alias: str):
+        """The function's answer: aliases (``p = <param or current_platform>``), ``if <test>: return False`` guards
+        and the final ``return``; None where the body has any other statement or calls another class's method."""
+        self.names = {alias: "config"} if alias else {}
+        self.names["current_platform"] = "platform"
+        guards: list = []
+        for st in fn.body:
+            if isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant):
+                continue
+            if isinstance(st, ast.ImportFrom):
+                continue
+            if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name) \
+                    and isinstance(st.value, ast.Name) and st.value.id in self.names:
+                self.names[st.targets[0].id] = self.names[st.value.id]
+                continue
+            if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name) \
+                    and isinstance(st.value, ast.Call) and ast.unparse(st.value.func) in (
+                        "current_platform.get_device_capability", "p.get_device_capability") and not st.value.args:
+                self.names[st.targets[0].id] = "capability"
+                continue
+            if isinstance(st, ast.If) and not st.orelse and len(st.body) == 1 and isinstance(st.body[0], ast.Return) \
+                    and isinstance(st.body[0].value, ast.Constant) and st.body[0].value.value is False:
+                g = self.value(st.test)
+                if g is True:
+                    return False
+                guards.append(g)
+                continue
+            if isinstance(st, ast.Return) and st.value is not None:
+                if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr.startswith(
+                        "_supports_") for n in ast.walk(st.value)):
+                    return None      # it asks other classes (FallbackExperts): not read here
+                got = self.value(st.value)
+                return None if (got is True and None in guards) else got
+            return None
+        return None
+
+
+def _parallel_config(eng: Engine, backend: str, world: int) -> tuple[dict, dict, str]:
+    """``FusedMoEParallelConfig`` as vLLM builds it for ``--enable-expert-parallel --all2all-backend <backend>
+    --data-parallel-size 2`` on ``world`` GPUs (TP world/2, EP = all GPUs, no EPLB, no sequence or context
+    parallelism): its fields, its properties' return expressions and ``vllm/FILE:LINE`` of the class."""
+    rel = "model_executor/layers/fused_moe/config.py"
+    cls = eng.cls(rel, "FusedMoEParallelConfig")
+    props = {}
+    for b in cls.body:
+        if isinstance(b, ast.FunctionDef) and any(ast.unparse(d) == "property" for d in b.decorator_list):
+            rets = [s for s in b.body if isinstance(s, ast.Return) and s.value is not None]
+            if len(rets) == 1 and rets[0] is b.body[-1]:
+                props[b.name] = rets[0].value
+    config = {"tp_size": max(world // 2, 1), "pcp_size": 1, "dp_size": 2, "ep_size": max(world, 2), "sp_size": 1,
+              "use_ep": True, "all2all_backend": backend, "enable_eplb": False}
+    return config, props, f"vllm/{rel}:{cls.lineno}"
+
+
+def _module_consts(tree: ast.Module) -> dict:
+    """A module's top-level literal constants (``frozenset({...})``, ``set(...)`` and ``tuple(...)`` of a literal
+    read as that literal)."""
+    consts = {}
+    for n in tree.body:
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
+            val = n.value.args[0] if (isinstance(n.value, ast.Call) and ast.unparse(n.value.func) in (
+                "frozenset", "set", "tuple") and len(n.value.args) == 1) else n.value
+            try:
+                consts[n.targets[0].id] = ast.literal_eval(val)
+            except (ValueError, TypeError, SyntaxError):
+                pass
+    return consts
+
+
+def _resolver(eng: Engine, rel: str, trees: dict):
+    """``name -> (FunctionDef, module constants, resolver) or None`` for a function defined in ``vllm/<rel>`` or
+    imported there from another vLLM module (``from vllm.X import name``); ``trees`` caches parsed modules."""
+    def find(name: str):
+        tree = trees.get(rel) or eng.tree(rel)
+        trees[rel] = tree
+        imp = next((n for n in tree.body if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("vllm.")
+                    and any(a.name == name and a.asname is None for a in n.names)), None)
+        target, mrel = (tree, rel) if imp is None else (None, imp.module.split(".", 1)[1].replace(".", "/") + ".py")
+        if target is None:
+            try:
+                target = eng.tree(mrel)
+            except (GateNotFound, source.SourceNotFound, OSError, SyntaxError):
+                return None
+        fn = next((n for n in target.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+        if fn is None:
+            return None
+        return fn, _module_consts(target), _resolver(eng, mrel, trees)
+    return find
+
+
+def _classify_kernel(eng: Engine, cls: ast.ClassDef, rel: str, method, config: dict, props: dict, cap, want_batched: bool,
+                     trees: dict):
+    """One expert kernel's answer for :func:`expert_kernels`: ``(key, entry, assumed calls)`` with key one of admit,
+    refuse, other_device, unknown; None for a kernel whose parallel-config method raises (abstract, never chosen).
+    ``method(cls, name)`` finds a method through the class's bases."""
+    fn, _ = method(cls, "_supports_parallel_config")
+    if any(isinstance(n, ast.Raise) for n in fn.body):
+        return None   # an abstract or unused kernel (NotImplementedError), never chosen
+    args = [a.arg for a in fn.args.args if a.arg not in ("cls", "self")]
+    reader = _Reader(config, props, cap or 0)
+    got = reader.body(fn, args[0] if args else "")
+    entry = f"{cls.name} (vllm/{rel}:{fn.lineno})"
+    if got is False:
+        return "refuse", entry, []
+    if got is None:
+        return "unknown", entry, []
+    fmt = method(cls, "activation_format")
+    fret = next((st.value for st in fmt[0].body if isinstance(st, ast.Return) and st.value is not None),
+                None) if fmt is not None else None
+    kind = ast.unparse(fret).split(".")[-1] if fret is not None else ""
+    if kind in ("Standard", "BatchedExperts") and (kind == "BatchedExperts") != want_batched:
+        # modular_kernel.py is_supported_config: the prepare/finalize's activation format must match
+        return "refuse", entry + f"; activation format {kind} (vllm/{fmt[1]}:{fmt[0].lineno})", []
+    dev = method(cls, "_supports_current_device") if cap is not None else None
+    if cap is not None and dev is None:
+        return "unknown", entry + "; no device check found", []
+    if dev is not None:
+        dreader = _Reader(config, props, cap or 0, _resolver(eng, dev[1], trees))
+        ok = dreader.body(dev[0], "")
+        span = f"vllm/{dev[1]}:{dev[0].lineno}-{dev[0].end_lineno}"
+        if ok is False:
+            return "other_device", entry, []
+        if ok is None:
+            return "unknown", entry + f"; device check {span} not read", []
+        entry += f"; device check {span}"
+        return "admit", entry, dreader.assumed
+    return "admit", entry, []
+
+
+def expert_kernels(eng: Engine, backend: str, target=None, world: int = 8) -> dict:
     """Every MoE expert kernel of the installed vLLM (a class under ``model_executor/layers/fused_moe`` with a
-    ``_supports_parallel_config``) and what it answers when ``moe_parallel_config.<flag>`` is True (``flag``:
-    ``use_fi_nvl_two_sided_kernels``): ``{"admit": [...], "refuse": [...], "unknown": [...]}``, each entry
-    ``Class (vllm/FILE:LINE)``. vllm 0.33.0: the Triton (``experts/triton_moe.py:187-191``), DeepGEMM, CUTLASS and
-    Marlin kernels refuse the two-sided all-to-all."""
+    ``_supports_parallel_config``) and its own answer for the deployment ``--all2all-backend <backend>`` with expert
+    and data parallelism (:func:`_parallel_config`, whose properties are read from the release's ``config.py``), and
+    whether its ``_supports_current_device`` admits ``target`` (a capability; None: not judged). Returns
+    ``{"admit": [...], "refuse": [...], "other_device": [...], "unknown": [...], "config": "vllm/FILE:LINE",
+    "assumed": {...}}``; entries are ``Class (vllm/FILE:LINE)`` of the parallel-config method, admitted ones with
+    ``; device check vllm/FILE:LINE-LINE`` appended. ``other_device``: admits the backend but its device check
+    refuses the target; ``unknown``: a method this reader does not follow (another class's method, a branch), named
+    as not read. vllm 0.33.0 on 12.0 with ``flashinfer_nvlink_two_sided``: FlashInferExperts
+    (``experts/flashinfer_cutlass_moe.py:194`` returns True; its device check ``:128-139`` admits capability family
+    120) admits; Triton (``experts/triton_moe.py:187-191``), DeepGEMM, CUTLASS and Marlin refuse."""
     root = eng.root / "model_executor" / "layers" / "fused_moe"
-    out: dict[str, list[str]] = {"admit": [], "refuse": [], "unknown": []}
+    config, props, where = _parallel_config(eng, backend, world)
+    cap = target.major * 10 + target.minor if target is not None else None
+    out: dict = {"admit": [], "refuse": [], "other_device": [], "unknown": [], "config": where, "assumed": {}}
+    classes: dict[str, tuple[ast.ClassDef, str]] = {}
+    found = []
     for p in sorted(root.rglob("*.py")) if root.is_dir() else []:
         text = p.read_text(encoding="utf-8", errors="replace")
-        if "_supports_parallel_config" not in text:
+        if "_supports_" not in text:
             continue
         try:
             tree = ast.parse(text)
         except SyntaxError:
             continue
+        rel = p.relative_to(eng.root).as_posix()
         for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
-            fn = next((b for b in cls.body if isinstance(b, ast.FunctionDef) and b.name == "_supports_parallel_config"),
-                      None)
-            ret = next((n for n in ast.walk(fn) if isinstance(n, ast.Return)), None) if fn is not None else None
-            if fn is None or ret is None or ret.value is None:
-                continue
-            got = _tri(ret.value, flag) if flag in ast.unparse(ret.value) else None
-            key = {True: "admit", False: "refuse", None: "unknown"}[got]
-            out[key].append(f"{cls.name} (vllm/{p.relative_to(eng.root).as_posix()}:{fn.lineno})")
+            classes.setdefault(cls.name, (cls, rel))
+            if any(isinstance(b, ast.FunctionDef) and b.name == "_supports_parallel_config" for b in cls.body):
+                found.append((cls, rel))
+
+    def method(cls: ast.ClassDef, name: str, seen=()):
+        fn = next((b for b in cls.body if isinstance(b, ast.FunctionDef) and b.name == name), None)
+        if fn is not None:
+            return fn, classes[cls.name][1]
+        for base in cls.bases:
+            bname = ast.unparse(base).split(".")[-1]
+            if bname in classes and bname not in seen:
+                got = method(classes[bname][0], name, seen + (cls.name,))
+                if got is not None:
+                    return got
+        return None
+
+    trees: dict[str, ast.Module] = {}
+    fmt_reader = _Reader(config, props, cap or 0)
+    want_batched = fmt_reader.value(props["use_batched_activation_format"], "self") is True \
+        if "use_batched_activation_format" in props else False
+    for cls, rel in found:
+        got = _classify_kernel(eng, cls, rel, method, config, props, cap, want_batched, trees)
+        if got is not None:
+            out[got[0]].append(got[1])
+            if got[2]:
+                out["assumed"][cls.name] = got[2]
     return out
+
+
+def _kernel_words(kernels: dict, target) -> str:
+    """The expert-kernel sentence of the EP answer: which kernels admit the all-to-all on ``target`` (with the
+    ``FILE:LINE`` of their own predicates), which refuse it, and which were not read (never "none admit" while some
+    are not read); the full entries are the evidence's."""
+    def short(e: str) -> str:
+        return e.split(" (")[0]
+
+    def lines(e: str) -> str:
+        return ", ".join(re.findall(r"vllm/model_executor/layers/fused_moe/(\S+?:[\d-]+)", e))
+    cc = target.cc if target is not None else "this target"
+    words = (f"the MoE expert kernel must admit the two-sided all-to-all (each kernel's own _supports_parallel_config "
+             f"for the FusedMoEParallelConfig of {kernels['config']}, its activation format and its "
+             f"_supports_current_device on {cc}): ")
+    if kernels["admit"]:
+        words += f"on {cc} " + "; ".join(
+            f"{short(k)} ({lines(k)}" + (f"; given {', '.join(kernels['assumed'][short(k)])}"
+                                        if short(k) in kernels["assumed"] else "") + ")"
+            for k in kernels["admit"]) + (" admits it" if len(kernels["admit"]) == 1 else " admit it")
+    elif kernels["unknown"]:
+        words += f"no kernel read here admits it on {cc}"
+    else:
+        words += f"none admits it on {cc}"
+    if kernels["refuse"]:
+        words += f"; {', '.join(short(k) for k in kernels['refuse'])} refuse it"
+    if kernels["other_device"]:
+        words += f"; {', '.join(short(k) for k in kernels['other_device'])} admit it but their device check refuses {cc}"
+    if kernels["unknown"]:
+        words += f"; not read here: {', '.join(short(k) for k in kernels['unknown'])}"
+    return words + "; the model's quantization decides which kernel is chosen"
 
 
 def _deprecated_import(eng: Engine, manager: str) -> str:

@@ -123,6 +123,64 @@ def test_sglang_023_twin_a_renamed_off_switch_is_not_assessed(sglang, tmp_path):
     assert rows["--enforce-off-flashinfer-allreduce-fusion"]["status"] == "not-assessed"
 
 
+def test_sglang_environment_variables_enumerated_from_environ(sglang, sglang059):
+    """Review item 33. Before: the SGLang lists had flags and files but no SGLANG_* variable; the four the reviewer
+    named (SGLANG_SYMM_MEM_PREALLOC_GB_SIZE, SGLANG_CUSTOM_ALL_REDUCE_V2_*, SGLANG_DETERMINISTIC_NCCL_NCHANNELS,
+    SGLANG_DP_USE_REDUCE_SCATTER) were missing. Now read from ``class Envs`` in srt/environ.py of both releases."""
+    rows = _rows(sp.inventory(_sg(sglang, "0.5.23")))
+    env = {p: r for p, r in rows.items() if r["kind"] == "environment variable"}
+    for name in ("SGLANG_SYMM_MEM_PREALLOC_GB_SIZE", "SGLANG_CUSTOM_ALL_REDUCE_V2_MAX_SIZE_KB",
+                 "SGLANG_DETERMINISTIC_NCCL_NCHANNELS", "SGLANG_DP_USE_REDUCE_SCATTER"):
+        assert env[name]["status"] == "not-assessed" and env[name]["where"].startswith("sglang/srt/environ.py:"), name
+    assert env["SGLANG_SYMM_MEM_PREALLOC_GB_SIZE"]["where"] == "sglang/srt/environ.py:2127"
+    assert (env["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"]["status"], env["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"]["maps_to"]) == (
+        "assessed", "flashinfer-pcie-ipc-allreduce")
+    assert env["SGLANG_M3_ALLOW_CUSTOM_AR"]["why"].startswith("does not apply here: for another platform")
+    assert not [p for p in env if "DEBUG" in p or "KIMI_K3" in p]       # diagnostics and one model's variables
+    old = _rows(sp.inventory(_sg(sglang059)))
+    assert old["SGLANG_SYMM_MEM_PREALLOC_GB_SIZE"]["where"] == "sglang/srt/environ.py:483"
+    # 0.5.9 has no PCIe IPC, so the variable its verdict reads is not claimed as judged there
+    assert old["SGLANG_USE_1STAGE_ALLREDUCE"]["status"] == "not-assessed"
+
+
+def test_sglang_environment_twin_a_planted_variable_shows_up_and_a_plain_one_does_not(sglang, tmp_path):
+    """The twin: an edited copy of environ.py gains a variable whose comment says all-reduce (listed, with its line)
+    and one that says nothing about communication (not listed): the filter is the collective terms, not a list."""
+    rel = "sglang/srt/environ.py"
+    anchor = "    SGLANG_SYMM_MEM_PREALLOC_GB_SIZE = EnvInt(-1)\n"
+    assert anchor in (sglang / rel).read_text()
+    planted = ("    # One-shot all-reduce over PCIe peer memory.\n    SGLANG_PLANTED_FAST_PATH = EnvBool(False)\n"
+               "    SGLANG_PLANTED_PLAIN = EnvBool(False)\n")
+    copy = engine_copy(sglang, tmp_path / "sg", {rel: (anchor, anchor + planted)})
+    text = (copy / rel).read_text()
+    rows = _rows(sp.inventory(_sg(copy, "0.5.23")))
+    line = text[:text.index("SGLANG_PLANTED_FAST_PATH")].count("\n") + 1
+    assert rows["SGLANG_PLANTED_FAST_PATH"]["where"] == f"sglang/srt/environ.py:{line}"
+    assert "One-shot all-reduce over PCIe" in rows["SGLANG_PLANTED_FAST_PATH"]["why"]
+    assert "SGLANG_PLANTED_PLAIN" not in rows
+
+
+def test_sglang_model_specific_kernels_dropped_by_the_models_directory(sglang):
+    """Review item 33. Before: kernels/ops/communication/ listed every file, muse_spark_*, inkling_* and beam_* among
+    them (kernels for one named model). Now a file whose name starts with a module of srt/models/ is left out; the
+    HIP kernel says it does not apply here."""
+    rows = _rows(sp.inventory(_sg(sglang, "0.5.23")))
+    kernels = {p for p, r in rows.items() if r["kind"] == "kernel module"}
+    assert not [k for k in kernels if k.split("/")[-1].startswith(("muse_spark", "inkling", "beam"))], kernels
+    assert {"kernels/ops/communication/all_reduce.py", "kernels/ops/communication/all_reduce_fusion.py",
+            "kernels/ops/communication/nvlink_comm.py"} <= kernels
+    assert rows["kernels/ops/communication/all_reduce_mhc_hip.py"]["why"].startswith("does not apply here: ROCm only")
+
+
+def test_sglang_model_specific_twin_a_kernel_named_for_no_model_stays(sglang, tmp_path):
+    """The twin: in an edited copy, renaming srt/models/beam.py makes beam_all_reduce.py a kernel of no known model,
+    so it is listed again (the rule reads the models directory, not a list of names)."""
+    copy = engine_copy(sglang, tmp_path / "sg", {})
+    (copy / "sglang/srt/models/beam.py").rename(copy / "sglang/srt/models/beam_renamed.py")
+    rows = _rows(sp.inventory(_sg(copy, "0.5.23")))
+    assert rows["kernels/ops/communication/beam_all_reduce.py"]["status"] == "not-assessed"
+
+
 # --- vllm 0.33.0 ----------------------------------------------------------------------------------------------------
 def test_vllm_033_settings_and_modules_enumerated_from_its_declarations(v033):
     """Before: nothing of vLLM was enumerated; a vLLM report had no not-assessed list, so --enable-dbo, the DeepEP,
@@ -162,6 +220,51 @@ def test_vllm_033_settings_and_modules_enumerated_from_its_declarations(v033):
         assert (by[path]["status"], by[path]["maps_to"]) == ("assessed", backend), path
     assert not [r for r in rows if r["status"] == "unknown"]
     assert not [p for p in by if p.endswith(("_PORT", "_IP")) or "timeout" in p.lower()]
+
+
+def test_vllm_033_review15_missed_variables_listed_noise_dropped_by_rule(v033):
+    """Review item 15. Before: VLLM_BATCH_INVARIANT (its help names no collective) and VLLM_DISABLE_PYNCCL ("pynccl"
+    does not match ``\\bnccl``) were missing, while VLLM_RPC_BASE_PATH, LD_LIBRARY_PATH, --worker-extension-cls
+    ("collective_rpc"), assigned_physical_gpu_ids, EPLBConfig.log_balancedness, VLLM_P2P_MAX_PEERS (KV transfer), the
+    NIC-mapping variables and VLLM_KIMI_K3_* were listed; the ROCm and SM100 rows did not say they do not apply."""
+    by = _rows(vp.inventory(_vl(v033)))
+    bi, dp = by["VLLM_BATCH_INVARIANT"], by["VLLM_DISABLE_PYNCCL"]
+    assert (bi["status"], bi["where"]) == ("not-assessed", "vllm/envs.py:638")
+    assert "read by vllm/distributed/device_communicators/" in bi["why"]
+    assert (dp["status"], dp["where"]) == ("not-assessed", "vllm/envs.py:1241")
+    assert "read by vllm/distributed/device_communicators/pynccl.py:127" in dp["why"]
+    for noise in ("VLLM_RPC_BASE_PATH", "LD_LIBRARY_PATH", "--worker-extension-cls",
+                  "ParallelConfig.assigned_physical_gpu_ids", "EPLBConfig.log_balancedness", "VLLM_P2P_MAX_PEERS",
+                  "VLLM_GPU_NIC_PCIE_MAPPING", "VLLM_NIC_SELECTION_VARS", "VLLM_KIMI_K3_SHARD_SP_SHARED_EXPERT",
+                  "VLLM_CACHE_ROOT"):
+        assert noise not in by, noise
+    assert by["VLLM_ENABLE_GEMM_RS"]["why"].startswith("does not apply here unless the target is compute capability 10.x")
+    for rocm in ("VLLM_ROCM_QUICK_REDUCE_QUANTIZATION", "VLLM_ROCM_USE_AITER_CUSTOM_AR", "aiter_custom_all_reduce.py"):
+        assert by[rocm]["why"].startswith("does not apply here: ROCm only"), rocm
+    assert not by["VLLM_DBO_COMM_SMS"]["why"].startswith("does not apply")     # "64 on ROCm" is a default, not a limit
+    assert not by["VLLM_FLASHINFER_ALLREDUCE_BACKEND"]["why"].startswith("does not apply")
+
+
+def test_vllm_033_review15_twin_the_rules_not_names_decide(v033, tmp_path):
+    """The twin: in an edited copy a variable with a plain help is listed only once a judged module (the CUDA
+    communicator) reads it, and a variable whose help names all-reduce is dropped once its help says it is for one
+    model; the same help without that is listed."""
+    anchor = '    # Whether to use pytorch symmetric memory for allreduce\n'
+    plant = ('    # Use the planted mode.\n'
+             '    "VLLM_PLANTED_MODE": lambda: bool(int(os.getenv("VLLM_PLANTED_MODE", "0"))),\n'
+             '    # Kimi-K9 only. One-shot all-reduce of the shared expert.\n'
+             '    "VLLM_PLANTED_MODEL_AR": lambda: bool(int(os.getenv("VLLM_PLANTED_MODEL_AR", "0"))),\n'
+             '    # One-shot all-reduce of the shared expert.\n'
+             '    "VLLM_PLANTED_AR": lambda: bool(int(os.getenv("VLLM_PLANTED_AR", "0"))),\n')
+    read = "use_torch_symm_mem = envs.VLLM_ALLREDUCE_USE_SYMM_MEM\n"
+    cc = "vllm/distributed/device_communicators/cuda_communicator.py"
+    unread = _rows(vp.inventory(_vl(engine_copy(v033, tmp_path / "a", {"vllm/envs.py": (anchor, plant + anchor)}))))
+    assert "VLLM_PLANTED_MODE" not in unread
+    assert "VLLM_PLANTED_MODEL_AR" not in unread and unread["VLLM_PLANTED_AR"]["status"] == "not-assessed"
+    copy = engine_copy(v033, tmp_path / "b", {"vllm/envs.py": (anchor, plant + anchor),
+                                              cc: (read, read.rstrip() + " and not envs.VLLM_PLANTED_MODE\n")})
+    r = _rows(vp.inventory(_vl(copy)))["VLLM_PLANTED_MODE"]
+    assert r["status"] == "not-assessed" and f"read by vllm/{cc.removeprefix('vllm/')}:" in r["why"]
 
 
 def test_vllm_assessed_settings_name_its_deciders():

@@ -121,12 +121,109 @@ def inventory(engine: se.Engine) -> list[dict]:
         out.append({"path": f["flag"], "kind": kind, "maps_to": "", "where": f["where"],
                     "status": "not-assessed", "why": f"a communication setting of the {f['group']} group this suite "
                     f"does not judge: {f['help'][:200]}{choices}"})
+    for e in env_settings(engine):
+        judged = JUDGED_ENVS.get(e["flag"])
+        if judged and not any((d / m).is_file() for m, (b, _) in MODULES.items() if b == judged):
+            judged = None               # the path that reads it is not in this release (sglang 0.5.9: no PCIe IPC)
+        if judged:
+            out.append({"path": e["flag"], "kind": "environment variable", "maps_to": judged, "where": e["where"],
+                        "status": "assessed", "why": f"judged by the {judged} verdict"})
+            continue
+        out.append({"path": e["flag"], "kind": "environment variable", "maps_to": "", "where": e["where"],
+                    "status": "not-assessed", "why": (e["applies"] + "; " if e["applies"] else "")
+                    + f"a communication variable of srt/environ.py this suite does not judge: {e['help'][:200]}"})
+    models = model_stems(engine)
     kdir = engine.root / KERNEL_DIR
     for p in sorted(kdir.glob("*.py")) if kdir.is_dir() else []:
-        if p.name != "__init__.py":
-            out.append({"path": f"{KERNEL_DIR}/{p.name}", "kind": "kernel module", "maps_to": "",
-                        "where": f"sglang/{KERNEL_DIR}/{p.name}", "status": "not-assessed",
-                        "why": "a communication kernel module this suite does not judge on its own"})
+        if p.name == "__init__.py" or _model_of(p.stem, models):
+            continue                    # a kernel for one named model (srt/models/<model>.py): not a path to choose
+        out.append({"path": f"{KERNEL_DIR}/{p.name}", "kind": "kernel module", "maps_to": "",
+                    "where": f"sglang/{KERNEL_DIR}/{p.name}", "status": "not-assessed",
+                    "why": ("does not apply here: ROCm only (a HIP kernel); " if p.stem.endswith("_hip") else "")
+                    + "a communication kernel module this suite does not judge on its own"})
+    return out
+
+
+#: SGLang's environment variables (``class Envs`` in ``srt/environ.py``, sglang 0.5.9 and 0.5.23)
+ENVIRON = "srt/environ.py"
+#: variables one of this suite's verdicts reads -> that verdict's backend: the PCIe IPC opt-in and its row bound
+#: (``sglang_pcie_ipc``), and the two that turn deterministic collectives on (``pcie_ipc_engine.deterministic_gate``)
+JUDGED_ENVS = {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "flashinfer-pcie-ipc-allreduce",
+               "SGLANG_PCIE_IPC_MAX_NUMEL": "flashinfer-pcie-ipc-allreduce",
+               "SGLANG_USE_1STAGE_ALLREDUCE": "flashinfer-pcie-ipc-allreduce",
+               "SGLANG_ENABLE_DETERMINISTIC_INFERENCE": "flashinfer-pcie-ipc-allreduce"}
+#: a variable for another platform (by the tokens of its name): it does not apply on an NVIDIA target
+OTHER_PLATFORM = re.compile(r"(?:^|_)(HIP|AITER|ROCM|AMD|NPU|XPU|HPU)(?:_|$)")
+#: ... or by its help: "on ROCm", "MI3* cards", "AITER's"
+OTHER_PLATFORM_HELP = re.compile(r"\bon (?:ROCm|AMD|Ascend|NPU)\b|\bMI3\S* cards|\bAITER's")
+#: a variable for diagnostics (debug output, logging): it selects no path
+DIAGNOSTIC = re.compile(r"(?:^|_)(DEBUG|LOG|LOGGING|PROFILE|PROFILER)(?:_|$)")
+#: model module names too generic to mark a kernel or variable as model-specific
+GENERIC_MODEL_STEMS = frozenset({"utils", "registry", "transformers", "torch_native_llama"})
+
+
+def model_stems(engine: se.Engine) -> list[str]:
+    """The module names under ``srt/models/`` (one per model family: ``muse_spark``, ``inkling``, ``beam``,
+    ``kimi_k3`` in sglang 0.5.23), longest first, less :data:`GENERIC_MODEL_STEMS`."""
+    d = engine.root / "srt" / "models"
+    stems = {p.stem for p in d.glob("*.py") if not p.stem.startswith("_")} if d.is_dir() else set()
+    return sorted(stems - GENERIC_MODEL_STEMS, key=len, reverse=True)
+
+
+def _model_of(name: str, models: list[str]) -> str:
+    """The model a kernel file stem or a variable name is for: a model module name that is a whole ``_``-separated
+    token run of it (``muse_spark_all_gather`` -> ``muse_spark``, ``SGLANG_KIMI_K3_...`` -> ``kimi_k3``); names of
+    three letters or fewer only at the start. "" when none."""
+    low = name.lower()
+    for m in models:
+        if low == m or low.startswith(m + "_") or (len(m) > 3 and re.search(rf"(?:^|_){re.escape(m)}(?:_|$)", low)):
+            return m
+    return ""
+
+
+def env_settings(engine: se.Engine) -> list[dict]:
+    """The communication variables of SGLang's ``class Envs`` in ``srt/environ.py`` (read with ``ast``): every
+    ``SGLANG_NAME = Env...(...)`` whose name (its ``_`` read as spaces) or the comment lines right above it match
+    :data:`CLI_TERMS`, less diagnostics (:data:`DIAGNOSTIC`) and variables for one named model (:func:`_model_of`).
+    sglang 0.5.23 gives ``SGLANG_SYMM_MEM_PREALLOC_GB_SIZE``, ``SGLANG_CUSTOM_ALL_REDUCE_V2_MAX_SIZE_KB``,
+    ``SGLANG_DETERMINISTIC_NCCL_NCHANNELS``, ``SGLANG_DP_USE_REDUCE_SCATTER`` among others. Returns ``[{"flag" (the
+    name), "where" ("sglang/srt/environ.py:LINE"), "help", "applies" ("" or "does not apply here: ...")}]``; [] when
+    the release has no such file or class."""
+    import ast
+
+    from .. import source
+
+    path = engine.root / ENVIRON
+    try:
+        tree = source.parse(path)
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except (SyntaxError, ValueError, OSError):
+        return []
+    cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Envs"), None)
+    models = model_stems(engine)
+    out = []
+    for n in cls.body if cls else []:
+        if not isinstance(n, (ast.Assign, ast.AnnAssign)):
+            continue
+        target = n.targets[0] if isinstance(n, ast.Assign) else n.target
+        if not (isinstance(target, ast.Name) and target.id.startswith("SGLANG_") and isinstance(n.value, ast.Call)
+                and ast.unparse(n.value.func).startswith("Env")):
+            continue
+        comment: list[str] = []
+        name, i = target.id, n.lineno - 2
+        while i >= 0 and lines[i].strip().startswith("#"):
+            t = lines[i].strip().lstrip("#").strip()
+            if t and not set(t) <= set("=-# "):
+                comment.insert(0, t)
+            i -= 1
+        help_text = " ".join(comment)
+        spaced = name.replace("_", " ")
+        if not (CLI_TERMS.search(spaced) or CLI_TERMS.search(help_text)) or RENDEZVOUS.search(name.lower().replace(
+                "_", "-")) or DIAGNOSTIC.search(name) or _model_of(name.removeprefix("SGLANG_"), models):
+            continue
+        applies = "does not apply here: for another platform (ROCm, NPU, XPU or HPU)" if (
+            OTHER_PLATFORM.search(name) or OTHER_PLATFORM_HELP.search(help_text)) else ""
+        out.append({"flag": name, "where": f"sglang/{ENVIRON}:{n.lineno}", "help": help_text, "applies": applies})
     return out
 
 

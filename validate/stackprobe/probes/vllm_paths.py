@@ -43,8 +43,28 @@ GROUP = re.compile(r"parallel|eplb|comm|moe|speculative|^PassConfig$|^KernelConf
 #: what marks a setting in its name alone: expert parallelism, the all-to-all backend, dual batch overlap, sequence
 #: parallelism
 NAME_TERMS = re.compile(r"expert_parallel|all2all|\bdbo\b|enable_dbo|_DBO_|sequence_parallel|async_tp", re.IGNORECASE)
-#: an environment variable that names where a process group meets, or a timeout: neither selects a path
-ENV_RENDEZVOUS = re.compile(r"_(PORT|PORTS|ADDR|IP|HOST)$|TIMEOUT")
+#: an environment variable that names where a process group meets, or a timeout, or where the front end's RPC
+#: socket lives: none selects a path
+ENV_RENDEZVOUS = re.compile(r"_(PORT|PORTS|ADDR|IP|HOST)$|TIMEOUT|(?:^|_)RPC(?:_|$)")
+#: :data:`TERMS` plus vLLM's own NCCL wrapper (``\bnccl`` does not match inside "pynccl") and torch.distributed
+VTERMS = re.compile(TERMS.pattern + r"|pynccl|torch\.distributed", re.IGNORECASE)
+#: words that match a collective term without naming one: ``collective_rpc`` is vLLM's worker RPC
+NOT_A_COLLECTIVE = re.compile(r"collective_rpc", re.IGNORECASE)
+#: settings that place ranks on devices or NICs (GPU id maps, GPU-to-NIC maps): which device, not which path
+PLACEMENT = re.compile(r"gpu_ids|(?:^|_)NIC(?:_|$)", re.IGNORECASE)
+#: diagnostics: logging and debug output select no path
+DIAGNOSTIC = re.compile(r"(?:^|[_.])(?:log|debug)(?:_|$)", re.IGNORECASE)
+#: help that puts a setting on the KV-cache transfer of disaggregated serving, not on the TP collectives
+KV_TRANSFER = re.compile(r"kv_transfer|kv[ -]cache transfer|\bkv transfer|disaggregat", re.IGNORECASE)
+#: help that says the setting is for one model ("Kimi-K3 only."): not a path a deployment of another model chooses
+MODEL_ONLY = re.compile(r"^[A-Z][\w.]*(?:[ -][\w.]+)?\s+only\b")
+#: a setting for another platform, by its name's tokens or its help: it does not apply on an NVIDIA target
+OTHER_PLATFORM = re.compile(r"(?:^|_)(?:ROCM|AITER|HIP)(?:_|$)")
+OTHER_PLATFORM_HELP = re.compile(r"\bon ROCm:|\bROCm only|\bMI3\S* cards|\bAITER's")
+#: a variable that names a file location (a cache root, a directory): a judged module may read it, it selects no path
+LOCATION = re.compile(r"_(ROOT|DIR|HOME)$")
+#: help that names a kernel for compute capability 10.x only (SM100, Blackwell B200/GB200)
+SM100_ONLY = re.compile(r"\bSM100\b|\bsm_?100a?\b")
 
 #: settings one of this suite's vLLM verdicts reads -> that verdict's backend (``.vllm_engine.DECIDERS``); a choice of
 #: ``--all2all-backend`` is ``"--all2all-backend <choice>"``, a pass setting ``"pass_config.<name>"``
@@ -63,7 +83,7 @@ ASSESSED = {
 }
 #: modules of ``distributed/device_communicators`` -> (backend judging it, or "" with why it is not assessed)
 MODULES = {
-    "aiter_custom_all_reduce.py": ("", "AITER's custom allreduce: ROCm only"),
+    "aiter_custom_all_reduce.py": ("", "does not apply here: ROCm only (AITER's custom allreduce)"),
     "all2all.py": ("ep-flashinfer-a2a", "the all-to-all managers (the FlashInfer ones judged; the others are listed as "
                                         "--all2all-backend choices)"),
     "all_reduce_utils.py": ("nccl-symm-mem", "the size tables of NCCL and torch symmetric memory"),
@@ -110,8 +130,44 @@ def _literal_choices(node, aliases: dict, depth: int = 0) -> list:
 
 
 def _is_setting(name: str, help_text: str, choices) -> bool:
-    return bool(TERMS.search(name) or TERMS.search(help_text) or NAME_TERMS.search(name)
-                or any(TERMS.search(str(c)) for c in choices or ()))
+    """Whether a field or variable is a communication setting: its name (``_`` read as spaces too, so
+    ``..._NCCL_...`` matches ``\\bnccl``), help or choices match :data:`VTERMS`, or its name :data:`NAME_TERMS`; then
+    not when it is noise by rule: a placement (:data:`PLACEMENT`), a diagnostic (:data:`DIAGNOSTIC`), a KV-transfer
+    setting (:data:`KV_TRANSFER`) or one model's (:data:`MODEL_ONLY`)."""
+    help_text = NOT_A_COLLECTIVE.sub("", help_text)
+    if PLACEMENT.search(name) or DIAGNOSTIC.search(name) or KV_TRANSFER.search(help_text) or MODEL_ONLY.search(help_text):
+        return False
+    return bool(VTERMS.search(name) or VTERMS.search(name.replace("_", " ")) or VTERMS.search(help_text)
+                or NAME_TERMS.search(name) or any(VTERMS.search(str(c)) for c in choices or ()))
+
+
+def _applies(name: str, help_text: str) -> str:
+    """"" or why the setting does not apply on an NVIDIA target of another compute capability: another platform
+    (:data:`OTHER_PLATFORM`), or an SM100 kernel (:data:`SM100_ONLY`; vllm 0.33.0 ``VLLM_ENABLE_GEMM_RS``)."""
+    if OTHER_PLATFORM.search(name) or OTHER_PLATFORM_HELP.search(help_text):
+        return "does not apply here: ROCm only"
+    if SM100_ONLY.search(help_text):
+        return "does not apply here unless the target is compute capability 10.x: an SM100 kernel"
+    return ""
+
+
+def read_by_judged_modules(eng) -> dict[str, str]:
+    """``{VLLM_NAME: "vllm/FILE:LINE"}``: the variables (``envs.NAME``) read by a module this suite maps to a backend
+    (:data:`MODULES` with a backend, :data:`PASSES`), first read. Such a variable changes a judged path whatever its
+    help says: vllm 0.33.0 ``VLLM_BATCH_INVARIANT`` (``cuda_communicator.py:71``: no FlashInfer or PCIe IPC
+    allreduce), ``VLLM_DISABLE_PYNCCL`` (``pynccl.py:127``: torch.distributed instead)."""
+    out: dict[str, str] = {}
+    files = [(COMM_DIR, m) for m, (b, _) in MODULES.items() if b] + [(PASS_DIR, m) for m in PASSES]
+    for rel, name in files:
+        path = eng.root / rel / name
+        try:
+            tree = source.parse(path)
+        except (SyntaxError, ValueError, OSError):
+            continue
+        for n in sorted((x for x in ast.walk(tree) if isinstance(x, ast.Attribute) and x.attr.startswith("VLLM_")
+                         and ast.unparse(x.value) == "envs"), key=lambda x: x.lineno):
+            out.setdefault(n.attr, _where(f"{rel}/{name}", n.lineno))
+    return out
 
 
 def config_settings(eng) -> list[dict]:
@@ -149,7 +205,7 @@ def config_settings(eng) -> list[dict]:
                 if RENDEZVOUS.search(setting.replace("_", "-")):
                     continue
                 out.append({"setting": setting, "group": cls.name, "where": _where(rel, f.lineno),
-                            "help": help_text, "choices": choices})
+                            "help": help_text, "choices": choices, "applies": _applies(name, help_text)})
     return out
 
 
@@ -168,6 +224,7 @@ def env_settings(eng) -> list[dict]:
                  None)
     if table is None:
         return []
+    read = read_by_judged_modules(eng)
     out, prev_end = [], table.lineno
     for k, v in zip(table.keys, table.values):
         if not (isinstance(k, ast.Constant) and isinstance(k.value, str)):
@@ -180,10 +237,14 @@ def env_settings(eng) -> list[dict]:
         for c in ast.walk(v):
             if isinstance(c, ast.Call) and ast.unparse(c.func).endswith("env_with_choices") and len(c.args) >= 3:
                 choices = [e.value for e in ast.walk(c.args[2]) if isinstance(e, ast.Constant) and isinstance(e.value, str)]
-        if ENV_RENDEZVOUS.search(k.value) or not _is_setting(k.value, help_text, choices):
+        if not k.value.startswith("VLLM_") or ENV_RENDEZVOUS.search(k.value):
+            continue                    # a system variable vLLM also reads (LD_LIBRARY_PATH), or a rendezvous
+        if k.value in read and not LOCATION.search(k.value):
+            help_text = f"read by {read[k.value]} (a module of a judged path). {help_text}".strip()
+        elif not _is_setting(k.value, help_text, choices):
             continue
         out.append({"setting": k.value, "group": "envs.py", "where": _where(ENVS, k.lineno), "help": help_text,
-                    "choices": choices})
+                    "choices": choices, "applies": _applies(k.value, help_text)})
     return out
 
 
@@ -240,10 +301,11 @@ def inventory(eng) -> list[dict]:
             continue
         judged = ASSESSED.get(s["setting"], "")
         choices = f" (choices: {', '.join(map(str, s['choices']))})" if s["choices"] else ""
+        applies = s.get("applies", "")
         out.append({"path": s["setting"], "kind": kind, "maps_to": judged, "where": s["where"],
                     "status": "assessed" if judged else "not-assessed",
-                    "why": f"judged by the {judged} verdict" if judged else
-                    f"a communication setting of {s['group']} this suite does not judge: {s['help'][:200]}{choices}"})
+                    "why": f"judged by the {judged} verdict" if judged else (applies + "; " if applies else "")
+                    + f"a communication setting of {s['group']} this suite does not judge: {s['help'][:200]}{choices}"})
     for rel, table in ((COMM_DIR, {k: v for k, v in MODULES.items()}), (PASS_DIR, {k: (v, "") for k, v in PASSES.items()})):
         d = eng.root / rel
         files = sorted(d.rglob("*.py")) if d.is_dir() else []

@@ -393,7 +393,38 @@ def _pcie_ipc(ctx, eng: Engine) -> Verdict:
                     f"pynccl ({'; '.join(uncaught)})")
     v.add("set-up with no exception handler (a failure stops start-up, no fall-back)", uncaught,
           "ast: no try/except around these calls")
+    off = _pcie_ipc_turned_off_by(eng, ctx)
+    v.add("do not set with it", off, f"vllm/{CUDA_COMM} CudaCommunicator.__init__ "
+          "`use_flashinfer_pcie_ipc_allreduce = ... and not envs.X`")
     return v
+
+
+def _pcie_ipc_turned_off_by(eng: Engine, ctx) -> list[dict]:
+    """``[{"setting": "VLLM_BATCH_INVARIANT=1", "then": "nccl-ring", "where": "vllm/FILE:LINE", "why": ...}]``: the
+    variables whose ``not envs.X`` sits in ``CudaCommunicator.__init__``'s assignment of
+    ``use_flashinfer_pcie_ipc_allreduce`` (vllm 0.33.0 ``cuda_communicator.py:73-76``: ``... and not
+    envs.VLLM_BATCH_INVARIANT``): set to 1, vLLM never builds the PCIe IPC communicator and the decode allreduce
+    goes on down the dispatch (pynccl on PCIe at world size 8). A variable the configuration already sets is left
+    out (the answer is then about that configuration). Raises GateNotFound when no such assignment is found."""
+    fn = eng.method(CUDA_COMM, "CudaCommunicator", "__init__")
+    found = [n for n in ast.walk(fn) if isinstance(n, ast.Assign)
+             and any(ast.unparse(t).endswith("use_flashinfer_pcie_ipc_allreduce") for t in n.targets)
+             and "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC" in ast.unparse(n.value)]
+    if not found:
+        raise GateNotFound(f"gate not found in vllm {eng.version} at vllm/{CUDA_COMM}: CudaCommunicator.__init__ no "
+                           "longer assigns use_flashinfer_pcie_ipc_allreduce from VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC")
+    out = []
+    for node in found:
+        for n in ast.walk(node.value):
+            if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not) and isinstance(n.operand, ast.Attribute) \
+                    and ast.unparse(n.operand.value) == "envs":
+                name = n.operand.attr
+                if _var_given(ctx, name) is not None:
+                    continue
+                out.append({"setting": f"{name}=1", "then": "nccl-ring", "where": _where(eng, CUDA_COMM, n),
+                            "why": f"use_flashinfer_pcie_ipc_allreduce is ... and not envs.{name}: PCIe IPC is not "
+                                   "built"})
+    return out
 
 
 def _not_in_try(fn: ast.AST, node: ast.AST) -> bool:

@@ -58,7 +58,8 @@ DARK = frozenset({"serves now", "do not set", "broken here", "blocked", "unknown
 _PHRASE_CLASS = {"serves": "serves now", "fix_host_first": "fix the host first", "opt_in": "try and measure",
                  "do_not_set": "do not set", "falls_back": "accepted, no gain", "preempted": "accepted, no gain",
                  "library_blocked": "engine admits, library blocked", "not_assessed": "not assessed",
-                 "on": "serves now"}   # "on": a path of another collective (all-to-all) that is on: it serves that
+                 "on": "serves now",   # "on": a path of another collective (all-to-all) that is on: it serves that
+                 "avoid": "do not set"}  # "avoid": set, it takes decode widths from the path that serves
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,9 @@ Lines, in order: ``target``, ``host`` (the report's host section in one line, or
 (:func:`stackprobe.health_report.summary`), then one line per path under the heading that says what to do with it:
 
 * ``serves now``: the path a decode-step allreduce takes with the flags asked about (and what the host says of it);
+* ``do not set with it``: a setting that takes that path away (it turns it off, or a path earlier in the dispatch
+  takes some decode widths from it), one line each (:func:`stackprobe.userwords.avoid_items`); an opt-in's own list
+  follows it on its ``try and measure`` line;
 * ``fix the host first``: a peer-memory path, on or opt-in, on a box that shows a P2P risk (:mod:`stackprobe.host`);
 * ``try and measure``: an opt-in the engine and the library admit (with the host check asked for off the target);
 * ``do not set``: a flag that makes the server fail at start-up;
@@ -83,6 +86,7 @@ def block(report) -> list[str]:
                                          "do; the library answers (the matrix) say what could work"))
     else:
         lines.append(_line("serves now", h["serves"] + (f" ({h['serves_host']})" if h.get("serves_host") else "")))
+        lines += [_line("do not set with it", a) for a in h.get("avoid", [])]
         for key, items in (("fix the host first", h.get("fix_host_first", [])), ("try and measure", h["opt_in"]),
                            ("do not set", h["do_not_set"]),
                            ("accepted, no gain", h["falls_back"] + [f"preempted: {p}" for p in h["preempted"]]),

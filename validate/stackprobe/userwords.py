@@ -54,13 +54,79 @@ def upstream_claim(v: Verdict) -> str:
     return f"upstream's claim ({e.source.split(' (')[0]}), not measured here: {row[0]}: {cells}{shape}"
 
 
-def _avoid(v: Verdict) -> str:
-    """``; do not set with it: --enable-symm-mem (nccl-symm-mem serves instead)`` from the answer's "do not set with
-    it" evidence (:func:`stackprobe.probes.pcie_ipc_engine.do_not_set`), else ""."""
+def avoid_items(report, v: Verdict) -> list[str]:
+    """``["--enable-symm-mem (nccl-symm-mem serves instead)", "VLLM_USE_NCCL_SYMM_MEM=1 (nccl-symm-mem serves instead
+    at 1 and 10-512 rows, ...)"]``: the settings that take ``v``'s path away once it is on, from the answer's "do not set
+    with it" evidence (:func:`stackprobe.probes.pcie_ipc_engine.do_not_set`, vLLM's ``_pcie_ipc``) and from every
+    other path whose per-width answer (:func:`width_change`) claims decode widths this path serves."""
     e = _ev(v, "do not set with it")
-    if e is None or not e.value:
-        return ""
-    return "; do not set with it: " + ", ".join(f"{a['setting']} ({a['then']} serves instead)" for a in e.value)
+    out = [f"{a['setting']} ({a['then']} serves instead" + (f": {a['why']}, {a['where']}" if a.get("why") else "")
+           + ")" for a in ((e.value if e is not None else None) or [])]
+    for other in _engine_answers(report) if report is not None else ():
+        ch = width_change(report, other, against=v.backend)
+        if ch:
+            out.append(f"{_setting(other) or other.backend} ({other.backend} serves instead at {ch['rows']} rows, "
+                       f"{ch['changed']} of {ch['captured']} captured decode widths; {ch['where']})")
+    return out
+
+
+def _avoid(report, v: Verdict) -> str:
+    """``; do not set with it: A, B`` from :func:`avoid_items`, else ""."""
+    items = avoid_items(report, v)
+    return "; do not set with it: " + ", ".join(items) if items else ""
+
+
+def _row_ranges(rows: list[int]) -> str:
+    """``1 and 10-512`` for rows [1, 10, 11, ..., 512]."""
+    out: list[list[int]] = []
+    for r in sorted(rows):
+        if out and out[-1][1] == r - 1:
+            out[-1][1] = r
+        else:
+            out.append([r, r])
+    return " and ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in out)
+
+
+def width_change(report, v: Verdict, against: str = "") -> dict | None:
+    """What setting ``v``'s opt-in would change per decode width, for a path that falls back for the one decode tensor
+    asked about but claims by a per-call size rule (its "per-call size rule (rows -> claims)" evidence: ``band``
+    (lower, upper) bytes, claims ``<= lower or >= upper``; ``band`` None: every size; vLLM's
+    ``should_nccl_symm_mem_allreduce``, ``all_reduce_utils.py``). Over the report's per-width dispatch
+    (``dispatch["per_width"]``: the widths captured, what serves each now) and the dispatch order (``dispatch["steps"]``:
+    the path claims only widths whose present server comes after it). Returns ``{"rows": "1 and 10-512", "keep":
+    "2-9", "changed": N, "captured": M, "from": {path serving those widths now}, "where": FILE:LINE}`` when set it
+    would take some captured width, else None (one row count is not the answer: a path declining the 3-row tensor
+    may take 1 row and 10 rows and more). ``against``: ask instead what it would take from that path, once that
+    path is on and serves every width (the opt-in or the path serving now; None when ``v`` comes after it)."""
+    if v.status != FALLS_BACK:
+        return None
+    e = _ev(v, "per-call size rule (rows")
+    d = getattr(report, "dispatch", None) or {}
+    pw, steps = d.get("per_width") or {}, [s.get("backend") for s in d.get("steps") or []]
+    widths = pw.get("widths") or []
+    if e is None or not isinstance(e.value, dict) or not widths or v.backend not in steps:
+        return None
+    band = e.value.get("band")
+    per_row = widths[0]["bytes"] // max(1, widths[0]["rows"])
+
+    def claims(rows: int) -> bool:
+        b = rows * per_row
+        return band is None or b <= band[0] or b >= band[1]
+
+    mine = steps.index(v.backend)
+    if against:
+        if against not in steps or steps.index(against) < mine:
+            return None
+        widths = [{**w, "serves": against} for w in widths]
+    later = {w["serves"] for w in widths if w["serves"] in steps and steps.index(w["serves"]) > mine}
+    took = [w for w in widths if claims(w["rows"]) and w["serves"] in later]
+    if not took:
+        return None
+    top = max(w["rows"] for w in widths)
+    return {"rows": _row_ranges([r for r in range(1, top + 1) if claims(r)]),
+            "keep": _row_ranges([r for r in range(1, top + 1) if not claims(r)]), "changed": len(took),
+            "captured": len(widths), "from": sorted({w["serves"] for w in took}),
+            "where": str(e.value.get("where") or e.source)}
 
 
 def _engine_answers(report) -> list[Verdict]:
@@ -123,7 +189,8 @@ def _short_cause(v: Verdict, limit: int = 220) -> str:
 def headline(report) -> dict:
     """``{"config": "no flags" | the flags, "serves": path, "opt_in": [...], "do_not_set": [...], "falls_back":
     [...], "preempted": [...], "on": [...], "library_blocked": [...], "other": {collective: [...]},
-    "not_assessed": [...]}`` (each entry one phrase) from ``report``'s engine answers, combined with each backend's
+    "not_assessed": [...], "avoid": [...]}`` (each entry one phrase; ``avoid``: "path: setting (what serves
+    instead)" for the path that serves, :func:`avoid_items`) from ``report``'s engine answers, combined with each backend's
     library answer: an engine opt-in whose library answer is blocked (no compiler for a JIT-only module, a table
     without the target) is not worth measuring and goes to ``library_blocked`` with the library's cause. Paths that
     are not a decode allreduce (:func:`collective`) go to ``other`` under their collective. An engine answer that is
@@ -146,7 +213,7 @@ def headline(report) -> dict:
         serves = ", ".join(v.backend for v in on) or f"{NCCL}: no other path is on and admitted"
     out: dict[str, Any] = {"config": cfg, "serves": serves, "opt_in": [], "do_not_set": [], "falls_back": [],
            "preempted": [], "on": [f"{v.backend} ({v.status})" for v in on], "engine": bool(eng) and bool(_engine_version(report)),
-           "library_blocked": [], "other": {}, "not_assessed": [], "fix_host_first": [],
+           "library_blocked": [], "other": {}, "not_assessed": [], "fix_host_first": [], "avoid": [],
            "serves_host": _serves_host(report, eng, serves)}
     for v in eng:
         kind = collective(v.backend, v)
@@ -154,13 +221,46 @@ def headline(report) -> dict:
         if phrase is None:
             continue
         key, text = phrase
+        if key == "avoid":
+            continue        # said beside the path it takes widths from (avoid_items of the path that serves)
         if key == "not_assessed":
             out["not_assessed"].append(text)
         elif kind == "allreduce":
             out[key].append(text)
         else:
             out["other"].setdefault(kind, []).append(f"{_OTHER_WORDS[key]}: {text}")
+    for v in on:            # the path that serves: what a user must leave unset to keep it
+        out["avoid"] += avoid_items(report, v)
+    for v in eng:
+        out["do_not_set"] += _raising_choices(report, v)
     return out
+
+
+def _raising_choices(report, v: Verdict) -> list[str]:
+    """``["--all2all-backend flashinfer_nvlink_one_sided (ep-flashinfer-a2a: start-up failure without NVLink: ...)"]``:
+    the values of an answer's setting whose set-up raises uncaught on this topology, from its evidence ``"<value>
+    set-up: ... (raises, ... does not catch it)"`` (True) and the engine gate that lists ``<value>`` among its
+    choices (vLLM's ``_all2all``: FlashInfer's NVLink check, ``nvlink_common.py``); a value the answer already says
+    is a start-up failure (its own setting) is not repeated. PCIe only: with NVLink the check passes."""
+    if (report.options or {}).get("topology") not in (None, "pcie") or v.status == STARTUP_FAILURE:
+        return []
+    out = []
+    for e in v.evidence:
+        if "set-up:" not in e.what or "(raises" not in e.what or e.value is not True:
+            continue
+        name = e.what.split(" set-up:")[0]
+        gate = next((g for g in v.evidence if g.what.startswith("engine gate: ") and isinstance(g.value, dict)
+                     and name in json_text(g.value.get("value"))), None)
+        flag = gate.what.removeprefix("engine gate: ") + " " if gate is not None else ""
+        why = e.what.split(" set-up: ")[1]
+        out.append(f"{flag}{name} ({v.backend}: start-up failure on PCIe: {why}, {e.source})")
+    return out
+
+
+def json_text(value) -> str:
+    """``value`` as JSON text (a quick containment test over nested lists and dicts)."""
+    import json
+    return json.dumps(value, default=str)
 
 
 _OTHER_WORDS = {"opt_in": "opt-in, worth measuring on the target", "library_blocked": "not worth measuring here",
@@ -189,7 +289,7 @@ def _phrase(report, v: Verdict) -> tuple[str, str] | None:
         if v.status == OPT_IN:
             claim = upstream_claim(v)
             return "opt_in", (f"{v.backend} ({_setting(v)})" + (f" [{claim}]" if claim else "") + _host_caveat(v)
-                              + _avoid(v))
+                              + _avoid(report, v))
         if collective(v.backend, v) != "allreduce":
             return "on", f"{v.backend} ({v.status})"
         return None
@@ -198,6 +298,16 @@ def _phrase(report, v: Verdict) -> tuple[str, str] | None:
     if v.status == FALLS_BACK:
         if v.backend in _width_servers(report):     # it declines the decode tensor, yet serves other widths
             return None
+        ch = width_change(report, v)
+        if ch is not None:
+            served = [b for b in ch["from"] if b != "nccl-ring"]
+            if served:      # set, it takes widths from a path that is on: listed with that path's "do not set with it"
+                return "avoid", (f"{_setting(v) or v.backend} ({v.backend} takes {ch['rows']}-row decode tensors from "
+                                 f"{', '.join(served)}: {ch['changed']} of {ch['captured']} captured widths; {ch['where']})")
+            return "opt_in", (f"{_setting(v) or v.backend} ({v.backend}): changes the path for {ch['changed']} of "
+                              f"{ch['captured']} captured decode widths ({ch['rows']} rows: {v.backend} instead of "
+                              f"NCCL; {ch['where']})" + (f"; no change at {ch['keep']} rows" if ch["keep"] else "")
+                              + ": measure those widths")
         return "falls_back", f"{_setting(v) or v.backend} ({v.backend})"
     if v.status == PREEMPTED:
         return "preempted", f"{v.backend} ({v.cause.split(': ', 2)[1] if ': ' in v.cause else v.cause})"
@@ -245,6 +355,8 @@ def headline_line(report) -> str:
                 "do; the library answers say what could work")
     parts = [f"with {h['config']}: a decode-step allreduce takes {h['serves']}"
              + (f" ({h['serves_host']})" if h.get("serves_host") else "")]
+    if h.get("avoid"):
+        parts.append("do not set with it: " + "; ".join(h["avoid"]))
     ring = next((v for v in getattr(report, "verdicts", []) if v.backend == "nccl-ring" and v.tier == "static"
                  and (v.host_risk or {}).get("level") in ("risk", "transport")), None)
     if ring is not None and not h["serves"].startswith(("NCCL", "nccl")):

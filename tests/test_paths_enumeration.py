@@ -196,7 +196,6 @@ def test_vllm_033_settings_and_modules_enumerated_from_its_declarations(v033):
                         ("EPLBConfig.communicator", "vllm/config/parallel.py:97"),
                         ("--all2all-backend deepep_low_latency", "vllm/config/parallel.py:220"),
                         ("--all2all-backend allgather_reducescatter", "vllm/config/parallel.py:220"),
-                        ("VLLM_FLASHINFER_ALLREDUCE_BACKEND", "vllm/envs.py:1811"),
                         ("VLLM_DEEPEP_BUFFER_SIZE_MB", "vllm/envs.py:2036"),
                         ("VLLM_DBO_COMM_SMS", "vllm/envs.py:2069"),
                         ("VLLM_SKIP_P2P_CHECK", "vllm/envs.py:1214"),
@@ -206,7 +205,9 @@ def test_vllm_033_settings_and_modules_enumerated_from_its_declarations(v033):
     assert "not a command-line choice (taken off at vllm/engine/arg_utils.py:1159)" in by["--all2all-backend passthrough"]["why"]
     assert "command-line" not in by["--all2all-backend deepep_low_latency"]["why"]
     assert "choices: ag_rs, a2a" in by["--dcp-comm-backend"]["why"]
-    assert "choices: auto, trtllm, mnnvl" in by["VLLM_FLASHINFER_ALLREDUCE_BACKEND"]["why"]
+    # judged since review item 11: an explicit value has no trtllm fallback on the fusion pass's path
+    assert (by["VLLM_FLASHINFER_ALLREDUCE_BACKEND"]["status"], by["VLLM_FLASHINFER_ALLREDUCE_BACKEND"]["where"]) == (
+        "assessed", "vllm/envs.py:1811")
     for path, backend in (("VLLM_USE_NCCL_SYMM_MEM", "nccl-symm-mem"), ("VLLM_ALLREDUCE_USE_SYMM_MEM", "torch-symm-mem"),
                           ("VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC", "flashinfer-pcie-ipc-allreduce"),
                           ("VLLM_ALLREDUCE_USE_FLASHINFER", "flashinfer-allreduce"),
@@ -215,6 +216,7 @@ def test_vllm_033_settings_and_modules_enumerated_from_its_declarations(v033):
                           ("--all2all-backend flashinfer_nvlink_two_sided", "ep-flashinfer-a2a"),
                           ("pass_config.fuse_allreduce_rms", "flashinfer-allreduce-fusion"),
                           ("pass_config.fi_allreduce_fusion_max_size_mb", "flashinfer-allreduce-fusion"),
+                          ("VLLM_FLASHINFER_ALLREDUCE_BACKEND", "flashinfer-allreduce-fusion"),
                           ("custom_all_reduce.py", "vllm-custom-allreduce"),
                           ("allreduce_rms_fusion.py", "flashinfer-allreduce-fusion")):
         assert (by[path]["status"], by[path]["maps_to"]) == ("assessed", backend), path
@@ -343,8 +345,9 @@ def test_point7_vllm_report_lists_its_not_assessed_settings_in_json_and_markdown
     """Before: a vLLM report's ``paths`` was empty, so its Markdown had no "Not assessed here" section."""
     d, report = _report(venv, [v033, pip_target("flashinfer-python==0.7.2.post1")], "vllm", tmp_path)
     names = {p["backend"] for p in d["paths"]}
-    assert {"--enable-dbo", "--all2all-backend deepep_low_latency", "VLLM_FLASHINFER_ALLREDUCE_BACKEND"} <= names
-    assert not {"VLLM_USE_NCCL_SYMM_MEM", "--disable-custom-all-reduce"} & names     # assessed: not listed
+    assert {"--enable-dbo", "--all2all-backend deepep_low_latency", "--dcp-comm-backend"} <= names
+    assert not {"VLLM_USE_NCCL_SYMM_MEM", "--disable-custom-all-reduce",
+                "VLLM_FLASHINFER_ALLREDUCE_BACKEND"} & names     # assessed: not listed
     md = report.to_markdown()
     assert f"## Not assessed here ({len(d['paths'])})" in md
     assert "| --enable-dbo |" in md and "vllm/config/parallel.py:258" in md

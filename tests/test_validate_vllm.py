@@ -289,6 +289,50 @@ def test_point9_fusion_override_reaches_a_trtllm_workspace_that_admits_12_and_is
     assert twin["flashinfer-allreduce-fusion"].status == "falls-back-if-set"
 
 
+FI_BACKEND = "VLLM_FLASHINFER_ALLREDUCE_BACKEND"
+FUSION = "flashinfer-allreduce-fusion"
+
+
+def test_review11_fusion_names_the_backend_variable_and_sizes_n_from_the_workload(wheels, monkeypatch):
+    """Review item 11. Before: VLLM_FLASHINFER_ALLREDUCE_BACKEND (envs.py:1811) was listed as not assessed although
+    any explicit value returns (backend, False) at flashinfer_all_reduce.py:154 (no trtllm fallback), and N of
+    fi_allreduce_fusion_max_size_mb had no guidance. Now the caveat is read from the source, =mnnvl on PCIe is a
+    silent fall-back, =trtllm stays an opt-in, and N is stated from the workload preset (hidden 7168 bf16)."""
+    got, _ = _read(wheels, monkeypatch)
+    v = got[FUSION]
+    assert v.status == "opt-in"
+    assert (f"{FI_BACKEND} (vllm/envs.py:1811, default 'auto', choices ['auto', 'trtllm', 'mnnvl']) sits on this "
+            f"path: any value but auto returns (backend, False) at {DC}/flashinfer_all_reduce.py:154") in v.cause
+    assert "=mnnvl on PCIe leaves the pass unfused (a silent fall-back), =trtllm skips the MNNVL attempt" in v.cause
+    words = ("one decode row at hidden 7168 bfloat16 is 14,336 B, so N MB covers N x 1048576 / 14,336 rows "
+             "(73 rows per MB; N=1 covers 73 rows); the captured decode widths reach 512 rows")
+    assert words in v.cause and "which N=7 covers" in v.cause and words in v.lift_detail
+    assert f"do not set {FI_BACKEND}=mnnvl on PCIe" in v.lift_detail
+    mn, _ = _read(wheels, monkeypatch, env={FI_BACKEND: "mnnvl"})
+    assert (mn[FUSION].status, mn[FUSION].gate) == ("falls-back-if-set", "topology")
+    assert f"{FI_BACKEND}=mnnvl (no trtllm fallback) declines" in mn[FUSION].cause
+    tr, _ = _read(wheels, monkeypatch, env={FI_BACKEND: "trtllm"})
+    assert tr[FUSION].status == "opt-in"
+    nv, _ = _read(wheels, monkeypatch, env={FI_BACKEND: "mnnvl"}, topology="nvlink")
+    assert nv[FUSION].status != "falls-back-if-set"
+
+
+def test_review11_twin_a_backend_that_keeps_the_fallback_and_another_workload(wheels, monkeypatch, tmp_path):
+    """The twins: a copy where an explicit value keeps the trtllm fallback (returns (backend, True)) loses the caveat
+    and =mnnvl on PCIe is no longer a fall-back; a workload of hidden 4096 moves the rows per MB (not hard-coded)."""
+    root = _copy(wheels, tmp_path, f"{DC}/flashinfer_all_reduce.py",
+                 'logger.debug_once("Using flashinfer allreduce backend: %s", backend)\n        return backend, False',
+                 'logger.debug_once("Using flashinfer allreduce backend: %s", backend)\n        return backend, True')
+    got, _ = _read(wheels, monkeypatch, root=root, env={FI_BACKEND: "mnnvl"})
+    assert got[FUSION].status != "falls-back-if-set" and "no trtllm fallback" not in got[FUSION].cause
+    from stackprobe.probes import vllm_engine as ve
+    from stackprobe.probes.sglang_dispatch import DecodeTensor
+    monkeypatch.setattr(ve, "decode_tensor", lambda: DecodeTensor(hidden=4096))
+    small, _ = _read(wheels, monkeypatch)
+    assert "hidden 4096 bfloat16 is 8,192 B" in small[FUSION].cause and "128 rows per MB" in small[FUSION].cause
+    assert "which N=4 covers" in small[FUSION].cause
+
+
 def test_fusion_override_gone_is_an_error(wheels, monkeypatch, tmp_path):
     root = _copy(wheels, tmp_path, "vllm/config/compilation.py", "max_size_mb = self.fi_allreduce_fusion_max_size_mb",
                  "max_size_mb = None")

@@ -543,10 +543,33 @@ def _fusion_pass(ctx, eng: Engine) -> Verdict:
                     + f"; PassConfig.{FI_OVERRIDE}, unset here, would replace the table ({override})",
                     lift_detail=f"{example} (N in MB; PassConfig.{FI_OVERRIDE} replaces the table, {override}); "
                                 + (beyond["text"] if beyond else past)))
+    envb = _fi_backend_env(eng)
+    chosen = _var_given(ctx, envb["name"]) if envb else None
+    if envb and beyond and chosen == "mnnvl" and ctx.topology == "pcie":
+        # an explicit mnnvl has no trtllm fallback: its multicast workspace fails on PCIe, recorded and not raised
+        ans.add(Gate(f"{envb['name']}=mnnvl (no trtllm fallback)", False, envb["where"], GATE_TOPOLOGY,
+                     f"{envb['name']}=mnnvl returns (backend, False): no trtllm fallback, and mnnvl's "
+                     "workspace needs NVSwitch multicast, which PCIe lacks; the failure is recorded, not raised, so "
+                     "the pass stays unfused without a word", LIFT_SETTING,
+                     f"unset {envb['name']} (or set it to auto or trtllm)", value={envb["name"]: chosen},
+                     flag=envb["name"], on_fail="decline",
+                     falls_to="the unfused allreduce and RMSNorm (the communicator's own allreduce)"))
+    env_words = ""
+    if envb:
+        env_words = (f"{envb['name']} ({envb['env_where']}, default {envb['default']!r}, choices {envb['choices']}) "
+                     f"sits on this path: any value but auto returns (backend, False) at {envb['where']}, so there "
+                     "is no trtllm fallback: =mnnvl on PCIe leaves the pass unfused (a silent fall-back), =trtllm "
+                     "skips the MNNVL attempt")
+    size_words = _fusion_size_words(eng, ctx)
     v = ans.verdict(f"vLLM {eng.version}'s compile pass fuses allreduce + RMSNorm into FlashInfer's kernel"
-                    + (f"; {beyond['text']}" if beyond else ""))
+                    + (f"; {beyond['text']}" if beyond else "") + (f"; {env_words}" if env_words else "")
+                    + f"; {size_words}")
+    if v.lift_detail and size_words not in v.lift_detail and "fi_allreduce_fusion_max_size_mb" in v.lift_detail:
+        v.lift_detail += f"; {size_words}" + (f"; do not set {envb['name']}=mnnvl on PCIe" if envb else "")
     if beyond:
         v.add("past the size table: FlashInfer's workspace on one node", beyond, beyond["where"])
+    if envb:
+        v.add(f"{envb['name']}: an explicit backend has no trtllm fallback", envb, envb["where"])
     if given is not None:
         v.warnings.append(f"PassConfig.{FI_OVERRIDE}={given} replaces the size table; "
                           + (beyond["text"] if beyond else past))
@@ -588,6 +611,63 @@ def _fusion_workspace(eng: Engine, ctx) -> dict | None:
             "leaves the pass unfused rather than stopping start-up: worth measuring, with the caveat that its "
             "one-shot kernel writes to every peer at once, which over PCIe is every GPU's link at the same time")
     return {"admits": admits, "text": text, "where": where, "majors": majors}
+
+
+def _fi_backend_env(eng: Engine) -> dict | None:
+    """The environment variable that picks FlashInfer's allreduce workspace backend, read from the installed vLLM:
+    ``_resolve_fi_ar_backend`` in ``distributed/device_communicators/flashinfer_all_reduce.py`` assigns
+    ``backend = envs.<NAME>`` and, for any value but ``"auto"``, returns ``(backend, False)``: no trtllm fallback
+    (vllm 0.33.0: ``VLLM_FLASHINFER_ALLREDUCE_BACKEND``, ``envs.py:1811``, choices auto/trtllm/mnnvl; the return at
+    ``flashinfer_all_reduce.py:154``). Returns ``{"name", "env_where", "default", "choices", "where"}`` or None when
+    the function or that early return is not found."""
+    rel = f"{DC}/flashinfer_all_reduce.py"
+    try:
+        fn = eng.function(rel, "_resolve_fi_ar_backend")
+    except GateNotFound:
+        return None
+    read = next((n for n in ast.walk(fn) if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "backend"
+                 and isinstance(n.value, ast.Attribute) and ast.unparse(n.value).startswith("envs.")), None)
+    early = next((n for n in ast.walk(fn) if isinstance(n, ast.If) and re.fullmatch(
+        r"backend != ['\"]auto['\"]", ast.unparse(n.test))), None)
+    ret = next((b for b in early.body if isinstance(b, ast.Return) and isinstance(b.value, ast.Tuple)
+                and len(b.value.elts) == 2 and isinstance(b.value.elts[1], ast.Constant)
+                and b.value.elts[1].value is False), None) if early is not None else None
+    if read is None or ret is None:
+        return None
+    name = read.value.attr   # type: ignore[attr-defined]
+    env_where, default, choices = "vllm/envs.py", None, None
+    try:
+        tree = eng.tree("envs.py")
+        for d in (n for n in ast.walk(tree) if isinstance(n, ast.Dict)):
+            for k, v in zip(d.keys, d.values):
+                if isinstance(k, ast.Constant) and k.value == name:
+                    env_where = f"vllm/envs.py:{k.lineno}"
+                    if isinstance(v, ast.Call) and len(v.args) >= 3:
+                        default = ast.literal_eval(v.args[1])
+                        choices = ast.literal_eval(v.args[2])
+    except (GateNotFound, ValueError):
+        pass
+    return {"name": name, "env_where": env_where, "default": default, "choices": choices,
+            "where": _where(eng, rel, ret, ast.unparse(ret))}
+
+
+def _fusion_size_words(eng: Engine, ctx) -> str:
+    """Guidance for N in ``fi_allreduce_fusion_max_size_mb`` from the workload preset the suite uses
+    (:func:`decode_tensor`: hidden and dtype) and the decode widths vLLM captures (:func:`capture_widths`): one row
+    is hidden x element size bytes, so N MB covers N x 1048576 / that many rows. vllm 0.33.0 at hidden 7168 bf16:
+    14,336 B a row, 73 rows per MB; the captured widths reach 512 rows on 12.0, which N=7 covers."""
+    t = decode_tensor()
+    row = t.hidden * (4 if t.dtype == "float32" else 2)
+    per_mb = (1 << 20) // row
+    words = (f"N in MB bounds the tensor the pass fuses: one decode row at hidden {t.hidden} {t.dtype} is {row:,} B, "
+             f"so N MB covers N x 1048576 / {row:,} rows ({per_mb} rows per MB; N=1 covers {per_mb} rows)")
+    try:
+        widths, where = capture_widths(eng, t.tokens, ctx.target)
+    except GateNotFound:
+        return words + "; the captured decode widths are not read here"
+    top = max(widths)
+    need = -(-top * row // (1 << 20))
+    return words + f"; the captured decode widths reach {top} rows ({where.split(' ')[0]}), which N={need} covers"
 
 
 #: the PassConfig field that replaces FI_ALLREDUCE_FUSION_MAX_SIZE_MB in PassConfig.flashinfer_max_size

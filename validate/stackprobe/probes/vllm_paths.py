@@ -77,6 +77,7 @@ ASSESSED = {
     "pass_config.fuse_allreduce_rms": "flashinfer-allreduce-fusion",
     "pass_config.fi_allreduce_fusion_max_size_mb": "flashinfer-allreduce-fusion",
     "--enable-expert-parallel": "ep-flashinfer-a2a",
+    "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "flashinfer-allreduce-fusion",
     "--all2all-backend flashinfer_all2allv": "ep-flashinfer-a2a",
     "--all2all-backend flashinfer_nvlink_two_sided": "ep-flashinfer-a2a",
     "--all2all-backend flashinfer_nvlink_one_sided": "ep-flashinfer-a2a",

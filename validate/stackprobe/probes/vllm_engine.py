@@ -1075,7 +1075,7 @@ def _resolver(eng: Engine, rel: str, trees: dict):
         trees[rel] = tree
         imp = next((n for n in tree.body if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("vllm.")
                     and any(a.name == name and a.asname is None for a in n.names)), None)
-        target, mrel = (tree, rel) if imp is None else (None, imp.module.split(".", 1)[1].replace(".", "/") + ".py")
+        target, mrel = (tree, rel) if imp is None else (None, (imp.module or "").split(".", 1)[1].replace(".", "/") + ".py")
         if target is None:
             try:
                 target = eng.tree(mrel)

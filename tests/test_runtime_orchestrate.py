@@ -108,11 +108,15 @@ def _cmd(pid: int) -> str:
         return str(pid)
 
 
-def _guards() -> list[int]:
+def _guards(within: Path | None = None) -> list[int]:
+    """Guard processes; with ``within``, only those whose command line names a folder under it (a runtime run's
+    guard is given its scratch folder, made under TMPDIR): a guard of another suite running beside this test on the
+    same host is not this run's."""
     out = []
     for p in psutil.process_iter(["pid", "cmdline"]):
         try:
-            if "stackprobe.runtime.guard" in " ".join(p.info["cmdline"] or []):
+            line = " ".join(p.info["cmdline"] or [])
+            if "stackprobe.runtime.guard" in line and (within is None or str(within) in line):
                 out.append(p.info["pid"])
         except psutil.Error:
             pass
@@ -127,7 +131,7 @@ def test_killing_the_suite_mid_probe_leaves_no_survivor(tmp_path, sig):
     pidfile = tmp_path / "pids"
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    guards_before = set(_guards())
+    guards_before = set(_guards(scratch))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent),
                                                        str(Path(__file__).resolve().parents[1] / "validate")]),
                STACKPROBE_TEST_PIDFILE=str(pidfile), TMPDIR=str(scratch))
@@ -144,7 +148,7 @@ def test_killing_the_suite_mid_probe_leaves_no_survivor(tmp_path, sig):
         # by now the baseline group (gloo) has run; the hanging group is the one in flight
         pids = [int(x) for f in files for x in f.read_text().split()]
         assert len(pids) == 6 and all(_alive(p) for p in pids)
-        new_guards = set(_guards()) - guards_before
+        new_guards = set(_guards(scratch)) - guards_before
         assert new_guards, "a guard process watches the probe's process group"
         parent.send_signal(sig)
         parent.wait(timeout=30)

@@ -21,13 +21,13 @@ import os
 from pathlib import Path
 
 from . import health_elf as elf
+from .paths import records
 
 #: strings the installed ``flashinfer/jit/env.py`` must contain for the layout read here to be its layout
 LAYOUT_MARKS = ("FLASHINFER_WORKSPACE_BASE", '".cache" / "flashinfer"', "flashinfer_version / arch", '"cached_ops"')
-#: backends and the FlashInfer JIT generator whose module they load (the probes' own: flashinfer_fusion.MODULE_FN,
-#: flashinfer_pcie_ipc's call)
-BACKEND_MODULE_FN = {"flashinfer-allreduce-fusion": "gen_trtllm_comm_module",
-                     "flashinfer-pcie-ipc-allreduce": "gen_pcie_ipc_comm_module"}
+#: backends and the FlashInfer JIT generator whose module they load, read from the path records
+#: (``Needs.jit_generator``; the probes' own: flashinfer_fusion.MODULE_FN, flashinfer_pcie_ipc's call)
+BACKEND_MODULE_FN = {r.id: r.needs.jit_generator for r in records() if r.needs is not None and r.needs.jit_generator}
 
 
 def cache_root(env=None) -> Path:

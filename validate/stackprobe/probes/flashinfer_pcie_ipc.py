@@ -19,6 +19,7 @@ import re
 
 from .. import source
 from ..env import all_nvccs, effective_nvcc
+from ..paths import PCIE_IPC
 from ..verdict import (BLOCKED, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_SETTING, GATE_TOOLCHAIN,
                        LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_SETTING, SCOPE_LIBRARY, SKIPPED, Verdict)
 from . import flashinfer_common as fi
@@ -28,7 +29,7 @@ from . import sglang_engine as se
 
 
 def _library(ctx) -> Verdict:
-    v = Verdict("flashinfer-pcie-ipc-allreduce", GATE_PASSES, lift=LIFT_NONE_NEEDED, scope=SCOPE_LIBRARY)
+    v = Verdict(PCIE_IPC, GATE_PASSES, lift=LIFT_NONE_NEEDED, scope=SCOPE_LIBRARY)
     fv = fi.version()
     if fv is None:
         v.status, v.gate, v.cause, v.lift = SKIPPED, GATE_NOT_INSTALLED, "flashinfer-python is not installed", LIFT_PACKAGE
@@ -86,8 +87,8 @@ def _library(ctx) -> Verdict:
     return v
 
 
-BACKENDS = ("flashinfer-pcie-ipc-allreduce",)
-RUNTIME = {"library": ("flashinfer-pcie-ipc-allreduce",), "engine": ("sglang-pcie-ipc",)}
+BACKENDS = (PCIE_IPC,)
+RUNTIME = {"library": (PCIE_IPC,), "engine": ("sglang-pcie-ipc",)}
 PCIE_FILE = "srt/distributed/device_communicators/pcie_ipc_ar.py"
 OPT_IN = "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"
 

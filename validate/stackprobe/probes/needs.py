@@ -13,42 +13,19 @@ Each :class:`Need` lists
 * ``jit``: the library path is a module FlashInfer JIT-compiles at first use (so the nvcc it would use matters,
   case C46).
 
-``tests/test_health.py`` checks that the table names exactly the backends the probe modules answer for.
+``tests/test_health.py`` checks that the table names exactly the backends the probe modules answer for. The facts
+are the path records' (:class:`stackprobe.paths.Needs`, ``PathRecord.needs``): this module reads them and keeps no
+copy (``tests/test_path_records.py``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from ..paths import FLASHINFER, SGL_KERNEL, TORCH, records
+from ..paths import Needs as Need
 
-TORCH = ("torch", ("torch",))
-FLASHINFER = ("flashinfer-python",)
-SGL_KERNEL = ("sglang-kernel", "sgl-kernel")
-_DC = "sglang.srt.distributed.device_communicators."
+__all__ = ["FLASHINFER", "NEEDS", "Need", "SGL_KERNEL", "TORCH", "need"]
 
-
-@dataclass(frozen=True)
-class Need:
-    dists: tuple = ()
-    modules: tuple = ()
-    engine_modules: tuple = ()
-    jit: bool = False
-
-
-_FI_MODULES = (TORCH, ("flashinfer", FLASHINFER), ("flashinfer.comm", FLASHINFER))
-
-NEEDS: dict[str, Need] = {
-    "nccl-ring": Need(("torch",), (TORCH, ("torch.distributed", ("torch",))), (_DC + "pynccl",)),
-    "nccl-tree": Need(("torch",), (TORCH, ("torch.distributed", ("torch",))), (_DC + "pynccl",)),
-    "flashinfer-allreduce-fusion": Need(("torch",) + FLASHINFER, _FI_MODULES, ("sglang.srt.layers.flashinfer_comm_fusion",),
-                                        jit=True),
-    "sglang-custom-allreduce": Need(("torch",) + SGL_KERNEL, (TORCH, ("sgl_kernel", SGL_KERNEL)),
-                                    (_DC + "custom_all_reduce",)),
-    "torch-symm-mem": Need(("torch",), (TORCH, ("torch.distributed._symmetric_memory", ("torch",))),
-                           (_DC + "torch_symm_mem",)),
-    "ep-flashinfer-a2a": Need(("torch",) + FLASHINFER, _FI_MODULES, (), jit=True),
-    "flashinfer-pcie-ipc-allreduce": Need(("torch",) + FLASHINFER, _FI_MODULES, (_DC + "pcie_ipc_ar",), jit=True),
-    "b12x": Need(("torch", "b12x"), (TORCH, ("b12x", ("b12x",)))),
-    "mscclpp": Need(("torch", "mscclpp"), (TORCH, ("mscclpp", ("mscclpp",))), (_DC + "pymscclpp",)),
-}
+#: backend -> what it needs to load: every path record that says (vLLM's own communicators say nothing here)
+NEEDS: dict[str, Need] = {r.id: r.needs for r in records() if r.needs is not None}
 
 
 def need(backend: str) -> Need:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import re
 
+from ..paths import PCIE_IPC
 from ..verdict import GATE_SETTING, LIFT_SETTING
 from . import sglang_engine as se
 
@@ -196,7 +197,7 @@ def _nccl_env_set_by(eng, dest: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def do_not_set(eng, ctx, backend: str = "flashinfer-pcie-ipc-allreduce") -> list[dict]:
+def do_not_set(eng, ctx, backend: str = PCIE_IPC) -> list[dict]:
     """The settings that take ``backend`` away once its opt-in is on, found by SGLang's own dispatch rather than from a
     list: the dispatch of a decode-step allreduce (:func:`.sglang_dispatch.read_dispatch`) is read with the
     opt-in set; every server flag and variable that read consulted (recorded as it asks) is then set alone beside it,

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import source
+from ..paths import PCIE_IPC
 from . import sglang_engine as se
 from . import sglang_flags as sf
 from . import sglang_pcie_ipc as pi
@@ -25,7 +26,7 @@ from .sglang_pyeval import UNKNOWN, Evaluator, Unbound, run_function
 PS_FILE = "srt/distributed/parallel_state.py"
 COMM_DIR = "srt/distributed/device_communicators"
 # outplace method names -> suite backend
-METHODS = {"ca": "sglang-custom-allreduce", "pcie_ipc": "flashinfer-pcie-ipc-allreduce", "qr": "sglang-quick-allreduce",
+METHODS = {"ca": "sglang-custom-allreduce", "pcie_ipc": PCIE_IPC, "qr": "sglang-quick-allreduce",
            "pymscclpp": "mscclpp", "torch_symm_mem": "torch-symm-mem", "pynccl": "nccl-ring"}
 # communicator attribute -> (method it serves, module under device_communicators, class, per-call check)
 COMMUNICATORS = {

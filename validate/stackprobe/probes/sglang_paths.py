@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 
+from ..paths import PCIE_IPC
 from ..verdict import NOT_ASSESSED, SCOPE_ENGINE, Verdict
 from . import sglang_engine as se
 from . import sglang_flags as sf
@@ -29,7 +30,7 @@ MODULES = {
     "custom_all_reduce_ops.py": ("sglang-custom-allreduce", ""),
     "custom_all_reduce_utils.py": ("sglang-custom-allreduce", ""),
     "custom_all_reduce_v2.py": ("sglang-custom-allreduce", ""),
-    "pcie_ipc_ar.py": ("flashinfer-pcie-ipc-allreduce", ""),
+    "pcie_ipc_ar.py": (PCIE_IPC, ""),
     "pymscclpp.py": ("mscclpp", ""),
     "pynccl.py": ("nccl-ring", ""),
     "pynccl_wrapper.py": ("nccl-ring", ""),
@@ -148,10 +149,10 @@ def inventory(engine: se.Engine) -> list[dict]:
 ENVIRON = "srt/environ.py"
 #: variables one of this suite's verdicts reads -> that verdict's backend: the PCIe IPC opt-in and its row bound
 #: (``sglang_pcie_ipc``), and the two that turn deterministic collectives on (``pcie_ipc_engine.deterministic_gate``)
-JUDGED_ENVS = {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "flashinfer-pcie-ipc-allreduce",
-               "SGLANG_PCIE_IPC_MAX_NUMEL": "flashinfer-pcie-ipc-allreduce",
-               "SGLANG_USE_1STAGE_ALLREDUCE": "flashinfer-pcie-ipc-allreduce",
-               "SGLANG_ENABLE_DETERMINISTIC_INFERENCE": "flashinfer-pcie-ipc-allreduce"}
+JUDGED_ENVS = {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": PCIE_IPC,
+               "SGLANG_PCIE_IPC_MAX_NUMEL": PCIE_IPC,
+               "SGLANG_USE_1STAGE_ALLREDUCE": PCIE_IPC,
+               "SGLANG_ENABLE_DETERMINISTIC_INFERENCE": PCIE_IPC}
 #: a variable for another platform (by the tokens of its name): it does not apply on an NVIDIA target
 OTHER_PLATFORM = re.compile(r"(?:^|_)(HIP|AITER|ROCM|AMD|NPU|XPU|HPU)(?:_|$)")
 #: ... or by its help: "on ROCm", "MI3* cards", "AITER's"
@@ -243,7 +244,7 @@ JUDGED_FLAGS = {"--moe-a2a-backend": "ep-flashinfer-a2a", "--enable-flashinfer-a
                 "flashinfer-allreduce-fusion", "--flashinfer-allreduce-fusion-backend": "flashinfer-allreduce-fusion",
                 "--disable-custom-all-reduce": "sglang-custom-allreduce", "--enable-mscclpp": "mscclpp",
                 "--enable-torch-symm-mem": "torch-symm-mem",
-                "--enable-deterministic-inference": "flashinfer-pcie-ipc-allreduce",
+                "--enable-deterministic-inference": PCIE_IPC,
                 # the fusion's off switch: it clears the fusion backend (sglang 0.5.23 arg_groups/overrides.py:1006),
                 # so the start-up failure the fusion verdict warns of cannot follow
                 "--enforce-disable-flashinfer-allreduce-fusion": "flashinfer-allreduce-fusion"}

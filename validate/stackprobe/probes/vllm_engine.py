@@ -39,6 +39,7 @@ from pathlib import Path
 
 from .. import source
 from ..env import dist_version
+from ..paths import PCIE_IPC
 from ..serverconfig import ServerConfig
 from ..verdict import (BLOCKED, ERROR, GATE_NOT_INSTALLED, GATE_NOT_INTEGRATED, GATE_PYTHON, GATE_SETTING,
                        GATE_TOPOLOGY, LIFT_NOTHING, LIFT_PACKAGE, LIFT_SETTING, NOT_INTEGRATED, ON_AS_CONFIGURED,
@@ -53,7 +54,7 @@ UTILS = f"{DC}/all_reduce_utils.py"
 FUSION = "compilation/passes/fusion/allreduce_rms_fusion.py"
 
 #: the backends vLLM answers for, in report order (names shared with SGLang's where the path is the same library's)
-BACKENDS = ("vllm-custom-allreduce", "torch-symm-mem", "nccl-symm-mem", "flashinfer-pcie-ipc-allreduce",
+BACKENDS = ("vllm-custom-allreduce", "torch-symm-mem", "nccl-symm-mem", PCIE_IPC,
             "flashinfer-allreduce", "flashinfer-allreduce-fusion", "quick-allreduce", "ep-flashinfer-a2a", "b12x")
 
 #: where a decode-step allreduce goes when vLLM's out-of-place paths decline: pynccl
@@ -359,7 +360,7 @@ def _nccl_symm_mem(ctx, eng: Engine) -> Verdict:
 
 def _pcie_ipc(ctx, eng: Engine) -> Verdict:
     rel = f"{DC}/flashinfer_pcie_ipc_all_reduce.py"
-    ans = _ans("flashinfer-pcie-ipc-allreduce", eng, ctx)
+    ans = _ans(PCIE_IPC, eng, ctx)
     ans.add(env_gate(eng, ctx, "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC", "FlashInfer PCIe IPC allreduce"))
     sizes, where = eng.table(rel, "_SUPPORTED_WORLD_SIZES")
     ans.add(Gate("_SUPPORTED_WORLD_SIZES", ctx.world_size in sizes, where, GATE_PYTHON,
@@ -1409,7 +1410,7 @@ def _references(eng: Engine, *needles: str) -> list[str]:
 
 
 DECIDERS = {"vllm-custom-allreduce": _custom_allreduce, "torch-symm-mem": _torch_symm_mem,
-            "nccl-symm-mem": _nccl_symm_mem, "flashinfer-pcie-ipc-allreduce": _pcie_ipc,
+            "nccl-symm-mem": _nccl_symm_mem, PCIE_IPC: _pcie_ipc,
             "flashinfer-allreduce": _flashinfer_allreduce, "flashinfer-allreduce-fusion": _fusion_pass,
             "quick-allreduce": _quick_allreduce, "ep-flashinfer-a2a": _all2all, "b12x": _b12x}
 
@@ -1419,7 +1420,7 @@ DECIDERS = {"vllm-custom-allreduce": _custom_allreduce, "torch-symm-mem": _torch
 #: (vllm 0.21.0 has no FlashInfer PCIe IPC allreduce at all)
 MARKERS = {"vllm-custom-allreduce": ("CustomAllreduce",), "torch-symm-mem": ("SymmMemCommunicator",),
            "nccl-symm-mem": ("VLLM_USE_NCCL_SYMM_MEM", "all_reduce_symmetric_with_copy"),
-           "flashinfer-pcie-ipc-allreduce": ("PcieIpcAllReduce", "FLASHINFER_PCIE_IPC"),
+           PCIE_IPC: ("PcieIpcAllReduce", "FLASHINFER_PCIE_IPC"),
            "flashinfer-allreduce": ("FlashInferAllReduce",), "flashinfer-allreduce-fusion": ("AllReduceFusionPass",),
            "quick-allreduce": ("QuickAllReduce",), "aiter-custom-allreduce": ("aiter_ar_comm",),
            "ep-flashinfer-a2a": ("flashinfer_all2allv", "flashinfer_nvlink"), "b12x": ("b12x",)}
@@ -1443,7 +1444,7 @@ def absent(backend: str, eng: Engine, ctx=None) -> Verdict | None:
 #: what marks each step in CudaCommunicator.all_reduce's source (the call it returns), in the suite's names (pynccl's
 #: step is ``nccl-ring``, as in SGLang's dispatch: NCCL with its own algorithm choice)
 STEP_MARKERS = (("nccl-symm-mem", "all_reduce_symmetric_with_copy"), ("quick-allreduce", "quick_all_reduce"),
-                ("flashinfer-pcie-ipc-allreduce", "fi_pcie_ipc_ar_comm.all_reduce"),
+                (PCIE_IPC, "fi_pcie_ipc_ar_comm.all_reduce"),
                 ("flashinfer-allreduce", "fi_ar_comm.all_reduce"), ("aiter-custom-allreduce", "aiter_ar_comm.custom_all_reduce"),
                 ("vllm-custom-allreduce", "ca_comm.custom_all_reduce"), ("torch-symm-mem", "symm_mem_comm.all_reduce"),
                 ("nccl-ring", "pynccl_comm.all_reduce"))

@@ -27,6 +27,7 @@ import ast
 import re
 
 from .. import source
+from ..paths import PCIE_IPC
 from ..verdict import NOT_ASSESSED, SCOPE_ENGINE, Verdict
 from . import sglang_engine as se
 from .sglang_paths import CLI_TERMS as TERMS
@@ -72,7 +73,7 @@ ASSESSED = {
     "--disable-custom-all-reduce": "vllm-custom-allreduce",
     "VLLM_ALLREDUCE_USE_SYMM_MEM": "torch-symm-mem",
     "VLLM_USE_NCCL_SYMM_MEM": "nccl-symm-mem",
-    "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC": "flashinfer-pcie-ipc-allreduce",
+    "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC": PCIE_IPC,
     "VLLM_ALLREDUCE_USE_FLASHINFER": "flashinfer-allreduce",
     "pass_config.fuse_allreduce_rms": "flashinfer-allreduce-fusion",
     "pass_config.fi_allreduce_fusion_max_size_mb": "flashinfer-allreduce-fusion",
@@ -94,7 +95,7 @@ MODULES = {
     "cuda_wrapper.py": ("", "CUDA runtime bindings used by the IPC communicators; not a path of its own"),
     "custom_all_reduce.py": ("vllm-custom-allreduce", ""),
     "flashinfer_all_reduce.py": ("flashinfer-allreduce", ""),
-    "flashinfer_pcie_ipc_all_reduce.py": ("flashinfer-pcie-ipc-allreduce", ""),
+    "flashinfer_pcie_ipc_all_reduce.py": (PCIE_IPC, ""),
     "pynccl.py": ("nccl-ring", ""),
     "pynccl_wrapper.py": ("nccl-ring", ""),
     "pynccl_allocator.py": ("nccl-symm-mem", ""),

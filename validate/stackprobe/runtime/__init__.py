@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from ..paths import PCIE_IPC
 from ..verdict import CLOSED_STATUSES
 
 # runtime backend -> the static tier's backend whose gate governs it
@@ -25,7 +26,7 @@ STATIC_NAME = {
     "nccl-allreduce-tree": "nccl-tree",
     "torch-symm-mem-one-shot": "torch-symm-mem", "torch-symm-mem-two-shot": "torch-symm-mem",
     "sglang-custom-allreduce": "sglang-custom-allreduce", "flashinfer-allreduce-fusion": "flashinfer-allreduce-fusion",
-    "flashinfer-pcie-ipc-allreduce": "flashinfer-pcie-ipc-allreduce", "ep-flashinfer-a2a": "ep-flashinfer-a2a",
+    PCIE_IPC: PCIE_IPC, "ep-flashinfer-a2a": "ep-flashinfer-a2a",
     "mscclpp": "mscclpp", "b12x": "b12x",
 }
 # static gate kinds that mean "cannot run in this environment at all" (a topology gate is the runtime's to test)

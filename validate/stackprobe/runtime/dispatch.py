@@ -48,17 +48,18 @@ import statistics
 import time
 
 from . import stats
+from ..paths import PATHS, PCIE_IPC, communicator_rows
 from .probes import Probe
 from .verdicts import DEFAULT_TOLERANCE
 
 PROBE_REF = "stackprobe.runtime.dispatch:SglangDispatchProbe"
-PCIE_OPT_IN = "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"
+_PCIE = {e: PATHS[PCIE_IPC].engines[e] for e in ("sglang", "vllm")}   # its switch and communicator
+PCIE_OPT_IN = _PCIE["sglang"].switch   # SGLANG_ENABLE_PCIE_IPC_ALLREDUCE
 DISABLE_CA = "--disable-custom-all-reduce"
-# GroupCoordinator attribute -> the runtime row name (stackprobe.runtime.engine's)
-ROW = {"ca_comm": "sglang-custom-allreduce", "pcie_ipc_comm": "sglang-pcie-ipc", "qr_comm": "sglang-quick-allreduce",
-       "pymscclpp_comm": "sglang-mscclpp", "torch_symm_mem_comm": "sglang-torch-symm-mem",
-       "pynccl_comm": "sglang-pynccl", "flashinfer_allreduce": "sglang-flashinfer-fusion-workspace",
-       "torch.distributed": "torch-distributed"}
+# GroupCoordinator attribute -> the runtime row name (stackprobe.runtime.engine's): each path's record
+# (stackprobe.paths, EnginePath.communicator / .row), then torch.distributed, the last step, which is no path
+TORCH_DISTRIBUTED = {"torch.distributed": "torch-distributed"}
+ROW = {**communicator_rows("sglang"), **TORCH_DISTRIBUTED}
 # the last steps of SGLang's dispatch: nothing behind them to fall to, so nothing to switch off
 FALLBACKS = ("pynccl_comm", "torch.distributed")
 ON, OFF, FLOOR = "on", "off", "floor"
@@ -83,16 +84,13 @@ class RuntimeEngine:
     ca_off_flag: str = DISABLE_CA   # the server flag that switches its custom allreduce (rows["ca_comm"]) off
 
 
-SGLANG = RuntimeEngine("sglang", "SGLang", PROBE_REF, PCIE_OPT_IN, "pcie_ipc_comm", ROW,
+SGLANG = RuntimeEngine("sglang", "SGLang", PROBE_REF, PCIE_OPT_IN, _PCIE["sglang"].communicator, ROW,
                        state="stackprobe.runtime.sglang_state.bring_up", out_subdir="")
 # vLLM 0.33.0 CudaCommunicator attribute -> row (vllm/distributed/device_communicators/cuda_communicator.py)
-VLLM_ROW = {"fi_pcie_ipc_ar_comm": "vllm-flashinfer-pcie-ipc", "fi_ar_comm": "vllm-flashinfer-allreduce",
-            "qr_comm": "vllm-quick-allreduce", "aiter_ar_comm": "vllm-aiter-custom-allreduce",
-            "ca_comm": "vllm-custom-allreduce", "symm_mem_comm": "vllm-torch-symm-mem",
-            "nccl_symm_mem": "vllm-nccl-symm-mem", "pynccl_comm": "vllm-pynccl",
-            "torch.distributed": "torch-distributed"}
+# (the path records' vLLM communicators; AITER's custom allreduce, ROCm only, has no record)
+VLLM_ROW = {**communicator_rows("vllm"), "aiter_ar_comm": "vllm-aiter-custom-allreduce", **TORCH_DISTRIBUTED}
 VLLM = RuntimeEngine("vllm", "vLLM", "stackprobe.runtime.vllm_state:VllmDispatchProbe",
-                     "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC", "fi_pcie_ipc_ar_comm", VLLM_ROW,
+                     _PCIE["vllm"].switch, _PCIE["vllm"].communicator, VLLM_ROW,
                      state="stackprobe.runtime.vllm_state.bring_up")
 
 

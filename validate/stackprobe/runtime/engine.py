@@ -59,6 +59,7 @@ from pathlib import Path
 
 from .. import mdtable
 from ..atomic import write_atomic
+from ..paths import PCIE_IPC
 from .bench import Harness, Op, short_error
 from .probes import KIND_BASELINE, KIND_BACKEND, Probe, _bytes_to_numel
 from .verdicts import DEFAULT_TOLERANCE
@@ -67,7 +68,7 @@ COMMUNICATORS = ("sglang-pynccl", "sglang-custom-allreduce", "sglang-torch-symm-
                  "sglang-pcie-ipc", "sglang-flashinfer-fusion-workspace")
 STATIC_BACKEND = {"sglang-pynccl": "nccl-ring", "sglang-custom-allreduce": "sglang-custom-allreduce",
                   "sglang-torch-symm-mem": "torch-symm-mem", "sglang-mscclpp": "mscclpp",
-                  "sglang-pcie-ipc": "flashinfer-pcie-ipc-allreduce",
+                  "sglang-pcie-ipc": PCIE_IPC,
                   "sglang-flashinfer-fusion-workspace": "flashinfer-allreduce-fusion"}
 PCIE_OPT_IN = "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"
 BASELINE = "sglang-pynccl"          # the engine's own NCCL path: every enabled communicator's ratio is to it

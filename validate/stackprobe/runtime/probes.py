@@ -31,6 +31,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
+from ..paths import PCIE_IPC
 from .bench import Harness, Op, short_error
 
 KIND_BASELINE, KIND_BACKEND, KIND_SETTING = "baseline", "backend", "setting"
@@ -468,12 +469,12 @@ class FlashInferPcieIpcProbe(Probe):
     Metadata (IPC handles, topology probe) goes over a gloo group; the kernels have no timeout, so a hang
     is caught by the orchestrator's per-probe timeout."""
 
-    name = "flashinfer-pcie-ipc-allreduce"
+    name = PCIE_IPC
     label = "FlashInfer PcieIpcAllReduceWorkspace.all_reduce (CUDA IPC, out of place)"
     requires = ("torch", "flashinfer")
     min_world_size = 2
 
-    group = "flashinfer-pcie-ipc-allreduce"
+    group = PCIE_IPC
 
     def candidates(self, ctx, wanted) -> list[dict]:
         import torch
@@ -632,7 +633,7 @@ def registry() -> dict[str, Probe]:
 
 GROUP_LEADS = {"nccl": NcclDefaultProbe, "torch-symm-mem": SymmMemGroup, "gloo": GlooProbe,
                "flashinfer-allreduce-fusion": FlashInferFusionProbe,
-               "flashinfer-pcie-ipc-allreduce": FlashInferPcieIpcProbe}
+               PCIE_IPC: FlashInferPcieIpcProbe}
 
 
 def group_lead(group: str) -> Probe:

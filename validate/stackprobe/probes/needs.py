@@ -19,13 +19,19 @@ copy (``tests/test_path_records.py``).
 """
 from __future__ import annotations
 
-from ..paths import FLASHINFER, SGL_KERNEL, TORCH, records
+from .. import paths as P
+from ..paths import FLASHINFER, PATHS, SGL_KERNEL, TORCH, records
 from ..paths import Needs as Need
 
 __all__ = ["FLASHINFER", "NEEDS", "Need", "SGL_KERNEL", "TORCH", "need"]
 
+#: the order the health stage imports and reports in (the report's warnings and imports lists follow it): kept as it
+#: was before the facts moved to the records, so the reports do not change; a record not named here comes after
+ORDER = (P.NCCL_RING, P.NCCL_TREE, P.FUSION, P.SGLANG_CUSTOM_AR, P.TORCH_SYMM_MEM, P.EP_A2A, P.PCIE_IPC, P.B12X,
+         P.MSCCLPP)
 #: backend -> what it needs to load: every path record that says (vLLM's own communicators say nothing here)
-NEEDS: dict[str, Need] = {r.id: r.needs for r in records() if r.needs is not None}
+NEEDS: dict[str, Need] = {b: PATHS[b].needs for b in ORDER if PATHS[b].needs is not None}
+NEEDS.update({r.id: r.needs for r in records() if r.needs is not None and r.id not in NEEDS})
 
 
 def need(backend: str) -> Need:

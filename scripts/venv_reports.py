@@ -26,6 +26,8 @@ CONFIGS = {
     "3-sglang-0.5.23-pcie-ipc": (["sglang==0.5.23", "flashinfer-python==0.7.2"],
                                ["--env", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1"]),
 }
+#: what each report calls itself (its title and comparison column): the reading, not an image
+LABEL = "{stem} (pinned wheels in a CPU venv, no image)"
 COMMON = ["--engine", "sglang", "--arch", "12.0", "--topology", "pcie", "--world-size", "8", "--quiet"]
 
 
@@ -44,7 +46,7 @@ def run(label: str, specs: list[str], extra: list[str], out: Path) -> None:
                                                                       "VLLM_", "PYTHON"))}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "validate")] + [str(target(s)) for s in specs])
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), "/usr/bin", "/bin"])
-    cmd = [sys.executable, "-m", "stackprobe", *COMMON, "--label", label, *extra,
+    cmd = [sys.executable, "-m", "stackprobe", *COMMON, "--label", LABEL.format(stem=label.split("-", 1)[1]), *extra,
            "--json", str(out / f"{label}.json"), "--markdown", str(out / f"{label}.md")]
     print(f"[venv-reports] {label}: {' '.join(specs)} {' '.join(extra)}", flush=True)
     p = subprocess.run(cmd, env=env, cwd=ROOT)

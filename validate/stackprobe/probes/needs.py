@@ -30,8 +30,8 @@ __all__ = ["FLASHINFER", "NEEDS", "Need", "SGL_KERNEL", "TORCH", "need"]
 ORDER = (P.NCCL_RING, P.NCCL_TREE, P.FUSION, P.SGLANG_CUSTOM_AR, P.TORCH_SYMM_MEM, P.EP_A2A, P.PCIE_IPC, P.B12X,
          P.MSCCLPP)
 #: backend -> what it needs to load: every path record that says (vLLM's own communicators say nothing here)
-NEEDS: dict[str, Need] = {b: PATHS[b].needs for b in ORDER if PATHS[b].needs is not None}
-NEEDS.update({r.id: r.needs for r in records() if r.needs is not None and r.id not in NEEDS})
+NEEDS: dict[str, Need] = {b: n for b in ORDER for n in [PATHS[b].needs] if n is not None}
+NEEDS.update({r.id: n for r in records() for n in [r.needs] if n is not None and r.id not in NEEDS})
 
 
 def need(backend: str) -> Need:

@@ -272,3 +272,22 @@ def test_import_sglang_moves_triton_and_flashinfer_caches_and_both_are_read(tmp_
     else:
         assert errs == [] and [c["root"] for c in r["caches"]] == [str(tmp_path / "home" / ".triton" / "cache")]
         assert fi_rows == [] and jc["roots"] == [str(tmp_path / "home" / ".cache" / "flashinfer" / "0.7.2")]
+
+
+def test_a_triton_entry_whose_cubin_cannot_be_read_is_not_assessed_not_counted_clean(tmp_path):
+    """An entry whose metadata names this target but has no cubin beside it cannot be judged: it is listed as not
+    assessed (``health_enginecache.unread``, which the health section's not-assessed list takes), never only counted
+    among the entries read. Twin: the same entry with its cubin is judged (an error here: sm_100a under sm_90's key)
+    and is not in the not-assessed list."""
+    from stackprobe import health_enginecache as ec
+
+    meta = plant_triton(tmp_path / "tri", "KEY", 90)
+    meta.with_suffix(".cubin").unlink()
+    r = _scan([pip_target("triton==3.9.0")], "9.0", {"TRITON_CACHE_DIR": str(tmp_path / "tri")})
+    gaps = ec.unread(r)
+    assert [g["what"].split(" (")[0] for g in gaps] == [f"Triton cache entry {meta}"], gaps
+    assert gaps[0]["why"] == "no .cubin beside the metadata"
+    assert not any(f["level"] == "error" for f in r["findings"])
+    twin = plant_triton(tmp_path / "tri2", "KEY", 90)
+    r2 = _scan([pip_target("triton==3.9.0")], "9.0", {"TRITON_CACHE_DIR": str(tmp_path / "tri2")})
+    assert ec.unread(r2) == [] and any(str(twin) in f["message"] for f in r2["findings"] if f["level"] == "error")

@@ -357,6 +357,25 @@ def _triton_cache(tri, target, env, out: dict, dists: dict) -> None:
                               "modules": [], "triton": rows, "other_targets": other})
 
 
+def unread(scanned: dict) -> list[dict]:
+    """The cached modules and Triton entries :func:`scan` found but could not judge, as not-assessed entries
+    ({"what", "why"}) for the health section: a module whose target level or torch symbols were not read
+    (``level`` / ``symbols_note`` "not assessed: ..."), a Triton entry with no readable cubin. A cache that could
+    not be judged is said so, never counted as read and clean."""
+    out = []
+    for c in (scanned or {}).get("caches", []):
+        for m in c["modules"]:
+            for why in (m.get("symbols_note"), "no target given" if m.get("level") == "not assessed" else None):
+                if why:
+                    out.append({"what": f"{c['engine']}'s cached module {m['path']}",
+                                "why": why.removeprefix("not assessed: ")})
+        for t in c["triton"]:
+            if not t["finding"] and str(t.get("why", "")).startswith("not assessed"):
+                out.append({"what": f"Triton cache entry {t['path']} ({c['engine']}'s {c['kind']} cache)",
+                            "why": t["why"].removeprefix("not assessed: ")})
+    return out
+
+
 def findings(scanned: dict, stack_cuda: str | None) -> list[dict]:
     """Findings (check ``engine_cache``) for the rows :func:`scan` flagged, plus one info line per cache read."""
     out = []

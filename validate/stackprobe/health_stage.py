@@ -254,7 +254,7 @@ def run(environment: dict, target, topology: str, backends=None, timeout: float 
     if tri_finding:
         findings.append(tri_finding)
     gaps = not_assessed(unread, shared, syms, nccl, cuda, imports)
-    gaps += [dict(g, check="engine_cache") for g in ec["not_assessed"]]
+    gaps += [dict(g, check="engine_cache") for g in ec["not_assessed"] + health_enginecache.unread(ec)]
     if jc.get("not_assessed"):
         gaps.append({"check": "jit_cache", "what": f"FlashInfer {jc['version']}'s JIT cache", "why": jc["not_assessed"]})
     if tri.get("not_assessed"):

@@ -139,7 +139,7 @@ _RECORDS = (
                                              "sglang-flashinfer-fusion-workspace"),
                         "vllm": EnginePath("pass_config.fuse_allreduce_rms")}),
     PathRecord(FI_ALLREDUCE, "FlashInfer standalone allreduce (vLLM)", True,
-               off={"vllm": "leave VLLM_FLASHINFER_ALLREDUCE_BACKEND unset"}, library_probe="vllm_engine",
+               off={"vllm": "VLLM_ALLREDUCE_USE_FLASHINFER=0 (on by default, vllm/envs.py)"}, library_probe="vllm_engine",
                engines={"vllm": EnginePath("VLLM_ALLREDUCE_USE_FLASHINFER", "fi_ar_comm",
                                            "vllm-flashinfer-allreduce")}),
     PathRecord(TORCH_SYMM_MEM, "torch symmetric memory", True, multicast=True,

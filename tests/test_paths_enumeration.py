@@ -364,3 +364,23 @@ def test_point7_twin_the_same_vllm_report_without_paths_has_no_such_section(venv
     bare = copy.copy(report)
     bare.paths = []
     assert "## Not assessed here" not in bare.to_markdown()
+
+
+def test_a_source_file_that_does_not_parse_is_named_not_dropped(v033, tmp_path):
+    """A file the enumeration reads settings from that does not parse (here vLLM's envs.py, with its ~35
+    variables) is named as not assessed in the report's paths, not skipped in silence. Twin: the unedited wheel
+    names no such file; SGLang's reader does the same for its srt/environ.py."""
+    from stackprobe.archs import parse_arch
+
+    class Ctx:
+        target, topology, world_size, topology_source = parse_arch("12.0"), "pcie", 8, "given"
+
+    copy = engine_copy(v033, tmp_path / "v", {"vllm/envs.py": ("environment_variables", "environment_variables ((")})
+    rows = [v.backend for v in vp.paths(_vl(copy), Ctx())]
+    assert "vllm/envs.py" in rows
+    assert not [r for r in (v.backend for v in vp.paths(_vl(v033), Ctx())) if r.endswith(".py") and "/" in r]
+    sg = engine_copy(pip_target("sglang==0.5.23"), tmp_path / "s",
+                     {"sglang/srt/environ.py": ("class Envs", "class Envs((")})
+    from stackprobe.probes import sglang_paths as sp
+    got = [v for v in sp.paths(_sg(sg, "0.5.23"), Ctx()) if v.backend == "sglang/srt/environ.py"]
+    assert got and "does not parse" in got[0].cause

@@ -361,6 +361,20 @@ def _arg_sources(engine: Engine) -> list[Path]:
     return out
 
 
+def unparsed(root: Path, patterns: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The files under ``root`` matching ``patterns`` (globs relative to it) that do not parse, as (relative path,
+    error): an enumeration that skips such a file drops its settings, so its caller says which file it could not
+    read instead. [] when every file parses."""
+    out = []
+    for pattern in patterns:
+        for path in sorted(root.glob(pattern)):
+            try:
+                source.parse(path)
+            except (SyntaxError, ValueError, OSError) as e:
+                out.append((str(path.relative_to(root)), f"{type(e).__name__}: {e}"))
+    return out
+
+
 def arg_ifs(engine: Engine):
     """Every ``if`` statement in SGLang's argument files (:data:`ARG_FILES`), as (path, ast.If) in file order;
     a file that does not parse is left out (the callers' gates then report "not found")."""

@@ -382,7 +382,16 @@ def paths(engine: se.Engine, ctx) -> list[Verdict]:
                     cause=row["why"] or "not judged by this suite")
         v.add("shipped by", f"sglang {engine.version}", row["where"])
         out.append(v)
+    for rel, err in se.unparsed(engine.root, UNPARSED_CHECK):
+        out.append(Verdict(f"sglang/{rel}", NOT_ASSESSED, scope=SCOPE_ENGINE, host=se.target_host(ctx),
+                           cause=f"not assessed: sglang/{rel} does not parse ({err}), so the settings and paths it "
+                                 "declares are not listed here"))
     return out
+
+
+#: the files the enumeration reads settings from; one that does not parse is named as not assessed
+UNPARSED_CHECK = ("srt/server_args.py", "srt/environ.py", "srt/arg_groups/**/*.py",
+                  "srt/distributed/device_communicators/*.py")
 
 
 def findings(engine: se.Engine) -> list[dict]:

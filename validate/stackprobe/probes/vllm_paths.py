@@ -340,6 +340,12 @@ def paths(eng, ctx) -> list[Verdict]:
         v.engine = "vllm"
         v.add("shipped by", f"vllm {eng.version}", row["where"])
         out.append(v)
+    for rel, err in se.unparsed(eng.root, (ENVS, f"{CONFIG_DIR}/*.py", f"{COMM_DIR}/*.py", "engine/arg_utils.py")):
+        v = Verdict(f"vllm/{rel}", NOT_ASSESSED, scope=SCOPE_ENGINE, host=se.target_host(ctx) if ctx is not None else {},
+                    cause=f"not assessed: vllm/{rel} does not parse ({err}), so the settings and paths it declares "
+                          "are not listed here")
+        v.engine = "vllm"
+        out.append(v)
     return out
 
 

@@ -208,3 +208,23 @@ def test_no_module_outside_the_engines_special_cases_one_by_name(tmp_path):
     (planted / "report.py").write_text((planted / "report.py").read_text()
                                        + "\n\ndef _planted(e):\n    return e == 'vllm'\n")
     assert [f.split(": ")[1] for f in _name_comparisons(planted)] == ["e == 'vllm'"]
+
+
+def test_an_engine_whose_not_assessed_reader_crashes_gives_a_row_not_a_crashed_run(toy_on_path, tmp_path):
+    """``ServingEngine.not_assessed`` that raises (a release whose source the enumeration does not expect) becomes one
+    ``not-assessed`` row naming the engine and the error; the static tier still writes its report. Twin: the plain
+    toy engine gives no such row."""
+    from toyserve_engine import ToyServe
+
+    class Crashing(ToyServe):
+        def not_assessed(self, ctx):
+            raise KeyError("a field the reader expected")
+
+    engines.register(Crashing)
+    rep, data, md = _static(tmp_path, "crashing")
+    rows = [p for p in data.get("paths") or [] if p["backend"] == "toyserve-paths"]
+    assert rows and rows[0]["status"] == "not-assessed" and "KeyError" in rows[0]["cause"], data.get("paths")
+    engines.unregister("toyserve")
+    engines.register(ToyServe)
+    _, plain, _ = _static(tmp_path, "plain")
+    assert not [p for p in plain.get("paths") or [] if p["backend"] == "toyserve-paths"]

@@ -23,7 +23,7 @@ from .report import Report
 import re
 
 from .serverconfig import NO_FLAGS
-from .verdict import (BLOCKED, ERROR, GATE_BINARY, LIFT_PACKAGE, SCOPE_ENGINE, SCOPE_LIBRARY,
+from .verdict import (BLOCKED, ERROR, GATE_BINARY, LIFT_PACKAGE, NOT_ASSESSED, SCOPE_ENGINE, SCOPE_LIBRARY,
                       Verdict)
 
 # Compute capabilities a target may name (NVIDIA's CUDA GPUs compute-capability table; sm_101 was
@@ -207,7 +207,12 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
                                **({"dispatch": dispatch} if not (primary and eng.top_level_sections) else {})})
         if primary and not eng.top_level_sections:
             report.dispatch = dispatch
-        extra = eng.not_assessed(ctx)   # the settings and modules it ships that no verdict judges (issue 39 point 6)
+        try:    # the settings and modules it ships that no verdict judges (issue 39 point 6)
+            extra = eng.not_assessed(ctx)
+        except Exception as e:  # noqa: BLE001 - a reader that crashes is a not-assessed row, never a crashed run
+            extra = [Verdict(f"{eng.name}-paths", NOT_ASSESSED, scope=SCOPE_ENGINE, engine=eng.name,
+                             cause=f"not assessed: the settings and modules {eng.title} ships could not be enumerated "
+                                   f"({type(e).__name__}: {e})").to_json()]
         if extra:
             report.paths = list(report.paths or []) + extra
     report.options["seconds"] = round(time.time() - t0, 1)

@@ -505,6 +505,30 @@ class Change:
     statuses: list
     changed: bool
     why: str
+    brief: str = ""     # the table cell: each status move and the first evidence value that differs
+
+
+def _brief(labels: list[str], vs: list, libs: list) -> str:
+    """The comparison cell of one path: ``"[<label>: ][library ]<old> -> <new>"`` (the label where more than
+    two reports are compared) per answer whose status or gate
+    moved, then the first evidence entry whose value differs, e.g. ``"supported majors: [9, 10] -> [9, 10, 12]"``
+    (the full cause of each move stays in ``why``)."""
+    def st(v) -> str:
+        return f"{v.status}{' [' + v.gate + ']' if v.gate else ''}" if v is not None else "absent"
+
+    moves, diff = [], ""
+    for prefix, row in (("", vs), ("library ", libs)):
+        if row[0] is None and all(v is None for v in row):
+            continue
+        for i, (label, v) in enumerate(zip(labels[1:], row[1:]), 1):
+            if (prefix and v is vs[i]) or st(v) == st(row[0]):
+                continue
+            moves.append(f"{label + ': ' if len(labels) > 2 else ''}{prefix}{st(row[0])} -> {st(v)}")
+        if not diff:
+            a, b = _evidence_map(row[0]), _evidence_map(row[-1])
+            diff = next((f"{k}: {_short_value(a[k], 60)} -> {_short_value(b[k], 60)}" for k in b
+                         if k in a and a[k] != b[k] and "version" not in k.lower()), "")
+    return "; ".join(moves + ([diff] if diff else []))
 
 
 def _evidence_map(v: Verdict | None) -> dict:
@@ -561,7 +585,8 @@ def compare(reports: list[Report], labels: list[str] | None = None) -> list[Chan
                        + (f" (what would lift it: {lift})" if lift else ""))
         if not why and vs[0] is not None:
             why.append(f"{vs[0].gate or 'no gate'}: {vs[0].cause}")
-        out.append(Change(b, statuses, changed or lib_changed, " | ".join(why)))
+        out.append(Change(b, statuses, changed or lib_changed, " | ".join(why),
+                          _brief(labels, vs, libs) if changed or lib_changed else ""))
     return out
 
 
@@ -596,9 +621,11 @@ def comparison_markdown(reports: list[Report], labels: list[str] | None = None) 
             both = f"library {_status(a['library'])}; engine {_status(a['engine'])}" if a["engine"] else ""
             here = "; ".join(f"measured here ({host_label(x.host or {})}): {x.status}" for x in a["measured_here"])
             cells.append(spill.cell(c.backend, "; ".join(x for x in (f"**{st}**", both, here) if x), lab))
-        why = spill.cell(c.backend, c.why.split(" | ")[0], "why") + (" (more below)" if " | " in c.why else "")
-        for part in c.why.split(" | ")[1:]:
+        # the cell: what moved and the first value that differs; every part of the why in full below
+        why = spill.cell(c.backend, c.brief or c.why.split(" | ")[0], "why")
+        for part in c.why.split(" | ")[1 - bool(c.brief):]:
             spill.add(c.backend, part)
+        why += " (more below)" if (c.brief or " | " in c.why) and not why.endswith("below)") else ""
         lines.append(mdtable.row((c.backend, *cells, "yes" if c.changed else "no", why)))
     lines += ["", *mdtable.header(("environment", *labels))]
     lines.append(mdtable.row(("stack", *(spill.cell("stack", r.headline(), lab) for lab, r in zip(labels, reports)))))

@@ -146,3 +146,38 @@ def test_failing_node_leaves_no_tag_no_wheel_and_the_rerun_resumes(built, engine
     assert [n["status"] for n in rec["nodes"]] == ["skipped", "failed", "not reached"]   # resumed from base
     good = run_build(plan, state_dir=state, engine=engine, say=lambda s: None)
     assert good["docker_builds"] == 0 and good["status"] == "ok"
+
+
+def test_a_runtime_that_installed_other_wheels_than_the_wheelhouse_lists_is_built_again(built, engine, tmp_path):
+    """A node's tag is keyed by its inputs, not by its parents' wheel bytes: a wheels node exported again with
+    other bytes (a compile that is not bit-for-bit reproducible, once BuildKit's cache was pruned) must not leave
+    the old runtime image in place. Here a second state folder holds the same wheel with other bytes (a zip
+    comment): the runtime is built again and then records that wheel (label org.cudastack.wheels); back in the
+    first state folder it is built again once more, and a rerun there is a no-op. Twin: the first folder's own
+    rerun (test_second_run_issues_no_docker_build) keeps the runtime."""
+    from cudastack.build.context import WHEELS_LABEL, runtime_wheels_digest
+    from cudastack.build.wheelhouse import Wheelhouse
+
+    plan, state, _, _ = built
+    other = tmp_path / "state"
+    shutil.copytree(state / plan.wheelhouse, other / plan.wheelhouse)
+    wh = Wheelhouse(other / plan.wheelhouse)
+    (name, _), = wh.entry("cuda-ext")["wheels"].items()
+    with zipfile.ZipFile(wh.path / name, "a") as z:
+        z.comment = b"exported again: other bytes, same wheel"
+    manifest = json.loads((wh.path / "manifest.json").read_text())
+    manifest["nodes"]["cuda-ext"]["wheels"][name] = sha256_file(wh.path / name)
+    (wh.path / "manifest.json").write_text(json.dumps(manifest))
+    runtime = plan.node("runtime")
+    lines: list[str] = []
+    record = run_build(plan, state_dir=other, engine=engine, say=lines.append)
+    by = {n["name"]: n for n in record["nodes"]}
+    assert [by[n]["status"] for n in ("base", "cuda-ext", "runtime")] == ["skipped", "skipped", "built"]
+    assert any("runtime" in s and "installed other wheels than the wheelhouse lists now" in s for s in lines), lines
+    assert engine.inspect(runtime.tag)["labels"][WHEELS_LABEL] == runtime_wheels_digest(wh, runtime)
+    # the first folder's wheelhouse lists its own bytes again: built again there, then a no-op
+    back = run_build(plan, state_dir=state, engine=engine, say=lambda s: None)
+    assert {n["name"]: n["status"] for n in back["nodes"]}["runtime"] == "built"
+    assert engine.inspect(runtime.tag)["labels"][WHEELS_LABEL] == runtime_wheels_digest(
+        Wheelhouse(state / plan.wheelhouse), runtime)
+    assert run_build(plan, state_dir=state, engine=engine, say=lambda s: None)["docker_builds"] == 0

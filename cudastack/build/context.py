@@ -7,6 +7,7 @@ them is :func:`cudastack.build.executor.run_build`; callers may import these nam
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -98,6 +99,35 @@ def unpack_patched(archive: Path, dest: Path, patches: list[dict]) -> None:
         shutil.move(str(root), str(dest))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+#: image label of a runtime node: :func:`runtime_wheels_digest` of the wheelhouse wheels it installed
+WHEELS_LABEL = "org.cudastack.wheels"
+
+
+def runtime_wheels_digest(wheelhouse: Wheelhouse, node: PlannedNode) -> str:
+    """sha256 (hex, 64 characters) over the ``file sha256`` lines, sorted, of the wheelhouse wheels ``node`` (a
+    runtime) installs: those its wheels parents' manifest entries list now. A runtime image carries it as the
+    label :data:`WHEELS_LABEL`; a node's tag is keyed by its inputs, not by its parents' wheel bytes, so a wheels
+    node exported again with other bytes (a compile that is not bit-for-bit reproducible, after BuildKit's cache
+    was pruned) would otherwise leave a runtime image that installed other wheels than the wheelhouse records."""
+    lines = sorted(f"{f} {d}" for p in node.parents for f, d in ((wheelhouse.entry(p) or {}).get("wheels") or {}).items())
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def runtime_wheels_differ(engine: Engine, wheelhouse: Wheelhouse, node: PlannedNode) -> str:
+    """Why the existing runtime image ``node.tag`` cannot be kept ("" when it can): it installed other wheels than
+    the wheelhouse lists for its parents now, or it carries no :data:`WHEELS_LABEL` (built before images recorded
+    it). Call it once the parents' wheels are in the wheelhouse."""
+    if node.kind != "runtime":
+        return ""
+    got = (engine.inspect(node.tag).get("labels") or {}).get(WHEELS_LABEL)
+    if got is None:
+        return "its image does not record which wheels it installed (built before images carried that label)"
+    if got != runtime_wheels_digest(wheelhouse, node):
+        return ("its image installed other wheels than the wheelhouse lists now (a wheels node was exported again "
+                "with other bytes)")
+    return ""
 
 
 def node_cached(engine: Engine, wheelhouse: Wheelhouse, node: PlannedNode) -> bool:

@@ -3,7 +3,9 @@
 For each node in topological order:
 
 * **cached** when its tag exists in the engine (and, for a wheels node, the wheelhouse manifest lists
-  that node at the same hash with every wheel file present and matching its sha256): nothing runs, not
+  that node at the same hash with every wheel file present and matching its sha256; for a runtime node, when
+  its image's label ``org.cudastack.wheels`` matches the wheels the wheelhouse lists for its parents by the
+  time the runtime is reached, :func:`cudastack.build.context.runtime_wheels_differ`): nothing runs, not
   even a ``docker build``; a no-op rebuild issues none at all.
 * **base / image / runtime** nodes: one ``docker build -t <tag>``. BuildKit tags only a finished image,
   so a failing build leaves no tag on a broken image.
@@ -56,7 +58,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from cudastack.build.context import _ensure_os_image, _make_context, _preflight_disk, cached_map, locked_failure
+from cudastack.build.context import (WHEELS_LABEL, _ensure_os_image, _make_context, _preflight_disk, cached_map, locked_failure,
+                                     runtime_wheels_differ, runtime_wheels_digest)
 from cudastack.build.journal import RunLock, _proc_start, recover_interrupted, remove_stale_exports, remove_stale_locks
 from cudastack.core.credentials import scrub
 from cudastack.build.engine import Engine, _fmt_s, resolve_ca_bundle
@@ -184,6 +187,9 @@ def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None,
             if error is not None:
                 continue
             doing = f"between nodes (before {node.name})"
+            if cached[node.name] and (why := runtime_wheels_differ(engine, wheelhouse, node)):
+                say(f"[{i}/{len(plan.nodes)}] {node.name}: {node.tag} exists, but {why}: building it again")
+                cached[node.name] = False
             if cached[node.name]:
                 doing = f"checking the cached node {node.name}"
                 entry["status"] = "skipped"
@@ -250,6 +256,8 @@ def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None,
                 args = {k: v for k, v in args.items() if not (k == "WHEEL_NAMES" and node.kind != "runtime")}
                 labels = {"org.cudastack.node": node.name, "org.cudastack.hash": node.hash,
                           "org.cudastack.toolchain": plan.toolchain}
+                if node.kind == "runtime":
+                    labels[WHEELS_LABEL] = runtime_wheels_digest(wheelhouse, node)
                 node_secrets = dict(secrets)
                 if node.index_secret:       # a private index with a login: a BuildKit secret, never a build arg
                     secret_dir = Path(tempfile.mkdtemp(prefix=f".secrets-p{os.getpid()}-", dir=state))   # 0700

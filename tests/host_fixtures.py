@@ -5,6 +5,8 @@ under one PCIe switch (root port 0000:00:01.0, switch upstream port 0000:01:00.0
 0000:02:01.0, GPUs 0000:03:00.0 and 0000:04:00.0), or under two root ports."""
 from __future__ import annotations
 
+import os
+
 import json
 import struct
 from pathlib import Path
@@ -82,13 +84,13 @@ def make_host(root: Path, *, switch: bool = True, acs: bool = False, iommu_type:
         (d / "config").write_bytes(config_space(None, config_size))
         (groups / str(40 + n)).mkdir(parents=True)
         (groups / str(40 + n) / "type").write_text(iommu_type + "\n")
-        (d / "iommu_group").symlink_to(groups / str(40 + n))
+        (d / "iommu_group").symlink_to(os.path.relpath(groups / str(40 + n), d))   # relative, as sysfs's are
         lspci_text.append(LSPCI_GPU.format(bdf=g))
     (sysr / "class" / "iommu" / "dmar0").mkdir(parents=True)
     bus = sysr / "bus" / "pci" / "devices"
     bus.mkdir(parents=True)
     for b, up in list(bridges.items()) + list(gpu_paths.items()):
-        (bus / b).symlink_to(devs.joinpath(*up, b))
+        (bus / b).symlink_to(os.path.relpath(devs.joinpath(*up, b), bus))
     proc = root / "proc"
     (proc / "driver" / "nvidia").mkdir(parents=True)
     (proc / "cmdline").write_text(cmdline + "\n")

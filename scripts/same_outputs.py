@@ -22,7 +22,6 @@ Exit 0 when every output is the same, 1 when one differs (a unified diff is prin
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import os
 import re
@@ -31,6 +30,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import compare_outputs  # noqa: E402
 
 #: (name, invoke arguments, files the command writes under OUT, full set only); "{out}" and "{state}" are
 #: replaced by the run's absolute output and state folders.
@@ -118,15 +120,7 @@ def compare(old: dict[str, str], new: dict[str, str]) -> list[str]:
     """One unified diff per output that differs (an output only one tree produced counts as differing), and one
     line per command that failed in either tree: a command that fails the same way in both shows nothing about
     the change, so it counts as a difference too."""
-    diffs = [f"{key.split(': ')[0]} exited {tree[key]} in the {label} tree (see its .stderr file)"
-             for label, tree in (("old", old), ("new", new)) for key in sorted(tree)
-             if key.endswith(": exit") and tree[key] != "0"]
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key, "<missing>"), new.get(key, "<missing>")
-        if a != b:
-            diffs.append("".join(difflib.unified_diff(a.splitlines(True), b.splitlines(True),
-                                                      f"old {key}", f"new {key}", n=2)))
-    return diffs
+    return compare_outputs.compare(old, new, "tree (see its .stderr file)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,12 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     diffs = compare(*results)
     names = sorted({k.split(": ")[0] for k in results[0]})
     print(f"{len(names)} commands, {len(results[0])} outputs per tree; outputs in {work}")
-    if diffs:
-        print("\n".join(diffs))
-        print(f"DIFFERENT: {len(diffs)} output(s) differ between {a.old} and {a.new}")
-        return 1
-    print(f"IDENTICAL: every output of {', '.join(names)} is the same in {a.old} and {a.new}")
-    return 0
+    return compare_outputs.verdict(diffs, names, a.old, a.new)
 
 
 if __name__ == "__main__":

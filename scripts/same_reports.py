@@ -32,7 +32,6 @@ Exit 0 when every output is the same, 1 when one differs (a unified diff per out
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import os
 import re
@@ -41,6 +40,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import compare_outputs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = Path(os.environ.get("CUDASTACK_TEST_CACHE", Path.home() / ".cache" / "cudastack-tests")) / "targets"
@@ -105,15 +107,7 @@ def compare(old: dict[str, str], new: dict[str, str]) -> list[str]:
     :func:`outputs`) that differs between the two revisions; an output only one revision produced differs, and a
     run that exited non-zero in either revision is one more difference (a suite that fails the same way in both
     shows nothing about the change)."""
-    diffs = [f"{key.split(': ')[0]} exited {tree[key]} in the {label} revision"
-             for label, tree in (("old", old), ("new", new)) for key in sorted(tree)
-             if key.endswith(": exit") and tree[key] != "0"]
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key, "<missing>"), new.get(key, "<missing>")
-        if a != b:
-            diffs.append("".join(difflib.unified_diff(a.splitlines(True), b.splitlines(True),
-                                                      f"old {key}", f"new {key}", n=2)))
-    return diffs
+    return compare_outputs.compare(old, new, "revision")
 
 
 def outputs(report_json: str | None, markdown: str | None, name: str) -> dict[str, str]:
@@ -217,12 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         same = all(results[0].get(k) == results[1].get(k) for k in set(results[0]) | set(results[1])
                    if k.startswith(name + ": "))
         print(f"  {name}: {'identical' if same else 'DIFFERS'}")
-    if diffs:
-        print("\n".join(diffs))
-        print(f"DIFFERENT: {len(diffs)} output(s) differ between {a.old} and {a.new}")
-        return 1
-    print(f"IDENTICAL: every output of {', '.join(done)} is the same in {a.old} and {a.new}")
-    return 0
+    return compare_outputs.verdict(diffs, done, a.old, a.new)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,18 @@ def module_files(root: Path, package: str) -> dict[str, Path]:
     return out
 
 
+def run_time_imports(f: Path) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every ``import``/``from ... import`` statement of file ``f`` at any depth (a lazy import inside a function
+    too) that runs: those under ``if TYPE_CHECKING:`` are read by the type checker only and are left out."""
+    tree = ast.parse(f.read_text(), str(f))
+    typing_only = {id(n) for b in ast.walk(tree) if isinstance(b, ast.If)
+                   and getattr(b.test, "id", getattr(b.test, "attr", "")) == "TYPE_CHECKING"
+                   for stmt in b.body for n in ast.walk(stmt)}
+    for node in ast.walk(tree):
+        if id(node) not in typing_only and isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+
+
 def import_graph(root: Path, package: str) -> dict[str, set[str]]:
     """{module: modules of ``package`` it imports}, from every import statement in its source (any depth) that
     runs: imports under ``if TYPE_CHECKING:`` are read by the type checker only, never at run time."""
@@ -40,16 +53,10 @@ def import_graph(root: Path, package: str) -> dict[str, set[str]]:
     for name, f in mods.items():
         deps: set[str] = set()
         is_pkg = f.name == "__init__.py"
-        tree = ast.parse(f.read_text(), str(f))
-        typing_only = {id(n) for b in ast.walk(tree) if isinstance(b, ast.If)
-                       and getattr(b.test, "id", getattr(b.test, "attr", "")) == "TYPE_CHECKING"
-                       for stmt in b.body for n in ast.walk(stmt)}
-        for node in ast.walk(tree):
-            if id(node) in typing_only:
-                continue
+        for node in run_time_imports(f):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
+            else:                                   # from ... import
                 if node.level:
                     base = name.split(".") if is_pkg else name.split(".")[:-1]
                     base = base[:len(base) - (node.level - 1)]
@@ -58,8 +65,6 @@ def import_graph(root: Path, package: str) -> dict[str, set[str]]:
                     mod = node.module or ""
                 subs = [f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in mods]
                 targets = subs if len(subs) == len(node.names) else [mod] + subs
-            else:
-                continue
             for t in targets:
                 # "import a.b.c" names a.b.c; the deepest module of the package it names is the dependency
                 while t and t not in mods:
@@ -394,13 +399,7 @@ def foreign_imports(root: Path, package: str, other_root: Path, other: str) -> d
     theirs = module_files(other_root, other)
     out: dict[str, set[str]] = {}
     for name, f in module_files(root, package).items():
-        tree = ast.parse(f.read_text(), str(f))
-        typing_only = {id(n) for b in ast.walk(tree) if isinstance(b, ast.If)
-                       and getattr(b.test, "id", getattr(b.test, "attr", "")) == "TYPE_CHECKING"
-                       for stmt in b.body for n in ast.walk(stmt)}
-        for node in ast.walk(tree):
-            if id(node) in typing_only:
-                continue
+        for node in run_time_imports(f):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and not node.level and node.module:

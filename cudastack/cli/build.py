@@ -55,11 +55,8 @@ def build(c, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jo
           lockfiles=None, method=None, source=None, builder=None, builder_nodes="source", cache=None,
           cache_read_only=False, cache_optional=False, only=None, json=None):
     """Build a toolchain's images (base -> torch -> wheels -> runtime) with BuildKit; cached nodes are skipped."""
-    return jobs.build(cuda=cuda, arch=arch, base=base, dry_run=dry_run, skip=skip, max_jobs=max_jobs,
-                      nvcc_threads=nvcc_threads, ca_bundle=ca_bundle, recipes=recipes, state_dir=state_dir,
-                      locked=locked, prefix=prefix, lockfiles=lockfiles, method=method, source=source,
-                      builder=builder, builder_nodes=builder_nodes, cache=cache, cache_read_only=cache_read_only,
-                      cache_optional=cache_optional, only=only, json_out=json)
+    flags = {name: value for name, value in locals().items() if name not in ("c", "json")}   # the parameters only
+    return jobs.build(jobs.BuildOptions(**flags, json_out=json))
 
 
 @stack_task(root_defaults=["state_dir"], choices={"base": BASES}, ints=["max_jobs", "nvcc_threads"],

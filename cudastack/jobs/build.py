@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from cudastack.core.errors import StackError, UsageError
 from cudastack.jobs.output import json_output
@@ -188,128 +190,204 @@ def _open_cache(prefix: str, read_only: bool, optional: bool, client):
                           say=lambda m: print(m, file=sys.stderr, flush=True))
 
 
-def build(*, cuda="13.1", arch=None, base=None, dry_run=False, skip=None, max_jobs=None, nvcc_threads=None,  # noqa: C901, PLR0915 - reason: the build task's 21 options spelled out; declaring them once is issue 36 item 4, open
-          ca_bundle=None, recipes=None, state_dir=".stack", locked=False, prefix=None,
-          lockfiles=None, method=None, source=None, builder=None, builder_nodes="source", cache=None,
-          cache_read_only=False, cache_optional=False, only=None, json_out=None):
+@dataclass(frozen=True)
+class BuildOptions:
+    """`invoke build`'s options, declared once: the task (:mod:`cudastack.cli.build`) makes one of its flags'
+    values and passes it to :func:`build`. Each field is the flag of that name (``json_out``: --json); the defaults
+    are the task's."""
+    cuda: str = "13.1"
+    arch: str | None = None
+    base: str | None = None
+    dry_run: bool = False
+    skip: Sequence[str] | None = None
+    max_jobs: int | str | None = None
+    nvcc_threads: int | str | None = None
+    ca_bundle: str | None = None
+    recipes: str | None = None
+    state_dir: str = ".stack"
+    locked: bool = False
+    prefix: str | None = None
+    lockfiles: str | None = None
+    method: Sequence[str] | None = None
+    source: Sequence[str] | None = None
+    builder: str | None = None
+    builder_nodes: str = "source"
+    cache: str | None = None
+    cache_read_only: bool = False
+    cache_optional: bool = False
+    only: Sequence[str] | None = None
+    json_out: str | None = None
+
+
+def _locked_say(msg: str) -> None:
+    """A locked build's progress line (standard error)."""
+    print(f"locked build: {msg}", file=sys.stderr, flush=True)
+
+
+def _lock_caches(o: BuildOptions, plan) -> list:
+    """The folders a locked hash can be checked against when the index is away (sdists, the wheelhouse)."""
+    from pathlib import Path
+
+    return [Path(o.state_dir) / "sdists", Path(o.state_dir) / plan.wheelhouse]
+
+
+def _cache_flag(o: BuildOptions) -> str:
+    """The node cache's prefix: --cache, else $CUDASTACK_NODE_CACHE ("" for none; a login in it is refused);
+    UsageError for --cache-read-only / --cache-optional without one."""
+    from cudastack.build.node_cache import cache_prefix
+
+    prefix_cache = cache_prefix(o.cache)
+    if (o.cache_read_only or o.cache_optional) and not prefix_cache:
+        raise UsageError("--cache-read-only and --cache-optional need a node cache: add --cache REGISTRY/PREFIX "
+                         "or set CUDASTACK_NODE_CACHE.")
+    return prefix_cache
+
+
+def _lock_options(o: BuildOptions) -> tuple[BuildOptions, str | None]:
+    """Under --locked, the options not given taken from the lock (its base, archs, skipped components), with the
+    arch list's source for the dry run ("lock" when the lock gave it, else None); without --locked, ``o`` as it is."""
+    if not o.locked:
+        return o, None
+    from cudastack import lock as L
+
+    arch, base, skip = L.plan_options(str(o.cuda), o.arch, o.base, o.skip, o.lockfiles)
+    return replace(o, arch=arch, base=base, skip=skip), ("lock" if o.arch is None and arch is not None else None)
+
+
+def _builder(o: BuildOptions):
+    """--builder's buildx builder, inspected before any build (an unknown one: one paragraph), or None without
+    --builder; UsageError for a bad --builder-nodes or a docker client without buildx."""
+    if not o.builder:
+        return None
+    from cudastack.build.builders import SCOPES, inspect_builder
+
+    if o.builder_nodes not in SCOPES:
+        raise UsageError(f"--builder-nodes {o.builder_nodes}: use 'source' (the nodes that compile: source and aot builds) or 'all'.")
+    from cudastack.build.engine import find_buildkit
+
+    bk = find_buildkit()
+    if bk.mode != "buildx":
+        raise UsageError(f"--builder {o.builder} needs the docker buildx plugin, and this client ({bk.docker}, "
+                         f"{bk.version}) has none. Install docker-buildx (Debian/Ubuntu package docker-buildx, "
+                         "or docker-buildx-plugin from Docker's repository), or build without --builder. "
+                         "Nothing was built.")
+    return inspect_builder(str(o.builder), docker=bk.docker)
+
+
+def _plan_of(o: BuildOptions, arch_source, resources=None):
+    """The plan of ``o`` (:func:`_plan`) with the builder's ``resources`` (None: none read yet)."""
+    return _plan(o.cuda, o.arch, o.base, o.skip, o.max_jobs, o.nvcc_threads, o.recipes, resources=resources,
+                 prefix=o.prefix, method=o.method, source=o.source, arch_source=arch_source)
+
+
+def build(opts: BuildOptions) -> None:
     """`invoke build`: build a toolchain's images (base -> torch -> wheels -> runtime) with BuildKit; cached nodes
-    are skipped. Its flags' values as keywords (see :mod:`cudastack.cli.build`); raises StackError."""
+    are skipped. ``opts``: its flags' values (see :mod:`cudastack.cli.build`); raises StackError."""
     _sigterm_as_interrupt()     # a stop at any point below ends as "interrupted" (exit 130), never as a traceback
-    with json_output(json_out) as box:
-        from cudastack.build.executor import dry_run as render_dry_run, run_build
-        from cudastack.build.node_cache import cache_prefix
-        from cudastack.radar.walk import refuse_engine_pin_conflicts
-        arch_source = None     # the arch list's source in the dry run: cli, default, or the lock it came from
-        skip = only_to_skip(only, skip, recipes)
-        prefix_cache = cache_prefix(cache)   # --cache, else $CUDASTACK_NODE_CACHE; a login in it is refused
-        if (cache_read_only or cache_optional) and not prefix_cache:
-            raise UsageError("--cache-read-only and --cache-optional need a node cache: add --cache REGISTRY/PREFIX "
-                             "or set CUDASTACK_NODE_CACHE.")
-        if locked:
-            from cudastack import lock as L
+    with json_output(opts.json_out) as box:
+        o = replace(opts, skip=only_to_skip(opts.only, opts.skip, opts.recipes))
+        prefix_cache = _cache_flag(o)
+        o, arch_source = _lock_options(o)
+        bx = _builder(o)
+        if o.dry_run:
+            _dry_run_build(o, box, prefix_cache, arch_source, bx)
+        else:
+            _real_build(o, box, prefix_cache, arch_source, bx)
 
-            # options not given come from the lock (its base, archs, skipped components)
-            given = arch
-            arch, base, skip = L.plan_options(str(cuda), arch, base, skip, lockfiles)
-            arch_source = "lock" if given is None and arch is not None else None
 
-            def say(msg: str) -> None:
-                print(f"locked build: {msg}", file=sys.stderr, flush=True)
+def _dry_run_build(o: BuildOptions, box: dict, prefix_cache: str, arch_source, bx) -> None:
+    """build --dry-run: the plan printed with each node's state, the lock verified, and the build's preflight
+    checks rehearsed; raises the refusal the build would stop with."""
+    from cudastack.build.executor import dry_run as render_dry_run
+    from cudastack.radar.walk import refuse_engine_pin_conflicts
 
-            def caches(plan) -> list:   # files a locked hash can be checked against when the index is away
-                from pathlib import Path
-                return [Path(state_dir) / "sdists", Path(state_dir) / plan.wheelhouse]
-        bx = None
-        if builder:
-            from cudastack.build.builders import SCOPES, inspect_builder
+    plan = _plan_of(o, arch_source)   # input errors first
+    plan = _plan_of(o, arch_source, resources=_builder_resources())
+    node_cache = _open_cache(prefix_cache, o.cache_read_only, o.cache_optional, None)
+    if o.locked:
+        from cudastack import lock as L
 
-            if builder_nodes not in SCOPES:
-                raise UsageError(f"--builder-nodes {builder_nodes}: use 'source' (the nodes that compile: source and aot builds) or 'all'.")
-            from cudastack.build.engine import find_buildkit
+        lock = L.prepare_locked_build(plan, L.lock_path(plan.toolchain, o.lockfiles), say=_locked_say,
+                                      cache_dirs=_lock_caches(o, plan))
+        _locked_say(f"{L.lock_path(plan.toolchain, o.lockfiles)} verified against the plan; locked tags below")
+        if node_cache is not None:
+            node_cache.lock = lock
+    box["data"] = {"toolchain": plan.toolchain, "dry_run": True, "nodes": plan_summary(plan)}
+    print(render_dry_run(plan, state_dir=o.state_dir, cache=node_cache))
+    if bx is not None:
+        from cudastack.build.builders import sent
+        names = [n.name for n in plan.nodes if sent(n, o.builder_nodes)]
+        print(f"Builder: {bx.name} ({bx.driver}, {bx.endpoint}) builds: {', '.join(names) or 'nothing'}")
+    refuse_engine_pin_conflicts(plan, say=lambda m: print(f"WARNING: {m}", file=sys.stderr))
+    lines, refusal = preflight(plan, o.state_dir)
+    print("Before its first node the build checks:\n" + "\n".join(f"  {ln}" for ln in lines))
+    box["data"]["preflight"] = {"checks": lines, "refusal": str(refusal) if refusal else None,
+                                "exit_code": refusal.exit_code if refusal else 0}
+    if refusal is not None:
+        print(f"The build would stop there, before any work, with exit {refusal.exit_code} and this message:",
+              file=sys.stderr)
+        raise refusal
 
-            bk = find_buildkit()
-            if bk.mode != "buildx":
-                raise UsageError(f"--builder {builder} needs the docker buildx plugin, and this client ({bk.docker}, "
-                                 f"{bk.version}) has none. Install docker-buildx (Debian/Ubuntu package docker-buildx, "
-                                 "or docker-buildx-plugin from Docker's repository), or build without --builder. "
-                                 "Nothing was built.")
-            bx = inspect_builder(str(builder), docker=bk.docker)   # an unknown builder: one paragraph, before any build
-        if dry_run:
-            plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, prefix=prefix, method=method, source=source,
-                         arch_source=arch_source)   # input errors first
-            plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=_builder_resources(),
-                         prefix=prefix, method=method, source=source, arch_source=arch_source)
-            node_cache = _open_cache(prefix_cache, cache_read_only, cache_optional, None)
-            if locked:
-                lock = L.prepare_locked_build(plan, L.lock_path(plan.toolchain, lockfiles), say=say,
-                                              cache_dirs=caches(plan))
-                say(f"{L.lock_path(plan.toolchain, lockfiles)} verified against the plan; locked tags below")
-                if node_cache is not None:
-                    node_cache.lock = lock
-            box["data"] = {"toolchain": plan.toolchain, "dry_run": True, "nodes": plan_summary(plan)}
-            print(render_dry_run(plan, state_dir=state_dir, cache=node_cache))
-            if bx is not None:
-                from cudastack.build.builders import sent
-                names = [n.name for n in plan.nodes if sent(n, builder_nodes)]
-                print(f"Builder: {bx.name} ({bx.driver}, {bx.endpoint}) builds: {', '.join(names) or 'nothing'}")
-            refuse_engine_pin_conflicts(plan, say=lambda m: print(f"WARNING: {m}", file=sys.stderr))
-            lines, refusal = preflight(plan, state_dir)
-            print("Before its first node the build checks:\n" + "\n".join(f"  {ln}" for ln in lines))
-            box["data"]["preflight"] = {"checks": lines, "refusal": str(refusal) if refusal else None,
-                                        "exit_code": refusal.exit_code if refusal else 0}
-            if refusal is not None:
-                print(f"The build would stop there, before any work, with exit {refusal.exit_code} and this message:",
-                      file=sys.stderr)
-                raise refusal
-            return
-        from cudastack.build.engine import Engine
 
-        plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, prefix=prefix, method=method, source=source,
-                         arch_source=arch_source)  # input errors first
-        refuse_engine_pin_conflicts(plan)   # a new toolchain's pins against the engine's (index), before any build
-        engine = Engine.connect()
-        plan = _plan(cuda, arch, base, skip, max_jobs, nvcc_threads, recipes, resources=engine.resources(),
-                     prefix=prefix, method=method, source=source, arch_source=arch_source)
-        for w in plan.warnings:
-            print(f"warning: {w}", file=sys.stderr)
-        node_cache = _open_cache(prefix_cache, cache_read_only, cache_optional, engine.client)  # before any work
-        lock_file = None
-        if locked:
-            lock_file = L.lock_path(plan.toolchain, lockfiles)
-            lock = L.prepare_locked_build(plan, lock_file, client=engine.client, say=say, cache_dirs=caches(plan),
-                                           cache=node_cache)
-            say(f"{lock_file} verified against the plan")
-            if node_cache is not None:
-                node_cache.lock = lock
-        check_base_registry(plan, engine)
-        if bx is not None:
-            from cudastack.build.builders import check_parents
-            served: set = set()
-            pullable: set = set()
-            if node_cache is not None:     # nodes pulled from the cache are never sent: their parents need not be there
-                from pathlib import Path
+def _note_builder_parents(o: BuildOptions, bx, plan, engine, node_cache) -> None:
+    """With --builder: a note per sent node whose parent the builder cannot reach; nodes pulled from the node cache
+    are never sent, so their parents need not be there."""
+    from cudastack.build.builders import check_parents
+    served: set = set()
+    pullable: set = set()
+    if node_cache is not None:
+        from pathlib import Path
 
-                from cudastack.build.executor import Wheelhouse, cached_map
-                from cudastack.registry.cache_parents import cache_reference
-                here = cached_map(engine, Wheelhouse(Path(state_dir).resolve() / plan.wheelhouse), plan)
-                remote = node_cache.probe_plan(plan, {}, lambda m: print(m, file=sys.stderr), for_push=False)
-                held = {n for n, d in remote.items() if d}
-                pullable = {n for n in held if not here.get(n)
-                            or cache_reference(node_cache, plan.node(n), {}, remote[n])}
-                served = {n for n, c in here.items() if c} | held
-            for note in check_parents(bx, plan, builder_nodes, docker=engine.buildkit.docker, served=served,
-                                      pullable=pullable):
-                print(f"note: {note}", file=sys.stderr)
-        record = run_build(plan, state_dir=state_dir, ca_bundle=ca_bundle, engine=engine, builder=bx,
-                           builder_nodes=builder_nodes, cache=node_cache)
-        if lock_file is not None:
-            L.record_build_outputs(lock_file, record)
-        print(f"record: {record['record_path']}")
-        for f in record.get("cache_failures") or []:
-            print(f"warning: node cache {f['op']} of {f['node']} failed (the build's result stands): {f['error']}",
-                  file=sys.stderr)
-        box["data"] = record
-        print(final_line(record))
+        from cudastack.build.executor import Wheelhouse, cached_map
+        from cudastack.registry.cache_parents import cache_reference
+        here = cached_map(engine, Wheelhouse(Path(o.state_dir).resolve() / plan.wheelhouse), plan)
+        remote = node_cache.probe_plan(plan, {}, lambda m: print(m, file=sys.stderr), for_push=False)
+        held = {n for n, d in remote.items() if d}
+        pullable = {n for n in held if not here.get(n)
+                    or cache_reference(node_cache, plan.node(n), {}, remote[n])}
+        served = {n for n, c in here.items() if c} | held
+    for note in check_parents(bx, plan, o.builder_nodes, docker=engine.buildkit.docker, served=served,
+                              pullable=pullable):
+        print(f"note: {note}", file=sys.stderr)
+
+
+def _real_build(o: BuildOptions, box: dict, prefix_cache: str, arch_source, bx) -> None:
+    """build without --dry-run: the plan made (input errors first, then with the engine's resources), the node
+    cache opened and the lock verified before any work, the build run, its outputs recorded into the lock."""
+    from cudastack.build.engine import Engine
+    from cudastack.build.executor import run_build
+    from cudastack.radar.walk import refuse_engine_pin_conflicts
+
+    plan = _plan_of(o, arch_source)  # input errors first
+    refuse_engine_pin_conflicts(plan)   # a new toolchain's pins against the engine's (index), before any build
+    engine = Engine.connect()
+    plan = _plan_of(o, arch_source, resources=engine.resources())
+    for w in plan.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    node_cache = _open_cache(prefix_cache, o.cache_read_only, o.cache_optional, engine.client)  # before any work
+    lock_file = None
+    if o.locked:
+        from cudastack import lock as L
+
+        lock_file = L.lock_path(plan.toolchain, o.lockfiles)
+        lock = L.prepare_locked_build(plan, lock_file, client=engine.client, say=_locked_say,
+                                      cache_dirs=_lock_caches(o, plan), cache=node_cache)
+        _locked_say(f"{lock_file} verified against the plan")
+        if node_cache is not None:
+            node_cache.lock = lock
+    check_base_registry(plan, engine)
+    if bx is not None:
+        _note_builder_parents(o, bx, plan, engine, node_cache)
+    record = run_build(plan, state_dir=o.state_dir, ca_bundle=o.ca_bundle, engine=engine, builder=bx,
+                       builder_nodes=o.builder_nodes, cache=node_cache)
+    if lock_file is not None:
+        L.record_build_outputs(lock_file, record)
+    print(f"record: {record['record_path']}")
+    for f in record.get("cache_failures") or []:
+        print(f"warning: node cache {f['op']} of {f['node']} failed (the build's result stands): {f['error']}",
+              file=sys.stderr)
+    box["data"] = record
+    print(final_line(record))
 
 
 def plan(*, cuda="13.1", arch=None, base=None, skip=None, max_jobs=None, nvcc_threads=None, recipes=None,

@@ -60,7 +60,7 @@ def test_no_flags_nccl_symmetric_memory_changes_the_path_for_named_widths(drive,
                     f"rows: nccl-symm-mem instead of NCCL; vllm/{UTILS.removeprefix('vllm/')}:123); no change at 2-9 "
                     "rows: measure those widths"]
     pcie = next(ln for ln in _lines(report, "try and measure") if ln.startswith(PCIE))
-    assert "do not set with it: VLLM_BATCH_INVARIANT=1 (nccl-ring serves instead: " in pcie
+    assert "do not set with it: VLLM_BATCH_INVARIANT=1 (NCCL (pynccl, allreduce algorithm tree) serves instead: " in pcie
     assert f"{COMM}:75)" in pcie
     assert f"{SYMM} (nccl-symm-mem serves instead at 1 and 10-512 rows, 79 of 85 captured decode widths" in pcie
     assert "opt-in, worth measuring on the target: " in headline_line(report)
@@ -74,8 +74,10 @@ def test_pcie_ipc_on_lists_what_takes_it_away_in_the_summary(drive, v033):
     assert report.dispatch["serves"] == PCIE
     assert not _lines(report, "accepted, no gain")
     avoid = _lines(report, "do not set with it")
-    assert avoid[0].startswith(f"VLLM_BATCH_INVARIANT=1 (nccl-ring serves instead: use_flashinfer_pcie_ipc_allreduce "
-                               f"is ... and not envs.VLLM_BATCH_INVARIANT: PCIe IPC is not built, {COMM}:75)")
+    assert avoid[0].startswith("VLLM_BATCH_INVARIANT=1 (NCCL (pynccl, allreduce algorithm tree) serves instead: "
+                               "use_flashinfer_pcie_ipc_allreduce is ... and not envs.VLLM_BATCH_INVARIANT: PCIe IPC is "
+                               "not built; it sets NCCL_ALGO=ring,tree;allreduce:tree (vllm/model_executor/determinism/"
+                               f"batch_invariant.py:1419), {COMM}:75)")
     assert avoid[1].startswith(f"{SYMM} (nccl-symm-mem serves instead at 1 and 10-512 rows, 79 of 85 captured")
     assert len(avoid) == 2
     dns = _lines(report, "do not set")

@@ -400,13 +400,55 @@ def _pcie_ipc(ctx, eng: Engine) -> Verdict:
     return v
 
 
+def _nccl_algo_pinned_by(eng: Engine, name: str) -> tuple[str, str] | None:
+    """``("ring,tree;allreduce:tree", "vllm/FILE:LINE")``: the ``NCCL_ALGO`` value vLLM itself sets when ``envs.<name>``
+    is on, read from the installed source: a module that names ``NCCL_ALGO`` and has an ``if envs.<name>:`` whose body
+    calls a function of that module which sets it (a ``{"NCCL_ALGO": "..."}`` literal, as passed to ``pin_nccl_env``,
+    or ``os.environ["NCCL_ALGO"] = "..."``). vllm 0.33.0: ``init_batch_invariance`` (``model_executor/determinism/
+    batch_invariant.py:1435``) calls ``override_envs_for_invariance``, whose pin is ``"NCCL_ALGO": "ring,tree;
+    allreduce:tree"`` (``:1419``): allreduce on Tree, not Ring. None when no such setting is read."""
+    for path in source.find_files_containing(eng.root, "NCCL_ALGO"):
+        try:
+            tree = source.parse(path)
+        except (SyntaxError, ValueError, OSError):
+            continue
+        rel = path.relative_to(eng.root).as_posix()
+        fns = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+        for branch in (n for n in ast.walk(tree) if isinstance(n, ast.If) and ast.unparse(n.test) == f"envs.{name}"):
+            body = [x for st in branch.body for x in ast.walk(st)]
+            reached = body + [x for c in body if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+                              and c.func.id in fns for x in ast.walk(fns[c.func.id])]
+            for n in reached:
+                if isinstance(n, ast.Dict):
+                    for k, v in zip(n.keys, n.values):
+                        if isinstance(k, ast.Constant) and k.value == "NCCL_ALGO" and isinstance(v, ast.Constant):
+                            return str(v.value), _where(eng, rel, k)
+                if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant) \
+                        and any(ast.unparse(t) in ("os.environ['NCCL_ALGO']", 'os.environ["NCCL_ALGO"]')
+                                for t in n.targets):
+                    return str(n.value.value), _where(eng, rel, n)
+    return None
+
+
+def _allreduce_algo(spec: str) -> str:
+    """The allreduce algorithms an ``NCCL_ALGO`` value allows: ``"tree"`` for ``"ring,tree;allreduce:tree"`` (a
+    ``<collective>:<list>`` part for allreduce wins over the plain list), the plain list otherwise."""
+    parts = [x.strip() for x in spec.split(";") if x.strip()]
+    own = next((x.split(":", 1)[1] for x in parts if x.lower().startswith("allreduce:")), None)
+    return own if own is not None else next((x for x in parts if ":" not in x), spec)
+
+
 def _pcie_ipc_turned_off_by(eng: Engine, ctx) -> list[dict]:
-    """``[{"setting": "VLLM_BATCH_INVARIANT=1", "then": "nccl-ring", "where": "vllm/FILE:LINE", "why": ...}]``: the
-    variables whose ``not envs.X`` sits in ``CudaCommunicator.__init__``'s assignment of
+    """``[{"setting": "VLLM_BATCH_INVARIANT=1", "then": "NCCL (pynccl, allreduce algorithm tree)", "where": "vllm/FILE:LINE",
+    "why": ...}]``: the variables whose ``not envs.X`` sits in ``CudaCommunicator.__init__``'s assignment of
     ``use_flashinfer_pcie_ipc_allreduce`` (vllm 0.33.0 ``cuda_communicator.py:73-76``: ``... and not
     envs.VLLM_BATCH_INVARIANT``): set to 1, vLLM never builds the PCIe IPC communicator and the decode allreduce
-    goes on down the dispatch (pynccl on PCIe at world size 8). A variable the configuration already sets is left
-    out (the answer is then about that configuration). Raises GateNotFound when no such assignment is found."""
+    goes on down the dispatch to pynccl (``all_reduce``, ``cuda_communicator.py:432-438``; on PCIe at world size 8 no
+    custom allreduce comes before it). ``then`` names an NCCL algorithm only where vLLM's own source pins one under
+    that variable (:func:`_nccl_algo_pinned_by`; batch-invariant mode pins allreduce to Tree,
+    ``batch_invariant.py:1419``), else it reads ``NCCL (pynccl)``: NCCL then picks its algorithm itself. A variable the
+    configuration already sets is left out (the answer is then about that configuration). Raises GateNotFound when no
+    such assignment is found."""
     fn = eng.method(CUDA_COMM, "CudaCommunicator", "__init__")
     found = [n for n in ast.walk(fn) if isinstance(n, ast.Assign)
              and any(ast.unparse(t).endswith("use_flashinfer_pcie_ipc_allreduce") for t in n.targets)
@@ -422,9 +464,13 @@ def _pcie_ipc_turned_off_by(eng: Engine, ctx) -> list[dict]:
                 name = n.operand.attr
                 if _var_given(ctx, name) is not None:
                     continue
-                out.append({"setting": f"{name}=1", "then": "nccl-ring", "where": _where(eng, CUDA_COMM, n),
-                            "why": f"use_flashinfer_pcie_ipc_allreduce is ... and not envs.{name}: PCIe IPC is not "
-                                   "built"})
+                pin = _nccl_algo_pinned_by(eng, name)
+                why = f"use_flashinfer_pcie_ipc_allreduce is ... and not envs.{name}: PCIe IPC is not built"
+                if pin is not None:
+                    why += f"; it sets NCCL_ALGO={pin[0]} ({pin[1]})"
+                out.append({"setting": f"{name}=1", "where": _where(eng, CUDA_COMM, n), "why": why,
+                            "then": f"NCCL (pynccl, allreduce algorithm {_allreduce_algo(pin[0])})" if pin is not None
+                            else "NCCL (pynccl)"})
     return out
 
 

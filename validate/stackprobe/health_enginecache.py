@@ -133,6 +133,18 @@ def _spelled(root: Path | None, files: dict) -> tuple[bool, str]:
     return True, ", ".join(str(root / r) for r in files)
 
 
+def _layout_spelled(lay: dict) -> tuple[bool, str]:
+    """:func:`_spelled` for every package a layout reads: its engine's ``files``, then the ``also`` package's (a
+    missing mark there is said with that package's name first). (True, the files read) or (False, what is missing)."""
+    read = []
+    for i, (package, files) in enumerate([(lay["package"], lay["files"]), *([lay["also"]] if lay.get("also") else [])]):
+        ok, where = _spelled(_package_dir(package), files)
+        if not ok:
+            return False, f"{package} {where}" if i else where
+        read.append(where)
+    return True, ", ".join(read)
+
+
 def layout_root(name: str, env=None) -> Path:
     """The cache folder of layout ``name`` under environment ``env`` (default ``os.environ``)."""
     env = os.environ if env is None else env
@@ -292,18 +304,10 @@ def scan(dists: dict, stack_major: int | None, target, env=None, torch_dirs: lis
         d = dists.get(lay["dist"])
         if d is None:
             continue
-        ok, where = _spelled(_package_dir(lay["package"]), lay["files"])
-        if ok and lay.get("also"):
-            pkg, files = lay["also"]
-            ok2, where2 = _spelled(_package_dir(pkg), files)
-            if not ok2:
-                read_by.setdefault(lay["dist"], []).append(f"{name}: {pkg} {where2}")
-                continue
-            where += ", " + where2
+        ok, where = _layout_spelled(lay)
+        read_by.setdefault(lay["dist"], []).append("" if ok else f"{name}: {where}")
         if not ok:
-            read_by.setdefault(lay["dist"], []).append(f"{name}: {where}")
             continue
-        read_by.setdefault(lay["dist"], []).append("")
         root = layout_root(name, env)
         mods, other = _modules(name, root, target)
         cache = {"engine": f"{lay['dist']} {d.version}", "kind": name, "root": str(root), "source": where,

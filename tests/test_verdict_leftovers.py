@@ -6,6 +6,10 @@ wheel's source file that gives the old, wrong answer where the new reading gives
    decode allreduce on pynccl (``cuda_communicator.py:432-438``) with ``NCCL_ALGO=ring,tree;allreduce:tree`` pinned
    by vLLM itself (``model_executor/determinism/batch_invariant.py:1419``): Tree, not the "nccl-ring" once written
    for every such variable.
+2. An expert kernel whose device check is not read (no target to judge it against, a body this reader does not
+   follow) is "not assessed: <why>" and never counted as admitting; where an admitting kernel's device check holds
+   only given a ``has_*``/``is_*`` predicate taken as true, the entry names it and where it is defined
+   (FlashInferExperts: ``has_flashinfer_cutlass_fused_moe()``, ``vllm/utils/flashinfer.py:564``).
 """
 from __future__ import annotations
 
@@ -65,3 +69,72 @@ def test_point1_twin_a_copy_whose_mode_pins_ring_or_nothing_reads_so(venv, vllm0
     bi = next(a for a in _run(venv, [bare], OFF_BY) if a["setting"] == "VLLM_BATCH_INVARIANT=1")
     assert bi["then"] == "NCCL (pynccl)" and "NCCL_ALGO" not in bi["why"]
 
+
+# --- point 2: expert kernels whose device check is not read -----------------------------------------------------
+FI_CUTLASS = "vllm/model_executor/layers/fused_moe/experts/flashinfer_cutlass_moe.py"
+KERNELS = """
+import json, sys
+from stackprobe.probes import vllm_engine as ve
+class T:
+    major, minor, cc = 12, 0, "12.0"
+target = T if sys.argv[1] == "12.0" else None
+k = ve.expert_kernels(ve.installed(), "flashinfer_nvlink_two_sided", target, 8)
+k["words"] = ve._kernel_words(k, target)
+print(json.dumps(k))
+"""
+
+
+def _kernels(venv, paths, target: str) -> dict:
+    p = subprocess.run([str(venv), "-c", KERNELS, target], capture_output=True, text=True, env=suite_env(paths),
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout)
+
+
+def _entry(k: dict, key: str, cls: str) -> str:
+    return next((e for e in k[key] if e.startswith(cls + " (")), "")
+
+
+def test_point2_no_target_means_no_kernel_admits_and_each_says_why(venv, vllm033):
+    """Before: with no target capability the device check was skipped and FlashInferExperts (and every kernel whose
+    parallel-config method returns True) was filed under admit."""
+    k = _kernels(venv, [vllm033], "none")
+    assert k["admit"] == []
+    fi = _entry(k, "unknown", "FlashInferExperts")
+    assert fi.endswith(f"; not assessed: no target capability to judge its device check {FI_CUTLASS}:128-139 against")
+    assert "not assessed (not counted as admitting), not read here: " in k["words"]
+    assert "no kernel read here admits it" in k["words"]
+
+
+def test_point2_the_assumed_predicate_is_named_with_where_it_is_defined(venv, vllm033):
+    """On 12.0 FlashInferExperts admits given has_flashinfer_cutlass_fused_moe(), whose body (a loop over FlashInfer
+    attributes) is not read: the entry says so; a kernel whose device check is not read says why."""
+    k = _kernels(venv, [vllm033], "12.0")
+    fi = _entry(k, "admit", "FlashInferExperts")
+    assert fi.startswith(f"FlashInferExperts ({FI_CUTLASS}:194); device check {FI_CUTLASS}:128-139; assumes "
+                         "has_flashinfer_cutlass_fused_moe() taken as true: its body (vllm/utils/flashinfer.py:564) is "
+                         "not read here (")
+    oai = _entry(k, "unknown", "BaseOAITritonExperts")
+    assert "; not assessed: its device check vllm/model_executor/layers/fused_moe/experts/gpt_oss_triton_kernels_moe.py" \
+           ":1023-1024 is not read here (_triton_kernel_moe_supports_current_device() -> " in oai
+    assert "FallbackExperts" in k["words"].split("not read here: ")[1]
+
+
+def test_point2_twin_a_readable_predicate_names_no_assumption_and_an_unread_check_admits_nothing(venv, vllm033,
+                                                                                              tmp_path):
+    """The twin: a copy whose has_flashinfer_cutlass_fused_moe() body is a plain ``return True`` is read, and the entry
+    names no assumption; a copy whose FlashInferExperts device check calls something this reader does not know files
+    it as not assessed, not admitted."""
+    body = '    """Return `True` if FlashInfer CUTLASS fused MoE is available."""\n    if not has_flashinfer_moe():'
+    plain = engine_copy(vllm033, tmp_path / "plain",
+                        {"vllm/utils/flashinfer.py": (body, body.split("\n")[0] + "\n    return True\n    if False:")})
+    fi = _entry(_kernels(venv, [plain], "12.0"), "admit", "FlashInferExperts")
+    assert fi == f"FlashInferExperts ({FI_CUTLASS}:194); device check {FI_CUTLASS}:128-139"
+    check = "            and has_flashinfer_cutlass_fused_moe()\n        )"
+    odd = engine_copy(vllm033, tmp_path / "odd",
+                      {FI_CUTLASS: (check, "            and has_flashinfer_cutlass_fused_moe()\n"
+                                           "            and p.some_unread_check()\n        )")})
+    k = _kernels(venv, [odd], "12.0")
+    assert not _entry(k, "admit", "FlashInferExperts")
+    assert "; not assessed: its device check" in _entry(k, "unknown", "FlashInferExperts")
+    assert "p.some_unread_check()" in _entry(k, "unknown", "FlashInferExperts")

@@ -947,11 +947,15 @@ class _Reader:
     True, False or None (not read). ``config``: ``FusedMoEParallelConfig`` field values; ``props``: its properties'
     return expressions (read from ``model_executor/layers/fused_moe/config.py``, evaluated with the same fields);
     ``cap``: the target's capability as an int (120 for 12.0). A call this reader does not know (``has_...()``) is
-    taken as True and kept in ``assumed`` (a library-availability check answered by the library's own probe)."""
+    taken as True and kept in ``assumed`` (a library-availability check answered by the library's own probe), with
+    where it is defined and why it was not read in ``assumed_where``; what made an answer None is in ``unread`` (the
+    expression or statement and its line), so a kernel left unread says why."""
 
     def __init__(self, config: dict, props: dict, cap: int, resolve=None):
         self.config, self.props, self.cap, self.resolve = config, props, cap, resolve
         self.assumed: list[str] = []
+        self.assumed_where: list[str] = []
+        self.unread: list[str] = []
         self.names: dict[str, str] = {}
         self.consts: dict = {}
         self.depth = 0
@@ -965,11 +969,16 @@ class _Reader:
             return v[0] * 10 + v[1]
         return v if isinstance(v, int) else None
 
+    def _miss(self, node: ast.AST, what: str = ""):
+        """Record what could not be read (``what`` or the node's text, with its line); returns None."""
+        self.unread.append(f"{what or ast.unparse(node)[:80]} (line {getattr(node, 'lineno', '?')})")
+        return None
+
     def value(self, node: ast.AST, self_name: str = ""):
         if isinstance(node, ast.Constant):
             return node.value
         if isinstance(node, ast.Name):
-            return self.consts.get(node.id)
+            return self.consts[node.id] if node.id in self.consts else self._miss(node)
         if isinstance(node, ast.Tuple):
             vals = [self.value(e, self_name) for e in node.elts]
             return None if None in vals else tuple(vals)
@@ -982,7 +991,7 @@ class _Reader:
                     return self.config[node.attr]
                 if node.attr in self.props:
                     return self.value(self.props[node.attr], "self")
-            return None
+            return self._miss(node)
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
             x = self.value(node.operand, self_name)
             return None if x is None else not x
@@ -995,7 +1004,7 @@ class _Reader:
             return self._compare(node, self_name)
         if isinstance(node, ast.Call):
             return self._call(node)
-        return None
+        return self._miss(node)
 
     def _compare(self, node: ast.Compare, self_name: str):
         if isinstance(node.ops[0], ast.IsNot) \
@@ -1028,7 +1037,7 @@ class _Reader:
                 return self.cap // 10 == arg // 10
             if name == "has_device_capability" and arg is not None:
                 return self.cap >= arg
-            return None
+            return self._miss(node)
         if isinstance(node.func, ast.Name) and not node.args and self.resolve \
                 and self.depth < 3:
             got = self.resolve(node.func.id)
@@ -1038,12 +1047,23 @@ class _Reader:
                 ans = sub.body(got[0], "")
                 if ans is not None or not node.func.id.startswith(("has_", "is_")):
                     self.assumed += sub.assumed
+                    self.assumed_where += sub.assumed_where
+                    if ans is None:
+                        self.unread += [f"{ast.unparse(node)} -> {u}" for u in sub.unread] or [
+                            f"{ast.unparse(node)} (line {node.lineno})"]
                     return ans
+                self.assumed_where.append(
+                    f"{ast.unparse(node)} taken as true: its body (vllm/{got[3]}:{got[0].lineno}) is not read here "
+                    f"({'; '.join(sub.unread[:1]) or 'a statement this reader does not follow'})")
+                self.assumed.append(ast.unparse(node))
+                return True
         if isinstance(node.func, ast.Name) and node.func.id.startswith(("has_", "is_")) \
                 and node.func.id != "isinstance":
             self.assumed.append(ast.unparse(node))
+            self.assumed_where.append(f"{ast.unparse(node)} taken as true: not read here (no vLLM function of that "
+                                      "name without arguments found)")
             return True
-        return None
+        return self._miss(node)
 
     def body(self, fn: ast.FunctionDef, alias: str):
         """The function's answer: aliases (``p = <param or current_platform>``), ``if <test>: return False`` guards
@@ -1075,11 +1095,12 @@ class _Reader:
             if isinstance(st, ast.Return) and st.value is not None:
                 if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr.startswith(
                         "_supports_") for n in ast.walk(st.value)):
-                    return None      # it asks other classes (FallbackExperts): not read here
+                    # it asks other classes (FallbackExperts): not read here
+                    return self._miss(st, "it asks another class's _supports_ method")
                 got = self.value(st.value)
                 return None if (got is True and None in guards) else got
-            return None
-        return None
+            return self._miss(st, f"a statement it does not follow ({type(st).__name__})")
+        return self._miss(fn, "no return statement")
 
 
 def _parallel_config(eng: Engine, backend: str, world: int) -> tuple[dict, dict, str]:
@@ -1131,7 +1152,7 @@ def _resolver(eng: Engine, rel: str, trees: dict):
         fn = next((n for n in target.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
         if fn is None:
             return None
-        return fn, _module_consts(target), _resolver(eng, mrel, trees)
+        return fn, _module_consts(target), _resolver(eng, mrel, trees), mrel
     return find
 
 
@@ -1150,7 +1171,8 @@ def _classify_kernel(eng: Engine, cls: ast.ClassDef, rel: str, method, config: d
     if got is False:
         return "refuse", entry, []
     if got is None:
-        return "unknown", entry, []
+        return "unknown", entry + (f"; not assessed: its _supports_parallel_config is not read here "
+                                   f"({'; '.join(reader.unread[:1]) or 'not followed'})"), []
     fmt = method(cls, "activation_format")
     fret = next((st.value for st in fmt[0].body if isinstance(st, ast.Return) and st.value is not None),
                 None) if fmt is not None else None
@@ -1158,20 +1180,21 @@ def _classify_kernel(eng: Engine, cls: ast.ClassDef, rel: str, method, config: d
     if kind in ("Standard", "BatchedExperts") and (kind == "BatchedExperts") != want_batched:
         # modular_kernel.py is_supported_config: the prepare/finalize's activation format must match
         return "refuse", entry + f"; activation format {kind} (vllm/{fmt[1]}:{fmt[0].lineno})", []
-    dev = method(cls, "_supports_current_device") if cap is not None else None
-    if cap is not None and dev is None:
-        return "unknown", entry + "; no device check found", []
-    if dev is not None:
-        dreader = _Reader(config, props, cap or 0, _resolver(eng, dev[1], trees))
-        ok = dreader.body(dev[0], "")
-        span = f"vllm/{dev[1]}:{dev[0].lineno}-{dev[0].end_lineno}"
-        if ok is False:
-            return "other_device", entry, []
-        if ok is None:
-            return "unknown", entry + f"; device check {span} not read", []
-        entry += f"; device check {span}"
-        return "admit", entry, dreader.assumed
-    return "admit", entry, []
+    dev = method(cls, "_supports_current_device")
+    if dev is None:
+        return "unknown", entry + "; not assessed: no _supports_current_device found (its device check is not read)", []
+    span = f"vllm/{dev[1]}:{dev[0].lineno}-{dev[0].end_lineno}"
+    if cap is None:
+        return "unknown", entry + f"; not assessed: no target capability to judge its device check {span} against", []
+    dreader = _Reader(config, props, cap, _resolver(eng, dev[1], trees))
+    ok = dreader.body(dev[0], "")
+    if ok is False:
+        return "other_device", entry, []
+    if ok is None:
+        return "unknown", entry + (f"; not assessed: its device check {span} is not read here "
+                                   f"({'; '.join(dreader.unread[:1]) or 'not followed'})"), []
+    entry += f"; device check {span}" + "".join(f"; assumes {a}" for a in dreader.assumed_where)
+    return "admit", entry, dreader.assumed
 
 
 def expert_kernels(eng: Engine, backend: str, target=None, world: int = 8) -> dict:
@@ -1182,8 +1205,11 @@ def expert_kernels(eng: Engine, backend: str, target=None, world: int = 8) -> di
     ``{"admit": [...], "refuse": [...], "other_device": [...], "unknown": [...], "config": "vllm/FILE:LINE",
     "assumed": {...}}``; entries are ``Class (vllm/FILE:LINE)`` of the parallel-config method, admitted ones with
     ``; device check vllm/FILE:LINE-LINE`` appended. ``other_device``: admits the backend but its device check
-    refuses the target; ``unknown``: a method this reader does not follow (another class's method, a branch), named
-    as not read. vllm 0.33.0 on 12.0 with ``flashinfer_nvlink_two_sided``: FlashInferExperts
+    refuses the target; ``unknown``: not assessed, never counted as admitting: a method this reader does not follow
+    (another class's method, a branch), a kernel with no device check, or no target to judge one against, each entry
+    ending ``; not assessed: <why>``. An admitted kernel whose device check holds only given a ``has_*``/``is_*``
+    predicate this reader takes as true names it: ``; assumes has_x() taken as true: its body (vllm/FILE:LINE) is not
+    read here (...)``. vllm 0.33.0 on 12.0 with ``flashinfer_nvlink_two_sided``: FlashInferExperts
     (``experts/flashinfer_cutlass_moe.py:194`` returns True; its device check ``:128-139`` admits capability family
     120) admits; Triton (``experts/triton_moe.py:187-191``), DeepGEMM, CUTLASS and Marlin refuse."""
     root = eng.root / "model_executor" / "layers" / "fused_moe"
@@ -1258,7 +1284,8 @@ def _kernel_words(kernels: dict, target) -> str:
     if kernels["other_device"]:
         words += f"; {', '.join(short(k) for k in kernels['other_device'])} admit it but their device check refuses {cc}"
     if kernels["unknown"]:
-        words += f"; not read here: {', '.join(short(k) for k in kernels['unknown'])}"
+        words += (f"; not assessed (not counted as admitting), not read here: "
+                  f"{', '.join(short(k) for k in kernels['unknown'])}")
     return words + "; the model's quantization decides which kernel is chosen"
 
 

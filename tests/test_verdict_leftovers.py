@@ -10,6 +10,12 @@ wheel's source file that gives the old, wrong answer where the new reading gives
    follow) is "not assessed: <why>" and never counted as admitting; where an admitting kernel's device check holds
    only given a ``has_*``/``is_*`` predicate taken as true, the entry names it and where it is defined
    (FlashInferExperts: ``has_flashinfer_cutlass_fused_moe()``, ``vllm/utils/flashinfer.py:564``).
+3. A setting after which SGLang's dispatch (PCIe IPC on) is undecided and no step read takes the tensor is kept as
+   "not assessed" (``"then": ""``, a ``not assessed:`` note) and the report's headline and Summary list it under not
+   assessed, not under "do not set with it"; it was dropped. The case: ``--enable-mscclpp`` with the mscclpp package
+   importable, in a copy of sglang 0.5.23 without the ``return "pymscclpp"`` step (``parallel_state.py:982-983``):
+   ``should_use_pymscclpp_allreduce`` decides PCIe IPC's own step (``:969-975``) at run time and nothing read takes
+   the tensor.
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ import subprocess
 
 import pytest
 
+from test_validate_verdicts_signed import drive  # noqa: F401 - the shared static-tier driver fixture
 from validate_support import engine_copy, pip_target, suite_env
 
 pytestmark = pytest.mark.network
@@ -138,3 +145,76 @@ def test_point2_twin_a_readable_predicate_names_no_assumption_and_an_unread_chec
     assert not _entry(k, "admit", "FlashInferExperts")
     assert "; not assessed: its device check" in _entry(k, "unknown", "FlashInferExperts")
     assert "p.some_unread_check()" in _entry(k, "unknown", "FlashInferExperts")
+
+
+# --- point 3: an undecided setting beside SGLang's PCIe IPC is not assessed, not dropped ---------------------------
+PS = "sglang/srt/distributed/parallel_state.py"
+MSCCLPP_STEP = "        if self.pymscclpp_comm is not None and should_use_pymscclpp_allreduce:\n            return \"pymscclpp\"\n"
+DO_NOT_SET = """
+import json
+from stackprobe.probes import Context, sglang_engine as se, pcie_ipc_engine as pe
+from stackprobe.archs import parse_arch
+from stackprobe.serverconfig import ServerConfig
+ctx = Context(target=parse_arch("12.0"), env={}, coverage={}, world_size=8, topology="pcie",
+              server_config=ServerConfig(args={}, env={}, source="test"))
+print(json.dumps(pe.do_not_set(se.installed(), ctx)))
+"""
+
+
+@pytest.fixture(scope="module")
+def mscclpp_pkg(tmp_path_factory):
+    """A folder where the modules PyMscclppCommunicator imports (``mscclpp``, ``mscclpp.ext``,
+    ``mscclpp.default_algos``, sglang 0.5.23 ``pymscclpp.py:1047-1057``) are found, as the dispatch reader looks them
+    up (nothing is imported)."""
+    d = tmp_path_factory.mktemp("mscclpp")
+    (d / "mscclpp").mkdir()
+    for name in ("__init__.py", "ext.py", "default_algos.py"):
+        (d / "mscclpp" / name).write_text("")
+    return d
+
+
+@pytest.fixture(scope="module")
+def sglang_no_mscclpp_step(sglang, tmp_path_factory):
+    return engine_copy(sglang, tmp_path_factory.mktemp("sg-edited"), {PS: (MSCCLPP_STEP, "")})
+
+
+def test_point3_an_undecided_setting_is_kept_as_not_assessed(venv, sglang_no_mscclpp_step, fi, mscclpp_pkg):
+    """Before: ``continue  # nothing read takes it``: --enable-mscclpp vanished from the list."""
+    out = _run(venv, [sglang_no_mscclpp_step, fi, mscclpp_pkg], DO_NOT_SET)
+    m = next(a for a in out if a["setting"] == "--enable-mscclpp")
+    assert m["then"] == ""
+    assert m["note"].startswith("not assessed: with it set the dispatch is undecided (flashinfer-pcie-ipc-allreduce at "
+                                f"{PS}:970: ")
+    assert m["note"].endswith("is decided at run time) and no step read here takes the tensor instead")
+
+
+def test_point3_twin_the_real_release_decides_mscclpp_takes_it(venv, sglang, fi, mscclpp_pkg):
+    """The twin: with the ``return "pymscclpp"`` step in place the same reading names MSCCL++ as what serves."""
+    out = _run(venv, [sglang, fi, mscclpp_pkg], DO_NOT_SET)
+    m = next(a for a in out if a["setting"] == "--enable-mscclpp")
+    assert m["then"] == "mscclpp" and not m["note"].startswith("not assessed")
+
+
+def test_point3_the_summary_lists_it_as_not_assessed_not_as_do_not_set(drive, sglang_no_mscclpp_step, sglang, fi,
+                                                                      mscclpp_pkg, nvcc131):
+    """The report: the undecided --enable-mscclpp is under "not assessed" in the headline and the Summary block, never
+    "( serves instead)" under "do not set with it"; the twin (the real release) lists it under "do not set with it"."""
+    from stackprobe.summary import block
+    from stackprobe.userwords import headline
+
+    env = {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"}
+    _, report = drive([sglang_no_mscclpp_step, fi, mscclpp_pkg], backends=("flashinfer-pcie-ipc-allreduce",),
+                      path_first=[nvcc131], env=env)
+    h = headline(report)
+    assert not any("--enable-mscclpp" in a for a in h["avoid"])
+    na = [x for x in h["not_assessed"] if x.startswith("--enable-mscclpp with flashinfer-pcie-ipc-allreduce on ")]
+    assert na and "(not assessed: with it set the dispatch is undecided" in na[0]
+    lines = block(report)
+    assert any(ln.startswith("not assessed (") and "--enable-mscclpp with flashinfer-pcie-ipc-allreduce on" in ln
+               for ln in lines)
+    assert not any(" serves instead" in ln and "--enable-mscclpp" in ln for ln in lines)
+    _, real = drive([sglang, fi, mscclpp_pkg], backends=("flashinfer-pcie-ipc-allreduce",), path_first=[nvcc131],
+                    env=env)
+    assert any(a.startswith("--enable-mscclpp (mscclpp serves instead") for a in headline(real)["avoid"])
+    assert not any("--enable-mscclpp" in x for x in headline(real)["not_assessed"])
+

@@ -58,16 +58,36 @@ def avoid_items(report, v: Verdict) -> list[str]:
     """``["--enable-symm-mem (nccl-symm-mem serves instead)", "VLLM_USE_NCCL_SYMM_MEM=1 (nccl-symm-mem serves instead
     at 1 and 10-512 rows, ...)"]``: the settings that take ``v``'s path away once it is on, from the answer's "do not set
     with it" evidence (:func:`stackprobe.probes.pcie_ipc_engine.do_not_set`, vLLM's ``_pcie_ipc``) and from every
-    other path whose per-width answer (:func:`width_change`) claims decode widths this path serves."""
+    other path whose per-width answer (:func:`width_change`) claims decode widths this path serves. A setting whose
+    effect was not assessed (no path read takes the tensor: ``"then": ""``) is not here but in :func:`unassessed_items`."""
     e = _ev(v, "do not set with it")
     out = [f"{a['setting']} ({a['then']} serves instead" + (f": {a['why']}, {a['where']}" if a.get("why") else "")
-           + ")" for a in ((e.value if e is not None else None) or [])]
+           + ")" for a in ((e.value if e is not None else None) or []) if not _unassessed(a)]
     for other in _engine_answers(report) if report is not None else ():
         ch = width_change(report, other, against=v.backend)
         if ch:
             out.append(f"{_setting(other) or other.backend} ({other.backend} serves instead at {ch['rows']} rows, "
                        f"{ch['changed']} of {ch['captured']} captured decode widths; {ch['where']})")
     return out
+
+
+def _unassessed(a) -> bool:
+    """A "do not set with it" entry that claims nothing: the whole reading failed (``"setting": "not assessed"``, the
+    error in ``then``) or one setting's effect was not decided (``"then": ""``, a ``not assessed:`` note)."""
+    return isinstance(a, dict) and (a.get("setting") == "not assessed" or (
+        not a.get("then") and str(a.get("note", "")).startswith("not assessed")))
+
+
+def unassessed_items(report, v: Verdict) -> list[str]:
+    """``["--enable-mscclpp with flashinfer-pcie-ipc-allreduce on (not assessed: with it set the dispatch is undecided
+    (...) and no step read here takes the tensor instead)"]``: the settings of ``v``'s "do not set with it" evidence
+    whose effect the dispatch read could not decide (:func:`stackprobe.probes.pcie_ipc_engine.do_not_set` keeps them
+    with ``"then": ""`` and a ``not assessed:`` note), so the headline lists them as not assessed instead of dropping
+    them or telling the user to leave them unset."""
+    e = _ev(v, "do not set with it")
+    return [f"what takes {v.backend} away once on (not assessed: {a['then']})" if a.get("setting") == "not assessed"
+            else f"{a['setting']} with {v.backend} on ({a['note']})"
+            for a in ((e.value if e is not None else None) or []) if _unassessed(a)]
 
 
 def _avoid(report, v: Verdict) -> str:
@@ -231,6 +251,8 @@ def headline(report) -> dict:
             out["other"].setdefault(kind, []).append(f"{_OTHER_WORDS[key]}: {text}")
     for v in on:            # the path that serves: what a user must leave unset to keep it
         out["avoid"] += avoid_items(report, v)
+    for v in eng:           # a setting whose effect on a path was not read: not assessed, never dropped
+        out["not_assessed"] += unassessed_items(report, v)
     for v in eng:
         out["do_not_set"] += _raising_choices(report, v)
     return out

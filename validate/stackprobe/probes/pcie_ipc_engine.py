@@ -210,8 +210,9 @@ def do_not_set(eng, ctx, backend: str = PCIE_IPC) -> list[dict]:
     (``parallel_state.py:669``), ``should_mscclpp_allreduce`` excludes PCIe IPC (``:966-973``) and ``:983`` returns
     "pymscclpp"; without it the communicator stays disabled (``pymscclpp.py:1029,1048-1056``) and the flag is not
     listed. Returns ``[{"setting", "then", "also_sets"}]`` (plus ``"note"``, and ``"needs"``: the package, where the
-    path that takes over decides per call at run time); [] when the opt-in alone
-    does not make ``backend`` serve (nothing to protect)."""
+    path that takes over decides per call at run time); a setting after which the dispatch is undecided and no step
+    read takes the tensor is kept with ``"then": ""`` and a ``"note"`` starting ``not assessed:`` (never dropped); []
+    when the opt-in alone does not make ``backend`` serve (nothing to protect)."""
     from ..serverconfig import ServerConfig
     from . import sglang_dispatch as dw
     from . import sglang_flags as sf
@@ -253,8 +254,12 @@ def do_not_set(eng, ctx, backend: str = PCIE_IPC) -> list[dict]:
             if not d.serves:            # undecided: what takes it is a path whose own per-call check runs at run time
                 run_time = next((s for s in d.steps if s.built is True and s.admits == "unknown"
                                  and s.backend != backend), None)
-                if run_time is None:
-                    continue            # nothing read takes it: not claimed either way
+                if run_time is None:    # nothing read takes it: not claimed either way, and said so
+                    why = d.undecided or "no step claims the decode tensor"
+                    entry["note"] = (f"not assessed: with it set the dispatch is undecided ({why}) and no step read "
+                                     "here takes the tensor instead")
+                    out.append(entry)
+                    continue
                 entry["then"] = run_time.backend
                 entry["note"] = f"decided at run time: {run_time.why}"
                 if run_time.backend == "mscclpp":

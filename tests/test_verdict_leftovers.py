@@ -16,6 +16,9 @@ wheel's source file that gives the old, wrong answer where the new reading gives
    importable, in a copy of sglang 0.5.23 without the ``return "pymscclpp"`` step (``parallel_state.py:982-983``):
    ``should_use_pymscclpp_allreduce`` decides PCIe IPC's own step (``:969-975``) at run time and nothing read takes
    the tensor.
+4. SGLang's fusion flag on a target its platform check refuses: where the flag's choices are not read, the "do not
+   set" phrase says so (not assessed) instead of naming ``auto`` as if it were the one value read (sglang 0.5.23
+   ``arg_groups/fields/exec_.py:770-771``: ``Optional[Literal["auto", "trtllm", "mnnvl", "cutedsl"]]``).
 """
 from __future__ import annotations
 
@@ -218,3 +221,33 @@ def test_point3_the_summary_lists_it_as_not_assessed_not_as_do_not_set(drive, sg
     assert any(a.startswith("--enable-mscclpp (mscclpp serves instead") for a in headline(real)["avoid"])
     assert not any("--enable-mscclpp" in x for x in headline(real)["not_assessed"])
 
+
+# --- point 4: the fusion flag's values, not read, are not assessed -----------------------------------------------
+FUSION = "flashinfer-allreduce-fusion"
+EXEC = "sglang/srt/arg_groups/fields/exec_.py"
+LITERAL = 'Optional[Literal["auto", "trtllm", "mnnvl", "cutedsl"]]'
+
+
+def _user_setting(d: dict) -> str:
+    v = next(x for x in d["verdicts"] if x["backend"] == FUSION and x.get("engine") == "sglang")
+    return next(e["value"] for e in v["evidence"] if e["what"] == "user setting")
+
+
+def test_point4_unread_choices_are_not_assessed_not_auto(drive, sglang, fi, nvcc131, tmp_path):
+    """Before: a copy whose flag type the reader cannot list read "--flashinfer-allreduce-fusion-backend auto", as if
+    auto were the one value that reaches the raise."""
+    copy = engine_copy(sglang, tmp_path / "sg", {EXEC: (LITERAL, "Optional[FusionBackendName]")})
+    d, report = drive([copy, fi], backends=(FUSION,), path_first=[nvcc131])
+    setting = _user_setting(d)
+    assert setting.startswith("--flashinfer-allreduce-fusion-backend auto (read for auto only; its other values not "
+                              "assessed: --flashinfer-allreduce-fusion-backend takes a value but its choices are not "
+                              f"read here ({EXEC}:770))")
+    from stackprobe.userwords import headline_line
+    assert "do not set: --flashinfer-allreduce-fusion-backend auto (read for auto only" in headline_line(report)
+
+
+def test_point4_twin_the_real_release_reads_every_value(drive, sglang, fi, nvcc131):
+    """The twin: the release as published lists its four values, all of which reach the raise."""
+    d, _ = drive([sglang, fi], backends=(FUSION,), path_first=[nvcc131])
+    assert _user_setting(d).startswith("--flashinfer-allreduce-fusion-backend (any value: auto, trtllm, mnnvl, cutedsl)")
+    assert "not assessed" not in _user_setting(d)

@@ -227,6 +227,21 @@ def _backend_values(eng, value: str) -> list[str]:
     return list(dict.fromkeys([value] + choices)) if choices else [value]
 
 
+def _choices_unread(eng) -> str:
+    """Why the fusion flag's values could not be read ("" when they were): the flag is not among the installed
+    SGLang's server arguments, or it takes a value whose ``choices`` this reader did not find (a switch, 0.5.9's
+    ``--enable-flashinfer-allreduce-fusion``, has none to read)."""
+    from . import sglang_flags as sf
+
+    flags = sf.server_flags(eng)
+    spec = next((flags.get(f) for f in FUSION_FLAGS if f in flags), None)
+    if spec is None:
+        return f"none of {', '.join(FUSION_FLAGS)} is among sglang {eng.version}'s server arguments"
+    if not spec.switch and not spec.choices:
+        return f"{spec.flag} takes a value but its choices are not read here ({spec.where})"
+    return ""
+
+
 def _site_filter(eng, value: str):
     """``f(site) -> bool`` for :func:`.sglang_raises.call_path`: whether a call site's conditions hold when the fusion
     backend is ``value``. A condition is judged when it calls a predicate of ``flashinfer_comm_fusion.py`` whose body
@@ -397,15 +412,22 @@ def deprecated_aliases(eng, dest: str) -> list[dict]:
 def _do_not_set(v: Verdict, eng, flag: str, dest: str, check_gate) -> None:
     """The setting a user must not pass, as one phrase for the summary's "do not set" line (evidence
     ``user setting``): the flag with every value whose path reaches the uncaught raise (all of them: "any value"),
-    and each deprecated alias that sets the flag (:func:`deprecated_aliases`)."""
+    and each deprecated alias that sets the flag (:func:`deprecated_aliases`). Where the flag's values are not read
+    (:func:`_choices_unread`), or no value's path to the raise is, it says so (not assessed) instead of naming
+    ``auto`` as if it were the one value read."""
     values = list(check_gate.value.get("raises for") or []) if check_gate is not None else []
     choices = _backend_values(eng, values[0]) if values else []
+    unread = _choices_unread(eng)
     if values and choices and set(choices) <= set(values) and len(choices) > 1:
         setting = f"{flag} (any value: {', '.join(choices)})"
+    elif values and unread:
+        setting = (f"{flag} {'/'.join(values)} (read for {'/'.join(values)} only; its other values not assessed: "
+                   f"{unread})")
     elif values:
         setting = f"{flag} {'/'.join(values)}"
     else:
-        setting = f"{flag} auto"
+        setting = (f"{flag} (not assessed: which of its values reach the uncaught raise is not read"
+                   + (f"; {unread}" if unread else "") + ")")
     aliases = [a for a in deprecated_aliases(eng, dest) if not values or a["value"] in values]
     for a in aliases:
         setting += f", or the deprecated {a['flag']} (it sets {a['value']}, {a['where']})"

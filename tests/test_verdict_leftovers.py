@@ -19,6 +19,10 @@ wheel's source file that gives the old, wrong answer where the new reading gives
 4. SGLang's fusion flag on a target its platform check refuses: where the flag's choices are not read, the "do not
    set" phrase says so (not assessed) instead of naming ``auto`` as if it were the one value read (sglang 0.5.23
    ``arg_groups/fields/exec_.py:770-771``: ``Optional[Literal["auto", "trtllm", "mnnvl", "cutedsl"]]``).
+5. The Summary's "do not set" line for a value whose set-up raises without NVLink (vLLM's one-sided FlashInfer
+   all-to-all, FlashInfer's NVLink check) is worded from the report's topology: "on PCIe" only where PCIe was
+   detected or given, "on PCIe (assumed, not read: ...)" where it was assumed, "on this topology (not read; ...)"
+   where the report names none.
 """
 from __future__ import annotations
 
@@ -251,3 +255,27 @@ def test_point4_twin_the_real_release_reads_every_value(drive, sglang, fi, nvcc1
     d, _ = drive([sglang, fi], backends=(FUSION,), path_first=[nvcc131])
     assert _user_setting(d).startswith("--flashinfer-allreduce-fusion-backend (any value: auto, trtllm, mnnvl, cutedsl)")
     assert "not assessed" not in _user_setting(d)
+
+
+# --- point 5: "start-up failure on PCIe" only where the topology was read ----------------------------------------
+def test_point5_the_start_up_failure_line_says_how_the_topology_was_known(drive, vllm033, fi):
+    """Before: "start-up failure on PCIe" whatever the report's topology source (assumed, or none at all)."""
+    import copy
+
+    from stackprobe.summary import block
+
+    _, given = drive([vllm033, fi], env={"VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC": "1"}, engine="vllm",
+                     backends=("ep-flashinfer-a2a",))
+
+    def dns(report) -> list[str]:
+        return [ln for ln in block(report) if ln.startswith("do not set:")]
+    assert given.options["topology_source"] == "given"
+    assert len(dns(given)) == 1 and "(ep-flashinfer-a2a: start-up failure on PCIe: " in dns(given)[0]
+    assumed = copy.copy(given)
+    assumed.options = {**given.options, "topology_source": "assumed: no GPUs here; the target host is PCIe (pass "
+                                                           "--topology nvlink to change)"}
+    assert "(ep-flashinfer-a2a: start-up failure on PCIe (assumed, not read: no GPUs here): " in dns(assumed)[0]
+    unknown = copy.copy(given)
+    unknown.options = {k: v for k, v in given.options.items() if k not in ("topology", "topology_source")}
+    assert "(ep-flashinfer-a2a: start-up failure on this topology (not read; without NVLink): " in dns(unknown)[0]
+    assert not any("on PCIe" in ln for ln in dns(unknown))

@@ -263,9 +263,11 @@ def _raising_choices(report, v: Verdict) -> list[str]:
     the values of an answer's setting whose set-up raises uncaught on this topology, from its evidence ``"<value>
     set-up: ... (raises, ... does not catch it)"`` (True) and the engine gate that lists ``<value>`` among its
     choices (vLLM's ``_all2all``: FlashInfer's NVLink check, ``nvlink_common.py``); a value the answer already says
-    is a start-up failure (its own setting) is not repeated. PCIe only: with NVLink the check passes."""
+    is a start-up failure (its own setting) is not repeated. PCIe only: with NVLink the check passes. Worded from the
+    report's topology (:func:`_topology_words`): "on PCIe" only where it was detected or given."""
     if (report.options or {}).get("topology") not in (None, "pcie") or v.status == STARTUP_FAILURE:
         return []
+    where = _topology_words(report)
     out = []
     for e in v.evidence:
         if "set-up:" not in e.what or "(raises" not in e.what or e.value is not True:
@@ -275,8 +277,22 @@ def _raising_choices(report, v: Verdict) -> list[str]:
                      and name in json_text(g.value.get("value"))), None)
         flag = gate.what.removeprefix("engine gate: ") + " " if gate is not None else ""
         why = e.what.split(" set-up: ")[1]
-        out.append(f"{flag}{name} ({v.backend}: start-up failure on PCIe: {why}, {e.source})")
+        out.append(f"{flag}{name} ({v.backend}: start-up failure {where}: {why}, {e.source})")
     return out
+
+
+def _topology_words(report) -> str:
+    """``on PCIe`` where the report's topology is PCIe, detected or given; ``on PCIe (assumed, not read: ...)`` where it
+    was assumed (no GPUs where the report was made); ``on this topology (not read; without NVLink)`` where the report
+    names none."""
+    opts = report.options or {}
+    if opts.get("topology") != "pcie":
+        return "on this topology (not read; without NVLink)"
+    src = str(opts.get("topology_source") or "")
+    if src.startswith("assumed"):
+        why = src.removeprefix("assumed").lstrip(": ").split(";")[0].split(" (")[0]
+        return f"on PCIe (assumed, not read{': ' + why if why else ''})"
+    return "on PCIe"
 
 
 def json_text(value) -> str:

@@ -125,7 +125,7 @@ def suite_env(paths: list[Path], *, cuda: Path | None = None, extra: dict | None
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "FLASHINFER_", "NCCL_", "PYTHON"))}
     env["PYTHONPATH"] = os.pathsep.join([str(SUITE)] + [str(p) for p in paths])
     env["PATH"] = clean_path(*(path_first or []))
-    env["HOME"] = os.environ.get("HOME", "/root")
+    env["HOME"] = os.environ.get("HOME") or str(Path.home())   # the user's own home when HOME is unset (pwd entry)
     env["STACKPROBE_CACHE"] = str(CACHE / "stackprobe")
     if cuda is not None:
         env["CUDA_HOME"] = str(cuda)

@@ -51,9 +51,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -109,268 +111,363 @@ def run_build(
                           builder_nodes=builder_nodes, run_lock=run_lock, cache=cache)
 
 
-def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None, engine: Engine | None,  # noqa: C901, PLR0912, PLR0915 - reason: the build orchestrator; its split into named phases is issue 36 item 4, open
+@dataclass
+class _Run:
+    """One run's state, shared by the phases of :func:`_run_build`."""
+    plan: BuildPlan
+    state: Path
+    engine: Engine
+    wheelhouse: Wheelhouse
+    say: Say
+    bundle: str | None
+    builder: Any
+    builder_nodes: str
+    cache: Any
+    run_id: str
+    started: datetime
+    t_run: float
+    builds_before: int
+    rec_path: Path
+    record: dict[str, Any] = field(default_factory=dict)
+    cached: dict[str, bool] = field(default_factory=dict)
+    in_cache: dict[str, Any] = field(default_factory=dict)
+    cache_refs: dict[str, str | None] = field(default_factory=dict)   # a node's tag -> the node cache's entry of it
+    secrets: dict[str, str] = field(default_factory=dict)
+    doing: str = "starting"        # what the run is doing outside a node's build, for the account of a stop
+    error: StackError | None = None
+
+    def journal(self) -> None:
+        """Write the record as it stands (the run journal) to the run's file and to latest, URL logins scrubbed."""
+        text = json.dumps(scrub(self.record), indent=2) + "\n"
+        write_atomic(self.rec_path, text)
+        write_atomic(self.rec_path.parent / f"latest-cu{self.plan.toolchain}.json", text)
+
+    @property
+    def logs(self) -> Path:
+        """The folder of this run's node logs, ``logs/<run id>``."""
+        return self.state / "logs" / self.run_id
+
+    @property
+    def ctx_root(self) -> Path:
+        """The folder the build contexts are made in."""
+        return self.state / "ctx"
+
+    def step(self, i: int) -> str:
+        """The progress mark of the ``i``-th node, ``[i/n]``."""
+        return f"[{i}/{len(self.plan.nodes)}]"
+
+
+def _run_build(plan: BuildPlan, *, state_dir: str | Path, ca_bundle: str | None, engine: Engine | None,
                say: Say | None, builder, builder_nodes: str, run_lock: RunLock, cache=None) -> dict:
     """:func:`run_build`'s body, run while this process holds ``run_lock`` (the journal's liveness mark)."""
-    say = say or _say_default
+    run = _prepare(plan, state_dir, ca_bundle, engine, say or _say_default, builder, builder_nodes, cache)
+    pull, todo = _plan_sets(run)
+    _record_skeleton(run, run_lock)
+    if todo or pull:
+        # the disk check refuses before the journal exists: a refusal leaves no record a later run could
+        # mistake for an interrupted build
+        _preflight_disk(run.engine, plan, run.cached, run.state, run.say)
+        run.journal()       # before anything expensive: a run killed from here on leaves a "running" record
+    try:
+        _run_nodes(run, todo, pull)
+    except KeyboardInterrupt:         # stopped outside a node's build (between nodes, a pull, a push, the OS image)
+        stop.note()
+        for entry in run.record["nodes"]:
+            if entry["status"] in ("building", "pulling"):
+                entry["status"] = "interrupted"
+        run.error = BuildInterrupted("interrupted")
+    except BaseException as exc:      # a fault outside any node: the journal must not stay "running"
+        if run.record["status"] == "running" and run.rec_path.exists():
+            run.record.update(status="failed", error=str(exc) or exc.__class__.__name__,
+                              finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                              duration_s=round(time.monotonic() - run.t_run, 1))
+            run.journal()
+        raise
+    return _finish(run)
+
+
+def _prepare(plan: BuildPlan, state_dir: str | Path, ca_bundle: str | None, engine: Engine | None, say: Say,
+             builder, builder_nodes: str, cache) -> _Run:
+    """The run's state (engine, wheelhouse, run id, record path), after recovering what killed runs left."""
     state = Path(state_dir).resolve()
     bundle = resolve_ca_bundle(ca_bundle)
     engine = engine or Engine.connect()
     wheelhouse = Wheelhouse(state / plan.wheelhouse)
     run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")[:-4] + "Z"
-    logs = state / "logs" / run_id
-    ctx_root = state / "ctx"
-    started = datetime.now(timezone.utc)
-    t_run = time.monotonic()
-    builds_before = engine.builds_issued
-
-    rec_dir = state / "records"
+    run = _Run(plan=plan, state=state, engine=engine, wheelhouse=wheelhouse, say=say, bundle=bundle, builder=builder,
+               builder_nodes=builder_nodes, cache=cache, run_id=run_id, started=datetime.now(timezone.utc),
+               t_run=time.monotonic(), builds_before=engine.builds_issued,
+               rec_path=state / "records" / f"build-cu{plan.toolchain}-{run_id}.json")
     recover_interrupted(state, plan.toolchain, say)
     remove_stale_exports(wheelhouse.path.parent, say, locks=state / "locks")
     remove_stale_exports(state, say, ".secrets-*", "secret folder(s) of killed runs", locks=state / "locks")
     remove_stale_locks(state)
+    return run
 
-    cached = cached_map(engine, wheelhouse, plan)
-    in_cache = cache.probe_plan(plan, cached, say) if cache is not None else {}
-    pull = [n.name for n in plan.nodes if not cached[n.name] and in_cache.get(n.name)]
-    todo = [n.name for n in plan.nodes if not cached[n.name] and not in_cache.get(n.name)]
-    say(f"cuda {plan.toolchain} ({plan.cuda_version}), base {plan.base_kind}, archs {','.join(plan.target_archs)}: "
-        f"{len(plan.nodes)} nodes, {len(plan.nodes) - len(todo) - len(pull)} cached"
-        + (f", {len(pull)} in the node cache {cache.prefix}" if cache is not None else "")
-        + f", {len(todo)} to build [{engine.buildkit.describe()}]")
-    import socket
 
-    record: dict[str, Any] = {
-        "format": RECORD_FORMAT, "run_id": run_id, "toolchain": plan.toolchain, "cuda_version": plan.cuda_version,
+def _plan_sets(run: _Run) -> tuple[list[str], list[str]]:
+    """The nodes cached here, those to pull from the node cache and those to build, said in one line."""
+    plan = run.plan
+    run.cached = cached_map(run.engine, run.wheelhouse, plan)
+    run.in_cache = run.cache.probe_plan(plan, run.cached, run.say) if run.cache is not None else {}
+    pull = [n.name for n in plan.nodes if not run.cached[n.name] and run.in_cache.get(n.name)]
+    todo = [n.name for n in plan.nodes if not run.cached[n.name] and not run.in_cache.get(n.name)]
+    run.say(f"cuda {plan.toolchain} ({plan.cuda_version}), base {plan.base_kind}, archs {','.join(plan.target_archs)}: "
+            f"{len(plan.nodes)} nodes, {len(plan.nodes) - len(todo) - len(pull)} cached"
+            + (f", {len(pull)} in the node cache {run.cache.prefix}" if run.cache is not None else "")
+            + f", {len(todo)} to build [{run.engine.buildkit.describe()}]")
+    return pull, todo
+
+
+def _record_skeleton(run: _Run, run_lock: RunLock) -> None:
+    """The build record as the run starts: status "running", every node "not reached"."""
+    plan = run.plan
+    run.record = {
+        "format": RECORD_FORMAT, "run_id": run.run_id, "toolchain": plan.toolchain, "cuda_version": plan.cuda_version,
         "archs": plan.target_archs, "base": plan.base_kind, "base_image": plan.base_image,
         "recipes": plan.recipes_dir, "skipped_components": plan.skipped, "status": "running",
         "pid": os.getpid(), "proc_start": _proc_start(os.getpid()), "host": socket.gethostname(),
         "lock": run_lock.name,
-        "started": started.isoformat(timespec="seconds"), "finished": None, "duration_s": None,
-        "docker_builds": 0, "wheelhouse": str(wheelhouse.path), "buildkit": engine.buildkit.describe(),
+        "started": run.started.isoformat(timespec="seconds"), "finished": None, "duration_s": None,
+        "docker_builds": 0, "wheelhouse": str(run.wheelhouse.path), "buildkit": run.engine.buildkit.describe(),
         "nodes": [{"name": node.name, "kind": node.kind, "method": node.method, "hash": node.hash,
                    "plan_hash": (node.inputs or {}).get("plan_hash", node.hash), "tag": node.tag,
                    "status": "not reached", "duration_s": 0.0, "image_id": None, "size_bytes": None, "log": None,
                    "wheels": {}, "knobs": {k.name: k.value for k in node.knobs}} for node in plan.nodes],
         "error": None,
     }
-    if cache is not None:
-        record["cache"] = {"prefix": cache.prefix, "read_only": cache.read_only}
-        record["cache_failures"] = cache.failures
-    rec_path = rec_dir / f"build-cu{plan.toolchain}-{run_id}.json"
+    if run.cache is not None:
+        run.record["cache"] = {"prefix": run.cache.prefix, "read_only": run.cache.read_only}
+        run.record["cache_failures"] = run.cache.failures
 
-    def journal() -> None:
-        """Write the record as it stands (the run journal), to the run's file and to latest; URL logins are
-        scrubbed (credentials.scrub)."""
-        text = json.dumps(scrub(record), indent=2) + "\n"
-        write_atomic(rec_path, text)
-        write_atomic(rec_dir / f"latest-cu{plan.toolchain}.json", text)
 
+def _run_nodes(run: _Run, todo: list[str], pull: list[str]) -> None:
+    """Each node in order: served when cached, else pulled from the node cache, else built; none after a failure."""
+    plan = run.plan
     if todo or pull:
-        # the disk check refuses before the journal exists: a refusal leaves no record a later run could
-        # mistake for an interrupted build
-        _preflight_disk(engine, plan, cached, state, say)
-        journal()           # before anything expensive: a run killed from here on leaves a "running" record
-    error: StackError | None = None
-    doing = "starting"             # what the run is doing outside a node's build, for the account of a stop
+        if plan.nodes and plan.nodes[0].name in todo:
+            run.doing = f"making the OS image {plan.base_image} (before the first node)"
+            _ensure_os_image(run.engine, plan, run.say)
+        if run.bundle:
+            run.say(f"CA bundle for builds: {run.bundle} (BuildKit secret 'cabundle', never in a layer)")
+    run.secrets = {"cabundle": run.bundle} if run.bundle else {}
+    for i, (node, entry) in enumerate(zip(plan.nodes, run.record["nodes"]), 1):
+        if run.error is not None:
+            break
+        run.doing = f"between nodes (before {node.name})"
+        if run.cached[node.name] and (why := runtime_wheels_differ(run.engine, run.wheelhouse, node)):
+            run.say(f"{run.step(i)} {node.name}: {node.tag} exists, but {why}: building it again")
+            run.cached[node.name] = False
+        if run.cached[node.name]:
+            _serve_cached(run, i, node, entry)
+        elif not (run.in_cache.get(node.name) and _pull(run, i, node, entry)):
+            _build_node(run, i, node, entry)
+
+
+def _serve_cached(run: _Run, i: int, node: PlannedNode, entry: dict) -> None:
+    """A cached node: recorded "skipped" with its image, pushed to a node cache that lacks it."""
+    run.doing = f"checking the cached node {node.name}"
+    entry["status"] = "skipped"
+    info = run.engine.inspect(node.tag)
+    entry["image_id"], entry["size_bytes"] = info["id"], info["size_bytes"]
+    if node.kind == "wheels":
+        entry["wheels"] = (run.wheelhouse.entry(node.name) or {}).get("wheels", {})
+        if (info.get("labels") or {}).get("org.cudastack.builder"):     # a marker (_mark_local)
+            entry["builder"] = info["labels"]["org.cudastack.builder"]
+    run.say(f"{run.step(i)} {node.name}: cached ({node.tag})")
+    cache = run.cache
+    if cache is not None and not cache.read_only and node.name in run.in_cache and not run.in_cache[node.name]:
+        if entry.get("builder"):     # only a marker here: its wheels image is on that builder
+            run.say(f"warning: {run.step(i)} {node.name}: not pushed to the node cache: this engine "
+                    f"holds only a marker of it (built on builder {entry['builder']}); rebuild it there with "
+                    "--cache to fill the cache")
+        else:
+            run.doing = f"pushing {node.name} to the node cache"
+            push_node(cache, node, entry, run.say, f"{run.step(i)} {node.name}")
+    run.cache_refs[node.tag] = cache_reference(cache, node, entry, run.in_cache.get(node.name))
+
+
+def _pull(run: _Run, i: int, node: PlannedNode, entry: dict) -> bool:
+    """Pull a node from the node cache: True when that settled it (pulled, or a LockError), False to build it."""
+    from cudastack.build.node_cache import serve_node
+
+    entry["status"] = "pulling"
+    run.journal()
     try:
-        if todo or pull:
-            if plan.nodes and plan.nodes[0].name in todo:
-                doing = f"making the OS image {plan.base_image} (before the first node)"
-                _ensure_os_image(engine, plan, say)
-            if bundle:
-                say(f"CA bundle for builds: {bundle} (BuildKit secret 'cabundle', never in a layer)")
+        run.doing = f"pulling {node.name} from the node cache"
+        if serve_node(run.cache, node, run.in_cache[node.name], entry, run.wheelhouse, run.say, run.step(i)):
+            run.cache_refs[node.tag] = cache_reference(run.cache, node, entry, run.in_cache.get(node.name))
+            run.journal()
+            return True
+    except LockError as exc:
+        run.error = exc
+        run.record["error"] = str(exc)
+        run.journal()
+        return True
+    return False
 
-        secrets = {"cabundle": bundle} if bundle else {}
-        cache_refs: dict[str, str | None] = {}     # a node's tag -> the node cache's entry of that very image, or None
-        for i, (node, entry) in enumerate(zip(plan.nodes, record["nodes"]), 1):
-            if error is not None:
-                continue
-            doing = f"between nodes (before {node.name})"
-            if cached[node.name] and (why := runtime_wheels_differ(engine, wheelhouse, node)):
-                say(f"[{i}/{len(plan.nodes)}] {node.name}: {node.tag} exists, but {why}: building it again")
-                cached[node.name] = False
-            if cached[node.name]:
-                doing = f"checking the cached node {node.name}"
-                entry["status"] = "skipped"
-                info = engine.inspect(node.tag)
-                entry["image_id"], entry["size_bytes"] = info["id"], info["size_bytes"]
-                if node.kind == "wheels":
-                    entry["wheels"] = (wheelhouse.entry(node.name) or {}).get("wheels", {})
-                    if (info.get("labels") or {}).get("org.cudastack.builder"):     # a marker (_mark_local)
-                        entry["builder"] = info["labels"]["org.cudastack.builder"]
-                say(f"[{i}/{len(plan.nodes)}] {node.name}: cached ({node.tag})")
-                if cache is not None and not cache.read_only and node.name in in_cache and not in_cache[node.name]:
-                    if entry.get("builder"):     # only a marker here: its wheels image is on that builder
-                        say(f"warning: [{i}/{len(plan.nodes)}] {node.name}: not pushed to the node cache: this engine "
-                            f"holds only a marker of it (built on builder {entry['builder']}); rebuild it there with "
-                            "--cache to fill the cache")
-                    else:
-                        doing = f"pushing {node.name} to the node cache"
-                        push_node(cache, node, entry, say, f"[{i}/{len(plan.nodes)}] {node.name}")
-                cache_refs[node.tag] = cache_reference(cache, node, entry, in_cache.get(node.name))
-                continue
-            if in_cache.get(node.name):
-                from cudastack.build.node_cache import serve_node
 
-                entry["status"] = "pulling"
-                journal()
-                try:
-                    doing = f"pulling {node.name} from the node cache"
-                    if serve_node(cache, node, in_cache[node.name], entry, wheelhouse, say, f"[{i}/{len(plan.nodes)}]"):
-                        cache_refs[node.tag] = cache_reference(cache, node, entry, in_cache.get(node.name))
-                        journal()
-                        continue
-                except LockError as exc:
-                    error = exc
-                    record["error"] = str(exc)
-                    journal()
-                    continue
-            say(f"[{i}/{len(plan.nodes)}] {node.name}: building {node.tag}"
-                + (f" ({', '.join(f'{k.name}={k.value}' for k in node.knobs if k.name in node.parallel_knobs)})"
-                   if node.parallel_knobs else ""))
-            log = logs / f"{node.name}.log"
-            entry["log"] = str(log)
-            entry["status"] = "building"
-            journal()
+def _build_node(run: _Run, i: int, node: PlannedNode, entry: dict) -> None:
+    """Build one node, journaling its start and end; a failure or a stop is recorded on its entry and in run.error."""
+    run.say(f"{run.step(i)} {node.name}: building {node.tag}"
+            + (f" ({', '.join(f'{k.name}={k.value}' for k in node.knobs if k.name in node.parallel_knobs)})"
+               if node.parallel_knobs else ""))
+    log = run.logs / f"{node.name}.log"
+    entry["log"] = str(log)
+    entry["status"] = "building"
+    run.journal()
 
-            def on_child(pid: int, entry=entry) -> None:
-                entry["child_pid"] = pid
-                journal()
+    def on_child(pid: int) -> None:
+        entry["child_pid"] = pid
+        run.journal()
 
-            engine.on_child = on_child
-            t0 = time.monotonic()
-            tmp_out = None
-            ctx = None
-            secret_dir = None
-            try:
-                if node.kind == "base-pip":
-                    _ensure_os_image(engine, plan, say)      # a base whose pull failed is built after all
-                ctx, extra = _make_context(ctx_root, node, wheelhouse, plan, ca_bundle=bundle, say=say)
-                if "_sdist" in extra:
-                    entry["sdist"] = extra.pop("_sdist")
-                if "_source" in extra:
-                    entry["source"] = extra.pop("_source")
-                args = dict(node.build_args)
-                args.update(extra)
-                args = {k: v for k, v in args.items() if not (k == "WHEEL_NAMES" and node.kind != "runtime")}
-                labels = {"org.cudastack.node": node.name, "org.cudastack.hash": node.hash,
-                          "org.cudastack.toolchain": plan.toolchain}
-                if node.kind == "runtime":
-                    labels[WHEELS_LABEL] = runtime_wheels_digest(wheelhouse, node)
-                node_secrets = dict(secrets)
-                if node.index_secret:       # a private index with a login: a BuildKit secret, never a build arg
-                    secret_dir = Path(tempfile.mkdtemp(prefix=f".secrets-p{os.getpid()}-", dir=state))   # 0700
-                    (secret_dir / "pipindex").touch(mode=0o600)
-                    (secret_dir / "pipindex").write_text(node.index_secret)
-                    node_secrets["pipindex"] = str(secret_dir / "pipindex")
-                common = dict(context=str(ctx), dockerfile=str(_abs_dockerfile(node)), build_args=args,
-                              secrets=node_secrets, labels=labels)
-                remote = None
-                if builder is not None:
-                    from cudastack.build.builders import sent
-
-                    if sent(node, builder_nodes):
-                        remote = builder.name
-                        entry["builder"] = remote
-                        common["builder"] = builder
-                        say(f"[{i}/{len(plan.nodes)}] {node.name}: on builder {remote} ({builder.driver})")
-                        if cache_refs.get(args.get("PARENT_IMAGE", "")):    # the builder pulls it by digest itself
-                            entry["parent_from_cache"] = cache_refs[args["PARENT_IMAGE"]]
-                            common["build_args"] = {**args, "PARENT_IMAGE": entry["parent_from_cache"]}
-                            say(f"[{i}/{len(plan.nodes)}] {node.name}: its parent comes to builder {remote} from the node "
-                                f"cache ({entry['parent_from_cache']})")
-                if node.kind == "wheels":
-                    wheelhouse.path.mkdir(parents=True, exist_ok=True)
-                    tmp_out = Path(tempfile.mkdtemp(prefix=f".export-{node.name}-p{os.getpid()}-", dir=wheelhouse.path.parent))
-                    engine.build(name=node.name, log_path=log, say=say, target="wheels", output_dir=str(tmp_out), **common)
-                    entry["wheels"] = wheelhouse.add(node, tmp_out)
-                    if remote:
-                        _mark_local(engine, node, ctx_root, args, labels, remote, log, say)
-                    else:
-                        engine.build(name=f"{node.name} (tag builder)", log_path=log, say=say, target="builder",
-                                     tag=node.tag, **common)
-                else:
-                    engine.build(name=node.name, log_path=log, say=say, tag=node.tag, **common)
-                    if remote and not engine.exists(node.tag):
-                        raise BuildError(f"Builder {remote} built {node.name} but kept the image in its own engine "
-                                         f"({builder.driver} driver, {builder.endpoint}): this engine has no {node.tag}. "
-                                         "Use a docker-container, remote or Kubernetes builder (they send the image back "
-                                         "with --load), or send only wheels nodes (--builder-nodes source).")
-                info = engine.inspect(node.tag)
-                entry.update(status="built", image_id=info["id"], size_bytes=info["size_bytes"])
-                entry["duration_s"] = round(time.monotonic() - t0, 1)
-                size = f", {info['size_bytes'] / 2**30:.2f} GiB" if info["size_bytes"] else ""
-                wheels = f", wheels: {', '.join(entry['wheels'])}" if entry["wheels"] else ""
-                say(f"[{i}/{len(plan.nodes)}] {node.name}: built in {_fmt_s(entry['duration_s'])}{size}{wheels}")
-                if cache is not None and not cache.read_only:
-                    journal()
-                    if entry.get("builder") and node.kind == "wheels":    # this engine holds only its marker
-                        from cudastack.build.builders import push_from_builder
-
-                        push_from_builder(cache, engine, node, entry, common, log, say, f"[{i}/{len(plan.nodes)}] {node.name}")
-                    else:
-                        doing = f"pushing {node.name} to the node cache"
-                        push_node(cache, node, entry, say, f"[{i}/{len(plan.nodes)}] {node.name}")
-            except StackError as exc:
-                if isinstance(exc, BuildError) and getattr(plan, "locked", False):
-                    exc = locked_failure(node.name, log) or exc
-                entry["status"] = "failed"
-                entry["duration_s"] = round(time.monotonic() - t0, 1)
-                if counter := getattr(exc, "counter", ""):
-                    entry["compiled"] = counter
-                error = exc
-                record["error"] = str(exc)
-            except KeyboardInterrupt as exc:
-                # stopped from outside (Ctrl-C, SIGTERM): record how far the node got, then stop
-                stop.note()
-                entry["status"] = "interrupted"
-                entry["duration_s"] = round(time.monotonic() - t0, 1)
-                if counter := getattr(exc, "counter", ""):
-                    entry["compiled"] = counter
-                error = BuildInterrupted("interrupted")      # its message is written once the record is complete
-            finally:
-                engine.on_child = None
-                entry.pop("child_pid", None)
-                if tmp_out is not None:
-                    shutil.rmtree(tmp_out, ignore_errors=True)
-                if ctx is not None:
-                    shutil.rmtree(ctx, ignore_errors=True)
-                if secret_dir is not None:
-                    shutil.rmtree(secret_dir, ignore_errors=True)
-            journal()
-
-    except KeyboardInterrupt:         # stopped outside a node's build (between nodes, a pull, a push, the OS image)
+    run.engine.on_child = on_child
+    t0 = time.monotonic()
+    scratch: list[Path] = []      # folders made for this build (context, secrets, export): removed however it ends
+    try:
+        _build_steps(run, i, node, entry, log, t0, scratch)
+    except StackError as exc:
+        if isinstance(exc, BuildError) and getattr(run.plan, "locked", False):
+            exc = locked_failure(node.name, log) or exc
+        _node_ended(entry, "failed", exc, t0)
+        run.error = exc
+        run.record["error"] = str(exc)
+    except KeyboardInterrupt as exc:
+        # stopped from outside (Ctrl-C, SIGTERM): record how far the node got, then stop
         stop.note()
-        for entry in record["nodes"]:
-            if entry["status"] in ("building", "pulling"):
-                entry["status"] = "interrupted"
-        error = BuildInterrupted("interrupted")
-    except BaseException as exc:      # a fault outside any node: the journal must not stay "running"
-        if record["status"] == "running" and rec_path.exists():
-            record.update(status="failed", error=str(exc) or exc.__class__.__name__,
-                          finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                          duration_s=round(time.monotonic() - t_run, 1))
-            journal()
-        raise
-    if isinstance(error, BuildInterrupted):
-        error = BuildInterrupted(interrupted_message(record, rec_path, doing))
-        record["error"] = str(error)
+        _node_ended(entry, "interrupted", exc, t0)
+        run.error = BuildInterrupted("interrupted")      # its message is written once the record is complete
+    finally:
+        run.engine.on_child = None
+        entry.pop("child_pid", None)
+        for folder in scratch:
+            shutil.rmtree(folder, ignore_errors=True)
+    run.journal()
 
-    record["docker_builds"] = engine.builds_issued - builds_before
+
+def _node_ended(entry: dict, status: str, exc: BaseException, t0: float) -> None:
+    """Record a node that did not finish: its status, its time and the ninja counter it reached."""
+    entry["status"] = status
+    entry["duration_s"] = round(time.monotonic() - t0, 1)
+    if counter := getattr(exc, "counter", ""):
+        entry["compiled"] = counter
+
+
+def _build_steps(run: _Run, i: int, node: PlannedNode, entry: dict, log: Path, t0: float, scratch: list[Path]) -> None:
+    """Make the node's context, build it (here or on the builder), record it "built" and push it to the node cache."""
+    if node.kind == "base-pip":
+        _ensure_os_image(run.engine, run.plan, run.say)      # a base whose pull failed is built after all
+    common, args, labels = _node_inputs(run, node, entry, scratch)
+    remote = _send_to_builder(run, i, node, entry, args, common)
+    _build_image(run, node, entry, log, common, args, labels, remote, scratch)
+    info = run.engine.inspect(node.tag)
+    entry.update(status="built", image_id=info["id"], size_bytes=info["size_bytes"])
+    entry["duration_s"] = round(time.monotonic() - t0, 1)
+    size = f", {info['size_bytes'] / 2**30:.2f} GiB" if info["size_bytes"] else ""
+    wheels = f", wheels: {', '.join(entry['wheels'])}" if entry["wheels"] else ""
+    run.say(f"{run.step(i)} {node.name}: built in {_fmt_s(entry['duration_s'])}{size}{wheels}")
+    if run.cache is not None and not run.cache.read_only:
+        run.journal()
+        if entry.get("builder") and node.kind == "wheels":    # this engine holds only its marker
+            from cudastack.build.builders import push_from_builder
+
+            push_from_builder(run.cache, run.engine, node, entry, common, log, run.say, f"{run.step(i)} {node.name}")
+        else:
+            run.doing = f"pushing {node.name} to the node cache"
+            push_node(run.cache, node, entry, run.say, f"{run.step(i)} {node.name}")
+
+
+def _node_inputs(run: _Run, node: PlannedNode, entry: dict, scratch: list[Path]) -> tuple[dict, dict, dict]:
+    """The node's build context, build args, labels and secrets: ``(common build kwargs, args, labels)``."""
+    ctx, extra = _make_context(run.ctx_root, node, run.wheelhouse, run.plan, ca_bundle=run.bundle, say=run.say)
+    scratch.append(ctx)
+    if "_sdist" in extra:
+        entry["sdist"] = extra.pop("_sdist")
+    if "_source" in extra:
+        entry["source"] = extra.pop("_source")
+    args = dict(node.build_args)
+    args.update(extra)
+    args = {k: v for k, v in args.items() if not (k == "WHEEL_NAMES" and node.kind != "runtime")}
+    labels = {"org.cudastack.node": node.name, "org.cudastack.hash": node.hash,
+              "org.cudastack.toolchain": run.plan.toolchain}
+    if node.kind == "runtime":
+        labels[WHEELS_LABEL] = runtime_wheels_digest(run.wheelhouse, node)
+    node_secrets = dict(run.secrets)
+    if node.index_secret:       # a private index with a login: a BuildKit secret, never a build arg
+        secret_dir = Path(tempfile.mkdtemp(prefix=f".secrets-p{os.getpid()}-", dir=run.state))   # 0700
+        scratch.append(secret_dir)
+        (secret_dir / "pipindex").touch(mode=0o600)
+        (secret_dir / "pipindex").write_text(node.index_secret)
+        node_secrets["pipindex"] = str(secret_dir / "pipindex")
+    common = dict(context=str(ctx), dockerfile=str(_abs_dockerfile(node)), build_args=args,
+                  secrets=node_secrets, labels=labels)
+    return common, args, labels
+
+
+def _send_to_builder(run: _Run, i: int, node: PlannedNode, entry: dict, args: dict, common: dict) -> str | None:
+    """With --builder, route a node it takes there (its parent by digest from the node cache); the builder's name."""
+    builder = run.builder
+    if builder is None:
+        return None
+    from cudastack.build.builders import sent
+
+    if not sent(node, run.builder_nodes):
+        return None
+    entry["builder"] = builder.name
+    common["builder"] = builder
+    run.say(f"{run.step(i)} {node.name}: on builder {builder.name} ({builder.driver})")
+    if run.cache_refs.get(args.get("PARENT_IMAGE", "")):    # the builder pulls it by digest itself
+        entry["parent_from_cache"] = run.cache_refs[args["PARENT_IMAGE"]]
+        common["build_args"] = {**args, "PARENT_IMAGE": entry["parent_from_cache"]}
+        run.say(f"{run.step(i)} {node.name}: its parent comes to builder {builder.name} from the node "
+                f"cache ({entry['parent_from_cache']})")
+    return builder.name
+
+
+def _build_image(run: _Run, node: PlannedNode, entry: dict, log: Path, common: dict, args: dict, labels: dict,
+                 remote: str | None, scratch: list[Path]) -> None:
+    """The docker build(s) of a node: a wheels node exports its wheels into the wheelhouse, then is tagged."""
+    engine = run.engine
+    if node.kind == "wheels":
+        run.wheelhouse.path.mkdir(parents=True, exist_ok=True)
+        tmp_out = Path(tempfile.mkdtemp(prefix=f".export-{node.name}-p{os.getpid()}-", dir=run.wheelhouse.path.parent))
+        scratch.append(tmp_out)
+        engine.build(name=node.name, log_path=log, say=run.say, target="wheels", output_dir=str(tmp_out), **common)
+        entry["wheels"] = run.wheelhouse.add(node, tmp_out)
+        if remote:
+            _mark_local(engine, node, run.ctx_root, args, labels, remote, log, run.say)
+        else:
+            engine.build(name=f"{node.name} (tag builder)", log_path=log, say=run.say, target="builder",
+                         tag=node.tag, **common)
+        return
+    engine.build(name=node.name, log_path=log, say=run.say, tag=node.tag, **common)
+    if remote and not engine.exists(node.tag):
+        raise BuildError(f"Builder {remote} built {node.name} but kept the image in its own engine "
+                         f"({run.builder.driver} driver, {run.builder.endpoint}): this engine has no {node.tag}. "
+                         "Use a docker-container, remote or Kubernetes builder (they send the image back "
+                         "with --load), or send only wheels nodes (--builder-nodes source).")
+
+
+def _finish(run: _Run) -> dict:
+    """Complete the record (status, times, docker builds), say how the run ended; raise its error or return it."""
+    record, error = run.record, run.error
+    if isinstance(error, BuildInterrupted):
+        error = BuildInterrupted(interrupted_message(record, run.rec_path, run.doing))
+        record["error"] = str(error)
+    record["docker_builds"] = run.engine.builds_issued - run.builds_before
     record["status"] = "interrupted" if isinstance(error, BuildInterrupted) else "failed" if error else "ok"
     record["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    record["duration_s"] = round(time.monotonic() - t_run, 1)
-    journal()
-    record["record_path"] = str(rec_path)
+    record["duration_s"] = round(time.monotonic() - run.t_run, 1)
+    run.journal()
+    record["record_path"] = str(run.rec_path)
     built = [n["name"] for n in record["nodes"] if n["status"] == "built"]
     pulled = [n["name"] for n in record["nodes"] if n["status"] == "pulled"]
     skipped = [n["name"] for n in record["nodes"] if n["status"] == "skipped"]
     n = record["docker_builds"]
     ended = {"ok": "done", "interrupted": "stopped", "failed": "failed"}[record["status"]]
-    say(f"{ended} after {_fmt_s(record['duration_s'])}: built {', '.join(built) or 'nothing'}; "
-        + (f"pulled from the node cache {', '.join(pulled) or 'nothing'}; " if cache is not None else "")
-        + f"already cached {', '.join(skipped) or 'nothing'}; {n} docker build{'s' * (n != 1)}; record {rec_path}")
+    run.say(f"{ended} after {_fmt_s(record['duration_s'])}: built {', '.join(built) or 'nothing'}; "
+            + (f"pulled from the node cache {', '.join(pulled) or 'nothing'}; " if run.cache is not None else "")
+            + f"already cached {', '.join(skipped) or 'nothing'}; {n} docker build{'s' * (n != 1)}; record {run.rec_path}")
     if error:
         raise error
     return record

@@ -24,7 +24,7 @@ from cudastack.lock.pip_resolver import _cert_args, _clean_env, index_args
 from cudastack.lock.resolve import _requested_specs, _source_entry, node_installs
 
 
-def stale_entries(plan, lock: dict, *, client=None) -> list[str]:  # noqa: C901, PLR0912 - reason: one comparison per kind of lock entry, in the lock's order; named in issue 36 item 4
+def stale_entries(plan, lock: dict, *, client=None) -> list[str]:
     """Every way ``lock`` does not match ``plan``, one line each naming the lock entry (empty: it matches).
     Compares toolchain, node set and kind/method, each pip install's requested specs and index, the sdist/git
     pins, the OS image's current local id (when ``client`` is given) and the base image reference."""
@@ -40,71 +40,101 @@ def stale_entries(plan, lock: dict, *, client=None) -> list[str]:  # noqa: C901,
         if e is None:
             out.append(f"nodes.{node.name}: not in the lock (a new component)")
             continue
-        if e.get("kind") != node.kind or (e.get("method") or "") != (node.method or ""):
-            out.append(f"nodes.{node.name}.kind: the lock has {e.get('kind')} {e.get('method') or ''}".rstrip()
-                       + f", the plan {node.kind} {node.method or ''}".rstrip())
-        index = node.build_args.get("PIP_INDEX_URL", "") or DEFAULT_INDEX
-        if e.get("index", DEFAULT_INDEX) != index:
-            out.append(f"nodes.{node.name}.index: the lock used {e.get('index')}, the plan uses {index}")
-        want = {arg: _requested_specs(i["specs"]) for arg, i in node_installs(node).items()}
-        have = {arg: i.get("requested", []) for arg, i in (e.get("installs") or {}).items()}
-        for arg in sorted(set(want) | set(have)):
-            if want.get(arg) != have.get(arg):
-                out.append(f"nodes.{node.name}.installs.{arg}.requested: the lock has "
-                           f"{' '.join(have.get(arg) or []) or 'nothing'}, the recipes ask for "
-                           f"{' '.join(want.get(arg) or []) or 'nothing'}")
-        src = _source_entry(node) if node.kind == "wheels" and node.method == "source" else {}
-        if src.get("sdist"):
-            sd = src["sdist"]
-            pins = [(p.get("name"), p.get("version")) for p in e.get("sdists") or []]
-            if (canonicalize_name(sd["package"]), str(sd["version"])) not in pins:
-                out.append(f"nodes.{node.name}.sdists: the lock has {pins or 'none'}, the recipe asks for "
-                           f"{sd['package']}=={sd['version']}")
-        if src.get("git"):
-            g = src["git"]
-            pins = [(p.get("url"), p.get("commit")) for p in e.get("git") or []]
-            if g.get("commit") and (g["url"], g["commit"]) not in pins:
-                out.append(f"nodes.{node.name}.git: the lock pins {pins or 'nothing'}, the recipe asks for "
-                           f"{g['url']}@{g['commit']}")
-        if src.get("path") and e.get("paths"):
-            from cudastack.plan.hash import dir_digest
-            folder = (getattr(node, "context", {}) or {}).get("src") or src["path"]
-            try:
-                now = dir_digest(folder)
-            except OSError:
-                now = "missing"
-            if now != e["paths"][0].get("sha256"):
-                out.append(f"nodes.{node.name}.paths: the source folder {Path(folder).name} changed since it was "
-                           f"locked (sha256 {now[:12]} now, {str(e['paths'][0].get('sha256'))[:12]} locked)")
-        if node.kind == "base-pip":
-            tag = node.build_args.get("OS_IMAGE", "")
-            rec = e.get("os_image") or {}
-            if rec.get("tag") != tag:
-                out.append(f"nodes.{node.name}.os_image.tag: the lock has {rec.get('tag')}, the plan uses {tag}")
-            elif client is not None:
-                try:
-                    img = client.images.get(tag)
-                    current, here_tool = img.id, (img.labels or {}).get("org.cudastack.os.tool", "")
-                except Exception:  # noqa: BLE001
-                    current, here_tool = None, ""
-                if current is None:
-                    out.append(f"nodes.{node.name}.os_image: {tag} is not on this host (locked id "
-                               f"{str(rec.get('image_id'))[:19]}); bootstrap it again or load it")
-                elif current != rec.get("image_id"):
-                    locked_tool = rec.get("tool") or rec.get("debootstrap") or "an unrecorded tool"
-                    out.append(f"nodes.{node.name}.os_image.image_id: {tag} is now {current[:19]} on this host, the "
-                               f"lock pins {str(rec.get('image_id'))[:19]} (the OS image was bootstrapped again: "
-                               f"locked by {locked_tool}, here by {here_tool or 'a tool that left no label'})")
-        if node.kind == "base-nvidia":
-            ref = node.build_args.get("BASE_IMAGE", "")
-            rec = e.get("base_image") or {}
-            if ref not in (rec.get("ref"), rec.get("reference") if getattr(plan, "locked", False) else None):
-                out.append(f"nodes.{node.name}.base_image.ref: the lock has {(e.get('base_image') or {}).get('ref')}, "
-                           f"the plan uses {ref}")
+        out += (_stale_kind_and_index(node, e) + _stale_installs(node, e) + _stale_sources(node, e)
+                + _stale_os_image(node, e, client) + _stale_base_image(plan, node, e))
     skipped = set(getattr(plan, "skipped", []) or [])
     for name in sorted(set(lnodes) - {n.name for n in plan.nodes} - skipped):
         out.append(f"nodes.{name}: in the lock but no longer in the plan")
     return out
+
+
+def _stale_kind_and_index(node, e: dict) -> list[str]:
+    """A node's lock entry against its kind/method and its pip index."""
+    out = []
+    if e.get("kind") != node.kind or (e.get("method") or "") != (node.method or ""):
+        out.append(f"nodes.{node.name}.kind: the lock has {e.get('kind')} {e.get('method') or ''}".rstrip()
+                   + f", the plan {node.kind} {node.method or ''}".rstrip())
+    index = node.build_args.get("PIP_INDEX_URL", "") or DEFAULT_INDEX
+    if e.get("index", DEFAULT_INDEX) != index:
+        out.append(f"nodes.{node.name}.index: the lock used {e.get('index')}, the plan uses {index}")
+    return out
+
+
+def _stale_installs(node, e: dict) -> list[str]:
+    """A node's locked pip installs against the specs its recipes ask for, one line per install that differs."""
+    want = {arg: _requested_specs(i["specs"]) for arg, i in node_installs(node).items()}
+    have = {arg: i.get("requested", []) for arg, i in (e.get("installs") or {}).items()}
+    return [f"nodes.{node.name}.installs.{arg}.requested: the lock has "
+            f"{' '.join(have.get(arg) or []) or 'nothing'}, the recipes ask for "
+            f"{' '.join(want.get(arg) or []) or 'nothing'}"
+            for arg in sorted(set(want) | set(have)) if want.get(arg) != have.get(arg)]
+
+
+def _stale_sources(node, e: dict) -> list[str]:
+    """A source-built wheels node's locked sdist, git and source-folder pins against its recipe."""
+    src = _source_entry(node) if node.kind == "wheels" and node.method == "source" else {}
+    out = []
+    if src.get("sdist"):
+        sd = src["sdist"]
+        pins = [(p.get("name"), p.get("version")) for p in e.get("sdists") or []]
+        if (canonicalize_name(sd["package"]), str(sd["version"])) not in pins:
+            out.append(f"nodes.{node.name}.sdists: the lock has {pins or 'none'}, the recipe asks for "
+                       f"{sd['package']}=={sd['version']}")
+    if src.get("git"):
+        g = src["git"]
+        pins = [(p.get("url"), p.get("commit")) for p in e.get("git") or []]
+        if g.get("commit") and (g["url"], g["commit"]) not in pins:
+            out.append(f"nodes.{node.name}.git: the lock pins {pins or 'nothing'}, the recipe asks for "
+                       f"{g['url']}@{g['commit']}")
+    if src.get("path") and e.get("paths"):
+        from cudastack.plan.hash import dir_digest
+        folder = (getattr(node, "context", {}) or {}).get("src") or src["path"]
+        try:
+            now = dir_digest(folder)
+        except OSError:
+            now = "missing"
+        if now != e["paths"][0].get("sha256"):
+            out.append(f"nodes.{node.name}.paths: the source folder {Path(folder).name} changed since it was "
+                       f"locked (sha256 {now[:12]} now, {str(e['paths'][0].get('sha256'))[:12]} locked)")
+    return out
+
+
+def _stale_os_image(node, e: dict, client) -> list[str]:
+    """A pip base's locked OS image against the plan's tag and (with ``client``) the image this host holds."""
+    if node.kind != "base-pip":
+        return []
+    tag = node.build_args.get("OS_IMAGE", "")
+    rec = e.get("os_image") or {}
+    if rec.get("tag") != tag:
+        return [f"nodes.{node.name}.os_image.tag: the lock has {rec.get('tag')}, the plan uses {tag}"]
+    if client is None:
+        return []
+    try:
+        img = client.images.get(tag)
+        current, here_tool = img.id, (img.labels or {}).get("org.cudastack.os.tool", "")
+    except Exception:  # noqa: BLE001
+        current, here_tool = None, ""
+    if current is None:
+        return [f"nodes.{node.name}.os_image: {tag} is not on this host (locked id "
+                f"{str(rec.get('image_id'))[:19]}); bootstrap it again or load it"]
+    if current != rec.get("image_id"):
+        locked_tool = rec.get("tool") or rec.get("debootstrap") or "an unrecorded tool"
+        return [f"nodes.{node.name}.os_image.image_id: {tag} is now {current[:19]} on this host, the "
+                f"lock pins {str(rec.get('image_id'))[:19]} (the OS image was bootstrapped again: "
+                f"locked by {locked_tool}, here by {here_tool or 'a tool that left no label'})"]
+    return []
+
+
+def _stale_base_image(plan, node, e: dict) -> list[str]:
+    """An NVIDIA base's locked image reference against the plan's (a locked plan may name it by digest)."""
+    if node.kind != "base-nvidia":
+        return []
+    ref = node.build_args.get("BASE_IMAGE", "")
+    rec = e.get("base_image") or {}
+    if ref not in (rec.get("ref"), rec.get("reference") if getattr(plan, "locked", False) else None):
+        return [f"nodes.{node.name}.base_image.ref: the lock has {(e.get('base_image') or {}).get('ref')}, "
+                f"the plan uses {ref}"]
+    return []
 
 
 def verify_plan_against_lock(plan, lock: dict, *, client=None, where: str = "the lockfile") -> None:

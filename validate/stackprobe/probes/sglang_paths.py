@@ -16,6 +16,7 @@ import re
 
 from ..paths import PCIE_IPC
 from ..verdict import NOT_ASSESSED, SCOPE_ENGINE, Verdict
+from . import enumerate_common as ec
 from . import sglang_engine as se
 from . import sglang_flags as sf
 from .sglang_pyeval import UNKNOWN, Evaluator, Unbound
@@ -192,14 +193,10 @@ def env_settings(engine: se.Engine) -> list[dict]:
     the release has no such file or class."""
     import ast
 
-    from .. import source
-
-    path = engine.root / ENVIRON
-    try:
-        tree = source.parse(path)
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except (SyntaxError, ValueError, OSError):
+    parsed = ec.parse_with_lines(engine.root / ENVIRON)
+    if parsed is None:
         return []
+    tree, lines = parsed
     cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Envs"), None)
     models = model_stems(engine)
     out = []
@@ -210,16 +207,9 @@ def env_settings(engine: se.Engine) -> list[dict]:
         if not (isinstance(target, ast.Name) and target.id.startswith("SGLANG_") and isinstance(n.value, ast.Call)
                 and ast.unparse(n.value.func).startswith("Env")):
             continue
-        comment: list[str] = []
-        name, i = target.id, n.lineno - 2
-        while i >= 0 and lines[i].strip().startswith("#"):
-            t = lines[i].strip().lstrip("#").strip()
-            if t and not set(t) <= set("=-# "):
-                comment.insert(0, t)
-            i -= 1
-        help_text = " ".join(comment)
-        spaced = name.replace("_", " ")
-        if not (CLI_TERMS.search(spaced) or CLI_TERMS.search(help_text)) or RENDEZVOUS.search(name.lower().replace(
+        name = target.id
+        help_text = ec.comment_help(ec.comment_above(lines, n.lineno))
+        if not ec.names_setting(CLI_TERMS, name, help_text) or RENDEZVOUS.search(name.lower().replace(
                 "_", "-")) or DIAGNOSTIC.search(name) or _model_of(name.removeprefix("SGLANG_"), models):
             continue
         applies = "does not apply here: for another platform (ROCm, NPU, XPU or HPU)" if (

@@ -29,6 +29,7 @@ import re
 from .. import source
 from ..paths import PCIE_IPC
 from ..verdict import NOT_ASSESSED, SCOPE_ENGINE, Verdict
+from . import enumerate_common as ec
 from . import sglang_engine as se
 from .sglang_paths import CLI_TERMS as TERMS
 from .sglang_paths import RENDEZVOUS
@@ -139,8 +140,7 @@ def _is_setting(name: str, help_text: str, choices) -> bool:
     help_text = NOT_A_COLLECTIVE.sub("", help_text)
     if PLACEMENT.search(name) or DIAGNOSTIC.search(name) or KV_TRANSFER.search(help_text) or MODEL_ONLY.search(help_text):
         return False
-    return bool(VTERMS.search(name) or VTERMS.search(name.replace("_", " ")) or VTERMS.search(help_text)
-                or NAME_TERMS.search(name) or any(VTERMS.search(str(c)) for c in choices or ()))
+    return ec.names_setting(VTERMS, name, help_text, choices or (), NAME_TERMS)
 
 
 def _applies(name: str, help_text: str) -> str:
@@ -215,12 +215,10 @@ def env_settings(eng) -> list[dict]:
     """The communication variables of ``envs.py``'s ``environment_variables`` dict: ``[{"setting" (NAME), "group":
     "envs.py", "where" (``vllm/envs.py:LINE`` of the entry), "help" (the comment lines above it), "choices"
     (``env_with_choices``' list)}]``."""
-    path = eng.root / ENVS
-    try:
-        tree = source.parse(path)
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except (SyntaxError, ValueError, OSError):
+    parsed = ec.parse_with_lines(eng.root / ENVS)
+    if parsed is None:
         return []
+    tree, lines = parsed
     table = next((n.value for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign)) and isinstance(n.value, ast.Dict)
                   and ast.unparse(n.targets[0] if isinstance(n, ast.Assign) else n.target) == "environment_variables"),
                  None)
@@ -232,9 +230,8 @@ def env_settings(eng) -> list[dict]:
         if not (isinstance(k, ast.Constant) and isinstance(k.value, str)):
             prev_end = getattr(v, "end_lineno", prev_end)
             continue
-        comment = [ln.strip().lstrip("#").strip() for ln in lines[prev_end:k.lineno - 1] if ln.strip().startswith("#")]
+        help_text = ec.comment_help(lines[prev_end:k.lineno - 1])
         prev_end = getattr(v, "end_lineno", k.lineno) or k.lineno
-        help_text = " ".join(c for c in comment if not set(c) <= set("=- "))
         choices = []
         for c in ast.walk(v):
             if isinstance(c, ast.Call) and ast.unparse(c.func).endswith("env_with_choices") and len(c.args) >= 3:

@@ -238,3 +238,28 @@ def test_a_step_to_an_unknown_call_is_an_error_never_a_pass(sg23, fi, tmp_path):
     with pytest.raises(DispatchError, match=r"`self._can_use_ring\(input_\)` hands the tensor to a path this reader "
                                             "cannot map"):
         _dispatch(_eng(copy), env=PCIE_ON)
+
+
+@pytest.mark.parametrize("modules,importable", [(("__init__.py",), False),
+                                                (("__init__.py", "ext/__init__.py", "default_algos/__init__.py"), True)])
+def test_mscclpp_package_reads_the_submodules_sglang_imports(sg23, tmp_path, monkeypatch, modules, importable):
+    """PyMscclppCommunicator imports mscclpp, mscclpp.ext and mscclpp.default_algos (sglang 0.5.23 pymscclpp.py:
+    1048-1050), any ImportError leaving it disabled (:1051-1057). Before: only the top-level package was looked up,
+    so a mscclpp package without ext read importable. The twin: with both subpackages (as microsoft/mscclpp ships
+    them) it is importable. Nothing is imported: the planted package's __init__ would raise."""
+    from stackprobe.probes import sglang_dispatch as dw
+
+    pkg = tmp_path / "site" / "mscclpp"
+    for rel in modules:
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text("raise RuntimeError('imported')\n" if rel == "__init__.py" else "")
+    monkeypatch.syspath_prepend(str(pkg.parent))
+    got = dw.mscclpp_package(_eng(sg23))
+    assert got["modules"] == ["mscclpp", "mscclpp.ext", "mscclpp.default_algos"]
+    assert got["importable"] is importable and "mscclpp" not in sys.modules
+    if importable:
+        assert got["why"].startswith("the mscclpp package is importable here")
+    else:
+        assert got["why"].startswith("the mscclpp package is not importable here as SGLang imports it "
+                                     "(mscclpp.ext, mscclpp.default_algos not found in it)"), got["why"]
+        assert "pymscclpp.py:1047-1057" in got["why"]

@@ -303,18 +303,40 @@ def _build(st: _State, attr: str) -> dict:
     raise DispatchError(f"no rule for communicator {attr}")
 
 
+def _module_findable(name: str) -> bool:
+    """Whether module ``name`` (dotted) is found on the path, without importing anything: the top-level package with
+    ``importlib.util.find_spec``, each submodule with ``importlib.machinery.PathFinder`` in its parent package's
+    folders (``find_spec`` of a dotted name would import the parents). The mscclpp package ships ``ext`` and
+    ``default_algos`` as subpackages (microsoft/mscclpp ``python/mscclpp/ext/__init__.py``,
+    ``python/mscclpp/default_algos/__init__.py``), so they are files this finds."""
+    import importlib.machinery
+    import importlib.util
+
+    parts = name.split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])
+    except (ImportError, ValueError):
+        return False
+    for i in range(1, len(parts)):
+        locations = spec.submodule_search_locations if spec is not None else None
+        if not locations:
+            return False            # not a package: it has no submodules
+        spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:i + 1]), list(locations))
+    return spec is not None
+
+
 def mscclpp_package(engine: se.Engine) -> dict:
     """Whether the modules ``PyMscclppCommunicator`` imports are importable in the environment read:
     ``{"modules": [...], "importable": bool, "where": "sglang/FILE:LINES", "why": text}``. The modules are read from
     the ``importlib.import_module("...")`` calls in the ``try`` whose handler catches ImportError in its
     ``__init__`` (sglang 0.5.23 ``pymscclpp.py:1047-1056``: ``mscclpp``, ``mscclpp.ext``, ``mscclpp.default_algos``);
-    each top-level package is looked up with ``importlib.util.find_spec`` (nothing is imported). Without them the
+    each is looked up as SGLang imports it (:func:`_module_findable`; nothing is imported), so a ``mscclpp`` package
+    that lacks ``ext`` or ``default_algos`` reads not importable: ``import_module("mscclpp.ext")`` raises
+    ImportError there, and the same branch is taken. Without them the
     constructor returns with ``self.disabled = True`` and ``self.available = False`` (``pymscclpp.py:1029-1030``), and
     ``change_state`` keeps it disabled during graph capture (``:1270-1271``); with them, ``GroupCoordinator
     .graph_capture`` enables it (``parallel_state.py:669``). The package is not among sglang 0.5.23's Requires-Dist.
     Raises GateNotFound when the class or that ``try`` is missing."""
-    import importlib.util
-
     rel = f"{COMM_DIR}/pymscclpp.py"
     tree = engine.tree(rel)
     klass = next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "PyMscclppCommunicator"), None)
@@ -329,10 +351,14 @@ def mscclpp_package(engine: se.Engine) -> dict:
         if not mods:
             continue
         tops = list(dict.fromkeys(m.split(".")[0] for m in mods))
-        missing = [m for m in tops if importlib.util.find_spec(m) is None]
+        missing = [m for m in tops if not _module_findable(m)]
+        lacking = [m for m in mods if m.split(".")[0] not in missing and not _module_findable(m)]
+        missing += list(dict.fromkeys(m.split(".")[0] for m in lacking))
         where = f"sglang/{rel}:{t.lineno}-{t.handlers[-1].end_lineno}"
         if missing:
-            why = (f"the {', '.join(missing)} package is not importable here, so PyMscclppCommunicator's ImportError "
+            why = (f"the {', '.join(missing)} package is not importable here"
+                   + (f" as SGLang imports it ({', '.join(lacking)} not found in it)" if lacking else "")
+                   + ", so PyMscclppCommunicator's ImportError "
                    f"branch ({where}) leaves it disabled, also during graph capture (change_state keeps an unavailable "
                    "communicator disabled)")
         else:

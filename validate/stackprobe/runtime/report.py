@@ -109,130 +109,191 @@ def host_table(host: dict | None) -> list[str]:
     return mdtable.table(("host", *keys), [("measured on", *(host.get(k, "-") for k in keys))])
 
 
-def markdown(report: dict, plot_name: str | None = None) -> str:  # noqa: C901, PLR0912 - reason: an orchestrator named in issue 36 item 4; one section per block, not split yet
+def markdown(report: dict, plot_name: str | None = None) -> str:
     """The Markdown report: hardware note and host block, settings, then per world size the backends and the
     NCCL settings ranked apart (each by its paired ratio to the baseline, with the 95% interval and status),
     the rows that did not run, and the sweep of every row."""
-    cfg = report["config"]
-    wl = report.get("workload") or {}
-    lines = [f"# Runtime validation: {report.get('label', '')}", "", hardware_note(report), ""]
-    lines += host_table(report.get("host")) + [""]
-    tol = report["tolerance"]
-    lines += [f"- created {report.get('created')}; baseline **{report['baseline']}** measured beside every row "
-              f"(paired rounds); status from the 95% bootstrap interval of the ratio: faster (upper bound < "
-              f"{1 - tol:.2f}), slower (lower bound > {1 + tol:.2f}), parity (inside [{1 - tol:.2f}, {1 + tol:.2f}]), "
-              f"else inconclusive",
-              f"- sizes (bytes, decode size first): {', '.join(str(s) for s in cfg['sizes'])}; dtype {cfg['dtype']}",
-              f"- one unit = {cfg['graph_calls']} calls in one CUDA graph (eager sequence on CPU), each call with its "
-              f"own input; {cfg['graph_replays']} replays per trial; {cfg['rounds']} paired rounds at the decode size, "
-              f"{cfg.get('sweep_rounds', '-')} elsewhere; settings NCCL reads once per process: "
-              f"{report.get('process_rounds', '-')} alternated process-group rounds",
-              "- work = time per call - the empty-graph floor (the per-call input writes alone) measured in the same "
-              "rounds; busbw = algbw * 2(n-1)/n (nccl-tests)",
-              "- correctness: output poisoned before each check; eager call, the accumulated sequence (arithmetic "
-              "series) and the timed graph itself",
-              f"- multicast off in every probe process: "
-              + ", ".join(f"{k}={v}" for k, v in (report.get("multicast_off") or {}).items())]
-    if "p2p_check" in report:
-        from .nccl_transport import label as transport_label
-        from .p2pcheck import summary_line
-        lines.append(f"- {summary_line(report['p2p_check'], report.get('device'))}")
-        lines += [f"- world size {r['world_size']}: baseline {report['baseline']} "
-                  f"{transport_label(r.get('nccl_transport'))}" for r in report["runs"] if "nccl_transport" in r
-                  and report.get("device") == "cuda"]
-    if wl:
-        lines.append(f"- workload {wl['name']}: hidden {wl['hidden']}, {wl['layers']} layers x "
-                     f"{wl['allreduces_per_layer']} allreduces = {wl['calls_per_step']} per verify step, "
-                     f"{wl['tokens']} tokens, {wl['dtype']} -> {wl['message_bytes']:,} B per allreduce")
-    if report.get("nccl_tests"):
-        lines += ["", "## nccl-tests in the same run", "", "```", report["nccl_tests"].strip(), "```"]
+    lines = _md_head(report) + _md_settings(report) + _md_p2p_check(report) + _md_workload(report)
+    lines += _md_nccl_tests(report)
     for run in report["runs"]:
-        ws = run["world_size"]
-        verdicts = run.get("verdicts") or []
-        measured = [v for v in verdicts if v["status"] in ("baseline", "faster", "parity", "slower", "inconclusive")]
-        rest = [v for v in verdicts if v not in measured]
-        spill = mdtable.Spill()   # causes and preconditions too long for a cell, under the row's heading below
-        lines += ["", f"## World size {ws}", "", f"{len(measured)} rows measured; {len(rest)} not measured, blocked or in "
-                  "error.", ""]
-        for kind, title in (("backend", "Backends"), ("setting", "NCCL settings (ranked apart: each needs its "
-                                                                  "precondition)")):
-            vs = sorted([v for v in measured if v["measurements"].get("kind") in (kind, "baseline")], key=_rank_key)
-            if kind == "setting":
-                vs = [v for v in vs if v["measurements"].get("kind") == "setting"]
-            if not vs:
-                continue
-            lines += [f"### {title}", ""]
-            if kind == "backend":
-                lines += mdtable.header(("rank", "row", "status", "ratio to baseline [95% CI]",
-                                         "work us/call [95% CI]", "floor us", "rounds", "step us", "cause"),
-                                        right=(0, 5, 6, 7))
-            else:
-                lines += mdtable.header(("rank", "setting", "status", "ratio to baseline [95% CI]",
-                                         "work us/call [95% CI]", "rounds", "precondition (source)",
-                                         "SGLang as shipped meets it"), right=(0, 5))
-            for i, v in enumerate(vs, 1):
-                m = v["measurements"]
-                cause = v.get("cause") or ""
-                for w in v.get("warnings") or []:
-                    if "not met by SGLang" not in w:
-                        cause += f" Note: {w}."
-                if kind == "backend":
-                    lines.append(mdtable.row((i, v["backend"], f"**{v['status']}**", _ratio_text(m), _work_text(m),
-                                              _fmt(m.get("floor_us"), 2), m.get("rounds", "-"),
-                                              _fmt(m.get("step_us")), spill.cell(v["backend"], cause, "cause"))))
-                else:
-                    st = m.get("setting") or {}
-                    sg = st.get("sglang") or {}
-                    env = ", ".join(f"{k}={val}" for k, val in (st.get("env") or {}).items())
-                    lines.append(mdtable.row((i, f"{v['backend']} (`{env}`, {st.get('scope', '')} scope)",
-                                              f"**{v['status']}**", _ratio_text(m), _work_text(m),
-                                              m.get("rounds", "-"),
-                                              spill.cell(v["backend"], st.get("precondition", ""), "precondition",
-                                                         limit=max(80, 190 - len(str(st.get("source", "")))))
-                                              + f" ({st.get('source', '')})",
-                                              spill.cell(v["backend"], f"{'yes' if sg.get('meets') else 'no'}: "
-                                                         f"{sg.get('note', '')}", "SGLang as shipped meets it"))))
-            lines.append("")
-        if rest:
-            lines += ["### Not measured, blocked or in error", "",
-                      *mdtable.header(("row", "kind", "status", "gate", "cause"))]
-            for v in rest:
-                cause = v.get("cause") or ""
-                if v.get("lift_detail"):
-                    cause += f" Lift: {v['lift_detail']}."
-                if "ratio_to_baseline" in v["measurements"]:
-                    cause += f" Ratio {_ratio_text(v['measurements'])}."
-                lines.append(mdtable.row((v["backend"], v["measurements"].get("kind", ""), v["status"],
-                                          v.get("gate", ""), spill.cell(v["backend"], cause, "cause"))))
-        lines += spill.markdown(f"Rows in full (world size {ws})", "One heading per row whose cells above were cut: "
-                                "its cause, precondition or note whole.", level=3)
-        for row in run["rows"]:
-            if not row.get("sweep"):
-                continue
-            lines += ["", f"#### {row['backend']} @ {ws}: {row.get('label', '')}", "",
-                      *mdtable.header(("size", "time us/call [95% CI]", "work us/call [95% CI]", "ratio [95% CI]",
-                                       "busbw GB/s", "rounds", "correct (eager/sequence/timed graph)"), right=(4, 5))]
-            for rec in row["sweep"]:
-                if "error" in rec and "work_us" not in rec:
-                    lines.append(mdtable.row((_kb(rec["bytes"]), mdtable.short(f"error: {rec['error']}", 200,
-                                                                               " ... (the JSON has it whole)"), "", "", "", "",
-                                              "")))
-                    continue
-                lines.append(mdtable.row((_kb(rec["bytes"]), _ci_text(rec.get("time_us")), _ci_text(rec.get("work_us")),
-                                          _ci_text(rec.get("ratio"), 3), _fmt(rec.get("busbw_gbps"), 2),
-                                          rec.get("rounds", "-"), f"{rec.get('eager_correct', '-')}/"
-                                          f"{rec.get('sequence_correct', '-')}/{rec.get('timed_correct', '-')}")))
-            if row.get("checks"):
-                lines += ["", "Collectives captured in CUDA graphs:", ""]
-                for coll, r in row["checks"].items():
-                    lines.append(f"- {coll}: eager {r.get('eager')}, graph {r.get('graph', '-')}"
-                                 + (f" ({r.get('eager_error') or r.get('graph_error') or r.get('error')})"
-                                    if r.get('eager_error') or r.get('graph_error') or r.get('error') else ""))
+        lines += _md_world_size(run)
+    return "\n".join(lines + _md_plot(plot_name)) + "\n"
+
+
+def _md_head(report: dict) -> list[str]:
+    """The title, the hardware note and the host block."""
+    lines = [f"# Runtime validation: {report.get('label', '')}", "", hardware_note(report), ""]
+    return lines + host_table(report.get("host")) + [""]
+
+
+def _md_settings(report: dict) -> list[str]:
+    """The settings bullets: baseline and status rule, sizes, the timed unit, work and busbw, correctness, multicast."""
+    cfg = report["config"]
+    tol = report["tolerance"]
+    return [f"- created {report.get('created')}; baseline **{report['baseline']}** measured beside every row "
+            f"(paired rounds); status from the 95% bootstrap interval of the ratio: faster (upper bound < "
+            f"{1 - tol:.2f}), slower (lower bound > {1 + tol:.2f}), parity (inside [{1 - tol:.2f}, {1 + tol:.2f}]), "
+            f"else inconclusive",
+            f"- sizes (bytes, decode size first): {', '.join(str(s) for s in cfg['sizes'])}; dtype {cfg['dtype']}",
+            f"- one unit = {cfg['graph_calls']} calls in one CUDA graph (eager sequence on CPU), each call with its "
+            f"own input; {cfg['graph_replays']} replays per trial; {cfg['rounds']} paired rounds at the decode size, "
+            f"{cfg.get('sweep_rounds', '-')} elsewhere; settings NCCL reads once per process: "
+            f"{report.get('process_rounds', '-')} alternated process-group rounds",
+            "- work = time per call - the empty-graph floor (the per-call input writes alone) measured in the same "
+            "rounds; busbw = algbw * 2(n-1)/n (nccl-tests)",
+            "- correctness: output poisoned before each check; eager call, the accumulated sequence (arithmetic "
+            "series) and the timed graph itself",
+            f"- multicast off in every probe process: "
+            + ", ".join(f"{k}={v}" for k, v in (report.get("multicast_off") or {}).items())]
+
+
+def _md_p2p_check(report: dict) -> list[str]:
+    """The P2P check's summary bullet and, on GPUs, what each world size's baseline connected over."""
+    if "p2p_check" not in report:
+        return []
+    from .nccl_transport import label as transport_label
+    from .p2pcheck import summary_line
+    lines = [f"- {summary_line(report['p2p_check'], report.get('device'))}"]
+    return lines + [f"- world size {r['world_size']}: baseline {report['baseline']} "
+                    f"{transport_label(r.get('nccl_transport'))}" for r in report["runs"] if "nccl_transport" in r
+                    and report.get("device") == "cuda"]
+
+
+def _md_workload(report: dict) -> list[str]:
+    """The workload bullet (hidden size, layers, allreduces per verify step, bytes per allreduce), when one is set."""
+    wl = report.get("workload") or {}
+    if not wl:
+        return []
+    return [f"- workload {wl['name']}: hidden {wl['hidden']}, {wl['layers']} layers x "
+            f"{wl['allreduces_per_layer']} allreduces = {wl['calls_per_step']} per verify step, "
+            f"{wl['tokens']} tokens, {wl['dtype']} -> {wl['message_bytes']:,} B per allreduce"]
+
+
+def _md_nccl_tests(report: dict) -> list[str]:
+    """The nccl-tests output of the same run, verbatim, when there is one."""
+    if not report.get("nccl_tests"):
+        return []
+    return ["", "## nccl-tests in the same run", "", "```", report["nccl_tests"].strip(), "```"]
+
+
+def _md_world_size(run: dict) -> list[str]:
+    """One world size: the ranked tables, the rows not measured, the rows in full, then each row's sweep."""
+    ws = run["world_size"]
+    verdicts = run.get("verdicts") or []
+    measured = [v for v in verdicts if v["status"] in ("baseline", "faster", "parity", "slower", "inconclusive")]
+    rest = [v for v in verdicts if v not in measured]
+    spill = mdtable.Spill()   # causes and preconditions too long for a cell, under the row's heading below
+    lines = ["", f"## World size {ws}", "", f"{len(measured)} rows measured; {len(rest)} not measured, blocked or in "
+             "error.", ""]
+    for kind, title in (("backend", "Backends"), ("setting", "NCCL settings (ranked apart: each needs its "
+                                                              "precondition)")):
+        lines += _md_ranked(measured, kind, title, spill)
+    lines += _md_not_measured(rest, spill)
+    lines += spill.markdown(f"Rows in full (world size {ws})", "One heading per row whose cells above were cut: "
+                            "its cause, precondition or note whole.", level=3)
+    for row in run["rows"]:
+        lines += _md_sweep(row, ws)
+    return lines
+
+
+def _md_ranked(measured: list[dict], kind: str, title: str, spill: mdtable.Spill) -> list[str]:
+    """One ranked table (backends or NCCL settings), sorted by the paired ratio to the baseline; [] when empty."""
+    vs = sorted([v for v in measured if v["measurements"].get("kind") in (kind, "baseline")], key=_rank_key)
+    if kind == "setting":
+        vs = [v for v in vs if v["measurements"].get("kind") == "setting"]
+    if not vs:
+        return []
+    lines = [f"### {title}", ""]
+    if kind == "backend":
+        lines += mdtable.header(("rank", "row", "status", "ratio to baseline [95% CI]",
+                                 "work us/call [95% CI]", "floor us", "rounds", "step us", "cause"),
+                                right=(0, 5, 6, 7))
+    else:
+        lines += mdtable.header(("rank", "setting", "status", "ratio to baseline [95% CI]",
+                                 "work us/call [95% CI]", "rounds", "precondition (source)",
+                                 "SGLang as shipped meets it"), right=(0, 5))
+    for i, v in enumerate(vs, 1):
+        lines.append(_md_backend_row(i, v, spill) if kind == "backend" else _md_setting_row(i, v, spill))
+    return lines + [""]
+
+
+def _md_backend_row(i: int, v: dict, spill: mdtable.Spill) -> str:
+    """A backend's ranked row: status, ratio, work, floor, rounds, step time and its cause with the notes."""
+    m = v["measurements"]
+    cause = v.get("cause") or ""
+    for w in v.get("warnings") or []:
+        if "not met by SGLang" not in w:
+            cause += f" Note: {w}."
+    return mdtable.row((i, v["backend"], f"**{v['status']}**", _ratio_text(m), _work_text(m),
+                        _fmt(m.get("floor_us"), 2), m.get("rounds", "-"),
+                        _fmt(m.get("step_us")), spill.cell(v["backend"], cause, "cause")))
+
+
+def _md_setting_row(i: int, v: dict, spill: mdtable.Spill) -> str:
+    """An NCCL setting's ranked row: its variables and scope, status, ratio, work, precondition and SGLang's answer."""
+    m = v["measurements"]
+    st = m.get("setting") or {}
+    sg = st.get("sglang") or {}
+    env = ", ".join(f"{k}={val}" for k, val in (st.get("env") or {}).items())
+    return mdtable.row((i, f"{v['backend']} (`{env}`, {st.get('scope', '')} scope)",
+                        f"**{v['status']}**", _ratio_text(m), _work_text(m),
+                        m.get("rounds", "-"),
+                        spill.cell(v["backend"], st.get("precondition", ""), "precondition",
+                                   limit=max(80, 190 - len(str(st.get("source", "")))))
+                        + f" ({st.get('source', '')})",
+                        spill.cell(v["backend"], f"{'yes' if sg.get('meets') else 'no'}: "
+                                   f"{sg.get('note', '')}", "SGLang as shipped meets it")))
+
+
+def _md_not_measured(rest: list[dict], spill: mdtable.Spill) -> list[str]:
+    """The table of rows not measured, blocked or in error, each with its gate, cause, lift and any ratio."""
+    if not rest:
+        return []
+    lines = ["### Not measured, blocked or in error", "", *mdtable.header(("row", "kind", "status", "gate", "cause"))]
+    for v in rest:
+        cause = v.get("cause") or ""
+        if v.get("lift_detail"):
+            cause += f" Lift: {v['lift_detail']}."
+        if "ratio_to_baseline" in v["measurements"]:
+            cause += f" Ratio {_ratio_text(v['measurements'])}."
+        lines.append(mdtable.row((v["backend"], v["measurements"].get("kind", ""), v["status"],
+                                  v.get("gate", ""), spill.cell(v["backend"], cause, "cause"))))
+    return lines
+
+
+def _md_sweep(row: dict, ws: int) -> list[str]:
+    """One row's sweep over the message sizes, then the collectives it captured in CUDA graphs; [] without a sweep."""
+    if not row.get("sweep"):
+        return []
+    lines = ["", f"#### {row['backend']} @ {ws}: {row.get('label', '')}", "",
+             *mdtable.header(("size", "time us/call [95% CI]", "work us/call [95% CI]", "ratio [95% CI]",
+                              "busbw GB/s", "rounds", "correct (eager/sequence/timed graph)"), right=(4, 5))]
+    for rec in row["sweep"]:
+        if "error" in rec and "work_us" not in rec:
+            lines.append(mdtable.row((_kb(rec["bytes"]), mdtable.short(f"error: {rec['error']}", 200,
+                                                                       " ... (the JSON has it whole)"), "", "", "", "",
+                                      "")))
+            continue
+        lines.append(mdtable.row((_kb(rec["bytes"]), _ci_text(rec.get("time_us")), _ci_text(rec.get("work_us")),
+                                  _ci_text(rec.get("ratio"), 3), _fmt(rec.get("busbw_gbps"), 2),
+                                  rec.get("rounds", "-"), f"{rec.get('eager_correct', '-')}/"
+                                  f"{rec.get('sequence_correct', '-')}/{rec.get('timed_correct', '-')}")))
+    if row.get("checks"):
+        lines += ["", "Collectives captured in CUDA graphs:", ""]
+        for coll, r in row["checks"].items():
+            lines.append(f"- {coll}: eager {r.get('eager')}, graph {r.get('graph', '-')}"
+                         + (f" ({r.get('eager_error') or r.get('graph_error') or r.get('error')})"
+                            if r.get('eager_error') or r.get('graph_error') or r.get('error') else ""))
+    return lines
+
+
+def _md_plot(plot_name: str | None) -> list[str]:
+    """The plot's image link, or the line saying matplotlib is missing (None); nothing for an empty name."""
     if plot_name:
-        lines += ["", f"![work per call vs message size, and the paired ratios with 95% intervals]({plot_name})"]
-    elif plot_name is None:
-        lines += ["", "(no plot: matplotlib is not installed)"]
-    return "\n".join(lines) + "\n"
+        return ["", f"![work per call vs message size, and the paired ratios with 95% intervals]({plot_name})"]
+    if plot_name is None:
+        return ["", "(no plot: matplotlib is not installed)"]
+    return []
 
 
 def plot(report: dict, path: Path) -> bool:

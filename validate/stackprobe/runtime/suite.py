@@ -254,7 +254,7 @@ def default_probes(device: str) -> list[str]:
     return [n for n, p in registry().items() if p.device == device]
 
 
-def run_suite(probes: list[str], world_sizes: list[int], config: BenchConfig, *, device: str = "cuda",  # noqa: C901, PLR0912 - reason: an orchestrator named in issue 36 item 4; its phases are not split yet
+def run_suite(probes: list[str], world_sizes: list[int], config: BenchConfig, *, device: str = "cuda",
               timeout: float = 300.0, tolerance: float = DEFAULT_TOLERANCE, workload: Workload | None = None,
               baseline: str | None = None, env_overrides: dict[str, str] | None = None, gpus: int | None = None,
               label: str = "", target_arch: str = "12.0", progress=None, rounds: int = 4,
@@ -270,21 +270,63 @@ def run_suite(probes: list[str], world_sizes: list[int], config: BenchConfig, *,
     :func:`~stackprobe.runtime.p2pcheck.peer_memory_paths`) starts at a world size only when every pair of its
     GPUs passed; otherwise it is skipped with :func:`~stackprobe.runtime.p2pcheck.gate_reason`'s text. The
     baseline's NCCL process group runs with :data:`stackprobe.runtime.nccl_transport.DEBUG_ENV` and its row and
-    run carry ``nccl_transport`` (what NCCL printed it connected over)."""
-    from . import nccl_transport, p2pcheck
+    run carry ``nccl_transport`` (what NCCL printed it connected over).
+
+    Phases: check the arguments, resolve the rows, start the report, the P2P check, then per world size plan the
+    process groups, run the shared groups and the process-scope settings' rounds; last, the host and the verdicts."""
+    from . import p2pcheck
     progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    _check_suite_args(config, rounds)
+    baseline = baseline or (BASELINE_CUDA if device == "cuda" else BASELINE_CPU)
+    reg = registry()
+    resolved, extra = _resolve_rows(probes, baseline, reg)
+    gpus = gpu_count() if gpus is None else gpus
+    report = _new_report(label, target_arch, device, gpus, baseline, tolerance, config, rounds, workload, timeout,
+                         env_overrides)
+    peer_paths = p2pcheck.peer_memory_paths() if peer_paths is None else frozenset(peer_paths)
+    p2p_check = report["p2p_check"] = _p2p_first(p2p_check, device, gpus, world_sizes, p2p_timeout, progress)
+    env_seen, nccl_version = None, None
+    base_group = reg[baseline].group if baseline in reg else "gloo"
+    launch = {"device": device, "timeout": timeout, "env_overrides": env_overrides, "progress": progress}
+    for ws in world_sizes:
+        rows, groups, process_scope = _plan_world_size(ws, resolved, baseline, extra, gpus, peer_paths, p2p_check,
+                                                       progress)
+        new, env_ws, nccl_ws = _run_groups(groups, base_group, probes, ws, config, baseline, reg, extra, launch)
+        rows += new
+        env_seen, nccl_version = env_seen or env_ws, nccl_version or nccl_ws
+        rows += [_run_setting_rounds(name, reg[name], ws, config, baseline, rounds, launch) for name in process_scope]
+        rows.sort(key=lambda r: [n for n, _ in resolved].index(r["backend"])
+                  if r["backend"] in [n for n, _ in resolved] else 999)
+        base_row = next((r for r in rows if r["backend"] == baseline), {})
+        report["runs"].append({"world_size": ws, "rows": rows, "nccl_transport": base_row.get("nccl_transport")})
+    _decide_runs(report, env_seen, nccl_version, tolerance, workload, baseline)
+    if not label:
+        report["label"] = hardware_label(report)
+    return report
+
+
+def _check_suite_args(config: BenchConfig, rounds: int) -> None:
+    """Refuse a non-positive first message size and fewer than two process-group rounds."""
     if config.sizes[0] <= 0:
         raise ValueError("message sizes must be positive")
     if rounds < 2:
         raise ValueError(f"--rounds {rounds}: at least 2 alternated process-group rounds are needed for an interval")
-    baseline = baseline or (BASELINE_CUDA if device == "cuda" else BASELINE_CPU)
-    reg = registry()
+
+
+def _resolve_rows(probes: list[str], baseline: str, reg: dict) -> tuple[list, dict]:
+    """The ``(name, probe)`` rows, the baseline first when not asked for, and those not in the registry."""
     resolved = [resolve(p) for p in probes]
     if baseline not in [n for n, _ in resolved]:
         resolved.insert(0, resolve(baseline))
     extra = {n: p for n, p in resolved if n not in reg}
-    gpus = gpu_count() if gpus is None else gpus
-    report: dict = {
+    return resolved, extra
+
+
+def _new_report(label: str, target_arch: str, device: str, gpus: int, baseline: str, tolerance: float,
+                config: BenchConfig, rounds: int, workload: Workload | None, timeout: float,
+                env_overrides: dict[str, str] | None) -> dict:
+    """The report dict before any run: its settings, the multicast-off variables and the topology."""
+    return {
         "schema": REPORT_SCHEMA_VERSION, "tier": "runtime",
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "label": label, "target_arch": target_arch, "device": device, "gpus": gpus,
@@ -293,87 +335,106 @@ def run_suite(probes: list[str], world_sizes: list[int], config: BenchConfig, *,
         "multicast_off": {k: (env_overrides or {}).get(k, v) for k, v in MULTICAST_OFF.items()},
         "topology": topology() if device == "cuda" else {}, "runs": [],
     }
-    peer_paths = p2pcheck.peer_memory_paths() if peer_paths is None else frozenset(peer_paths)
-    p2p_check = report["p2p_check"] = _p2p_first(p2p_check, device, gpus, world_sizes, p2p_timeout, progress)
+
+
+def _skip_reason(name: str, probe, ws: int, baseline: str, gpus: int, peer_paths, p2p_check: dict | None) -> str | None:
+    """Why a row does not run at this world size (failed P2P pairs, the probe's own reason, no peers, too few GPUs)."""
+    from . import p2pcheck
+    dev_gpus = gpus if probe.device == "cuda" else ws
+    reason = None
+    if name in peer_paths and name != baseline and 1 < ws <= dev_gpus:   # too few GPUs: said below
+        reason = p2pcheck.gate_reason(p2p_check, list(range(ws)))
+    reason = reason or (None if name == baseline else probe.skip_reason(ws, dev_gpus))
+    if reason is None and name != baseline and ws == 1:
+        reason = "no peers: world size 1 moves no data between GPUs"
+    if name == baseline and probe.device == "cuda" and gpus < ws:
+        reason = f"needs {ws} GPUs, {gpus} present"
+    return reason
+
+
+def _plan_world_size(ws: int, resolved: list, baseline: str, extra: dict, gpus: int, peer_paths,
+                     p2p_check: dict | None, progress) -> tuple[list[dict], dict[str, list[str]], list[str]]:
+    """The skipped rows, the shared process groups and the process-scope settings of one world size (none to run
+    when the baseline is skipped)."""
+    rows: list[dict] = []
+    groups: dict[str, list[str]] = {}
+    process_scope: list[str] = []
+    for name, probe in resolved:
+        reason = _skip_reason(name, probe, ws, baseline, gpus, peer_paths, p2p_check)
+        if reason:
+            progress(f"{name} @ world size {ws}: skipped ({reason})")
+            rows.append(dict(_row_base(name, probe, ws), outcome="skipped", skip_reason=reason, sweep=[]))
+            continue
+        if name in extra:
+            groups.setdefault(f"extra:{name}", []).append(name)
+        elif probe.scope == "process" and probe.env:
+            process_scope.append(name)
+        else:
+            groups.setdefault(probe.group, []).append(name)
+    if any(r["backend"] == baseline and r["outcome"] == "skipped" for r in rows):
+        groups, process_scope = {}, []
+    return rows, groups, process_scope
+
+
+def _run_groups(groups: dict[str, list[str]], base_group: str, probes: list[str], ws: int, config: BenchConfig,
+                baseline: str, reg: dict, extra: dict, launch: dict) -> tuple[list[dict], dict | None, str | None]:
+    """Run each shared process group (the baseline's first) into rows; returns them with the first environment
+    and baseline NCCL version seen."""
+    from . import nccl_transport
+    rows: list[dict] = []
     env_seen, nccl_version = None, None
-    base_group = reg[baseline].group if baseline in reg else "gloo"
-    for ws in world_sizes:
-        rows: list[dict] = []
-        groups: dict[str, list[str]] = {}
-        process_scope: list[str] = []
-        for name, probe in resolved:
-            dev_gpus = gpus if probe.device == "cuda" else ws
-            reason = None
-            if name in peer_paths and name != baseline and 1 < ws <= dev_gpus:   # too few GPUs: said below
-                reason = p2pcheck.gate_reason(p2p_check, list(range(ws)))
-            reason = reason or (None if name == baseline else probe.skip_reason(ws, dev_gpus))
-            if reason is None and name != baseline and ws == 1:
-                reason = "no peers: world size 1 moves no data between GPUs"
-            if name == baseline and probe.device == "cuda" and gpus < ws:
-                reason = f"needs {ws} GPUs, {gpus} present"
-            if reason:
-                progress(f"{name} @ world size {ws}: skipped ({reason})")
-                rows.append(dict(_row_base(name, probe, ws), outcome="skipped", skip_reason=reason, sweep=[]))
-                continue
-            if name in extra:
-                groups.setdefault(f"extra:{name}", []).append(name)
-            elif probe.scope == "process" and probe.env:
-                process_scope.append(name)
-            else:
-                groups.setdefault(probe.group, []).append(name)
-        if any(r["backend"] == baseline and r["outcome"] == "skipped" for r in rows):
-            groups, process_scope = {}, []
-        order = sorted(groups, key=lambda g: g != base_group)
-        for g in order:
-            names = groups[g]
-            ref = _extra_ref(probes, names[0]) if g.startswith("extra:") else group_ref(g)
-            progress(f"{g} @ world size {ws}: running ({', '.join(names)})")
-            penv = dict(nccl_transport.DEBUG_ENV) if g == base_group and base_group == "nccl" else {}
-            run = run_probe(ref, ws, config.to_json(), device=device, timeout=timeout, probe_env=penv,
-                            env_overrides=env_overrides, name=g, progress=progress,
-                            extra={"backends": [n for n in names if n != baseline]})
-            new = rows_from_group(run, names, reg, baseline, extra)
-            _label_transport(run, new, baseline, progress)
-            for r in new:
-                if r["outcome"] == "hang":
-                    r["timeout_s"] = timeout
-            rows += new
-            if run.status == "ok":
-                env_seen = env_seen or run.ranks[0].get("env")
-                bm = next((m for m in run.ranks[0]["backends"] if m["backend"] == baseline), None)
-                nccl_version = nccl_version or ((bm or {}).get("info") or {}).get("nccl_version")
-        for name in process_scope:
-            probe = reg[name]
-            runs = []
-            for r in range(rounds):
-                pair = [("base", {}), ("cand", probe.env)]
-                for which, penv in (pair if r % 2 == 0 else pair[::-1]):
-                    run = run_probe(group_ref(probe.group), ws, config.to_json(), device=device, timeout=timeout,
-                                    probe_env=penv, env_overrides=env_overrides,
-                                    name=f"{name} round {r + 1} ({'setting' if which == 'cand' else 'baseline'})",
-                                    progress=progress, extra={"unit_name": baseline if which == "base" else name})
-                    runs.append((which, run))
-                    if run.status != "ok":
-                        break
-                if runs and runs[-1][1].status != "ok":
-                    break
-            row = rows_from_rounds(name, probe, ws, runs)
-            if row.get("outcome") == "hang":
-                row["timeout_s"] = timeout
-            rows.append(row)
-        rows.sort(key=lambda r: [n for n, _ in resolved].index(r["backend"])
-                  if r["backend"] in [n for n, _ in resolved] else 999)
-        base_row = next((r for r in rows if r["backend"] == baseline), {})
-        report["runs"].append({"world_size": ws, "rows": rows, "nccl_transport": base_row.get("nccl_transport")})
+    for g in sorted(groups, key=lambda g: g != base_group):
+        names = groups[g]
+        ref = _extra_ref(probes, names[0]) if g.startswith("extra:") else group_ref(g)
+        launch["progress"](f"{g} @ world size {ws}: running ({', '.join(names)})")
+        penv = dict(nccl_transport.DEBUG_ENV) if g == base_group and base_group == "nccl" else {}
+        run = run_probe(ref, ws, config.to_json(), device=launch["device"], timeout=launch["timeout"], probe_env=penv,
+                        env_overrides=launch["env_overrides"], name=g, progress=launch["progress"],
+                        extra={"backends": [n for n in names if n != baseline]})
+        new = rows_from_group(run, names, reg, baseline, extra)
+        _label_transport(run, new, baseline, launch["progress"])
+        for r in new:
+            if r["outcome"] == "hang":
+                r["timeout_s"] = launch["timeout"]
+        rows += new
+        if run.status == "ok":
+            env_seen = env_seen or run.ranks[0].get("env")
+            bm = next((m for m in run.ranks[0]["backends"] if m["backend"] == baseline), None)
+            nccl_version = nccl_version or ((bm or {}).get("info") or {}).get("nccl_version")
+    return rows, env_seen, nccl_version
+
+
+def _run_setting_rounds(name: str, probe, ws: int, config: BenchConfig, baseline: str, rounds: int,
+                        launch: dict) -> dict:
+    """A process-scope setting's row: ``rounds`` alternated baseline/setting process groups, stopped at a failure."""
+    runs = []
+    for r in range(rounds):
+        pair = [("base", {}), ("cand", probe.env)]
+        for which, penv in (pair if r % 2 == 0 else pair[::-1]):
+            run = run_probe(group_ref(probe.group), ws, config.to_json(), device=launch["device"],
+                            timeout=launch["timeout"], probe_env=penv, env_overrides=launch["env_overrides"],
+                            name=f"{name} round {r + 1} ({'setting' if which == 'cand' else 'baseline'})",
+                            progress=launch["progress"], extra={"unit_name": baseline if which == "base" else name})
+            runs.append((which, run))
+            if run.status != "ok":
+                break
+        if runs and runs[-1][1].status != "ok":
+            break
+    row = rows_from_rounds(name, probe, ws, runs)
+    if row.get("outcome") == "hang":
+        row["timeout_s"] = launch["timeout"]
+    return row
+
+
+def _decide_runs(report: dict, env_seen: dict | None, nccl_version: str | None, tolerance: float,
+                 workload: Workload | None, baseline: str) -> None:
+    """Record the environment and host, then each run's host and verdicts."""
     report["environment"] = env_seen or {}
     report["host"] = host_info(report, env_seen, nccl_version)
     for run in report["runs"]:
         run["host"] = dict(report["host"], world_size=run["world_size"])
         run["verdicts"] = [v.to_json() for v in decide_all(run["rows"], tolerance, workload, baseline,
                                                            host=run["host"])]
-    if not label:
-        report["label"] = hardware_label(report)
-    return report
 
 
 def _p2p_first(check: dict | None, device: str, gpus: int, world_sizes: list[int], timeout: float,

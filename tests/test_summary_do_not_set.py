@@ -115,7 +115,9 @@ def test_sglang_pcie_ipc_on_shows_its_do_not_set_with_it_list(drive, sglang, fi,
     assert report.dispatch["serves"] == PCIE
     avoid = _lines(report, "do not set with it")
     assert "--enable-symm-mem (nccl-symm-mem serves instead)" in avoid
-    assert "--enable-deterministic-inference (nccl-ring serves instead)" in avoid
+    assert ("--enable-deterministic-inference (NCCL (pynccl, allreduce algorithm tree) serves instead: it sets "
+            "NCCL_ALGO=allreduce:tree, sglang/srt/arg_groups/attention_hook.py:676)") in avoid
+    assert "SGLANG_USE_1STAGE_ALLREDUCE=1 (NCCL (pynccl) serves instead)" in avoid
 
 
 def test_sglang_twin_with_symm_mem_given_pcie_ipc_does_not_serve_and_nothing_is_listed(drive, sglang, fi, nvcc131):

@@ -312,7 +312,7 @@ def test_point3_twin_an_uncaught_constructor_is_not_read_as_caught(venv, sglang)
 
 def test_point4_do_not_set_beside_the_opt_in_is_read_from_the_dispatch(pcie23):
     """Point 4. Before: the configuration that turns PCIe IPC on was not told to leave --enable-deterministic-inference
-    (turns it off, NCCL Tree) and --enable-symm-mem (preempts it; sets NCCL_CUMEM_ENABLE=1, NCCL_NVLS_ENABLE=1) unset."""
+    (turns it off; NCCL_ALGO=allreduce:tree, so pynccl on Tree) and --enable-symm-mem (preempts it; sets NCCL_CUMEM_ENABLE=1, NCCL_NVLS_ENABLE=1) unset."""
     d, report = pcie23
     v = verdict(d, PCIE, "engine")
     avoid = {a["setting"]: a for a in evidence(v, "do not set with it")["value"]}
@@ -320,7 +320,9 @@ def test_point4_do_not_set_beside_the_opt_in_is_read_from_the_dispatch(pcie23):
     also = " ".join(avoid["--enable-symm-mem"]["also_sets"])
     assert "NCCL_CUMEM_ENABLE=" in also and "NCCL_NVLS_ENABLE=" in also and "srt/entrypoints/engine.py:19" in also
     det = avoid["--enable-deterministic-inference"]
-    assert det["then"] == "nccl-ring" and "NCCL_ALGO='allreduce:tree'" in " ".join(det["also_sets"])
+    assert det["then"] == "NCCL (pynccl, allreduce algorithm tree)"
+    assert "NCCL_ALGO='allreduce:tree'" in " ".join(det["also_sets"])
+    assert det["where"] == "sglang/srt/arg_groups/attention_hook.py:676"
     assert "SGLANG_USE_1STAGE_ALLREDUCE=1" in avoid
     line = headline_line(report)
     assert "do not set with it: " in line and "--enable-symm-mem (nccl-symm-mem serves instead)" in line

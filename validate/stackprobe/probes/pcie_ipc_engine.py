@@ -197,22 +197,49 @@ def _nccl_env_set_by(eng, dest: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def _nccl_then(also_sets: list[str]) -> dict:
+    """What a "do not set with it" entry says when the dispatch falls to pynccl (the dispatch reader's ``nccl-ring``
+    step, ``pynccl_comm.all_reduce``): ``{"then": "NCCL (pynccl)"}``, with the allreduce algorithm only where SGLang's
+    own code that the setting reaches pins ``NCCL_ALGO`` (read by :func:`_nccl_env_set_by`, given as ``also_sets``):
+    sglang 0.5.23 ``--enable-deterministic-inference`` sets ``NCCL_ALGO='allreduce:tree'`` on CUDA at TP > 1
+    (``srt/arg_groups/attention_hook.py:676``), so ``{"then": "NCCL (pynccl, allreduce algorithm tree)", "why": "it
+    sets NCCL_ALGO=allreduce:tree", "where": "sglang/srt/arg_groups/attention_hook.py:676"}``: Tree, not Ring. The same
+    wording as vLLM's (:func:`.vllm_engine._pcie_ipc_turned_off_by`). Without such a line nothing about the algorithm
+    was read and none is named: NCCL picks it itself."""
+    from .vllm_engine import _allreduce_algo
+
+    for item in also_sets:
+        m = re.fullmatch(r"NCCL_ALGO=(.+) \((\S+:\d+)\)", item)
+        if m is None:
+            continue
+        try:
+            spec = str(ast.literal_eval(m.group(1)))
+        except (ValueError, SyntaxError):
+            continue                    # a value computed at run time: no algorithm read
+        return {"then": f"NCCL (pynccl, allreduce algorithm {_allreduce_algo(spec)})",
+                "why": f"it sets NCCL_ALGO={spec}", "where": m.group(2)}
+    return {"then": "NCCL (pynccl)"}
+
+
 def do_not_set(eng, ctx, backend: str = PCIE_IPC) -> list[dict]:
     """The settings that take ``backend`` away once its opt-in is on, found by SGLang's own dispatch rather than from a
     list: the dispatch of a decode-step allreduce (:func:`.sglang_dispatch.read_dispatch`) is read with the
     opt-in set; every server flag and variable that read consulted (recorded as it asks) is then set alone beside it,
     and each one after which ``backend`` no longer serves is returned, with what serves instead and the NCCL
     variables SGLang writes for it (:func:`_nccl_env_set_by`). For sglang 0.5.23: ``--enable-deterministic-inference``
-    (turns PCIe IPC off, ``pcie_ipc_ar.py:110``, and that mode forces NCCL Tree) and ``--enable-symm-mem`` (NCCL
+    (turns PCIe IPC off, ``pcie_ipc_ar.py:110``, and that mode sets ``NCCL_ALGO='allreduce:tree'``,
+    ``arg_groups/attention_hook.py:676``) and ``--enable-symm-mem`` (NCCL
     symmetric memory is tried first, and SGLang sets ``NCCL_CUMEM_ENABLE=1``, ``NCCL_NVLS_ENABLE=1``,
     ``entrypoints/engine.py:1898-1915``); ``--enable-mscclpp`` only where the mscclpp package is importable in the
     environment read (:func:`.sglang_dispatch.mscclpp_package`): then graph capture enables MSCCL++
     (``parallel_state.py:669``), ``should_mscclpp_allreduce`` excludes PCIe IPC (``:966-973``) and ``:983`` returns
     "pymscclpp"; without it the communicator stays disabled (``pymscclpp.py:1029,1048-1056``) and the flag is not
     listed. Returns ``[{"setting", "then", "also_sets"}]`` (plus ``"note"``, and ``"needs"``: the package, where the
-    path that takes over decides per call at run time); a setting after which the dispatch is undecided and no step
-    read takes the tensor is kept with ``"then": ""`` and a ``"note"`` starting ``not assessed:`` (never dropped); []
-    when the opt-in alone does not make ``backend`` serve (nothing to protect)."""
+    path that takes over decides per call at run time); where pynccl serves instead ``then`` reads ``NCCL (pynccl)``,
+    naming the allreduce algorithm (with ``"why"`` and ``"where"``) only where the setting's own code pins
+    ``NCCL_ALGO`` (:func:`_nccl_then`). A setting after which the dispatch is undecided and no step read takes the
+    tensor, or whose dispatch read raises, is kept with ``"then": ""`` and a ``"note"`` starting ``not assessed:``
+    (never dropped); [] when the opt-in alone does not make ``backend`` serve (nothing to protect)."""
     from ..serverconfig import ServerConfig
     from . import sglang_dispatch as dw
     from . import sglang_flags as sf
@@ -243,14 +270,19 @@ def do_not_set(eng, ctx, backend: str = PCIE_IPC) -> list[dict]:
             cfg = ServerConfig(args=dict(sc.args), env={**env, name: "1"})
         else:
             continue
+        setting = name if name.startswith("--") else f"{name}=1"
         try:
             d = dw.read_dispatch(eng, ctx, config=cfg)
-        except Exception:  # noqa: BLE001, S112 - a combination the reader cannot evaluate is not claimed either way
+        except Exception as e:  # noqa: BLE001 - a combination the reader cannot evaluate: not assessed, said so
+            out.append({"setting": setting, "then": "", "also_sets": [],
+                        "note": f"not assessed: the dispatch read with it set raised {type(e).__name__}: {e}"})
             continue
         if d.serves != backend:
             dest = getattr(flags.get(name), "dest", "") if name.startswith("--") else ""
             also = _nccl_env_set_by(eng, dest) if dest else []
-            entry = {"setting": name if name.startswith("--") else f"{name}=1", "then": d.serves, "also_sets": also}
+            entry = {"setting": setting, "then": d.serves, "also_sets": also}
+            if d.serves == "nccl-ring":     # pynccl, with NCCL's own algorithm choice unless the setting pins one
+                entry.update(_nccl_then(also))
             if not d.serves:            # undecided: what takes it is a path whose own per-call check runs at run time
                 run_time = next((s for s in d.steps if s.built is True and s.admits == "unknown"
                                  and s.backend != backend), None)

@@ -4,6 +4,7 @@ Entry point for other tiers and tools: :func:`run_static` returns a :class:`stac
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -82,7 +83,7 @@ def _log(msg: str, quiet: bool) -> None:
         print(f"[stackprobe] {msg}", file=sys.stderr, flush=True)
 
 
-def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, cache_dir: str | Path | None = None,  # noqa: C901, PLR0915 - reason: an orchestrator named in issue 36 item 4; its phases are not split yet
+def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, cache_dir: str | Path | None = None,
                coverage_reader: str = "auto", world_size: int = 8, topology: str = "auto",
                backends: list[str] | None = None, label: str = "", timeout: float = 180.0,
                scan_dists: list[str] | tuple = (), quiet: bool = True, server_config=None, engines=None,
@@ -100,12 +101,47 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
     ``engines``; each goes through the same contract (``per_module``, ``answers``, ``sections``, ``not_assessed``);
     ``engine_configs``: engine name -> the ServerConfig that engine checked. Raises TargetArchError for a bad target.
     A probe that crashes gives an ``error`` verdict with the exception, not an exception here.
+
+    Phases, in order: environment, arch coverage, driver (C27, C28), topology, context and report, engine pins and
+    torch's arch list (C19), environment health, probe modules, engines, the post pass and the host, engine sections.
     """
     target = parse_target(target_arch)
     t0 = time.time()
     _log(f"environment (target {target})", quiet)
     environment = envmod.collect(timeout=timeout)
     _log("arch coverage", quiet)
+    coverage_list, reader_error = _scan_coverage(environment, target, coverage_reader, scan_dists)
+    too_new, floor = _driver_checks(environment, coverage_list)
+    topo, topo_source = _resolve_topology(environment, topology)
+    ctx = Context(target=target, env=environment, coverage={c.package: c for c in coverage_list},
+                  world_size=world_size, topology=topo, topology_source=topo_source, jit_compile=jit_compile,
+                  timeout=timeout, server_config=server_config or NO_FLAGS, engine_configs=dict(engine_configs or {}))
+    if cache_dir:
+        ctx.cache_dir = Path(cache_dir)
+    report = Report(target_arch=str(target), environment=environment, coverage=[c.to_json() for c in coverage_list],
+                    label=label, options={"jit_compile": jit_compile, "coverage_reader": coverage_reader,
+                                          "reader_error": reader_error, "world_size": world_size,
+                                          "topology": topo, "topology_source": topo_source,
+                                          "server_config": ctx.server_config.to_json()})
+    torch_gap = _pins_and_torch_gap(environment, target, coverage_list)
+    host = {"compute_capability": target.cc, "topology": topo, "world_size": world_size, "topology_source": topo_source}
+    health = run_health(environment, target, topo, backends, timeout, quiet)
+    engines = list(engines) if engines else [registered()[DEFAULT]()]
+    admit = functools.partial(_admit, report, health, host, torch_gap, target, backends)
+    _run_probe_modules(ctx, [e for e in engines if e.per_module], backends, admit, quiet)
+    _run_engines(ctx, engines, admit, quiet)
+    post_pass(report.verdicts, environment, target, topo, floor, too_new)
+    _log("host (P2P, IOMMU, ACS)", quiet)
+    report.host = read_host_section(environment, ctx)
+    hostmod.apply(report.verdicts, report.host, world_size)
+    report.server_config = ctx.server_config.to_json()
+    _engine_sections(report, ctx, engines)
+    report.options["seconds"] = round(time.time() - t0, 1)
+    return report
+
+
+def _scan_coverage(environment: dict, target: Arch, coverage_reader: str, scan_dists) -> tuple[list, str]:
+    """Arch coverage of the CUDA distributions, ``scan_dists`` and libnccl; a reader error is a warning finding."""
     coverage_list, reader_error = [], ""
     try:
         coverage_list = cov.scan_installed(target, coverage_reader,
@@ -116,6 +152,11 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
     except cov.CoverageReaderError as e:
         reader_error = str(e)
         environment.setdefault("findings", []).append({"case": "", "level": "warning", "message": f"arch coverage skipped: {e}"})
+    return coverage_list, reader_error
+
+
+def _driver_checks(environment: dict, coverage_list: list) -> tuple[list, dict | None]:
+    """PTX the driver cannot JIT (C27) and the stack's driver floor (C28), each an error finding; returns both."""
     driver = environment.get("driver") or {}
     too_new = drivermod.ptx_too_new(coverage_list, driver)
     for p in too_new:   # C27 on a host with a driver
@@ -128,45 +169,46 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
     if floor:
         environment.setdefault("findings", []).append({"case": "C28", "level": "error", "message": floor["cause"]
                                                        + f"; every verdict is blocked (driver): {floor['lift']}."})
-    topo, topo_source = topology, "given"
-    if topology == "auto":
-        t = environment.get("topology") or {}
-        if environment.get("gpus") and t.get("pairs"):
-            topo, topo_source = ("nvlink" if t.get("full_nvlink") else "pcie"), "detected (nvidia-smi topo -m)"
-        else:
-            topo, topo_source = "pcie", "assumed: no GPUs here; the target host is PCIe (pass --topology nvlink to change)"
-    ctx = Context(target=target, env=environment, coverage={c.package: c for c in coverage_list},
-                  world_size=world_size, topology=topo, topology_source=topo_source, jit_compile=jit_compile,
-                  timeout=timeout, server_config=server_config or NO_FLAGS, engine_configs=dict(engine_configs or {}))
-    if cache_dir:
-        ctx.cache_dir = Path(cache_dir)
-    report = Report(target_arch=str(target), environment=environment, coverage=[c.to_json() for c in coverage_list],
-                    label=label, options={"jit_compile": jit_compile, "coverage_reader": coverage_reader,
-                                          "reader_error": reader_error, "world_size": world_size,
-                                          "topology": topo, "topology_source": topo_source,
-                                          "server_config": ctx.server_config.to_json()})
+    return too_new, floor
+
+
+def _resolve_topology(environment: dict, topology: str) -> tuple[str, str]:
+    """The topology the verdicts are for and where it came from: given, detected from GPUs, or PCIe assumed."""
+    if topology != "auto":
+        return topology, "given"
+    t = environment.get("topology") or {}
+    if environment.get("gpus") and t.get("pairs"):
+        return ("nvlink" if t.get("full_nvlink") else "pcie"), "detected (nvidia-smi topo -m)"
+    return "pcie", "assumed: no GPUs here; the target host is PCIe (pass --topology nvlink to change)"
+
+
+def _pins_and_torch_gap(environment: dict, target: Arch, coverage_list: list) -> str:
+    """Record the engine pins, then whether torch's arch list misses the target (C19, an error finding)."""
     from .userwords import engine_pins
     environment["engine_pins"] = engine_pins(environment)
     torch_gap = torch_lacks_target(environment, target, next((c for c in coverage_list if c.package == "torch"), None))
     if torch_gap:
         environment.setdefault("findings", []).append({"case": "C19", "level": "error", "message": torch_gap})
-    host = {"compute_capability": target.cc, "topology": topo, "world_size": world_size, "topology_source": topo_source}
-    health = run_health(environment, target, topo, backends, timeout, quiet)
-    engines = list(engines) if engines else [registered()[DEFAULT]()]
-    per_module = [e for e in engines if e.per_module]    # answered beside each probe module's library gate
+    return torch_gap
 
-    def admit(verdicts: list) -> None:
-        health_stage.apply(verdicts, health)   # decided once, before the gates were read
-        for v in verdicts:
-            if not v.host:
-                v.host = dict(host)
-            if torch_gap and v.is_open and not v.backend.startswith("nccl-"):
-                v.status, v.gate, v.lift = BLOCKED, GATE_BINARY, LIFT_PACKAGE
-                v.cause = f"{torch_gap} (case C19); this backend runs torch kernels"
-                v.lift_detail = f"a torch build whose arch list covers {target.cc} (TORCH_CUDA_ARCH_LIST={target.cc})"
-            if not backends or v.backend in backends:
-                report.add(v)
 
+def _admit(report: Report, health: dict, host: dict, torch_gap: str, target: Arch, backends: list[str] | None,
+           verdicts: list) -> None:
+    """Apply the health stage, the host and a torch arch gap (C19) to new verdicts, then add those asked for."""
+    health_stage.apply(verdicts, health)   # decided once, before the gates were read
+    for v in verdicts:
+        if not v.host:
+            v.host = dict(host)
+        if torch_gap and v.is_open and not v.backend.startswith("nccl-"):
+            v.status, v.gate, v.lift = BLOCKED, GATE_BINARY, LIFT_PACKAGE
+            v.cause = f"{torch_gap} (case C19); this backend runs torch kernels"
+            v.lift_detail = f"a torch build whose arch list covers {target.cc} (TORCH_CUDA_ARCH_LIST={target.cc})"
+        if not backends or v.backend in backends:
+            report.add(v)
+
+
+def _run_probe_modules(ctx, per_module: list, backends: list[str] | None, admit, quiet: bool) -> None:
+    """Each probe module's library gate and the per-module engines' gates; a gate that crashes is an error verdict."""
     for mod in probes():
         names = list(getattr(mod, "BACKENDS", ()))
         if backends and not set(names) & set(backends):
@@ -184,6 +226,10 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
                 verdicts += [Verdict(n, ERROR, scope=scope, cause=f"static {scope} gate crashed: {type(e).__name__}: {e}",
                                      warnings=[" / ".join(tb[-3:])], engine=who) for n in names]
         admit(verdicts)
+
+
+def _run_engines(ctx, engines: list, admit, quiet: bool) -> None:
+    """The answers of each engine that is not per module; a reader that crashes is an error verdict."""
     for eng in engines:
         if eng.per_module:
             continue
@@ -195,11 +241,10 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
             admit([Verdict(f"{eng.name}-engine", ERROR, scope=SCOPE_ENGINE, engine=eng.name,
                            cause=f"the {eng.title} engine reader crashed: {type(e).__name__}: {e}",
                            warnings=[" / ".join(tb[-3:])])])
-    post_pass(report.verdicts, environment, target, topo, floor, too_new)
-    _log("host (P2P, IOMMU, ACS)", quiet)
-    report.host = read_host_section(environment, ctx)
-    hostmod.apply(report.verdicts, report.host, world_size)
-    report.server_config = ctx.server_config.to_json()
+
+
+def _engine_sections(report: Report, ctx, engines: list) -> None:
+    """Each engine's entry and dispatch sections, and the paths it ships that no verdict judges (not assessed)."""
     for eng in engines:
         dispatch = eng.sections(report, ctx) or {}
         primary = eng is engines[0]
@@ -215,8 +260,6 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
                                    f"({type(e).__name__}: {e})").to_json()]
         if extra:
             report.paths = list(report.paths or []) + extra
-    report.options["seconds"] = round(time.time() - t0, 1)
-    return report
 
 
 def read_host_section(environment: dict, ctx) -> dict:

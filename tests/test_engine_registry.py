@@ -177,8 +177,8 @@ def test_register_refuses_what_is_no_engine_or_takes_a_held_name():
     assert engines.registered()["vllm"] is engines.VLLM
 
 
-# the engines' own P2P-check readers (host.engine_p2p_check): still chosen by name there, not yet an engine member
-_LEFT = {"host.py"}
+# modules still allowed to compare an engine's name (none: the engines' own P2P checks are an engine member now)
+_LEFT: set[str] = set()
 
 
 def _name_comparisons(root: Path) -> list[str]:
@@ -228,3 +228,27 @@ def test_an_engine_whose_not_assessed_reader_crashes_gives_a_row_not_a_crashed_r
     engines.register(ToyServe)
     _, plain, _ = _static(tmp_path, "plain")
     assert not [p for p in plain.get("paths") or [] if p["backend"] == "toyserve-paths"]
+
+
+def test_the_host_stage_reads_an_engines_own_p2p_check_through_the_registry(toy_on_path):
+    """``engines.p2p_check(name)`` (what the static tier gives ``host.apply``) runs the registered engine's own reader
+    (``p2p_check_ref``): toyserve's reads its release's server_args.py, which has no skip_p2p_check field, so it says
+    so; unregistered, no reader runs and the answer says no engine of that name is registered. A real engine's
+    reader on its wheel: tests/test_host.py (SGLang 0.5.23 does not check by default)."""
+    from toyserve_engine import ToyServe
+
+    engines.register(ToyServe)
+    try:
+        assert engines.p2p_check("toyserve") == {"error": "toyserve: no skip_p2p_check field in toyserve/server_args.py"}
+    finally:
+        engines.unregister("toyserve")
+    assert engines.p2p_check("toyserve")["error"].startswith("not assessed: no registered engine 'toyserve'")
+
+    class NoReader(engines.ServingEngine):
+        name, dist, title = "noreader", "noreader", "NoReader"
+
+    engines.register(NoReader)
+    try:
+        assert engines.p2p_check("noreader") == {"error": "not assessed: no reader of NoReader's own P2P check"}
+    finally:
+        engines.unregister("noreader")

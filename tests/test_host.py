@@ -95,7 +95,7 @@ def test_cuda_saying_peer_access_is_possible_never_cancels_a_risk(tmp_path):
     h = H.read_snapshot(make_host(tmp_path, acs=True, cuda_peers=True))
     assert h["pairs"]["0-1"]["cuda_peer"] is True
     v = Verdict("vllm-custom-allreduce", ON_BY_DEFAULT, scope="engine", engine="vllm")
-    H.apply([v], h, 2, checks={"vllm": {"checks": False, "how": "trusts the driver"}})
+    H.apply([v], h, 2, p2p_check={"vllm": {"checks": False, "how": "trusts the driver"}}.get)
     assert v.host_risk["level"] == "risk" and "ACS redirects" in v.host_risk["what"]
     assert v.host_risk["now"].startswith("--disable-custom-all-reduce; and NCCL_P2P_DISABLE=1 for NCCL")
 
@@ -222,7 +222,7 @@ def test_sglang_does_not_check_p2p_by_default_read_from_its_source(wheels):
     import sys
     from validate_support import SUITE
     env["PYTHONPATH"] = os.pathsep.join([str(SUITE), str(wheels["sglang"])])
-    out = subprocess.run([sys.executable, "-c", "import json; from stackprobe.host import engine_p2p_check as c; "
+    out = subprocess.run([sys.executable, "-c", "import json; from stackprobe.engines import p2p_check as c; "
                           "print(json.dumps(c('sglang')))"], capture_output=True, text=True, env=env, timeout=300)
     chk = json.loads(out.stdout)
     assert chk["checks"] is False and chk["turn_on"] == "--enable-p2p-check", chk

@@ -13,6 +13,9 @@ asked about?" for the backends it has a path for. The interface is what the tier
 * :meth:`~ServingEngine.sections`: its dispatch of a decode-step allreduce for the report (``{}`` when none).
 
 * :meth:`~ServingEngine.not_assessed`: the paths and settings it ships that no verdict judges (Verdict JSON);
+* :meth:`~ServingEngine.p2p_check`: does it check P2P itself before its custom allreduce, or trust the driver (its
+  reader named by ``p2p_check_ref``, e.g. :func:`stackprobe.probes.engine_p2p.sglang_p2p_check`), for the host
+  stage's verdicts (:func:`p2p_check` by engine name, passed to :func:`stackprobe.host.apply`);
 * :attr:`~ServingEngine.runtime`: its record for the runtime tier's dispatch probe
   (:class:`stackprobe.runtime.dispatch.RuntimeEngine`, resolved on first use so that this module stays stdlib-only),
   None for an engine without one.
@@ -50,6 +53,9 @@ class ServingEngine:
     top_level_sections = False
     #: ``module:attr`` of its :class:`stackprobe.runtime.dispatch.RuntimeEngine`; "" when it has none
     runtime_ref = ""
+    #: ``module:function`` of the reader of its own P2P check (no arguments; returns the dict :meth:`p2p_check`
+    #: describes, raises LookupError on a release it does not know); "" when it has none
+    p2p_check_ref = ""
 
     def version(self) -> str | None:
         return dist_version(self.dist)
@@ -66,6 +72,18 @@ class ServingEngine:
             return None
         mod, _, attr = self.runtime_ref.partition(":")
         return getattr(importlib.import_module(mod), attr)
+
+    def p2p_check(self) -> dict:
+        """Does the installed engine check P2P before its custom allreduce, or trust the driver? ``{"checks": bool,
+        "how": one sentence, "where": [file:line], "turn_on": what makes it check}`` from the reader
+        ``p2p_check_ref`` names, or ``{"error": why}`` (no reader; a release the reader does not know)."""
+        if not self.p2p_check_ref:
+            return {"error": f"not assessed: no reader of {self.title or self.name}'s own P2P check"}
+        mod, _, attr = self.p2p_check_ref.partition(":")
+        try:
+            return getattr(importlib.import_module(mod), attr)()
+        except LookupError as exc:
+            return {"error": str(exc)}
 
     def parse_config(self, server_args: str, env: list[str] | tuple) -> ServerConfig:
         raise NotImplementedError
@@ -84,6 +102,7 @@ class SGLang(ServingEngine):
     name, dist, title = "sglang", "sglang", "SGLang"
     per_module, top_level_sections = True, True
     runtime_ref = f"{__package__}.runtime.dispatch:SGLANG"
+    p2p_check_ref = f"{__package__}.probes.engine_p2p:sglang_p2p_check"
 
     def parse_config(self, server_args, env):
         from .probes import sglang_engine
@@ -108,6 +127,7 @@ class VLLM(ServingEngine):
 
     name, dist, title = "vllm", "vllm", "vLLM"
     runtime_ref = f"{__package__}.runtime.dispatch:VLLM"
+    p2p_check_ref = f"{__package__}.probes.engine_p2p:vllm_p2p_check"
 
     def __init__(self):
         self._dispatch: dict = {}
@@ -182,6 +202,15 @@ def __getattr__(attr: str):
     if attr == "ENGINES":
         return registered()
     raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+
+
+def p2p_check(name: str) -> dict:
+    """:meth:`ServingEngine.p2p_check` of the registered engine ``name``; ``{"error": ...}`` for a name no engine
+    registered (what :func:`stackprobe.host.apply` is given as ``p2p_check``)."""
+    cls = _REGISTRY.get(name)
+    if cls is None:
+        return {"error": f"not assessed: no registered engine {name!r} (registered: {', '.join(_REGISTRY) or 'none'})"}
+    return cls().p2p_check()
 
 
 class EngineChoiceError(ValueError):

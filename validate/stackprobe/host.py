@@ -44,7 +44,7 @@ from pathlib import Path
 from . import paths as pathsmod
 
 #: variables that change how a peer-memory path or NCCL moves data (NCCL's environment variables page; the engines'
-#: ``*_SKIP_P2P_CHECK``, read from their source by :func:`engine_p2p_check`)
+#: ``*_SKIP_P2P_CHECK``, read from their source by :mod:`stackprobe.probes.engine_p2p`)
 PEER_ENV = ("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE", "NCCL_IGNORE_DISABLED_P2P", "CUDA_VISIBLE_DEVICES",
             "SGLANG_SKIP_P2P_CHECK", "VLLM_SKIP_P2P_CHECK")
 NVIDIA = "0x10de"
@@ -476,97 +476,19 @@ def nccl_transport(host: dict) -> str:
     return f"SHM, not P2P: {why}"
 
 
-# --- the engines' own P2P checks ----------------------------------------------------------------------
-def engine_p2p_check(engine: str) -> dict:
-    """Does the installed ``engine`` check P2P before its custom allreduce, or trust the driver? Read from its source:
-    ``{"checks": bool, "how": one sentence, "where": [file:line], "turn_on": what makes it check}``, or
-    ``{"error": why}`` when the reader does not find what it looks for (a release it does not know)."""
-    try:
-        if engine == "sglang":
-            return _sglang_p2p_check()
-        if engine == "vllm":
-            return _vllm_p2p_check()
-    except LookupError as exc:
-        return {"error": str(exc)}
-    return {"error": f"no P2P-check reader for engine {engine!r}"}
-
-
-def _lines(root: Path, rel: str, pattern: str) -> list[tuple[int, str]]:
-    p = root / rel
-    if not p.is_file():
-        raise LookupError(f"{root.name}/{rel} does not exist in the installed release")
-    rx = re.compile(pattern)
-    return [(i, ln.strip()) for i, ln in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
-            if rx.search(ln)]
-
-
-def _sglang_p2p_check() -> dict:
-    from .probes import sglang_engine as se
-    eng = se.installed()
-    if eng is None:
-        return {"error": "sglang is not installed"}
-    call = []
-    for rel in ("srt/distributed/bootstrap.py", "srt/model_executor/model_runner.py"):
-        if (eng.root / rel).is_file():
-            call += [(rel, i, t) for i, t in _lines(eng.root, rel, r"monkey_patch_p2p_access_check\(\)")]
-    if not call:
-        raise LookupError(f"sglang {eng.version}: no call of monkey_patch_p2p_access_check() in srt/distributed/"
-                          "bootstrap.py or srt/model_executor/model_runner.py")
-    try:
-        arg = se.server_argument(eng, ("--enable-p2p-check",))
-    except se.GateNotFound as exc:
-        raise LookupError(str(exc)) from exc
-    skip = _lines(eng.root, "srt/distributed/device_communicators/custom_all_reduce_utils.py", r"SGLANG_SKIP_P2P_CHECK")
-    rel, line, _ = call[0]
-    where = [f"sglang/{rel}:{line}", arg.get("default_where") or arg.get("where", "")]
-    if skip:
-        where.append(f"sglang/srt/distributed/device_communicators/custom_all_reduce_utils.py:{skip[0][0]}")
-    if arg.get("default") is False:
-        return {"checks": False, "where": where, "turn_on": "--enable-p2p-check",
-                "how": f"SGLang {eng.version} does not check P2P by default: --enable-p2p-check is off, and without it "
-                       f"sglang/{rel}:{line} replaces gpu_p2p_access_check with one that answers True for every pair; "
-                       "with --enable-p2p-check it runs a P2P data test in child processes (cached per "
-                       "CUDA_VISIBLE_DEVICES), which need not notice an ACS or IOMMU detour; SGLANG_SKIP_P2P_CHECK=1 "
-                       "replaces either with the driver's answer for the first peer; the check guards custom "
-                       "allreduce only, not PCIe IPC"}
-    return {"checks": True, "where": where, "turn_on": "",
-            "how": f"SGLang {eng.version} runs its data-checked P2P test before custom allreduce (--enable-p2p-check "
-                   "is on by default)"}
-
-
-def _vllm_p2p_check() -> dict:
-    from .probes import vllm_engine as ve
-    eng = ve.installed()
-    if eng is None:
-        return {"error": "vllm is not installed"}
-    try:
-        on, raw, where = ve.env_default(eng, "VLLM_SKIP_P2P_CHECK")
-    except ve.GateNotFound as exc:
-        raise LookupError(str(exc)) from exc
-    fn = _lines(eng.root, "distributed/device_communicators/custom_all_reduce.py", r"def _can_p2p\(")
-    if not fn:
-        raise LookupError(f"vllm {eng.version}: no _can_p2p in distributed/device_communicators/custom_all_reduce.py")
-    w = [where.split(" ")[0], f"vllm/distributed/device_communicators/custom_all_reduce.py:{fn[0][0]}"]
-    if on:
-        return {"checks": False, "where": w, "turn_on": "VLLM_SKIP_P2P_CHECK=0",
-                "how": f"vLLM {eng.version} trusts the driver here: VLLM_SKIP_P2P_CHECK defaults to \"{raw}\" "
-                       f"({w[0]}), so _can_p2p ({w[1]}) returns torch.cuda.can_device_access_peer, which answers True "
-                       "on the hosts that hang; VLLM_SKIP_P2P_CHECK=0 makes it run its data-checked test"}
-    return {"checks": True, "where": w, "turn_on": "",
-            "how": f"vLLM {eng.version} runs its data-checked P2P test (VLLM_SKIP_P2P_CHECK defaults to \"{raw}\")"}
-
-
 # --- verdicts -----------------------------------------------------------------------------------------
-def apply(verdicts: list, host: dict, world_size: int, checks: dict | None = None) -> list:
+def apply(verdicts: list, host: dict, world_size: int, p2p_check=None) -> list:
     """Add the host to every open verdict of a path that maps peer memory (:func:`stackprobe.paths.maps_peer_memory`)
     and to NCCL's baseline, in ``Verdict.host_risk``: ``{"level": "risk" | "unassessed" | "unchecked" | "transport",
     "what": what the user meets, "found": [risk dicts], "now": what to switch off now, "fix": the host fix, "engine_check":
     does the engine check P2P itself, "source": NVIDIA's guidance}``. Closed verdicts (the path does not run) are left
-    alone. ``checks``: engine name -> :func:`engine_p2p_check` (read here when None). Returns ``verdicts``."""
+    alone. ``p2p_check``: engine name -> that engine's own P2P check (:func:`stackprobe.engines.p2p_check`: the
+    registry is a layer above this module, so the caller passes it); None: ``engine_check`` says it was not read.
+    Returns ``verdicts``."""
     found = risks(host, world_size)
     host_found = [r for r in found if r["kind"] != "p2p-disabled"]
     missing = unassessed(host, world_size)
-    checks = {} if checks is None else checks
+    checks: dict[str, dict] = {}
     for v in verdicts:
         if pathsmod.is_nccl(v.backend):
             _nccl(v, host, host_found)   # whatever NCCL's status here: on the target NCCL runs (torch ships it)
@@ -585,7 +507,8 @@ def apply(verdicts: list, host: dict, world_size: int, checks: dict | None = Non
         rec: dict = {"now": now, "source": NCCL_GUIDE}
         if v.backend.endswith("custom-allreduce") and engine:
             if engine not in checks:
-                checks[engine] = engine_p2p_check(engine)
+                checks[engine] = (p2p_check(engine) if p2p_check is not None
+                                  else {"error": "not assessed: no reader of the engine's own P2P check was given"})
             rec["engine_check"] = checks[engine]
         if found:
             rec.update(level="risk", found=found, what="hang or set-up failure risk on this host: " +

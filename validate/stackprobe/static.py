@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import coverage as cov
 from . import driver as drivermod
-from .engines import DEFAULT, registered
+from .engines import DEFAULT, p2p_check, registered
 from . import env as envmod
 from . import gates
 from . import health_stage
@@ -133,7 +133,7 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
     post_pass(report.verdicts, environment, target, topo, floor, too_new)
     _log("host (P2P, IOMMU, ACS)", quiet)
     report.host = read_host_section(environment, ctx)
-    hostmod.apply(report.verdicts, report.host, world_size)
+    hostmod.apply(report.verdicts, report.host, world_size, p2p_check=p2p_check)   # each engine's own P2P check
     report.server_config = ctx.server_config.to_json()
     _engine_sections(report, ctx, engines)
     report.options["seconds"] = round(time.time() - t0, 1)

@@ -169,6 +169,9 @@ def test_a_runtime_that_installed_other_wheels_than_the_wheelhouse_lists_is_buil
     manifest["nodes"]["cuda-ext"]["wheels"][name] = sha256_file(wh.path / name)
     (wh.path / "manifest.json").write_text(json.dumps(manifest))
     runtime = plan.node("runtime")
+    from cudastack.build.executor import dry_run
+    planned = dry_run(plan, state_dir=other, engine=engine).split("] runtime ")[1].split("\n[")[0]
+    assert "cached" not in planned.splitlines()[0], planned       # the plan and the disk check count it
     lines: list[str] = []
     record = run_build(plan, state_dir=other, engine=engine, say=lines.append)
     by = {n["name"]: n for n in record["nodes"]}

@@ -269,3 +269,30 @@ def _target_command(build: list, t: dict, out, *, labels: bool, push: bool) -> l
     for o in t.get("output", []):
         cmd += ["--push"] if push and o == "type=registry" else ["--output", o.replace("dest=", f"dest={out}/", 1)]
     return cmd
+
+
+def test_a_baked_runtime_records_the_wheels_its_context_holds(tmp_path):
+    """A runtime built by bake carries the label `invoke build` gives its runtimes (org.cudastack.wheels: the digest
+    of the wheelhouse wheels its context holds), so a later `invoke build` keeps it; the twin: other wheels in the
+    wheelhouse give another label."""
+    from pathlib import Path
+
+    from cudastack.build.context import WHEELS_LABEL, runtime_wheels_digest
+    from cudastack.build.wheelhouse import Wheelhouse
+    from cudastack.plan.planner import make_plan
+    from cudastack.plan.rules import host_resources
+
+    plan = make_plan(Path(__file__).parent / "fixtures" / "recipes", "13.1", resources=host_resources(),
+                     prefix="cudastack-test")
+    state = tmp_path / "state"
+    runtime = plan.node("runtime")
+    empty = B.write_bake(plan, tmp_path / "a" / "docker-bake.json", state_dir=state)["target"]["runtime"]["labels"]
+    wh = Wheelhouse(state / plan.wheelhouse)
+    assert empty[WHEELS_LABEL] == runtime_wheels_digest(wh, runtime)
+    wh.path.mkdir(parents=True)
+    (wh.path / "cuda_ext_fixture-0.1.0-cp311-cp311-linux_x86_64.whl").write_bytes(b"a wheel")
+    (wh.path / "manifest.json").write_text(json.dumps({"nodes": {"cuda-ext": {
+        "hash": plan.node("cuda-ext").hash, "tag": plan.node("cuda-ext").tag,
+        "wheels": {"cuda_ext_fixture-0.1.0-cp311-cp311-linux_x86_64.whl": "0" * 64}}}}))
+    full = B.write_bake(plan, tmp_path / "b" / "docker-bake.json", state_dir=state)["target"]["runtime"]["labels"]
+    assert full[WHEELS_LABEL] == runtime_wheels_digest(wh, runtime) != empty[WHEELS_LABEL]

@@ -60,14 +60,15 @@ def index_secret_env(node_name: str) -> str:
 def bake_dict(plan, *, contexts: dict[str, str], dockerfiles: dict[str, str], wheel_outputs: dict[str, str],
               wheel_names: Optional[dict[str, str]] = None, extra_args: Optional[dict[str, dict[str, str]]] = None,
               ca_secret: bool = True, served: Optional[dict[str, str]] = None,
-              push_to: Optional[dict[str, str]] = None) -> dict:
+              push_to: Optional[dict[str, str]] = None, labels: Optional[dict[str, dict[str, str]]] = None) -> dict:
     """The bake file as a dict (pure). ``contexts``/``dockerfiles``/``wheel_outputs``: per node name, the
     build-context folder, the Dockerfile path and (wheel nodes) the export folder, all as they should appear
     in the file (relative to the bake file's folder). ``wheel_names``: the runtime node's WHEEL_NAMES.
     ``extra_args``: per node, build args to add (e.g. the
     lock's ``*_LOCKED`` args). ``served``: {node name: its pinned reference in the node cache} for nodes the file
     does not build (children take them by digest); ``push_to``: {node name: its cache tag} for the ``-cache``
-    targets (module doc)."""
+    targets (module doc); ``labels``: per node, image labels to add (a runtime's ``org.cudastack.wheels``, the digest of
+    the wheelhouse wheels its context holds, :func:`cudastack.build.context.runtime_wheels_digest`)."""
     served, push_to = served or {}, push_to or {}
     targets: dict[str, dict] = {}
     groups: dict[str, list[str]] = {"default": [], "images": [], "wheels": [], "runtime": []}
@@ -85,7 +86,7 @@ def bake_dict(plan, *, contexts: dict[str, str], dockerfiles: dict[str, str], wh
             "dockerfile": dockerfiles[node.name],
             "args": args,
             "labels": {"org.cudastack.node": node.name, "org.cudastack.hash": node.hash,
-                       "org.cudastack.toolchain": plan.toolchain},
+                       "org.cudastack.toolchain": plan.toolchain, **(labels or {}).get(node.name, {})},
         }
         parent_contexts = {}
         for p in node.parents:
@@ -134,6 +135,7 @@ def write_bake(plan, out_path: str | Path, *, state_dir: str | Path = ".stack", 
     ``"x-cudastack-served"`` key ({node: pinned reference}), which is not written to the file. Returns the bake
     dict. Raises UsageError when ``out_path`` is not a ``.json`` file, RegistryError when the cache cannot be
     read."""
+    from cudastack.build.context import WHEELS_LABEL, runtime_wheels_digest
     from cudastack.build.executor import Wheelhouse, _abs_dockerfile, _make_context
 
     out_path = Path(out_path).resolve()
@@ -144,6 +146,7 @@ def write_bake(plan, out_path: str | Path, *, state_dir: str | Path = ".stack", 
     ctx_root = root / "ctx"
     wheelhouse = Wheelhouse(Path(state_dir).resolve() / plan.wheelhouse)
     contexts, dockerfiles, outputs, extra, names = {}, {}, {}, {}, {}
+    node_labels: dict[str, dict[str, str]] = {}
     if lock is not None:
         from cudastack.lock import apply_lock
         apply_lock(plan, lock)       # locked build args, tags and the runtime's WHEELS_LOCKED
@@ -165,6 +168,8 @@ def write_bake(plan, out_path: str | Path, *, state_dir: str | Path = ".stack", 
         made.pop("_source", None)
         if "WHEEL_NAMES" in made:
             names[node.name] = made.pop("WHEEL_NAMES")
+        if node.kind == "runtime":      # the wheels its context holds, as `invoke build` labels a runtime it builds
+            node_labels[node.name] = {WHEELS_LABEL: runtime_wheels_digest(wheelhouse, node)}
         extra[node.name] = dict(made)
         final = ctx_root / target_name(node.name)
         if final.exists():
@@ -175,6 +180,6 @@ def write_bake(plan, out_path: str | Path, *, state_dir: str | Path = ".stack", 
         dockerfiles[node.name] = "Dockerfile"
         outputs[node.name] = os.path.relpath(Path(wheelhouse.path) / "export" / target_name(node.name), root)
     data = bake_dict(plan, contexts=contexts, dockerfiles=dockerfiles, wheel_outputs=outputs, wheel_names=names,
-                     extra_args=extra, ca_secret=ca_secret, served=served, push_to=push_to)
+                     extra_args=extra, ca_secret=ca_secret, served=served, push_to=push_to, labels=node_labels)
     write_atomic(out_path, json.dumps(data, indent=2) + "\n")
     return {**data, "x-cudastack-served": served} if cache is not None else data

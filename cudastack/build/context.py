@@ -140,7 +140,15 @@ def node_cached(engine: Engine, wheelhouse: Wheelhouse, node: PlannedNode) -> bo
 
 
 def cached_map(engine: Engine, wheelhouse: Wheelhouse, plan: BuildPlan) -> dict[str, bool]:
-    return {n.name: node_cached(engine, wheelhouse, n) for n in plan.nodes}
+    """{node name: cached}; a runtime whose parents are all cached is cached only when its image installed the wheels
+    the wheelhouse lists now (:func:`runtime_wheels_differ`), so the plan, the dry run and the disk check count it
+    (a parent exported or built in this run is checked again when the runtime is reached)."""
+    out = {n.name: node_cached(engine, wheelhouse, n) for n in plan.nodes}
+    for n in plan.nodes:
+        if (n.kind == "runtime" and out[n.name] and all(out.get(p, False) for p in n.parents)
+                and runtime_wheels_differ(engine, wheelhouse, n)):
+            out[n.name] = False
+    return out
 
 
 def _make_context(ctx_root: Path, node: PlannedNode, wheelhouse: Wheelhouse, plan: BuildPlan, *,

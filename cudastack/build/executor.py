@@ -216,6 +216,10 @@ def _plan_sets(run: _Run) -> tuple[list[str], list[str]]:
             f"{len(plan.nodes)} nodes, {len(plan.nodes) - len(todo) - len(pull)} cached"
             + (f", {len(pull)} in the node cache {run.cache.prefix}" if run.cache is not None else "")
             + f", {len(todo)} to build [{run.engine.buildkit.describe()}]")
+    for n in plan.nodes:    # a runtime whose image exists but installed other wheels: say why it is built again
+        if n.kind == "runtime" and not run.cached[n.name] and run.engine.exists(n.tag) \
+                and (why := runtime_wheels_differ(run.engine, run.wheelhouse, n)):
+            run.say(f"{n.name}: {n.tag} exists, but {why}: building it again")
     return pull, todo
 
 
@@ -296,6 +300,10 @@ def _pull(run: _Run, i: int, node: PlannedNode, entry: dict) -> bool:
     try:
         run.doing = f"pulling {node.name} from the node cache"
         if serve_node(run.cache, node, run.in_cache[node.name], entry, run.wheelhouse, run.say, run.step(i)):
+            if why := runtime_wheels_differ(run.engine, run.wheelhouse, node):
+                # pulled, but built elsewhere over other wheel bytes than this wheelhouse's: build it here
+                run.say(f"{run.step(i)} {node.name}: the node cache's image {why}: building it here")
+                return False
             run.cache_refs[node.tag] = cache_reference(run.cache, node, entry, run.in_cache.get(node.name))
             run.journal()
             return True

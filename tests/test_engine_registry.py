@@ -244,6 +244,16 @@ def test_the_host_stage_reads_an_engines_own_p2p_check_through_the_registry(toy_
         engines.unregister("toyserve")
     assert engines.p2p_check("toyserve")["error"].startswith("not assessed: no registered engine 'toyserve'")
 
+    class Crashing(engines.ServingEngine):       # a reader that crashes is a not-assessed answer, not a crashed run
+        name, dist, title = "crashing", "crashing", "Crashing"
+        p2p_check_ref = "json:loads"              # json.loads() without its argument raises TypeError
+    engines.register(Crashing)
+    try:
+        err = engines.p2p_check("crashing")["error"]
+        assert err.startswith("not assessed: the P2P-check reader json:loads crashed (TypeError"), err
+    finally:
+        engines.unregister("crashing")
+
     class NoReader(engines.ServingEngine):
         name, dist, title = "noreader", "noreader", "NoReader"
 

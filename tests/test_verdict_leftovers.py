@@ -45,8 +45,9 @@ def vllm033():
     return pip_target("vllm==0.33.0")
 
 
-def _run(venv, paths, code: str):
-    p = subprocess.run([str(venv), "-c", code], capture_output=True, text=True, env=suite_env(paths), timeout=600)
+def _run(venv, paths, code: str, *argv: str):
+    p = subprocess.run([str(venv), "-c", code, *argv], capture_output=True, text=True, env=suite_env(paths),
+                       timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -56,7 +57,9 @@ import json
 from types import SimpleNamespace
 from stackprobe.probes import vllm_engine as ve
 from stackprobe.serverconfig import ServerConfig
-ctx = SimpleNamespace(server_config=ServerConfig(args={}, env={}, source="test"))
+import sys
+ws, topo = (int(sys.argv[1]), sys.argv[2]) if len(sys.argv) > 2 else (8, "pcie")
+ctx = SimpleNamespace(server_config=ServerConfig(args={}, env={}, source="test"), world_size=ws, topology=topo)
 print(json.dumps(ve._pcie_ipc_turned_off_by(ve.installed(), ctx)))
 """
 
@@ -82,6 +85,18 @@ def test_point1_twin_a_copy_whose_mode_pins_ring_or_nothing_reads_so(venv, vllm0
     bare = engine_copy(vllm033, tmp_path / "bare", {BI: (PIN, "")})
     bi = next(a for a in _run(venv, [bare], OFF_BY) if a["setting"] == "VLLM_BATCH_INVARIANT=1")
     assert bi["then"] == "NCCL (pynccl)" and "NCCL_ALGO" not in bi["why"]
+
+
+def test_point1_at_world_size_2_or_on_nvlink_custom_allreduce_comes_first_so_nothing_is_claimed(venv, vllm033):
+    """At world size 2 (or on NVLink) vLLM builds its custom allreduce (custom_all_reduce.py:267 refuses only ws > 2
+    without full NVLink), which comes before pynccl in all_reduce: the entry claims nothing (``then`` empty, a
+    ``not assessed:`` note) instead of naming pynccl; the twin at world size 8 on PCIe (the test above) names pynccl."""
+    from stackprobe.verdict import unassessed_entry
+
+    for ws, topo in (("2", "pcie"), ("8", "nvlink")):
+        bi = next(a for a in _run(venv, [vllm033], OFF_BY, ws, topo) if a["setting"] == "VLLM_BATCH_INVARIANT=1")
+        assert bi["then"] == "" and unassessed_entry(bi), bi
+        assert f"at world size {ws} on {topo}" in bi["note"] and "custom allreduce" in bi["note"]
 
 
 # --- point 2: expert kernels whose device check is not read -----------------------------------------------------
@@ -220,6 +235,10 @@ def test_point3_the_summary_lists_it_as_not_assessed_not_as_do_not_set(drive, sg
     assert any(ln.startswith("not assessed (") and "--enable-mscclpp with flashinfer-pcie-ipc-allreduce on" in ln
                for ln in lines)
     assert not any(" serves instead" in ln and "--enable-mscclpp" in ln for ln in lines)
+    # the path's own cause keeps it apart from the advice too (it was printed after "do not set with it:")
+    causes = [v.cause for v in report.verdicts if v.backend == "flashinfer-pcie-ipc-allreduce" and "--enable-mscclpp" in v.cause]
+    assert causes and all("not assessed with it: --enable-mscclpp" in c for c in causes), causes
+    assert not any("do not set with it: --enable-mscclpp" in c.split("; not assessed with it:")[0] for c in causes)
     _, real = drive([sglang, fi, mscclpp_pkg], backends=("flashinfer-pcie-ipc-allreduce",), path_first=[nvcc131],
                     env=env)
     assert any(a.startswith("--enable-mscclpp (mscclpp serves instead") for a in headline(real)["avoid"])

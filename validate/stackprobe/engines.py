@@ -84,6 +84,9 @@ class ServingEngine:
             return getattr(importlib.import_module(mod), attr)()
         except LookupError as exc:
             return {"error": str(exc)}
+        except Exception as exc:  # noqa: BLE001 - a crashing reader is a not-assessed answer, never a crashed run
+            return {"error": f"not assessed: the P2P-check reader {self.p2p_check_ref} crashed "
+                             f"({type(exc).__name__}: {exc})"}
 
     def parse_config(self, server_args: str, env: list[str] | tuple) -> ServerConfig:
         raise NotImplementedError

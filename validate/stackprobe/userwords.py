@@ -25,7 +25,7 @@ from typing import Any
 from .engines import DEFAULT, registered, title_of
 from .verdict import (BLOCKED, ERROR, FALLS_BACK, GATE_NEEDS_RUNTIME, GATE_PASSES, GATE_SETTING, NOT_ASSESSED,
                       NOT_INSTALLED, NOT_INTEGRATED, ON_AS_CONFIGURED, ON_BY_DEFAULT, OPT_IN, PREEMPTED, SKIPPED,
-                      STARTUP_FAILURE, Verdict)
+                      STARTUP_FAILURE, Verdict, unassessed_entry)
 
 PIN_DISTS = ("torch", "sglang-kernel", "sgl-kernel", "flashinfer-python", "flashinfer_python")
 DISPATCH = "TP allreduce dispatch: the path a decode-step allreduce takes"
@@ -71,11 +71,7 @@ def avoid_items(report, v: Verdict) -> list[str]:
     return out
 
 
-def _unassessed(a) -> bool:
-    """A "do not set with it" entry that claims nothing: the whole reading failed (``"setting": "not assessed"``, the
-    error in ``then``) or one setting's effect was not decided (``"then": ""``, a ``not assessed:`` note)."""
-    return isinstance(a, dict) and (a.get("setting") == "not assessed" or (
-        not a.get("then") and str(a.get("note", "")).startswith("not assessed")))
+_unassessed = unassessed_entry   # stackprobe.verdict.unassessed_entry (the probes use it too)
 
 
 def unassessed_items(report, v: Verdict) -> list[str]:

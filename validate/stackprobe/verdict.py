@@ -155,3 +155,10 @@ class Verdict:
         d = {k: v for k, v in d.items() if k in known}
         d["evidence"] = [Evidence(**e) for e in d.get("evidence", [])]
         return cls(**d)
+
+
+def unassessed_entry(a) -> bool:
+    """A "do not set with it" entry that claims nothing: the whole reading failed (``"setting": "not assessed"``, the
+    error in ``then``) or one setting's effect was not decided (``"then": ""``, a ``not assessed:`` note)."""
+    return isinstance(a, dict) and (a.get("setting") == "not assessed" or (
+        not a.get("then") and str(a.get("note", "")).startswith("not assessed")))

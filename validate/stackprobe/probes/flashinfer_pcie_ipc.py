@@ -21,7 +21,7 @@ from .. import source
 from ..env import all_nvccs, effective_nvcc
 from ..paths import PCIE_IPC
 from ..verdict import (BLOCKED, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_SETTING, GATE_TOOLCHAIN,
-                       LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_SETTING, SCOPE_LIBRARY, SKIPPED, Verdict)
+                       LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_SETTING, SCOPE_LIBRARY, SKIPPED, Verdict, unassessed_entry)
 from . import flashinfer_common as fi
 from . import pcie_ipc_engine as pcie_det
 from . import sglang_answer as sa
@@ -181,10 +181,15 @@ def _setup_and_settings(ctx, eng, v: Verdict) -> None:
     if fb["autotune_flag"]:
         v.cause += (f"; {fb['autotune_flag']['flag']} ({fb['autotune_flag']['where']}) skips the per-shape tuning "
                     "FlashInfer expects once per machine (the kernels then keep its seed policy)")
-    if avoid:
+    claimed = [a for a in avoid if not unassessed_entry(a)]
+    if claimed:
         v.cause += "; do not set with it: " + "; ".join(
             f"{a['setting']} ({a.get('note') or a['then'] + ' serves instead'}"
-            + (f"; it also sets {', '.join(a['also_sets'])}" if a["also_sets"] else "") + ")" for a in avoid)
+            + (f"; it also sets {', '.join(a['also_sets'])}" if a.get("also_sets") else "") + ")" for a in claimed)
+    unread = [a for a in avoid if unassessed_entry(a)]
+    if unread:      # their effect was not read: never advice
+        v.cause += "; not assessed with it: " + "; ".join(f"{a['setting']} ({a.get('note') or a.get('then')})"
+                                                            for a in unread)
 
 
 def _module_literal_strings_or_ints(tree, name: str):

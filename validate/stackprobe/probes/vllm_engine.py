@@ -448,7 +448,8 @@ def _pcie_ipc_turned_off_by(eng: Engine, ctx) -> list[dict]:
     that variable (:func:`_nccl_algo_pinned_by`; batch-invariant mode pins allreduce to Tree,
     ``batch_invariant.py:1419``), else it reads ``NCCL (pynccl)``: NCCL then picks its algorithm itself. A variable the
     configuration already sets is left out (the answer is then about that configuration). Raises GateNotFound when no
-    such assignment is found."""
+    such assignment is found. At world size 2 or on NVLink, where custom allreduce is built and comes first, the
+    entry claims nothing: ``"then": ""`` and a ``not assessed:`` note."""
     fn = eng.method(CUDA_COMM, "CudaCommunicator", "__init__")
     found = [n for n in ast.walk(fn) if isinstance(n, ast.Assign)
              and any(ast.unparse(t).endswith("use_flashinfer_pcie_ipc_allreduce") for t in n.targets)
@@ -463,6 +464,15 @@ def _pcie_ipc_turned_off_by(eng: Engine, ctx) -> list[dict]:
                     and ast.unparse(n.operand.value) == "envs":
                 name = n.operand.attr
                 if _var_given(ctx, name) is not None:
+                    continue
+                ws, topo = getattr(ctx, "world_size", None), getattr(ctx, "topology", None)
+                if ws is None or ws <= 2 or topo == "nvlink":
+                    # custom allreduce is built here (custom_all_reduce.py:267 refuses only ws > 2 without full
+                    # NVLink) and comes before pynccl in all_reduce: what serves then is not read by this entry
+                    out.append({"setting": f"{name}=1", "where": _where(eng, CUDA_COMM, n), "then": "",
+                                "note": f"not assessed: PCIe IPC is not built, and at world size {ws} on {topo} "
+                                        "vLLM's custom allreduce may take the tensor before pynccl "
+                                        "(its own checks decide at run time)"})
                     continue
                 pin = _nccl_algo_pinned_by(eng, name)
                 why = f"use_flashinfer_pcie_ipc_allreduce is ... and not envs.{name}: PCIe IPC is not built"

@@ -22,6 +22,11 @@ What must differ between two runs is masked, and nothing else (:data:`IGNORED`, 
 * Markdown: the same values where the text prints them (``created <time>``, ``suite sha256:<hex>``,
   ``checks took <s> s``), masked in place so the rest of each line is still compared.
 
+``--layout``: the change moves keys of the report (a new ``schema``): the old revision's JSON is read through the new
+revision's own loader (``stackprobe.report.translate_v3`` of the new export, in a process of its own) before the
+comparison, and the schema number is masked too (``schema`` in the JSON, ``schema N`` in the Markdown); every other
+value, and the whole Markdown, must still be the same.
+
 ``--old-file PATH@REV`` takes one file of the old export from another revision (repeatable): for an old revision
 that cannot run as committed (a file deleted a commit early), the report says which file and why.
 
@@ -131,8 +136,41 @@ def export(rev: str, dest: Path, overlays: list[tuple[str, str]]) -> Path:
     return dest / "validate"
 
 
-def run_suite(suite: Path, name: str, work: Path) -> dict[str, str]:
-    """Outputs of configuration ``name`` read by the suite in ``suite`` (a ``validate/`` folder)."""
+#: with ``--layout``: masked too (the schema number; the layout is translated, its values compared)
+LAYOUT_IGNORED: tuple[tuple[str, ...], ...] = (("schema",),)
+LAYOUT_MD_IGNORED: tuple[tuple[str, str], ...] = ((r"; schema \d+", "; schema <n>"),)
+
+
+def translate(report_json: str, suite: Path) -> str:
+    """``report_json`` in the layout of the suite in ``suite`` (its ``stackprobe.report.translate_v3``, run by this
+    interpreter with only that suite on the path). Raises CalledProcessError when the suite cannot translate it."""
+    code = ("import json, sys; from stackprobe.report import translate_v3; "
+            "print(json.dumps(translate_v3(json.loads(sys.stdin.read()))))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env["PYTHONPATH"], env["PYTHONDONTWRITEBYTECODE"] = str(suite), "1"
+    return subprocess.run([sys.executable, "-c", code], input=report_json, env=env, capture_output=True, text=True,
+                          check=True, timeout=120).stdout
+
+
+def layout_masked(res: dict[str, str]) -> dict[str, str]:
+    """``res`` (:func:`outputs`) with the schema number masked as well (``--layout``)."""
+    out = {}
+    for k, v in res.items():
+        if k.endswith(": json") and v != "<not written>":
+            d = json.loads(v)
+            for path in LAYOUT_IGNORED:
+                d = _mask_path(d, path)
+            v = json.dumps(d, indent=1, sort_keys=True)
+        elif k.endswith(": md"):
+            for pattern, repl in LAYOUT_MD_IGNORED:
+                v = re.sub(pattern, repl, v)
+        out[k] = v
+    return out
+
+
+def run_suite(suite: Path, name: str, work: Path, translate_with: Path | None = None) -> dict[str, str]:
+    """Outputs of configuration ``name`` read by the suite in ``suite`` (a ``validate/`` folder); with
+    ``translate_with`` (a newer suite's folder), its JSON in that suite's layout (:func:`translate`)."""
     targets, extra = CONFIGS[name]
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("CUDA_", "FLASHINFER_", "NCCL_", "SGLANG_", "VLLM_", "PYTHON"))}
@@ -148,7 +186,10 @@ def run_suite(suite: Path, name: str, work: Path) -> dict[str, str]:
     p = subprocess.run([sys.executable, "-m", "stackprobe", "--json", str(js), "--markdown", str(md), *COMMON,
                         *extra], env=env, cwd=work, capture_output=True, text=True, timeout=1800)
     (work / f"{name}.stderr").write_text(p.stderr)
-    res = outputs(js.read_text() if js.is_file() else None, md.read_text() if md.is_file() else None, name)
+    text = js.read_text() if js.is_file() else None
+    if text is not None and translate_with is not None:
+        text = translate(text, translate_with)
+    res = outputs(text, md.read_text() if md.is_file() else None, name)
     res[f"{name}: exit"] = str(p.returncode)
     return res
 
@@ -170,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
                     + ", ".join(CONFIGS) + ", runtime-list)")
     ap.add_argument("--old-file", action="append", default=[], metavar="PATH@REV",
                     help="take PATH of the old export from REV (repeatable)")
+    ap.add_argument("--layout", action="store_true", help="the new revision moves report keys: read the old JSON "
+                    "through the new suite's translate_v3 and mask the schema number")
     ap.add_argument("--work", type=Path, help="folder for the exports and reports (default: a new temporary folder)")
     a = ap.parse_args(argv)
     unknown = set(a.only) - set(CONFIGS) - {"runtime-list"}
@@ -193,17 +236,18 @@ def main(argv: list[str] | None = None) -> int:
                  "`pip install --no-deps --target <folder> NAME==VERSION` (or run the tests that pin them)")
     work = (a.work or Path(tempfile.mkdtemp(prefix="same-reports-"))).resolve()
     results = []
-    for label, rev, ov in (("old", a.old, overlays), ("new", a.new, [])):
-        suite = export(rev, work / f"tree-{label}", ov)
+    suites = {"old": export(a.old, work / "tree-old", overlays), "new": export(a.new, work / "tree-new", [])}
+    for label, rev in (("old", a.old), ("new", a.new)):
+        suite = suites[label]
         out = work / f"out-{label}"
         out.mkdir(parents=True, exist_ok=True)
         res: dict[str, str] = {}
         for name in names:
             print(f"  {label} {rev}: {name}", file=sys.stderr, flush=True)
-            res.update(run_suite(suite, name, out))
+            res.update(run_suite(suite, name, out, suites["new"] if a.layout and label == "old" else None))
         if not a.only or "runtime-list" in a.only:
             res.update(runtime_list(suite))
-        results.append(res)
+        results.append(layout_masked(res) if a.layout else res)
     diffs = compare(*results)
     done = sorted({k.split(": ")[0] for k in results[0]})
     print(f"{len(done)} configurations, {len(results[0])} outputs per revision; reports in {work}")

@@ -84,7 +84,10 @@ def test_a_registered_third_engine_appears_in_every_place(toy_on_path, tmp_path)
     old, old_json, old_md = _static(tmp_path, "toy-1.0")
     line = _field_line(TOY / "site-1.0")
     # the static report: its engines entry, its answer read from its source (FILE:LINE), its matrix row
-    assert old_json["engines"] == [{"name": "toyserve", "title": "ToyServe", "version": "1.0", "dispatch": {}}]
+    assert old_json["engines"] == [{"name": "toyserve", "title": "ToyServe", "version": "1.0", "server_config": {
+        "args": {}, "env": {}, "source": "", "describe": "no flags"}, "dispatch": {}}]
+    # schema 4: every engine's sections in its own entry, none at the top level
+    assert old_json["schema"] == 4 and not {"dispatch", "paths", "launch_environment", "server_config"} & set(old_json)
     v = next(v for v in old_json["verdicts"] if v["backend"] == "toyserve-allreduce")
     assert (v["scope"], v["engine"], v["status"]) == ("engine", "toyserve", "opt-in")
     assert f"toyserve/server_args.py:{line}" in v["cause"]
@@ -222,12 +225,13 @@ def test_an_engine_whose_not_assessed_reader_crashes_gives_a_row_not_a_crashed_r
 
     engines.register(Crashing)
     rep, data, md = _static(tmp_path, "crashing")
-    rows = [p for p in data.get("paths") or [] if p["backend"] == "toyserve-paths"]
-    assert rows and rows[0]["status"] == "not-assessed" and "KeyError" in rows[0]["cause"], data.get("paths")
+    rows = [p for p in rep.paths if p["backend"] == "toyserve-paths"]
+    assert [e.get("paths") for e in data["engines"] if e["name"] == "toyserve"] == [rows]
+    assert rows and rows[0]["status"] == "not-assessed" and "KeyError" in rows[0]["cause"], rep.paths
     engines.unregister("toyserve")
     engines.register(ToyServe)
-    _, plain, _ = _static(tmp_path, "plain")
-    assert not [p for p in plain.get("paths") or [] if p["backend"] == "toyserve-paths"]
+    plain, _, _ = _static(tmp_path, "plain")
+    assert not [p for p in plain.paths if p["backend"] == "toyserve-paths"]
 
 
 def test_the_host_stage_reads_an_engines_own_p2p_check_through_the_registry(toy_on_path):

@@ -344,18 +344,18 @@ def _report(venv, paths, engine, tmp_path):
 def test_point7_vllm_report_lists_its_not_assessed_settings_in_json_and_markdown(venv, v033, tmp_path):
     """Before: a vLLM report's ``paths`` was empty, so its Markdown had no "Not assessed here" section."""
     d, report = _report(venv, [v033, pip_target("flashinfer-python==0.7.2.post1")], "vllm", tmp_path)
-    names = {p["backend"] for p in d["paths"]}
+    names = {p["backend"] for p in report.paths}
     assert {"--enable-dbo", "--all2all-backend deepep_low_latency", "--dcp-comm-backend"} <= names
     assert not {"VLLM_USE_NCCL_SYMM_MEM", "--disable-custom-all-reduce",
                 "VLLM_FLASHINFER_ALLREDUCE_BACKEND"} & names     # assessed: not listed
     md = report.to_markdown()
-    assert f"## Not assessed here ({len(d['paths'])})" in md
+    assert f"## Not assessed here ({len(report.paths)})" in md
     assert "| --enable-dbo |" in md and "vllm/config/parallel.py:258" in md
 
 
 def test_point7_twin_an_sglang_only_report_has_no_vllm_rows(venv, sglang059, tmp_path):
-    d, _ = _report(venv, [sglang059], "sglang", tmp_path)
-    assert d["paths"] and not [p for p in d["paths"] if p["backend"].startswith(("VLLM_", "--all2all-backend"))]
+    _, report = _report(venv, [sglang059], "sglang", tmp_path)
+    assert report.paths and not [p for p in report.paths if p["backend"].startswith(("VLLM_", "--all2all-backend"))]
 
 
 def test_point7_twin_the_same_vllm_report_without_paths_has_no_such_section(venv, v033, tmp_path):

@@ -119,10 +119,10 @@ def test_c39_one_more_communicator_called_by_the_dispatch(venv_suite, sg23, fi, 
     assert not [r for r in sp.inventory(_eng(sg23)) if r["status"] == "unknown"]
     # and the suite's report says so, never silence
     report, _ = run_suite(venv_suite, [copy, fi], ["--backend", "nccl-ring", "--env", PCIE_ON[0]])
-    assert report["dispatch"]["error"] and report["dispatch"]["unknown"] == "ring_ipc_comm"
+    assert report["engines"][0]["dispatch"]["error"] and report["engines"][0]["dispatch"]["unknown"] == "ring_ipc_comm"
     msgs = [f["message"] for f in report["environment"]["findings"] if f.get("case") == "C39"]
     assert any("ring_ipc_ar.py" in m for m in msgs) and any("ring_ipc_comm" in m for m in msgs)
-    assert any(p["backend"] == "ring_ipc_ar.py" and p["status"] == "not-assessed" for p in report["paths"])
+    assert any(p["backend"] == "ring_ipc_ar.py" and p["status"] == "not-assessed" for p in report["engines"][0]["paths"])
 
 
 @pytest.fixture(scope="module")
@@ -197,19 +197,19 @@ def test_unknown_server_flag_is_a_one_paragraph_error(sg23, venv_suite):
 def test_cli_records_config_dispatch_and_launch_environment(venv_suite, sg23, fi):
     report, _ = run_suite(venv_suite, [sg23, fi], ["--backend", "nccl-ring", "--server-args", "--enable-symm-mem",
                                                    "--env", PCIE_ON[0]])
-    assert report["server_config"]["args"] == {"--enable-symm-mem": True}
-    assert report["server_config"]["env"] == {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"}
-    assert report["dispatch"]["serves"] == "nccl-symm-mem"
-    assert report["dispatch"]["preempted"] == {PCIE: "nccl-symm-mem"}
-    le = report["launch_environment"]
+    assert report["engines"][0]["server_config"]["args"] == {"--enable-symm-mem": True}
+    assert report["engines"][0]["server_config"]["env"] == {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"}
+    assert report["engines"][0]["dispatch"]["serves"] == "nccl-symm-mem"
+    assert report["engines"][0]["dispatch"]["preempted"] == {PCIE: "nccl-symm-mem"}
+    le = report["engines"][0]["launch_environment"]
     assert le["NCCL_CUMEM_ENABLE"]["value"] == "1" and le["NCCL_NVLS_ENABLE"]["value"] == "1"
     assert le["CUDA_DEVICE_MAX_CONNECTIONS"] == {"value": "8", "source":
                                                  "sglang/srt/entrypoints/engine.py:1921 _set_envs_and_config"}
-    names = {p["backend"] for p in report["paths"]}
+    names = {p["backend"] for p in report["engines"][0]["paths"]}
     assert {"nccl-symm-mem", "dp-attention", "--moe-a2a-backend deepep", "triton_symm_mem_ag.py"} <= names
     plain, _ = run_suite(venv_suite, [sg23, fi], ["--backend", "nccl-ring"])
-    assert plain["dispatch"]["serves"] == "nccl-ring"
-    assert plain["launch_environment"]["NCCL_CUMEM_ENABLE"]["value"] == "0"
+    assert plain["engines"][0]["dispatch"]["serves"] == "nccl-ring"
+    assert plain["engines"][0]["launch_environment"]["NCCL_CUMEM_ENABLE"]["value"] == "0"
 
 
 def test_invoke_validate_passes_server_args_and_env_to_the_suite(venv_suite, sg23, fi, monkeypatch):

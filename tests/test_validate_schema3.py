@@ -40,8 +40,51 @@ def _write(tmp_path, name: str, d: dict):
     return p
 
 
-def test_schema_is_3():
-    assert REPORT_SCHEMA_VERSION == 3
+def test_schema_is_4():
+    assert REPORT_SCHEMA_VERSION == 4
+
+
+def _v3(engines: list) -> dict:
+    """A schema-3 report dict: SGLang's sections at the top level, a second engine's dispatch in its entry."""
+    sg = Verdict("dp-attention", "not-assessed", scope="engine", engine="sglang", cause="not judged").to_json()
+    vl = Verdict("--enable-dbo", "not-assessed", scope="engine", engine="vllm", cause="not judged").to_json()
+    old = Verdict("--old-flag", "not-assessed", scope="engine", cause="no engine named").to_json()
+    return {"schema": 3, "target_arch": "12.0", "verdicts": [], "options": {"server_config": {"describe": "no flags"}},
+            "server_config": {"describe": "no flags"}, "dispatch": {"serves": "nccl-ring"},
+            "launch_environment": {"NCCL_CUMEM_ENABLE": {"value": "0"}}, "paths": [sg, vl, old], "engines": engines}
+
+
+def test_a_schema_3_report_is_read_with_every_engine_section_in_its_entry():
+    """Schema 4 holds every engine alike: SGLang's top-level dispatch, launch environment and paths of a schema-3
+    report go to its entry, vLLM's path to vLLM's; the schema-3 number is kept (the comparison says what it read)."""
+    r = Report.from_json(_v3([{"name": "sglang", "title": "SGLang", "version": "0.5.23"},
+                              {"name": "vllm", "title": "vLLM", "version": "0.33.0", "dispatch": {"serves": "pynccl"}}]))
+    sg, vl = r.engines
+    assert sg["dispatch"] == {"serves": "nccl-ring"} and sg["launch_environment"]["NCCL_CUMEM_ENABLE"]["value"] == "0"
+    assert [p["backend"] for p in sg["paths"]] == ["dp-attention", "--old-flag"]
+    assert [p["backend"] for p in vl["paths"]] == ["--enable-dbo"] and vl["dispatch"] == {"serves": "pynccl"}
+    assert sg["server_config"] == {"describe": "no flags"} and "server_config" not in vl
+    assert r.dispatch == {"serves": "nccl-ring"} and len(r.paths) == 3 and r.schema == 3
+    out = r.to_json()
+    assert not {"dispatch", "paths", "launch_environment", "server_config"} & set(out)
+    assert Report.from_json(out).engines == r.engines            # translating twice changes nothing
+
+
+def test_a_schema_3_report_without_an_engine_list_gets_sglangs_entry_only_for_a_section():
+    """Reports made before the engine list answered for SGLang: its sections go to an SGLang entry. Twin: with no
+    section to hold, no entry is made up."""
+    r = Report.from_json(_v3([]))
+    assert [e["name"] for e in r.engines] == ["sglang", "vllm"] and r.engines[0]["dispatch"]["serves"] == "nccl-ring"
+    bare = {"schema": 3, "target_arch": "12.0", "verdicts": [], "engines": []}
+    assert Report.from_json(bare).engines == [] and Report.from_json(bare).dispatch == {}
+
+
+def test_a_schema_4_report_keeps_no_top_level_section():
+    """The twin of the translation: a schema-4 report is read as written; a stray top-level ``dispatch`` is not an
+    engine's (it is not moved into an entry)."""
+    d = {"schema": 4, "target_arch": "12.0", "verdicts": [], "dispatch": {"serves": "stray"},
+         "engines": [{"name": "vllm", "dispatch": {"serves": "pynccl"}}]}
+    assert Report.from_json(d).dispatch == {"serves": "pynccl"}
 
 
 def test_a_schema_2_opt_in_reads_opt_in_with_the_old_status_in_a_warning(tmp_path):

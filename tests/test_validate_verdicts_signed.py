@@ -194,7 +194,7 @@ def test_point11_vllm_0_21_has_no_pcie_ipc_not_integrated_and_errors_stay_in_the
     vs = {x["backend"]: x for x in d["verdicts"] if x.get("engine") == "vllm"}
     assert (vs[PCIE]["status"], vs[PCIE]["gate"]) == ("not-integrated", "not-integrated")
     assert "never mentions PcieIpcAllReduce or FLASHINFER_PCIE_IPC" in vs[PCIE]["cause"]
-    assert d["dispatch"].get("serves") == "nccl-ring" and "error" not in d["dispatch"]
+    assert d["engines"][0]["dispatch"].get("serves") == "nccl-ring" and "error" not in d["engines"][0]["dispatch"]
     errors = [b for b, x in vs.items() if x["status"] == "error"]
     assert errors, "vllm 0.21.0 has a path this reader does not know (the all-to-all's use_all2all)"
     line = headline_line(report)
@@ -229,7 +229,7 @@ def test_c62_point8_nccl_symmetric_memory_and_pcie_ipc_per_decode_width(drive, v
     back if set", although at world size 8 its band (all_reduce_utils.py) leaves it 1 row and 10 rows or more, where
     it preempts PCIe IPC."""
     d, report = drive(v033, env=NCCL_SYMM_AND_PCIE, engine="vllm")
-    pw = d["dispatch"]["per_width"]
+    pw = d["engines"][0]["dispatch"]["per_width"]
     assert [(g["serves"], g["rows"]) for g in pw["ranges"]] == [
         ("nccl-symm-mem", "1"), ("flashinfer-pcie-ipc-allreduce", "2-9"), ("nccl-symm-mem", "10-512")]
     assert pw["ranges"][1]["captured"] == [2, 3, 4, 6, 8, 9]          # draft steps and 3-token verify steps
@@ -246,7 +246,7 @@ def test_c62_point8_nccl_symmetric_memory_and_pcie_ipc_per_decode_width(drive, v
 def test_c62_twin_without_nccl_symmetric_memory_one_path_serves_every_width(drive, v033):
     """The twin: PCIe IPC alone serves every captured width, and the headline names no per-width split."""
     d, report = drive(v033, env={"VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC": "1"}, engine="vllm")
-    assert [g["serves"] for g in d["dispatch"]["per_width"]["ranges"]] == ["flashinfer-pcie-ipc-allreduce"]
+    assert [g["serves"] for g in d["engines"][0]["dispatch"]["per_width"]["ranges"]] == ["flashinfer-pcie-ipc-allreduce"]
     assert "per decode width" not in headline_line(report)
 
 
@@ -530,7 +530,7 @@ def test_point7_markdown_lists_the_not_assessed_paths_and_the_per_width_answer(p
     """Point 7. Before: the not-assessed list was in the JSON's ``paths`` only, and the Markdown had no per-width table."""
     d, report = pcie23
     md = report.to_markdown()
-    assert f"## Not assessed here ({len(d['paths'])})" in md and len(d["paths"]) > 10
+    assert f"## Not assessed here ({len(report.paths)})" in md and len(report.paths) > 10
     assert "| --speculative-moe-a2a-backend |" in md and "sglang/srt/arg_groups/fields/spec.py:181" in md
     _, vr = drive(v033, env=NCCL_SYMM_AND_PCIE, engine="vllm")
     vmd = vr.to_markdown()

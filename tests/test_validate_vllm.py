@@ -54,7 +54,7 @@ def _read(wheels, monkeypatch, root=None, env=None, args=None, topology="pcie", 
 def test_report_names_the_engine(real):
     assert [e["name"] for e in real["engines"]] == ["vllm"]
     assert real["engines"][0]["version"] == "0.33.0"
-    assert real["dispatch"]["vllm"] == "0.33.0" and real["dispatch"]["serves"] == "nccl-ring"
+    assert real["engines"][0]["dispatch"]["vllm"] == "0.33.0" and real["engines"][0]["dispatch"]["serves"] == "nccl-ring"
     assert all(v.get("engine") == "vllm" for v in real["verdicts"] if v.get("scope") == "engine")
 
 

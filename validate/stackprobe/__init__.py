@@ -4,4 +4,4 @@
 Entry point: ``python -m stackprobe --target-arch 12.0 --json report.json``.
 """
 __version__ = "0.1.0"
-REPORT_SCHEMA_VERSION = 3
+REPORT_SCHEMA_VERSION = 4

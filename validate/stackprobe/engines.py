@@ -10,7 +10,9 @@ asked about?" for the backends it has a path for. The interface is what the tier
   engine's own flags (raises :class:`stackprobe.probes.sglang_flags.ConfigError`, one paragraph);
 * :meth:`~ServingEngine.answers`: its engine-scope verdicts, one per backend, each gate with its ``FILE:LINE``
   (a gate not found is an ``error`` naming package, version and file, never a pass);
-* :meth:`~ServingEngine.sections`: its dispatch of a decode-step allreduce for the report (``{}`` when none).
+* :meth:`~ServingEngine.sections`: its sections of the report's ``engines`` entry (report schema 4): ``dispatch`` (its
+  dispatch of a decode-step allreduce), and where it has them ``paths`` (not-assessed paths, Verdict JSON) and
+  ``launch_environment``; ``{}`` when none.
 
 * :meth:`~ServingEngine.not_assessed`: the paths and settings it ships that no verdict judges (Verdict JSON);
 * :meth:`~ServingEngine.p2p_check`: does it check P2P itself before its custom allreduce, or trust the driver (its
@@ -46,11 +48,6 @@ class ServingEngine:
     #: True: :meth:`answers` is called once per probe module (``answers(ctx, module)``, in the static tier's probe
     #: loop, beside the module's library gate); False: once for all backends (``module`` None)
     per_module = False
-    #: True: :meth:`sections` writes the report's top-level ``dispatch`` / ``paths`` / ``launch_environment`` itself
-    #: and, as the primary engine, its ``engines`` entry holds no ``dispatch`` (report schema 3 keeps SGLang's there,
-    #: as before the engine list); False: its dispatch is nested in its ``engines`` entry (and is ``dispatch`` too
-    #: when it is the primary engine)
-    top_level_sections = False
     #: ``module:attr`` of its :class:`stackprobe.runtime.dispatch.RuntimeEngine`; "" when it has none
     runtime_ref = ""
     #: ``module:function`` of the reader of its own P2P check (no arguments; returns the dict :meth:`p2p_check`
@@ -95,6 +92,8 @@ class ServingEngine:
         raise NotImplementedError
 
     def sections(self, report, ctx) -> dict:
+        """Its sections of the report's ``engines`` entry: ``{"dispatch": dict, "paths": [Verdict JSON],
+        "launch_environment": dict}``, each key optional; findings it makes go to ``report.environment``."""
         return {}
 
 
@@ -103,7 +102,7 @@ class SGLang(ServingEngine):
     verdict is exactly what it was before the interface) and :func:`engine_sections`."""
 
     name, dist, title = "sglang", "sglang", "SGLang"
-    per_module, top_level_sections = True, True
+    per_module = True
     runtime_ref = f"{__package__}.runtime.dispatch:SGLANG"
     p2p_check_ref = f"{__package__}.probes.engine_p2p:sglang_p2p_check"
 
@@ -120,8 +119,7 @@ class SGLang(ServingEngine):
         return out
 
     def sections(self, report, ctx) -> dict:
-        engine_sections(report, ctx)
-        return report.dispatch
+        return engine_sections(report, ctx)
 
 
 class VLLM(ServingEngine):
@@ -145,7 +143,7 @@ class VLLM(ServingEngine):
         return verdicts
 
     def sections(self, report, ctx) -> dict:
-        return self._dispatch
+        return {"dispatch": self._dispatch}
 
     def not_assessed(self, ctx) -> list:
         """:func:`stackprobe.probes.vllm_paths.report_paths` (issue 39 point 6)."""
@@ -237,32 +235,33 @@ register(SGLang)
 register(VLLM)
 
 
-def engine_sections(report, ctx) -> None:
-    """The report's ``server_config``, ``dispatch`` (SGLang's dispatch of a decode allreduce, or ``{"error": ...}``),
-    ``paths`` (not-assessed paths, engine-scope verdicts as JSON) and ``launch_environment`` sections; the findings for
-    an unknown communication path (C39). Nothing but ``server_config`` without SGLang."""
+def engine_sections(report, ctx) -> dict:
+    """SGLang's sections of its ``engines`` entry: ``dispatch`` (its dispatch of a decode allreduce, or
+    ``{"error": ...}``), ``paths`` (not-assessed paths, engine-scope verdicts as JSON) and ``launch_environment``; the
+    findings for an unknown communication path (C39) go to ``report.environment``. ``{}`` without SGLang."""
     from .probes import sglang_engine as se
     from .probes.sglang_dispatch import DispatchError, read_dispatch
     from .probes.sglang_paths import findings, launch_environment, paths
 
-    report.server_config = ctx.server_config.to_json()
     eng = se.installed()
     if eng is None:
-        return
+        return {}
+    out: dict = {}
     try:
-        report.dispatch = read_dispatch(eng, ctx).to_json()
+        out["dispatch"] = read_dispatch(eng, ctx).to_json()
         from .probes.sglang_dispatch import DecodeTensor
         from .probes.sglang_pcie_ipc import pcie_ipc_admission
-        report.dispatch["pcie_ipc_admission"] = [e.to_json() for e in pcie_ipc_admission(
+        out["dispatch"]["pcie_ipc_admission"] = [e.to_json() for e in pcie_ipc_admission(
             eng, ctx.server_config, DecodeTensor.from_workload(), ctx.world_size)]
     except (DispatchError, se.GateNotFound) as e:
-        report.dispatch = {"sglang": eng.version, "error": str(e), "unknown": getattr(e, "unknown", ""),
+        out["dispatch"] = {"sglang": eng.version, "error": str(e), "unknown": getattr(e, "unknown", ""),
                            "where": getattr(e, "where", "")}
         if getattr(e, "unknown", ""):
             report.environment.setdefault("findings", []).append({"case": "C39", "level": "error", "message": str(e)})
     try:
-        report.paths = [v.to_json() for v in paths(eng, ctx)]
+        out["paths"] = [v.to_json() for v in paths(eng, ctx)]
         report.environment.setdefault("findings", []).extend(findings(eng))
-        report.launch_environment = launch_environment(eng, ctx.server_config)
+        out["launch_environment"] = launch_environment(eng, ctx.server_config)
     except se.GateNotFound as e:
-        report.launch_environment = {"error": str(e)}
+        out["launch_environment"] = {"error": str(e)}
+    return out

@@ -86,6 +86,43 @@ class ReportError(ValueError):
     """A report file that is not a stackprobe report or has an unknown schema."""
 
 
+def translate_v3(d: dict) -> dict:
+    """A schema-3 (or translated schema-2) report dict in the schema-4 layout, as a new dict: the top-level
+    ``dispatch`` goes to the primary engine's entry (where it has none of its own), ``launch_environment`` to SGLang's
+    (the only engine that wrote it), each of ``paths`` to the entry of the engine its verdict names (``engine``; none:
+    :data:`stackprobe.engines.DEFAULT`), ``server_config`` (the primary engine's flags, a copy of
+    ``options.server_config``) to the primary engine's entry. A report
+    with no engine list gets one entry for :data:`~stackprobe.engines.DEFAULT` only when there is a section to hold.
+    The ``schema`` number is kept: a comparison still says which layout it read."""
+    d = dict(d)
+    engines = [dict(e) for e in d.get("engines") or []]
+    dispatch, launch = d.pop("dispatch", None) or {}, d.pop("launch_environment", None) or {}
+    paths, config = d.pop("paths", None) or [], d.pop("server_config", None) or {}
+    if config and not (d.get("options") or {}).get("server_config"):
+        d["options"] = {**(d.get("options") or {}), "server_config": config}
+
+    def entry(name: str) -> dict:
+        found = next((e for e in engines if e.get("name") == name), None)
+        if found is None:   # a report made before the engine list: the version as its environment recorded it
+            found = {"name": name, "version": ((d.get("environment") or {}).get("packages") or {}).get(name)}
+            engines.append(found)
+        return found
+
+    if dispatch or (config and engines):
+        first = engines[0] if engines else entry(DEFAULT)
+        if not first.get("dispatch"):
+            first["dispatch"] = dispatch
+        if config and "server_config" not in first:
+            first["server_config"] = config
+    if launch:
+        entry(DEFAULT)["launch_environment"] = launch
+    for p in paths:
+        e = entry((p.get("engine") if isinstance(p, dict) else None) or DEFAULT)
+        e["paths"] = list(e.get("paths") or []) + [p]
+    d["engines"] = engines
+    return d
+
+
 @dataclass
 class Report:
     target_arch: str
@@ -99,14 +136,11 @@ class Report:
     schema: int = REPORT_SCHEMA_VERSION
     suite_version: str = __version__
     provenance: dict = field(default_factory=lambda: {"suite_digest": suite_digest()})
-    # the engine sections (stackprobe.engines.engine_sections): the flags asked about, SGLang's dispatch of a decode
-    # allreduce (Dispatch.to_json), the not-assessed paths (Verdict JSON) and the engine's launch environment
-    server_config: dict = field(default_factory=dict)
-    dispatch: dict = field(default_factory=dict)
-    paths: list = field(default_factory=list)
-    launch_environment: dict = field(default_factory=dict)
-    # the serving engines that answered (stackprobe.engines), primary first: [{"name": "sglang" | "vllm", "title",
-    # "version", "dispatch" (a non-primary engine's dispatch of a decode allreduce)}]; [] in older reports (SGLang)
+    # the serving engines that answered (stackprobe.engines), primary first, every engine alike (schema 4):
+    # [{"name": "sglang" | "vllm" | ..., "title", "version", "server_config" (the flags it checked, ServerConfig JSON),
+    #   "dispatch" (its dispatch of a decode allreduce, Dispatch JSON; {} when it has none), "paths" (the settings it
+    #   ships that no verdict judges, Verdict JSON), "launch_environment" (SGLang: the variables its engine sets)}];
+    # a schema-3 report's top-level sections are moved into these entries on load (translate_v3)
     engines: list = field(default_factory=list)
     # the box (stackprobe.host.read_host): PCIe tree, IOMMU, ACS, P2P per pair, the variables that change the path;
     # {} in reports made before the host stage
@@ -121,6 +155,27 @@ class Report:
         want = engine or self.primary_engine()
         return (v.engine or DEFAULT) == want
 
+    @property
+    def dispatch(self) -> dict:
+        """The primary engine's dispatch of a decode allreduce (its ``engines`` entry's ``dispatch``); {} when none."""
+        return (self.engines[0].get("dispatch") if self.engines else None) or {}
+
+    @dispatch.setter
+    def dispatch(self, value: dict) -> None:
+        if not self.engines:
+            self.engines.append({"name": DEFAULT})
+        self.engines[0]["dispatch"] = value
+
+    @property
+    def paths(self) -> list:
+        """Every engine's not-assessed paths (Verdict JSON), in the engines' order."""
+        return [p for e in self.engines for p in e.get("paths") or []]
+
+    @property
+    def server_config(self) -> dict:
+        """The flags the headline's verdicts are for (``options.server_config``)."""
+        return (self.options or {}).get("server_config") or {}
+
     def engine_view(self, name: str) -> "Report":
         """This report with ``name`` as its primary engine (its dispatch as ``dispatch``): the same verdicts, for the
         headline and matrix of a second engine."""
@@ -128,8 +183,6 @@ class Report:
         view = copy.copy(self)
         first: dict = next((e for e in self.engines if e.get("name") == name), {"name": name})
         view.engines = [first] + [e for e in self.engines if e is not first]
-        if name != self.primary_engine():
-            view.dispatch = dict(first.get("dispatch") or {})
         return view
 
     # --- access ----------------------------------------------------------------------------------
@@ -222,8 +275,7 @@ class Report:
         }
 
     def _engine_json(self) -> dict:
-        return {"server_config": self.server_config, "dispatch": self.dispatch, "paths": self.paths,
-                "launch_environment": self.launch_environment, "engines": self.engines, "host": self.host}
+        return {"engines": self.engines, "host": self.host}
 
     @classmethod
     def from_json(cls, d: dict, name: str = "report") -> "Report":
@@ -241,13 +293,13 @@ class Report:
             except SchemaError as e:
                 raise ReportError(str(e)) from e
             d.setdefault("options", {})["read_from_schema"] = 2
+        if d["schema"] <= 3:
+            d = translate_v3(d)
         return cls(target_arch=d["target_arch"], environment=d.get("environment", {}), coverage=d.get("coverage", []),
                    verdicts=[Verdict.from_json(v) for v in d["verdicts"]], tiers=d.get("tiers", ["static"]),
                    options=d.get("options", {}), label=d.get("label", ""), created=d.get("created", ""),
                    schema=d["schema"], suite_version=d.get("suite_version", ""),
                    provenance=d.get("provenance") or {"suite_digest": "unknown (report schema 1)"},
-                   server_config=d.get("server_config") or {}, dispatch=d.get("dispatch") or {},
-                   paths=d.get("paths") or [], launch_environment=d.get("launch_environment") or {},
                    engines=d.get("engines") or [], host=d.get("host") or {})
 
     @classmethod

@@ -134,7 +134,6 @@ def run_static(target_arch: str | Arch = "12.0", *, jit_compile: bool = False, c
     _log("host (P2P, IOMMU, ACS)", quiet)
     report.host = read_host_section(environment, ctx)
     hostmod.apply(report.verdicts, report.host, world_size, p2p_check=p2p_check)   # each engine's own P2P check
-    report.server_config = ctx.server_config.to_json()
     _engine_sections(report, ctx, engines)
     report.options["seconds"] = round(time.time() - t0, 1)
     return report
@@ -244,14 +243,14 @@ def _run_engines(ctx, engines: list, admit, quiet: bool) -> None:
 
 
 def _engine_sections(report: Report, ctx, engines: list) -> None:
-    """Each engine's entry and dispatch sections, and the paths it ships that no verdict judges (not assessed)."""
+    """Each engine's entry in ``report.engines`` (report schema 4, every engine alike): name, title, version, the flags
+    it checked (``server_config``), its sections (:meth:`ServingEngine.sections`: dispatch, paths, launch environment)
+    and, appended to its ``paths``, the settings and modules it ships that no verdict judges (not assessed)."""
     for eng in engines:
-        dispatch = eng.sections(report, ctx) or {}
-        primary = eng is engines[0]
-        report.engines.append({"name": eng.name, "title": eng.title, "version": eng.version(),
-                               **({"dispatch": dispatch} if not (primary and eng.top_level_sections) else {})})
-        if primary and not eng.top_level_sections:
-            report.dispatch = dispatch
+        sections = dict(eng.sections(report, ctx) or {})
+        config = (ctx.engine_configs or {}).get(eng.name) or ctx.server_config
+        entry = {"name": eng.name, "title": eng.title, "version": eng.version(), "server_config": config.to_json(),
+                 "dispatch": sections.pop("dispatch", None) or {}, **sections}
         try:    # the settings and modules it ships that no verdict judges (issue 39 point 6)
             extra = eng.not_assessed(ctx)
         except Exception as e:  # noqa: BLE001 - a reader that crashes is a not-assessed row, never a crashed run
@@ -259,7 +258,8 @@ def _engine_sections(report: Report, ctx, engines: list) -> None:
                              cause=f"not assessed: the settings and modules {eng.title} ships could not be enumerated "
                                    f"({type(e).__name__}: {e})").to_json()]
         if extra:
-            report.paths = list(report.paths or []) + extra
+            entry["paths"] = list(entry.get("paths") or []) + extra
+        report.engines.append(entry)
 
 
 def read_host_section(environment: dict, ctx) -> dict:

@@ -173,7 +173,7 @@ def test_register_refuses_what_is_no_engine_or_takes_a_held_name():
 
     with pytest.raises(ValueError, match="set name"):
         engines.register(Nameless)
-    with pytest.raises(ValueError, match="already registered by stackprobe.engines.VLLM"):
+    with pytest.raises(ValueError, match="already registered by stackprobe.engines.vllm.VLLM"):
         engines.register(Impostor)
     with pytest.raises(ValueError, match="not a stackprobe.engines.ServingEngine subclass"):
         engines.register(dict)
@@ -186,8 +186,8 @@ _LEFT: set[str] = set()
 
 def _name_comparisons(root: Path) -> list[str]:
     """``== "sglang"`` / ``!= "vllm"`` / ``in ("sglang", ...)`` comparisons in modules outside the engines' own
-    (engines.py, probes/, the runtime's engine modules)."""
-    own = {"engines.py", "runtime/dispatch.py", "runtime/engine.py", "runtime/sglang_state.py",
+    (engines/__init__.py, probes/, the runtime's engine modules)."""
+    own = {"engines/__init__.py", "runtime/dispatch.py", "runtime/engine.py", "runtime/sglang_state.py",
            "runtime/vllm_state.py", "runtime/probes.py"}
     found = []
     for p in sorted(root.rglob("*.py")):

@@ -71,7 +71,8 @@ def test_off_the_target_the_section_says_so_in_one_line(tmp_path):
 
 
 def test_every_backend_a_probe_answers_for_has_a_path_record():
-    from stackprobe.probes import probes, vllm_engine
+    from stackprobe.probes import probes
+    from stackprobe.engines.vllm import engine as vllm_engine
     names = {b for m in probes() for b in m.BACKENDS} | set(vllm_engine.BACKENDS)
     assert names - set(P.PATHS) == set()
     assert P.maps_peer_memory("flashinfer-pcie-ipc-allreduce") and not P.maps_peer_memory("nccl-ring")

@@ -324,11 +324,11 @@ def file_layering_violations(graph: dict[str, set[str]], package: str, layers: l
 
 
 def test_no_import_cycle_among_stackprobe_modules():
-    """Both cycles issue 36 named (six probes/sglang_*.py modules through a bottom-of-file import; engines <->
+    """Both cycles issue 36 named (six probes/sglang_*.py modules, now engines/sglang/, through a bottom-of-file import; engines <->
     static) and the two the graph showed besides (coverage -> driver -> health -> coverage; runtime suite <->
     p2pcheck) are gone: the graph, lazy imports included, has no cycle."""
     graph = import_graph(VALIDATE, "stackprobe")
-    assert "stackprobe.probes.sglang_dispatch" in graph and "stackprobe.runtime.suite" in graph
+    assert "stackprobe.engines.sglang.dispatch" in graph and "stackprobe.runtime.suite" in graph
     assert find_cycle(graph) == []
 
 
@@ -430,7 +430,7 @@ CUDASTACK_USES_STACKPROBE = {
     "pkgindex": {"stackprobe.atomic"},
     "plan": {"stackprobe.archs"},
     "radar": {"stackprobe.archs", "stackprobe.coverage", "stackprobe.mdtable", "stackprobe.probes.flashinfer_common",
-              "stackprobe.probes.sglang_custom_ar", "stackprobe.probes.torch_symm_mem", "stackprobe.report",
+              "stackprobe.engines.sglang.custom_ar", "stackprobe.probes.torch_symm_mem", "stackprobe.report",
               "stackprobe.site", "stackprobe.source"},
     "recipes": {"stackprobe.archs"},
     "registry": {"stackprobe.atomic"},
@@ -458,10 +458,10 @@ def test_an_import_off_the_allowlist_and_a_stale_entry_both_fail(tmp_path):
 
     shutil.copytree(ROOT / "cudastack", tmp_path / "cudastack", ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "cudastack" / "plan" / "reach.py").write_text(
-        "def f():\n    from stackprobe.probes.sglang_dispatch import read_dispatch\n")
+        "def f():\n    from stackprobe.engines.sglang.dispatch import read_dispatch\n")
     used = foreign_imports(tmp_path, "cudastack", VALIDATE, "stackprobe")
     assert allowlist_breaches(used, CUDASTACK_USES_STACKPROBE) == [
-        "cudastack/plan imports stackprobe.probes.sglang_dispatch, which the allowlist does not hold"]
+        "cudastack/plan imports stackprobe.engines.sglang.dispatch, which the allowlist does not hold"]
     more = {**CUDASTACK_USES_STACKPROBE, "core": {"stackprobe.verdict"}}
     assert "cudastack/core no longer imports stackprobe.verdict: take it off the allowlist" in allowlist_breaches(
         foreign_imports(ROOT, "cudastack", VALIDATE, "stackprobe"), more)

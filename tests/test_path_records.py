@@ -16,7 +16,8 @@ SUITE = ROOT / "validate" / "stackprobe"
 
 
 def _probe_modules() -> list:
-    from stackprobe.probes import probes, vllm_engine
+    from stackprobe.probes import probes
+    from stackprobe.engines.vllm import engine as vllm_engine
     return [*probes(), vllm_engine]
 
 
@@ -53,7 +54,9 @@ def probe_mismatches(records) -> list[str]:
 def live_tables() -> dict:
     """The consumer tables as the modules hold them now."""
     from stackprobe import health_jitcache
-    from stackprobe.probes import flashinfer_fusion, needs, sglang_paths, vllm_paths
+    from stackprobe.probes import flashinfer_fusion, needs
+    from stackprobe.engines.sglang import paths as sglang_paths
+    from stackprobe.engines.vllm import paths as vllm_paths
     from stackprobe.runtime import STATIC_NAME, dispatch, engine, p2p
     return {"NEEDS": dict(needs.NEEDS), "BACKEND_MODULE_FN": dict(health_jitcache.BACKEND_MODULE_FN),
             "MODULE_FN": flashinfer_fusion.MODULE_FN, "rows": {"sglang": dict(dispatch.SGLANG.rows),
@@ -171,7 +174,7 @@ def test_a_backend_without_a_record_is_reported():
     lacking = tuple(r for r in P.records() if r.id != P.B12X)
     assert unrecorded(lacking, _probe_modules()) == [
         "stackprobe.probes.b12x answers for b12x, which has no record",
-        "stackprobe.probes.vllm_engine answers for b12x, which has no record"]
+        "stackprobe.engines.vllm.engine answers for b12x, which has no record"]
 
 
 def test_a_table_entry_that_disagrees_is_reported():

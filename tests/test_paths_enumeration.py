@@ -14,10 +14,10 @@ from collections import Counter
 import pytest
 
 from stackprobe.paths import PATHS
-from stackprobe.probes import sglang_engine as se
-from stackprobe.probes import sglang_paths as sp
-from stackprobe.probes import vllm_engine as ve
-from stackprobe.probes import vllm_paths as vp
+from stackprobe.engines.sglang import engine as se
+from stackprobe.engines.sglang import paths as sp
+from stackprobe.engines.vllm import engine as ve
+from stackprobe.engines.vllm import paths as vp
 from stackprobe.report import Report
 from validate_support import engine_copy, pip_target, suite_env
 
@@ -381,6 +381,6 @@ def test_a_source_file_that_does_not_parse_is_named_not_dropped(v033, tmp_path):
     assert not [r for r in (v.backend for v in vp.paths(_vl(v033), Ctx())) if r.endswith(".py") and "/" in r]
     sg = engine_copy(pip_target("sglang==0.5.23"), tmp_path / "s",
                      {"sglang/srt/environ.py": ("class Envs", "class Envs((")})
-    from stackprobe.probes import sglang_paths as sp
+    from stackprobe.engines.sglang import paths as sp
     got = [v for v in sp.paths(_sg(sg, "0.5.23"), Ctx()) if v.backend == "sglang/srt/environ.py"]
     assert got and "does not parse" in got[0].cause

@@ -14,10 +14,10 @@ pytestmark = pytest.mark.network
 
 from stackprobe.archs import parse_arch  # noqa: E402
 from stackprobe.probes import Context  # noqa: E402
-from stackprobe.probes import sglang_engine as se  # noqa: E402
-from stackprobe.probes import sglang_paths as sp  # noqa: E402
-from stackprobe.probes import sglang_pcie_ipc as pi  # noqa: E402
-from stackprobe.probes.sglang_dispatch import (ConfigError, DecodeTensor, DispatchError, parse_server_config,  # noqa: E402
+from stackprobe.engines.sglang import engine as se  # noqa: E402
+from stackprobe.engines.sglang import paths as sp  # noqa: E402
+from stackprobe.engines.sglang import pcie_ipc as pi  # noqa: E402
+from stackprobe.engines.sglang.dispatch import (ConfigError, DecodeTensor, DispatchError, parse_server_config,  # noqa: E402
                                                read_dispatch)
 
 PS = "sglang/srt/distributed/parallel_state.py"
@@ -247,7 +247,7 @@ def test_mscclpp_package_reads_the_submodules_sglang_imports(sg23, tmp_path, mon
     1048-1050), any ImportError leaving it disabled (:1051-1057). Before: only the top-level package was looked up,
     so a mscclpp package without ext read importable. The twin: with both subpackages (as microsoft/mscclpp ships
     them) it is importable. Nothing is imported: the planted package's __init__ would raise."""
-    from stackprobe.probes import sglang_dispatch as dw
+    from stackprobe.engines.sglang import dispatch as dw
 
     pkg = tmp_path / "site" / "mscclpp"
     for rel in modules:

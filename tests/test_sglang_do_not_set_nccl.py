@@ -25,7 +25,9 @@ HOOK = "sglang/srt/arg_groups/attention_hook.py"
 PIN = '                os.environ["NCCL_ALGO"] = "allreduce:tree"\n'
 DO_NOT_SET = """
 import json
-from stackprobe.probes import Context, sglang_engine as se, pcie_ipc_engine as pe, sglang_dispatch as dw
+from stackprobe.probes import Context, pcie_ipc_engine as pe
+from stackprobe.engines.sglang import engine as se
+from stackprobe.engines.sglang import dispatch as dw
 from stackprobe.archs import parse_arch
 from stackprobe.serverconfig import ServerConfig
 RAISE_FOR = {raise_for!r}

@@ -303,7 +303,7 @@ def test_point3_twin_an_uncaught_constructor_is_not_read_as_caught(venv, sglang)
     with tempfile.TemporaryDirectory() as tmp:
         copy = engine_copy(sglang, Path(tmp) / "sg", {rel: (old, "raise")})
         assert old in src
-        p = subprocess.run([str(venv), "-c", "from stackprobe.probes import sglang_engine as se, pcie_ipc_engine as pe\n"
+        p = subprocess.run([str(venv), "-c", "from stackprobe.engines.sglang import engine as se\nfrom stackprobe.probes import pcie_ipc_engine as pe\n"
                             "try:\n    pe.setup_fallback(se.installed())\nexcept se.GateNotFound as e:\n    print('GNF', e)"],
                            capture_output=True, text=True, env=suite_env([copy]), timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -495,7 +495,7 @@ def test_point6_communication_settings_enumerated_from_the_field_groups_and_kern
     """Point 6. Before: the not-assessed list came from a list of names the suite knew, so --speculative-moe-a2a-backend,
     --dcp-comm-backend, --boundary-reduction, ... and the kernels under sglang/kernels/ops/communication/ were neither
     assessed nor named as not assessed."""
-    p = subprocess.run([str(venv), "-c", "import json\nfrom stackprobe.probes import sglang_engine as se, sglang_paths as sp\n"
+    p = subprocess.run([str(venv), "-c", "import json\nfrom stackprobe.engines.sglang import engine as se, paths as sp\n"
                         "print(json.dumps(sp.inventory(se.installed())))"], capture_output=True, text=True,
                        env=suite_env([sglang]), timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -518,7 +518,7 @@ def test_point6_twin_a_new_field_in_a_copy_is_enumerated_without_teaching_the_su
     anchor = "class ExecComm(msgspec.Struct):\n"
     assert anchor in src
     copy = engine_copy(sglang, tmp_path / "sg", {rel: (anchor, anchor + "    enable_planted_allreduce_path: bool = False\n")})
-    p = subprocess.run([str(venv), "-c", "import json\nfrom stackprobe.probes import sglang_engine as se, sglang_paths as sp\n"
+    p = subprocess.run([str(venv), "-c", "import json\nfrom stackprobe.engines.sglang import engine as se, paths as sp\n"
                         "print(json.dumps([r['path'] for r in sp.inventory(se.installed())]))"], capture_output=True,
                        text=True, env=suite_env([copy]), timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]

@@ -38,7 +38,7 @@ def _read(wheels, monkeypatch, root=None, env=None, args=None, topology="pcie", 
     """vLLM's answers in this process for ``root`` (an edited copy's ``vllm`` folder; default the wheel's)."""
     from stackprobe.archs import parse_arch
     from stackprobe.probes import Context
-    from stackprobe.probes import vllm_engine as ve
+    from stackprobe.engines.vllm import engine as ve
     from stackprobe.serverconfig import ServerConfig
 
     for p in (wheels["b12x"], wheels["fi"]):
@@ -140,8 +140,8 @@ def test_symm_mem_variable_set_to_zero_turns_it_off(wheels, monkeypatch):
 
 
 def test_disable_custom_all_reduce_flag(wheels, monkeypatch):
-    from stackprobe.probes import vllm_engine as ve
-    from stackprobe.probes.sglang_flags import ConfigError
+    from stackprobe.engines.vllm import engine as ve
+    from stackprobe.engines.sglang.flags import ConfigError
 
     eng = ve.Engine("0.33.0", wheels["vllm"] / "vllm")
     cfg = ve.parse_config("--disable-custom-all-reduce", [], eng)
@@ -325,8 +325,8 @@ def test_review11_twin_a_backend_that_keeps_the_fallback_and_another_workload(wh
                  'logger.debug_once("Using flashinfer allreduce backend: %s", backend)\n        return backend, True')
     got, _ = _read(wheels, monkeypatch, root=root, env={FI_BACKEND: "mnnvl"})
     assert got[FUSION].status != "falls-back-if-set" and "no trtllm fallback" not in got[FUSION].cause
-    from stackprobe.probes import vllm_engine as ve
-    from stackprobe.probes.sglang_dispatch import DecodeTensor
+    from stackprobe.engines.vllm import engine as ve
+    from stackprobe.engines.sglang.dispatch import DecodeTensor
     monkeypatch.setattr(ve, "decode_tensor", lambda: DecodeTensor(hidden=4096))
     small, _ = _read(wheels, monkeypatch)
     assert "hidden 4096 bfloat16 is 8,192 B" in small[FUSION].cause and "128 rows per MB" in small[FUSION].cause
@@ -397,7 +397,7 @@ def test_a_flag_two_gates_set_is_typed_once_with_the_last_value_and_distinct_fla
     """The user setting of an opt-in path (``sglang_engine._flags``): the same flag from two gates is written once,
     with the later gate's value (argparse keeps the last of a repeated flag); twin: distinct flags and variables are
     all kept, in path order."""
-    from stackprobe.probes.sglang_engine import Gate, _flags
+    from stackprobe.engines.sglang.engine import Gate, _flags
 
     a = Gate("a", False, "x", flag="--compilation-config", set_to="'{\"k\": 1}'")
     b = Gate("b", False, "x", flag="--compilation-config", set_to="'{\"k\": 1, \"n\": 2}'")

@@ -55,7 +55,7 @@ def _run(venv, paths, code: str, *argv: str):
 OFF_BY = """
 import json
 from types import SimpleNamespace
-from stackprobe.probes import vllm_engine as ve
+from stackprobe.engines.vllm import engine as ve
 from stackprobe.serverconfig import ServerConfig
 import sys
 ws, topo = (int(sys.argv[1]), sys.argv[2]) if len(sys.argv) > 2 else (8, "pcie")
@@ -103,7 +103,7 @@ def test_point1_at_world_size_2_or_on_nvlink_custom_allreduce_comes_first_so_not
 FI_CUTLASS = "vllm/model_executor/layers/fused_moe/experts/flashinfer_cutlass_moe.py"
 KERNELS = """
 import json, sys
-from stackprobe.probes import vllm_engine as ve
+from stackprobe.engines.vllm import engine as ve
 class T:
     major, minor, cc = 12, 0, "12.0"
 target = T if sys.argv[1] == "12.0" else None
@@ -174,7 +174,8 @@ PS = "sglang/srt/distributed/parallel_state.py"
 MSCCLPP_STEP = "        if self.pymscclpp_comm is not None and should_use_pymscclpp_allreduce:\n            return \"pymscclpp\"\n"
 DO_NOT_SET = """
 import json
-from stackprobe.probes import Context, sglang_engine as se, pcie_ipc_engine as pe
+from stackprobe.probes import Context, pcie_ipc_engine as pe
+from stackprobe.engines.sglang import engine as se
 from stackprobe.archs import parse_arch
 from stackprobe.serverconfig import ServerConfig
 ctx = Context(target=parse_arch("12.0"), env={}, coverage={}, world_size=8, topology="pcie",

@@ -140,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - reason: the CLI'
         print("stackprobe: --world-size must be at least 1 (the number of GPUs one tensor-parallel group spans).", file=sys.stderr)
         return EXIT_USAGE
     from .engines import EngineChoiceError, select
-    from .probes import sglang_engine
-    from .probes.sglang_flags import ConfigError
+    from .engines.sglang import engine as sglang_engine
+    from .engines.sglang.flags import ConfigError
     try:
         engines = select(args.engine)
         configs = {e.name: e.parse_config(args.server_args, args.env) for e in engines}

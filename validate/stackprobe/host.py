@@ -44,7 +44,7 @@ from pathlib import Path
 from . import paths as pathsmod
 
 #: variables that change how a peer-memory path or NCCL moves data (NCCL's environment variables page; the engines'
-#: ``*_SKIP_P2P_CHECK``, read from their source by :mod:`stackprobe.probes.engine_p2p`)
+#: ``*_SKIP_P2P_CHECK``, read from their source by :mod:`stackprobe.engines.sglang.p2p_check` and :mod:`stackprobe.engines.vllm.p2p_check`)
 PEER_ENV = ("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE", "NCCL_IGNORE_DISABLED_P2P", "CUDA_VISIBLE_DEVICES",
             "SGLANG_SKIP_P2P_CHECK", "VLLM_SKIP_P2P_CHECK")
 NVIDIA = "0x10de"

@@ -1,6 +1,6 @@
 """Markdown for two engine sections of a report that had only JSON (stdlib only): the paths the installed engine ships
-that this suite does not judge (``Report.paths``, from :func:`stackprobe.probes.sglang_paths.paths`), and the answer
-per decode width (``Report.dispatch["per_width"]``, from :func:`stackprobe.probes.vllm_engine.per_width`).
+that this suite does not judge (``Report.paths``, from :func:`stackprobe.engines.sglang.paths.paths`), and the answer
+per decode width (``Report.dispatch["per_width"]``, from :func:`stackprobe.engines.vllm.engine.per_width`).
 
 Both are lists a reader must see beside the verdicts: a path that is not assessed is not a path that is fine, and
 one row count is not the answer when the path changes with the decode width."""

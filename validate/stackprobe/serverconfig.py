@@ -6,7 +6,7 @@ environment variables set for the server (``SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1``
 is "change nothing": every verdict then says what the engine does as shipped.
 
 Parsing a command line into a ServerConfig and checking each flag against the installed engine's own
-argument definitions belongs to the engine reader (:mod:`stackprobe.probes.sglang_dispatch`); this module only
+argument definitions belongs to the engine reader (:mod:`stackprobe.engines.sglang.dispatch`); this module only
 fixes the data shape that every probe reads from ``Context.server_config``.
 """
 from __future__ import annotations

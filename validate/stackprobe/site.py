@@ -226,8 +226,8 @@ def _child_main(args: dict) -> None:
     """In the child (see :func:`run`): the tier with the site's environment and health, one JSON line out."""
     from . import static
     from .engines import EngineChoiceError, select
-    from .probes.sglang_flags import ConfigError
-    from .probes import sglang_engine
+    from .engines.sglang.flags import ConfigError
+    from .engines.sglang import engine as sglang_engine
 
     _TOOLKIT["release"] = args.get("toolkit")
     static.envmod.collect = site_environment      # the parts of the tier a site cannot run (module docstring)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import re
 from pathlib import Path
 from typing import Any
 
@@ -180,3 +181,14 @@ def defined_names(path: Path) -> set[str]:
                 if isinstance(sub, (ast.Import, ast.ImportFrom)):
                     names.update((a.asname or a.name).split(".")[0] for a in sub.names)
     return names
+
+
+def matching_lines(root: Path, rel: str, pattern: str) -> list[tuple[int, str]]:
+    """``[(line number, stripped text)]`` of the lines of ``root/rel`` that match the regular expression ``pattern``.
+    Raises LookupError when the file does not exist in the installed release."""
+    p = root / rel
+    if not p.is_file():
+        raise LookupError(f"{root.name}/{rel} does not exist in the installed release")
+    rx = re.compile(pattern)
+    return [(i, ln.strip()) for i, ln in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+            if rx.search(ln)]

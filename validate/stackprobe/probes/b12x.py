@@ -18,7 +18,7 @@ from ..verdict import (BLOCKED, ERROR, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYT
                        GATE_TOOLCHAIN, LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_UNKNOWN, SCOPE_ENGINE, SCOPE_LIBRARY,
                        NOT_ASSESSED, SKIPPED, Verdict)
 from . import flashinfer_common as fi
-from . import sglang_engine as se
+from ..engines.sglang import engine as se
 
 
 def _b12x_gating(ctx, roots) -> dict:

@@ -33,9 +33,9 @@ from ..verdict import (FALLS_BACK, OPT_IN, STARTUP_FAILURE, BLOCKED, GATE_NEEDS_
                        GATE_TOOLCHAIN, LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_SETTING, LIFT_UNKNOWN,
                        SCOPE_ENGINE, SCOPE_LIBRARY, SKIPPED, Verdict)
 from . import flashinfer_common as fi
-from . import sglang_answer as sa
-from . import sglang_engine as se
-from .sglang_custom_ar import short
+from ..engines.sglang import answer as sa
+from ..engines.sglang import engine as se
+from ..engines.sglang.custom_ar import short
 
 BACKENDS = ("ep-flashinfer-a2a",)
 #: the collective of each backend that is not a decode-step allreduce (:func:`stackprobe.userwords.collective`)

@@ -44,8 +44,8 @@ from ..verdict import (FALLS_BACK, OPT_IN, STARTUP_FAILURE, BLOCKED, ERROR, GATE
                        GATE_TOPOLOGY, LIFT_CUDA,
                        LIFT_NONE_NEEDED, LIFT_NOTHING, LIFT_PACKAGE, LIFT_SETTING, LIFT_UNKNOWN, SCOPE_LIBRARY, SKIPPED, Verdict)
 from . import flashinfer_common as fi
-from . import sglang_answer as sa
-from . import sglang_engine as se
+from ..engines.sglang import answer as sa
+from ..engines.sglang import engine as se
 
 BACKENDS = ("flashinfer-allreduce-fusion",)
 # runtime runners: the library kernel (stackprobe.runtime.probes) and SGLang's own workspace (runtime.engine)
@@ -188,7 +188,7 @@ def _start_up_consequence(eng, gate, check, value: str = "auto") -> None:
     ``auto`` / ``trtllm`` / ``mnnvl``, and through ``base_runner.py:317`` only for ``cutedsl``."""
     import ast
 
-    from . import sglang_raises as sp
+    from ..engines.sglang import raises as sp
 
     r = next((n for n in check.body if isinstance(n, ast.Raise)), None)
     exc = r.exc.func.id if r is not None and isinstance(r.exc, ast.Call) and isinstance(r.exc.func, ast.Name) else ""
@@ -220,7 +220,7 @@ def _start_up_consequence(eng, gate, check, value: str = "auto") -> None:
 def _backend_values(eng, value: str) -> list[str]:
     """The values of the fusion backend flag (its ``choices`` in the installed SGLang; sglang 0.5.23 ``auto``,
     ``trtllm``, ``mnnvl``, ``cutedsl``), ``value`` first; ``[value]`` where the flag has no choices (0.5.9's switch)."""
-    from . import sglang_flags as sf
+    from ..engines.sglang import flags as sf
 
     spec = next((sf.server_flags(eng).get(f) for f in FUSION_FLAGS if f in sf.server_flags(eng)), None)
     choices = [str(c) for c in (spec.choices or ())] if spec is not None else []
@@ -231,7 +231,7 @@ def _choices_unread(eng) -> str:
     """Why the fusion flag's values could not be read ("" when they were): the flag is not among the installed
     SGLang's server arguments, or it takes a value whose ``choices`` this reader did not find (a switch, 0.5.9's
     ``--enable-flashinfer-allreduce-fusion``, has none to read)."""
-    from . import sglang_flags as sf
+    from ..engines.sglang import flags as sf
 
     flags = sf.server_flags(eng)
     spec = next((flags.get(f) for f in FUSION_FLAGS if f in flags), None)

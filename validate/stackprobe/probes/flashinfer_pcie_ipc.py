@@ -24,8 +24,8 @@ from ..verdict import (BLOCKED, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GA
                        LIFT_NONE_NEEDED, LIFT_PACKAGE, LIFT_SETTING, SCOPE_LIBRARY, SKIPPED, Verdict, unassessed_entry)
 from . import flashinfer_common as fi
 from . import pcie_ipc_engine as pcie_det
-from . import sglang_answer as sa
-from . import sglang_engine as se
+from ..engines.sglang import answer as sa
+from ..engines.sglang import engine as se
 
 
 def _library(ctx) -> Verdict:
@@ -141,7 +141,7 @@ def _engine(ctx, eng) -> Verdict:
         v.warnings.append(f"{what}: {value} ({where})")
         if what == "message-size cap" and v.is_open:
             v.cause += f"; once on, {value} ({where})"
-    from .sglang_dispatch import DecodeTensor
+    from ..engines.sglang.dispatch import DecodeTensor
     hidden = DecodeTensor.from_workload().hidden
     for claim in pcie_det.upstream_claims(eng.file(PCIE_FILE), tree):
         measured = re.search(r"hidden\s+(\d+)", claim["context"])

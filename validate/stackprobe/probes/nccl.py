@@ -87,7 +87,7 @@ def _sglang_sets_tree() -> str | None:
     inference), or None (no SGLang, or no such assignment)."""
     import ast
 
-    from . import sglang_engine as se
+    from ..engines.sglang import engine as se
 
     eng = se.installed()
     if eng is None:

@@ -18,7 +18,7 @@ import re
 
 from ..paths import PCIE_IPC
 from ..verdict import GATE_SETTING, LIFT_SETTING
-from . import sglang_engine as se
+from ..engines.sglang import engine as se
 
 STATE_FILE = "srt/distributed/parallel_state.py"
 PCIE_FILE = "srt/distributed/device_communicators/pcie_ipc_ar.py"
@@ -206,7 +206,7 @@ def _nccl_then(also_sets: list[str]) -> dict:
     sets NCCL_ALGO=allreduce:tree", "where": "sglang/srt/arg_groups/attention_hook.py:676"}``: Tree, not Ring. The same
     wording as vLLM's (:func:`.vllm_engine._pcie_ipc_turned_off_by`). Without such a line nothing about the algorithm
     was read and none is named: NCCL picks it itself."""
-    from .vllm_engine import _allreduce_algo
+    from ..engines.vllm.engine import _allreduce_algo
 
     for item in also_sets:
         m = re.fullmatch(r"NCCL_ALGO=(.+) \((\S+:\d+)\)", item)
@@ -241,8 +241,8 @@ def do_not_set(eng, ctx, backend: str = PCIE_IPC) -> list[dict]:
     tensor, or whose dispatch read raises, is kept with ``"then": ""`` and a ``"note"`` starting ``not assessed:``
     (never dropped); [] when the opt-in alone does not make ``backend`` serve (nothing to protect)."""
     from ..serverconfig import ServerConfig
-    from . import sglang_dispatch as dw
-    from . import sglang_flags as sf
+    from ..engines.sglang import dispatch as dw
+    from ..engines.sglang import flags as sf
 
     sc = ctx.server_config
     args, env = _Recording(sc.args), _Recording({**sc.env, "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"})
@@ -337,7 +337,7 @@ def setup_fallback(eng) -> dict:
       skips the per-shape tuning FlashInfer expects once per machine), when the release defines it.
 
     Raises GateNotFound when the module or the construction site is missing."""
-    from . import sglang_flags as sf
+    from ..engines.sglang import flags as sf
 
     ps = "srt/distributed/parallel_state.py"
     caught, confirm = [], []

@@ -22,8 +22,8 @@ import ast
 from .. import source
 from ..verdict import (BLOCKED, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_TOPOLOGY, LIFT_NONE_NEEDED,
                        LIFT_NOTHING, LIFT_PACKAGE, SCOPE_LIBRARY, SKIPPED, Verdict)
-from . import sglang_answer as sa
-from . import sglang_engine as se
+from ..engines.sglang import answer as sa
+from ..engines.sglang import engine as se
 
 BACKENDS = ("torch-symm-mem",)
 RUNTIME = {"library": ("torch-symm-mem-one-shot", "torch-symm-mem-two-shot"), "engine": ("sglang-torch-symm-mem",)}
@@ -132,7 +132,7 @@ def _table_consequence(eng, gate, style: str, major: int) -> None:
     ``GroupCoordinator`` constructs it outside a ``try`` that catches KeyError (0.5.9 ``parallel_state.py:384``),
     that is a start-up failure (``on_fail="raise"``). A ``.get`` whose ``None`` is checked (0.5.23
     ``torch_symm_mem.py:80-83``) leaves the communicator disabled: a decline naming that check."""
-    from . import sglang_raises as sp
+    from ..engines.sglang import raises as sp
 
     comm = eng.file(COMM_FILE)
     tree = eng.tree(COMM_FILE)

@@ -24,13 +24,13 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from .. import source
-from ..coverage import SASS_LEVELS
-from ..verdict import (BLOCKED, ERROR, GATE_BINARY, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_TOPOLOGY,
+from ... import source
+from ...coverage import SASS_LEVELS
+from ...verdict import (BLOCKED, ERROR, GATE_BINARY, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_TOPOLOGY,
                        LIFT_NONE_NEEDED, LIFT_NOTHING, LIFT_PACKAGE, LIFT_REBUILD, SCOPE_LIBRARY, SKIPPED, Verdict)
-from . import sglang_answer as sa
-from . import sglang_engine as se
-from .sglang_dispatch import UNKNOWN, custom_ar_per_call, find_pcie_world_size_rule
+from . import answer as sa
+from . import engine as se
+from .dispatch import UNKNOWN, custom_ar_per_call, find_pcie_world_size_rule
 
 BACKENDS = ("sglang-custom-allreduce",)
 RUNTIME = {"library": (), "engine": ("sglang-custom-allreduce",)}
@@ -81,7 +81,7 @@ def library_gate(ctx) -> list[Verdict]:
             v.status, v.cause = ERROR, str(e)
             return [v]
         if v2 is not None:
-            from ..env import effective_nvcc
+            from ...env import effective_nvcc
             nvcc = effective_nvcc(ctx.env)
             v.add("CustomAllReduceV2 kernels", f"built at run time by load_jit (default {v2['default']})", v2["jit"])
             v.add("nvcc for SGLang's JIT", (nvcc or {}).get("path") or "none found", "environment")

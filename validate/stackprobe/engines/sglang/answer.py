@@ -4,14 +4,14 @@ and the dispatch reader never import each other (each backend module's ``engine_
 """
 from __future__ import annotations
 
-from ..verdict import ERROR, GATE_SETTING, LIFT_SETTING, ON_AS_CONFIGURED, ON_BY_DEFAULT, PREEMPTED, Verdict
-from . import sglang_dispatch as sd
-from . import sglang_engine as se
+from ...verdict import ERROR, GATE_SETTING, LIFT_SETTING, ON_AS_CONFIGURED, ON_BY_DEFAULT, PREEMPTED, Verdict
+from . import dispatch as sd
+from . import engine as se
 
 
 def apply_preemption(v: Verdict, ctx, engine: se.Engine) -> Verdict:
     """A path that would serve (``on-as-configured``, ``on-by-default``) but that an earlier path of SGLang's TP
-    allreduce dispatch claims first (:func:`stackprobe.probes.sglang_dispatch.read_dispatch`, ``Dispatch.preempted``:
+    allreduce dispatch claims first (:func:`stackprobe.engines.sglang.dispatch.read_dispatch`, ``Dispatch.preempted``:
     {backend: the earlier backend}) becomes ``preempted``, naming that path and where it is tried. A dispatch the
     reader cannot map is an ``error`` (never a pass). The dispatch's ``serves`` is recorded as evidence."""
     if v.status not in (ON_AS_CONFIGURED, ON_BY_DEFAULT):

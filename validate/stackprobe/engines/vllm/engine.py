@@ -37,15 +37,15 @@ from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
 
-from .. import source
-from ..env import dist_version
-from ..paths import PCIE_IPC
-from ..serverconfig import ServerConfig
-from ..verdict import (BLOCKED, ERROR, GATE_NOT_INSTALLED, GATE_NOT_INTEGRATED, GATE_PYTHON, GATE_SETTING,
+from ... import source
+from ...env import dist_version
+from ...paths import PCIE_IPC
+from ...serverconfig import ServerConfig
+from ...verdict import (BLOCKED, ERROR, GATE_NOT_INSTALLED, GATE_NOT_INTEGRATED, GATE_PYTHON, GATE_SETTING,
                        GATE_TOPOLOGY, LIFT_NOTHING, LIFT_PACKAGE, LIFT_SETTING, NOT_INTEGRATED, ON_AS_CONFIGURED,
                        ON_BY_DEFAULT, PREEMPTED, SCOPE_ENGINE, SKIPPED, Verdict)
-from . import sglang_engine as se
-from .sglang_engine import EngineAnswer, Gate, GateNotFound
+from ..sglang import engine as se
+from ..sglang.engine import EngineAnswer, Gate, GateNotFound
 
 DIST = "vllm"
 DC = "distributed/device_communicators"
@@ -195,7 +195,7 @@ def parse_config(server_args: str, env: list[str] | tuple, eng: Engine | None) -
     flag checked against the installed vLLM's ``EngineArgs`` fields (``--disable-custom-all-reduce`` is the field
     ``disable_custom_all_reduce``; ``--no-x`` negates field ``x``). Raises
     :class:`.sglang_flags.ConfigError` naming the flag and where vLLM's flags are read."""
-    from .sglang_flags import ConfigError, parse_server_config
+    from ..sglang.flags import ConfigError, parse_server_config
 
     cfg = parse_server_config(server_args, env, None)
     if eng is None:
@@ -227,7 +227,7 @@ def _flag(ctx, name: str):
 
 # --- the decode tensor and the capability keys -----------------------------------------------------
 def decode_tensor():
-    from .sglang_dispatch import DecodeTensor
+    from ..sglang.dispatch import DecodeTensor
     return DecodeTensor.from_workload()
 
 
@@ -374,7 +374,7 @@ def _pcie_ipc(ctx, eng: Engine) -> Verdict:
     ans.add(Gate("_SUPPORTED_DTYPES", t.dtype in dtypes, _where(eng, rel, dtypes_node), GATE_PYTHON,
                  f"the model dtype {t.dtype} is not in {dtypes}", LIFT_SETTING, f"a model dtype in {dtypes}",
                  value=dtypes, on_fail="decline", falls_to=PYNCCL))
-    from ..source import package_dir
+    from ...source import package_dir
     fi = package_dir("flashinfer")
     fi_ver = dist_version("flashinfer-python")
     has = bool(fi and source.find_files_containing(fi / "comm", "PcieIpcAllReduceWorkspace")) if fi else False
@@ -653,7 +653,7 @@ def _fusion_workspace(eng: Engine, ctx) -> dict | None:
                    and ast.unparse(n.targets[0]) == "_fi_ar_workspace_failed" and ast.unparse(n.value) == "True"), None)
     if single is None or fallback is None or failed is None:
         return None
-    from . import flashinfer_common as fic
+    from ...probes import flashinfer_common as fic
     try:
         majors = fic.all_module_majors().get("gen_trtllm_comm_module")
     except (source.SourceNotFound, SyntaxError):

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import re
 
-from ..paths import PCIE_IPC
-from ..verdict import NOT_ASSESSED, SCOPE_ENGINE, Verdict
-from . import enumerate_common as ec
-from . import sglang_engine as se
-from . import sglang_flags as sf
-from .sglang_pyeval import UNKNOWN, Evaluator, Unbound
+from ...paths import PCIE_IPC
+from ...verdict import NOT_ASSESSED, SCOPE_ENGINE, Verdict
+from ...probes import enumerate_common as ec
+from . import engine as se
+from . import flags as sf
+from .pyeval import UNKNOWN, Evaluator, Unbound
 
 COMM_DIR = "srt/distributed/device_communicators"
 ENGINE_FILE = "srt/entrypoints/engine.py"
@@ -295,7 +295,7 @@ def cli_flags(engine: se.Engine) -> list[dict]:
     ("sglang/FILE:LINE"), "help", "choices", "source": "add_argument"}]``, one per call (its first ``--`` name)."""
     import ast
 
-    from .. import source
+    from ... import source
 
     out = []
     for path in se._arg_sources(engine):
@@ -335,7 +335,7 @@ def field_flags(engine: se.Engine) -> list[dict]:
     "group", "where", "help"}]``."""
     import ast
 
-    from .. import source
+    from ... import source
 
     out = []
     for path in se._arg_sources(engine):

@@ -15,13 +15,13 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import source
-from ..paths import PCIE_IPC
-from . import sglang_engine as se
-from . import sglang_flags as sf
-from . import sglang_pcie_ipc as pi
-from .sglang_flags import ConfigError, parse_server_config  # noqa: F401 - public entry point
-from .sglang_pyeval import UNKNOWN, Evaluator, Unbound, run_function
+from ... import source
+from ...paths import PCIE_IPC
+from . import engine as se
+from . import flags as sf
+from . import pcie_ipc as pi
+from .flags import ConfigError, parse_server_config  # noqa: F401 - public entry point
+from .pyeval import UNKNOWN, Evaluator, Unbound, run_function
 
 PS_FILE = "srt/distributed/parallel_state.py"
 COMM_DIR = "srt/distributed/device_communicators"
@@ -71,7 +71,7 @@ class DecodeTensor:
     @classmethod
     def from_workload(cls, workload=None, batch: int = 1) -> "DecodeTensor":
         if workload is None:
-            from ..runtime.workload import preset
+            from ...runtime.workload import preset
             workload = preset("kimi-k2")
         if isinstance(workload, cls):
             return workload

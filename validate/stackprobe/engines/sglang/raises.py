@@ -15,7 +15,7 @@ import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import source
+from ... import source
 
 #: exception -> the names a handler may give that catch it (a bare ``except:`` is "")
 _CATCHES = {"ValueError": ("ValueError", "Exception", "BaseException", ""),

@@ -26,13 +26,13 @@ from __future__ import annotations
 import ast
 import re
 
-from .. import source
-from ..paths import PCIE_IPC
-from ..verdict import NOT_ASSESSED, SCOPE_ENGINE, Verdict
-from . import enumerate_common as ec
-from . import sglang_engine as se
-from .sglang_paths import CLI_TERMS as TERMS
-from .sglang_paths import RENDEZVOUS
+from ... import source
+from ...paths import PCIE_IPC
+from ...verdict import NOT_ASSESSED, SCOPE_ENGINE, Verdict
+from ...probes import enumerate_common as ec
+from ..sglang import engine as se
+from ..sglang.paths import CLI_TERMS as TERMS
+from ..sglang.paths import RENDEZVOUS
 
 CONFIG_DIR = "config"
 ENVS = "envs.py"
@@ -350,7 +350,7 @@ def report_paths(ctx, eng=None) -> list[dict]:
     """The report's ``paths`` entries for the installed vLLM (``eng``: an edited copy instead): :func:`paths` as JSON;
     [] without vLLM. A reader that cannot enumerate (a source that does not parse, a layout it does not know) gives one
     ``vllm-paths`` row saying so, never an empty list that reads as "nothing unjudged"."""
-    from . import vllm_engine
+    from . import engine as vllm_engine
 
     eng = eng or vllm_engine.installed()
     if eng is None:

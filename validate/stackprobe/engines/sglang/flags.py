@@ -17,9 +17,9 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import source
-from ..serverconfig import ServerConfig
-from . import sglang_engine as se
+from ... import source
+from ...serverconfig import ServerConfig
+from . import engine as se
 
 _SWITCH_ACTIONS = ("store_true", "store_false", "StoreTrue", "BooleanOptionalAction")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -117,7 +117,7 @@ def _from_field(node: ast.AnnAssign, path: Path) -> list[FlagSpec]:
 
 def server_flags(engine: se.Engine) -> dict[str, FlagSpec]:
     """Every flag of the installed SGLang -> :class:`FlagSpec` (cached per release folder). Raises
-    :class:`~stackprobe.probes.sglang_engine.GateNotFound` when no flag at all is found (the argument files moved)."""
+    :class:`~stackprobe.engines.sglang.engine.GateNotFound` when no flag at all is found (the argument files moved)."""
     key = (str(engine.root), engine.version)
     if key in _CACHE:
         return _CACHE[key]

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import ast
 
-from .. import source
-from ..verdict import Evidence
-from . import sglang_engine as se
-from . import sglang_flags as sf
+from ... import source
+from ...verdict import Evidence
+from . import engine as se
+from . import flags as sf
 
 PCIE_FILE = "srt/distributed/device_communicators/pcie_ipc_ar.py"
 RUNNER_FILE = "srt/model_executor/runner/base_runner.py"

@@ -33,9 +33,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import source
-from ..env import dist_version
-from ..verdict import (BLOCKED, ERROR, FALLS_BACK, GATE_NOT_INSTALLED, GATE_NOT_INTEGRATED, GATE_SETTING, LIFT_NONE_NEEDED,
+from ... import source
+from ...env import dist_version
+from ...verdict import (BLOCKED, ERROR, FALLS_BACK, GATE_NOT_INSTALLED, GATE_NOT_INTEGRATED, GATE_SETTING, LIFT_NONE_NEEDED,
                        LIFT_NOTHING, LIFT_PACKAGE, LIFT_SETTING, NOT_INSTALLED, NOT_INTEGRATED, ON_AS_CONFIGURED,
                        ON_BY_DEFAULT, OPT_IN, SCOPE_ENGINE, SKIPPED, STARTUP_FAILURE, Verdict)
 

@@ -9,7 +9,7 @@ validation suite reads, with the suite's own readers pointed at the unpacked tre
   allreduce-fusion module is ``gen_trtllm_comm_module``, gate ``fusion``), and whether the PCIe IPC
   allreduce (``PcieIpcAllReduceWorkspace``) exists;
 * sglang: custom allreduce's PCIe world-size rule (``world_size > N and not full_nvlink``) and
-  ``CustomAllreduce._SUPPORTED_WORLD_SIZES`` (:mod:`stackprobe.engines.sglang.custom_ar`), the keys of
+  ``CustomAllreduce._SUPPORTED_WORLD_SIZES`` (:mod:`stackprobe.probes.sglang_custom_ar`), the keys of
   ``TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES`` (:mod:`stackprobe.probes.torch_symm_mem`);
 * any file with shared objects: arch coverage of each library for the target
   (:func:`stackprobe.coverage.scan_files`, the ELF fatbin reader), gate ``arch-coverage``: admits when
@@ -40,7 +40,7 @@ from cudastack.pkgindex.wheels import supported_tags
 from stackprobe import coverage, source
 from stackprobe.archs import Arch
 from stackprobe.probes import flashinfer_common as fi
-from stackprobe.engines.sglang import custom_ar as car
+from stackprobe.probes import sglang_custom_ar as car
 from stackprobe.probes import torch_symm_mem as symm
 
 SCAN_FORMAT = 1

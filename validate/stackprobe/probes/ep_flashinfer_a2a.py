@@ -35,7 +35,7 @@ from ..verdict import (FALLS_BACK, OPT_IN, STARTUP_FAILURE, BLOCKED, GATE_NEEDS_
 from . import flashinfer_common as fi
 from ..engines.sglang import answer as sa
 from ..engines.sglang import engine as se
-from ..engines.sglang.custom_ar import short
+from .sglang_custom_ar import short
 
 BACKENDS = ("ep-flashinfer-a2a",)
 #: the collective of each backend that is not a decode-step allreduce (:func:`stackprobe.userwords.collective`)

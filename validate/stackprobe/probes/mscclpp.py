@@ -71,7 +71,7 @@ def flavour(eng) -> dict:
 
 def _bundled_library(ctx, v: Verdict, eng, fl: dict) -> Verdict:
     """The library answer when SGLang runs sgl-kernel's bundled MSCCL++ ops: their binary, common_ops."""
-    from ..engines.sglang.custom_ar import kernel_coverage
+    from .sglang_custom_ar import kernel_coverage
 
     v.add("MSCCL++ SGLang runs", f"sgl-kernel's bundled ops (sglang {eng.version})", fl["where"])
     dist, _, ops = kernel_coverage(ctx)
@@ -94,7 +94,7 @@ def _bundled_library(ctx, v: Verdict, eng, fl: dict) -> Verdict:
 
 
 def _library(ctx) -> Verdict:
-    from ..engines.sglang.custom_ar import kernel_coverage
+    from .sglang_custom_ar import kernel_coverage
 
     v = Verdict("mscclpp", GATE_PASSES, lift=LIFT_NONE_NEEDED, scope=SCOPE_LIBRARY)
     eng = se.installed()
@@ -172,7 +172,7 @@ def _engine(ctx, eng) -> Verdict:
                         value="importable" if found else "not importable", on_fail="decline",
                         falls_to=se.NCCL_FALLBACK))
     else:                        # 0.5.9: sgl-kernel's bundled MSCCL++ ops
-        from ..engines.sglang.custom_ar import kernel_coverage
+        from .sglang_custom_ar import kernel_coverage
         dist, _, ops = kernel_coverage(ctx)
         ok = bool(ops) and any(f.level in SASS_LEVELS for f in ops)
         ans.add(se.Gate("sgl-kernel's MSCCL++ ops (IS_MSCCLPP_AR_AVAILABLE)", ok, fl["where"],

@@ -24,13 +24,13 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from ... import source
-from ...coverage import SASS_LEVELS
-from ...verdict import (BLOCKED, ERROR, GATE_BINARY, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_TOPOLOGY,
+from .. import source
+from ..coverage import SASS_LEVELS
+from ..verdict import (BLOCKED, ERROR, GATE_BINARY, GATE_NOT_INSTALLED, GATE_PASSES, GATE_PYTHON, GATE_TOPOLOGY,
                        LIFT_NONE_NEEDED, LIFT_NOTHING, LIFT_PACKAGE, LIFT_REBUILD, SCOPE_LIBRARY, SKIPPED, Verdict)
-from . import answer as sa
-from . import engine as se
-from .dispatch import UNKNOWN, custom_ar_per_call, find_pcie_world_size_rule
+from ..engines.sglang import answer as sa
+from ..engines.sglang import engine as se
+from ..engines.sglang.dispatch import UNKNOWN, custom_ar_per_call, find_pcie_world_size_rule
 
 BACKENDS = ("sglang-custom-allreduce",)
 RUNTIME = {"library": (), "engine": ("sglang-custom-allreduce",)}

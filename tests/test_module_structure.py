@@ -416,25 +416,11 @@ def foreign_imports(root: Path, package: str, other_root: Path, other: str) -> d
     return out
 
 
-# What cudastack/ imports of stackprobe today, by subpackage. Issue 36 asks that the build half use the validate
-# half through one public module; that module is not built yet (reason: the radar reads probe internals to judge
-# a release, radar/gates.py and radar/moves.py, and the build half shares the compute-capability arithmetic and
-# the atomic writer). Until it is, this list may only shrink: an import not on it fails, and so does an entry no
-# import needs any more (take it off).
-CUDASTACK_USES_STACKPROBE = {
-    "build": {"stackprobe.atomic"},
-    "cli": {"stackprobe.engines"},
-    "jobs": {"stackprobe.atomic", "stackprobe.engines", "stackprobe.health_stage", "stackprobe.report",
-             "stackprobe.statusplot"},
-    "lock": {"stackprobe.archs", "stackprobe.atomic"},
-    "pkgindex": {"stackprobe.atomic"},
-    "plan": {"stackprobe.archs"},
-    "radar": {"stackprobe.archs", "stackprobe.coverage", "stackprobe.mdtable", "stackprobe.probes.flashinfer_common",
-              "stackprobe.engines.sglang.custom_ar", "stackprobe.probes.torch_symm_mem", "stackprobe.report",
-              "stackprobe.site", "stackprobe.source"},
-    "recipes": {"stackprobe.archs"},
-    "registry": {"stackprobe.atomic"},
-}
+# What cudastack/ imports of stackprobe, by subpackage: only its public module, stackprobe.api (issue 36: the build
+# half uses the validate half through one public module; api.py re-exports what the build half needs). An import of
+# any other stackprobe module fails, and so does an entry no import needs any more (take it off).
+CUDASTACK_USES_STACKPROBE = {sub: {"stackprobe.api"} for sub in
+                             ("build", "cli", "jobs", "lock", "pkgindex", "plan", "radar", "recipes", "registry")}
 
 
 def allowlist_breaches(used: dict[str, set[str]], allowed: dict[str, set[str]]) -> list[str]:
@@ -459,12 +445,72 @@ def test_an_import_off_the_allowlist_and_a_stale_entry_both_fail(tmp_path):
     shutil.copytree(ROOT / "cudastack", tmp_path / "cudastack", ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "cudastack" / "plan" / "reach.py").write_text(
         "def f():\n    from stackprobe.engines.sglang.dispatch import read_dispatch\n")
+    # a direct import the allowlist held before stackprobe.api existed: it fails now too
+    (tmp_path / "cudastack" / "build" / "reach.py").write_text("from stackprobe.atomic import write_atomic\n")
     used = foreign_imports(tmp_path, "cudastack", VALIDATE, "stackprobe")
     assert allowlist_breaches(used, CUDASTACK_USES_STACKPROBE) == [
+        "cudastack/build imports stackprobe.atomic, which the allowlist does not hold",
         "cudastack/plan imports stackprobe.engines.sglang.dispatch, which the allowlist does not hold"]
     more = {**CUDASTACK_USES_STACKPROBE, "core": {"stackprobe.verdict"}}
     assert "cudastack/core no longer imports stackprobe.verdict: take it off the allowlist" in allowlist_breaches(
         foreign_imports(ROOT, "cudastack", VALIDATE, "stackprobe"), more)
+
+
+_API_PROBE = """
+import json, sys
+import stackprobe.api as api
+loaded = sorted(m for m in sys.modules if m.startswith("stackprobe"))
+foreign = sorted(m for m in sys.modules if m.split(".")[0] not in sys.stdlib_module_names
+                 and not m.startswith(("stackprobe", "_")) and m != "__main__")
+for name in sys.argv[1:]:
+    getattr(api, name)
+after = sorted(m for m in sys.modules if m.startswith("stackprobe"))
+print(json.dumps({"loaded": loaded, "foreign": foreign, "after": after}))
+"""
+
+
+def api_import(*touch: str) -> dict:
+    """In a fresh interpreter (the suite's path only): the stackprobe modules and the modules outside the standard
+    library loaded by ``import stackprobe.api``, and the stackprobe modules loaded once the names ``touch`` are read."""
+    import json
+
+    env = dict(os.environ, PYTHONPATH=str(VALIDATE))
+    proc = subprocess.run([sys.executable, "-c", _API_PROBE, *touch], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def test_stackprobe_api_imports_light_and_loads_the_rest_on_first_use():
+    got = api_import()
+    assert got["foreign"] == []
+    assert got["loaded"] == ["stackprobe", "stackprobe.api", "stackprobe.archs", "stackprobe.atomic"]
+    # its twin: reading a lazy name loads its module, which the same measurement sees
+    got = api_import("Report")
+    assert "stackprobe.report" in got["after"] and "stackprobe.report" not in got["loaded"]
+
+
+def test_stackprobe_api_reexports_every_name_it_lists_from_a_module_the_import_graph_sees():
+    sys.path.insert(0, str(VALIDATE))
+    try:
+        import importlib
+
+        api = importlib.import_module("stackprobe.api")
+        for name in api.__all__:
+            value = getattr(api, name)
+            if name in api._LAZY:
+                mod, there = api._LAZY[name]
+                assert value is getattr(importlib.import_module(mod), there), name
+        assert set(api._LAZY) <= set(api.__all__) and len(api.__all__) == len(set(api.__all__))
+        # its twins: a name it does not list, and a module it does not re-export from
+        with pytest.raises(AttributeError, match="no attribute 'read_dispatch'"):
+            api.read_dispatch  # noqa: B018
+        with pytest.raises(ValueError, match="does not re-export from 'stackprobe.verdict'"):
+            api._module("stackprobe.verdict")
+    finally:
+        sys.path.remove(str(VALIDATE))
+    edges = import_graph(VALIDATE, "stackprobe")["stackprobe.api"]
+    assert {mod for mod, _ in api._LAZY.values()} | set(api._RADAR_READERS) <= edges
 
 
 SIZE_NOQA = re.compile(r"#\s*noqa:\s*((?:C901|PLR0912|PLR0915)(?:\s*,\s*[A-Z]+[0-9]+)*)(.*)$")

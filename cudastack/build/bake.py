@@ -40,7 +40,7 @@ from typing import Optional
 
 from cudastack.build.engine import output_spec
 from cudastack.core.errors import UsageError
-from stackprobe.atomic import write_atomic
+from stackprobe.api import write_atomic
 
 CA_SECRET = "id=cabundle,src=${CUDASTACK_CA_BUNDLE}"   # bake interpolates the variable
 _TARGET_RE = re.compile(r"[^A-Za-z0-9_-]")

@@ -71,7 +71,7 @@ from cudastack.core import stop
 from cudastack.core.errors import BuildError, BuildInterrupted, EnvironmentError_, LockError, StackError
 from cudastack.plan.planner import BuildPlan, PlannedNode, render_plan
 from cudastack.build.wheelhouse import Wheelhouse
-from stackprobe.atomic import write_atomic
+from stackprobe.api import write_atomic
 
 RECORD_FORMAT = 1
 Say = Callable[[str], None]

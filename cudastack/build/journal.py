@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from stackprobe.atomic import write_atomic
+from stackprobe.api import write_atomic
 
 Say = Callable[[str], None]
 

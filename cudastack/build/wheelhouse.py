@@ -14,7 +14,7 @@ from pathlib import Path
 
 from cudastack.core.errors import BuildError
 from cudastack.plan.planner import PlannedNode
-from stackprobe.atomic import write_atomic
+from stackprobe.api import write_atomic
 
 
 def sha256_file(path: str | Path) -> str:

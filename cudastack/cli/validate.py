@@ -4,8 +4,9 @@ from __future__ import annotations
 from cudastack.cli.common import stack_task
 from cudastack.jobs import validate as jobs
 from cudastack.jobs.validate import DEFAULT_OUT
-from stackprobe.engines import CHOICES as ENGINES
+from stackprobe.api import engine_choices
 
+ENGINES = engine_choices()    # the --engine values when the task is defined
 
 
 _HELP = {

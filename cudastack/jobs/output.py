@@ -10,7 +10,7 @@ import sys
 from contextlib import contextmanager, redirect_stdout
 from typing import Iterator
 
-from stackprobe.atomic import write_atomic
+from stackprobe.api import write_atomic
 
 
 @contextmanager

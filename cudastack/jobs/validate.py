@@ -56,7 +56,7 @@ def suite_args(target_arch: str = "12.0", *, label: str = "", jit_compile: bool 
 
 
 def _parse_report(stdout: str, where: str):
-    from stackprobe.report import Report, ReportError
+    from stackprobe.api import Report, ReportError
 
     try:
         return Report.from_json(json.loads(stdout))
@@ -270,7 +270,7 @@ def validate_many(images: list[str], target_arch: str = "12.0", *, out_dir: str 
     drawn beside it and the comparison opens with it (or says matplotlib is not installed)."""
     if order not in ("toolchain", "given"):
         raise UsageError(f"--order {order!r}: use toolchain (older to newer) or given (as the images are listed).")
-    from stackprobe.report import comparison_markdown
+    from stackprobe.api import comparison_markdown
 
     image_suite = kw.pop("image_suite", False)
     if not images:
@@ -292,7 +292,7 @@ def validate_many(images: list[str], target_arch: str = "12.0", *, out_dir: str 
     labels = list(images)
     if order == "toolchain":
         reports, labels = older_to_newer(reports, labels)
-    from stackprobe.statusplot import write_beside
+    from stackprobe.api import write_beside
     head = write_beside(reports, labels, figure) if figure else ""
     return reports, head + comparison_markdown(reports, labels)
 
@@ -300,7 +300,7 @@ def validate_many(images: list[str], target_arch: str = "12.0", *, out_dir: str 
 def _strict(reports) -> None:
     """``--strict``: exit :class:`UnhealthyEnvironment`'s code naming the first error of each unhealthy report."""
     from cudastack.core.errors import UnhealthyEnvironment
-    from stackprobe.health_stage import errors
+    from stackprobe.api import health_errors as errors
 
     bad = [(r.label or "this environment", errs) for r in reports if (errs := errors(r.environment.get("health")))]
     if bad:
@@ -363,9 +363,10 @@ def validate(*, image=None, target_arch="12.0", out=DEFAULT_OUT, markdown=None, 
         raise UsageError(f"--world-size {world_size!r}: give a whole number of GPUs.") from None
     if topology not in ("auto", "pcie", "nvlink"):
         raise UsageError(f"--topology {topology!r}: use auto, pcie or nvlink.")
-    from stackprobe.engines import CHOICES
-    if engine not in CHOICES:
-        raise UsageError(f"--engine {engine!r}: use one of {', '.join(CHOICES)} (auto: whichever serving engine is "
+    from stackprobe.api import engine_choices
+    choices = engine_choices()
+    if engine not in choices:
+        raise UsageError(f"--engine {engine!r}: use one of {', '.join(choices)} (auto: whichever serving engine is "
                          "installed, both when both are).")
     extra_env = {}
     for item in env or []:
@@ -390,7 +391,7 @@ def validate(*, image=None, target_arch="12.0", out=DEFAULT_OUT, markdown=None, 
         print(text)
         box["data"] = [r.to_json() for r in reports]
     if markdown:
-        from stackprobe.atomic import write_atomic
+        from stackprobe.api import write_atomic
         write_atomic(markdown, text)
     if not image and (hint := no_engine_hint(reports)):
         print(hint, file=sys.stderr)

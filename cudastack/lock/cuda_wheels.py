@@ -21,7 +21,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from cudastack.core.errors import LockError
-from stackprobe.archs import cuda_wheel_release
+from stackprobe.api import cuda_wheel_release
 #: the runtime whose release anchors the others (CUDA 13 name, then the CUDA 12 one)
 ANCHORS = ("nvidia-cuda-runtime", "nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime-cu11")
 

@@ -22,7 +22,7 @@ from cudastack.core.paths import PROJECT_ROOT
 from cudastack.core.credentials import scrub
 from cudastack.core.errors import LockError
 from cudastack.core.schemas import Section, checked_pattern, explain
-from stackprobe.atomic import write_atomic  # the project's one atomic writer (re-exported here)
+from stackprobe.api import write_atomic  # the project's one atomic writer (re-exported here)
 
 
 LOCK_VERSION = 1

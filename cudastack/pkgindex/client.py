@@ -57,7 +57,7 @@ from packaging.version import InvalidVersion, Version
 
 from cudastack.core.errors import RegistryError, UsageError
 from cudastack.pkgindex.wheels import HTTP_TIMEOUT, NoRanges, RangeFile, read_metadata_member
-from stackprobe.atomic import atomic_path, write_atomic
+from stackprobe.api import atomic_path, write_atomic
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 PEP691 = "application/vnd.pypi.simple.v1+json"

@@ -329,7 +329,7 @@ def _fmt(seconds: float) -> str:
 def cost_input(component, entry, knobs, toolchain) -> dict:
     """What :func:`cost_lines` needs of a source node, taken at planning time: the arch knob's style, value
     and separator, the fixed targets of a cmake-fixed build, the jobs knobs and the unit class."""
-    from stackprobe.archs import version_tuple
+    from stackprobe.api import version_tuple
 
     ak = component.arch_knob
     info = {"style": ak.style if ak else "", "separator": ak.separator if ak else ";",

@@ -27,7 +27,7 @@ from pathlib import Path
 from cudastack.core.errors import ArchError, UsageError
 from cudastack.plan.model import Knob
 from cudastack.recipes.load import ArchKnob, Component, Parallelism, RecipeSet, Toolchain
-from stackprobe.archs import Arch, ArchSpecError, parse_arch, parse_arch_list, version_tuple
+from stackprobe.api import Arch, ArchSpecError, parse_arch, parse_arch_list, version_tuple
 
 HEADROOM = 0.9          # share of the builder's memory the compile jobs may use (the rest: OS, daemon, linker)
 

@@ -33,7 +33,7 @@ from cudastack.pkgindex.client import Index, IndexFile
 from cudastack.pkgindex.wheels import marker_env, supported_tags
 from cudastack.recipes.load import RecipeSet, Toolchain
 from cudastack.radar.gates import pick_file
-from stackprobe.archs import version_tuple
+from stackprobe.api import version_tuple
 
 ENGINE = "sglang"
 COMPONENTS = ("torch", "flash-attn", "sglang-kernel", "sgl-kernel", "flashinfer-python", "flashinfer-cubin",

@@ -37,17 +37,13 @@ from packaging.version import Version
 from cudastack.core.errors import UsageError
 from cudastack.pkgindex.client import Index, IndexFile, atomic_write
 from cudastack.pkgindex.wheels import supported_tags
-from stackprobe import coverage, source
-from stackprobe.archs import Arch
-from stackprobe.probes import flashinfer_common as fi
-from stackprobe.probes import sglang_custom_ar as car
-from stackprobe.probes import torch_symm_mem as symm
+from stackprobe import api as sp
+from stackprobe.api import Arch
 
 SCAN_FORMAT = 1
 SCAN_SUFFIXES = (".py", ".so", ".cubin")    # what the readers read: Python sources and shared objects
 FUSION_FN = "gen_trtllm_comm_module"
-_READERS = [Path(source.__file__), Path(fi.__file__), Path(car.__file__), Path(symm.__file__),
-            Path(coverage.__file__), Path(__file__)]
+_READERS = [*sp.radar_reader_files(), Path(__file__)]
 
 
 def _readers_digest() -> str:
@@ -121,22 +117,22 @@ def flashinfer_gates(root: Path, target: Arch) -> dict[str, Gate]:
     ``flashinfer/``)."""
     out: dict[str, Gate] = {}
     try:
-        majors, where = fi.module_majors(FUSION_FN, root=root)
+        majors, where = sp.flashinfer_module_majors(FUSION_FN, root=root)
         out["fusion"] = Gate("fusion", majors, majors is None or target.major in majors,
                              f"{where}: supported_major_versions")
-    except source.SourceNotFound as e:
+    except sp.SourceNotFound as e:
         out["fusion"] = Gate("fusion", "absent", False, f"{e}")
     except SyntaxError as e:
         out["fusion"] = Gate("fusion", "unreadable", None, f"{e}")
     try:
-        for fn, majors in sorted(fi.all_module_majors(root=root).items()):
+        for fn, majors in sorted(sp.flashinfer_all_module_majors(root=root).items()):
             if fn == FUSION_FN or majors is None:
                 continue
             out[f"jit:{fn}"] = Gate(f"jit:{fn}", majors, target.major in majors,
                                     f"flashinfer/jit/comm.py {fn} (ast)")
-    except (source.SourceNotFound, SyntaxError):
+    except (sp.SourceNotFound, SyntaxError):
         pass
-    hits = source.find_files_containing(root / "flashinfer", "class PcieIpcAllReduceWorkspace")
+    hits = sp.find_files_containing(root / "flashinfer", "class PcieIpcAllReduceWorkspace")
     out["pcie-ipc"] = Gate("pcie-ipc", "present" if hits else "absent", bool(hits),
                            (hits[0].relative_to(root).as_posix() if hits else "no class PcieIpcAllReduceWorkspace under flashinfer/"))
     return out
@@ -147,14 +143,14 @@ def sglang_gates(root: Path, target: Arch, world_size: int, topology: str) -> di
     sglang (``root`` holds ``sglang/``)."""
     pkg = root / "sglang"
     out: dict[str, Gate] = {}
-    rule = car.find_pcie_world_size_rule(pkg)
+    rule = sp.find_pcie_world_size_rule(pkg)
     sizes, sizes_where = None, ""
     p = pkg / "srt" / "distributed" / "device_communicators" / "custom_all_reduce.py"
     if p.is_file():
         try:
-            sizes, line = source.class_attribute(p, "CustomAllreduce", "_SUPPORTED_WORLD_SIZES")
-            sizes_where = f"{car.short(p)}:{line}"
-        except (source.SourceNotFound, ValueError, SyntaxError):
+            sizes, line = sp.class_attribute(p, "CustomAllreduce", "_SUPPORTED_WORLD_SIZES")
+            sizes_where = f"{sp.short_source_path(p)}:{line}"
+        except (sp.SourceNotFound, ValueError, SyntaxError):
             pass
     if rule is None and sizes is None:
         out["custom-allreduce"] = Gate("custom-allreduce", "absent", None, "no custom allreduce rule or sizes found")
@@ -174,26 +170,26 @@ def sglang_gates(root: Path, target: Arch, world_size: int, topology: str) -> di
                                        f"{where} (ast), world size {world_size} on {topology}")
     srt = pkg / "srt"
     try:
-        path, table, line = source.find_assignment(srt if srt.is_dir() else pkg, symm.TABLE)
+        path, table, line = sp.find_assignment(srt if srt.is_dir() else pkg, sp.SYMM_MEM_TABLE)
         keys = sorted(table)
-        style, lwhere = symm.lookup_style(pkg)
+        style, lwhere = sp.symm_mem_lookup_style(pkg)
         ok = target.major in table
         if ok and isinstance(table[target.major], dict):
             ok = world_size in table[target.major]
         out["symm-mem-table"] = Gate("symm-mem-table", {"keys": keys, "lookup": style}, ok,
-                                     f"{car.short(path)}:{line} {symm.TABLE} (ast); lookup {lwhere}")
-    except (source.SourceNotFound, SyntaxError, ValueError) as e:
-        out["symm-mem-table"] = Gate("symm-mem-table", "absent", None, f"{symm.TABLE}: {e}")
+                                     f"{sp.short_source_path(path)}:{line} {sp.SYMM_MEM_TABLE} (ast); lookup {lwhere}")
+    except (sp.SourceNotFound, SyntaxError, ValueError) as e:
+        out["symm-mem-table"] = Gate("symm-mem-table", "absent", None, f"{sp.SYMM_MEM_TABLE}: {e}")
     return out
 
 
 def coverage_gate(unpacked: Path, target: Arch, package: str, version: str) -> Gate:
     """Arch coverage of every shared object under ``unpacked`` for ``target`` (ELF fatbin reader)."""
     files = [(p.relative_to(unpacked).as_posix(), str(p)) for p in sorted(unpacked.rglob("*"))
-             if p.is_file() and coverage._candidate(p.name)]
+             if p.is_file() and sp.is_coverage_candidate(p.name)]
     if not files:
         return Gate("arch-coverage", "no shared objects", None, "no .so/.cubin in the file")
-    cov = coverage.scan_files(files, target, "elf", package=package, version=version)
+    cov = sp.coverage_scan_files(files, target, "elf", package=package, version=version)
     return _coverage_gate(cov)
 
 
@@ -211,12 +207,12 @@ def kernel_gates(unpacked: Path, target: Arch, package: str, version: str) -> di
     alone (``common_ops``: the libraries the suite's custom allreduce probe reads; any one build of it
     with SASS for the target admits)."""
     files = [(p.relative_to(unpacked).as_posix(), str(p)) for p in sorted(unpacked.rglob("*"))
-             if p.is_file() and coverage._candidate(p.name)]
-    cov = coverage.scan_files(files, target, "elf", package=package, version=version)
+             if p.is_file() and sp.is_coverage_candidate(p.name)]
+    cov = sp.coverage_scan_files(files, target, "elf", package=package, version=version)
     ops = [f for f in cov.files if "common_ops" in f.path]
     out = {"arch-coverage": _coverage_gate(cov)}
     out["custom-allreduce-kernels"] = Gate(
-        "custom-allreduce-kernels", {"level": max((f.level for f in ops), key=lambda lv: -coverage.LEVELS.index(lv))
+        "custom-allreduce-kernels", {"level": max((f.level for f in ops), key=lambda lv: -sp.COVERAGE_LEVELS.index(lv))
                                      if ops else "absent", "libraries": len(ops),
                                      "without": [f.path for f in ops if f.level == "none"][:3], "ptx_only": []},
         any(f.level in ("native", "family") for f in ops) if ops else False,

@@ -35,8 +35,7 @@ from cudastack.core.errors import StackError
 from cudastack.pkgindex.client import atomic_write
 from cudastack.radar.checks import Checker, KERNELS
 from cudastack.radar.sitefetch import SOURCE_DISTS, lay_out
-from stackprobe import site as siteprobe
-from stackprobe.report import suite_digest
+from stackprobe import api as sp
 
 #: components a site leaves out: built from source (no wheel to lay out) or data-only wheels no reader opens
 NOT_LAID_OUT = {"flash-attn", "flashinfer-cubin", "cuda-toolkit"}
@@ -121,14 +120,14 @@ def run_site(ck: Checker, c: Candidate, target: str, world_size: int, topology: 
     rs = roots(ck, c)
     toolkit = ".".join(ck.tc.cuda_version.split(".")[:2])
     key = hashlib.sha256(json.dumps([[p.name for p in rs], target, world_size, topology, ck.engine, toolkit,
-                                     suite_digest()]).encode()).hexdigest()[:20]
+                                     sp.suite_digest()]).encode()).hexdigest()[:20]
     path = ck.index.cache / "siteruns" / f"{key}.json"
     if path.is_file():
         try:
             return json.loads(path.read_text())
         except ValueError:
             pass
-    res = siteprobe.run(rs, target, world_size=world_size, topology=topology, engine=ck.engine, toolkit=toolkit)
+    res = sp.site_run(rs, target, world_size=world_size, topology=topology, engine=ck.engine, toolkit=toolkit)
     res["laid_out"] = [p.name for p in rs]
     atomic_write(path, json.dumps(res, default=str).encode())
     ck.index.stats["tier_runs"] = ck.index.stats.get("tier_runs", 0) + 1
@@ -138,14 +137,14 @@ def run_site(ck: Checker, c: Candidate, target: str, world_size: int, topology: 
 def _costs(ck: Checker, old_roots: list[Path], new_roots: list[Path]) -> list[str]:
     """:func:`stackprobe.site.move_costs`, cached like a tier run (it reads every FlashInfer source file twice)."""
     key = hashlib.sha256(json.dumps([[p.name for p in old_roots], [p.name for p in new_roots],
-                                     suite_digest()]).encode()).hexdigest()[:20]
+                                     sp.suite_digest()]).encode()).hexdigest()[:20]
     path = ck.index.cache / "siteruns" / f"costs-{key}.json"
     if path.is_file():
         try:
             return list(json.loads(path.read_text()))
         except ValueError:
             pass
-    costs = siteprobe.move_costs(old_roots, new_roots)
+    costs = sp.move_costs(old_roots, new_roots)
     atomic_write(path, json.dumps(costs).encode())
     return costs
 
@@ -160,7 +159,7 @@ def describe(ck: Checker, name: str, v: Version, label: str, target: str, world_
     ...; costs: ..."``. ``base``: the tier's result on the pinned set."""
     c = candidate(ck, name, v)
     new = run_site(ck, c, target, world_size, topology)
-    moved = siteprobe.changes(base, new)
+    moved = sp.site_changes(base, new)
     old_roots = [ck.index.cache / "site" / n for n in base.get("laid_out", [])]
     new_roots = [ck.index.cache / "site" / n for n in new.get("laid_out", [])]
     costs = _costs(ck, old_roots, new_roots)
@@ -239,10 +238,10 @@ def engine_answers(index, recipes, package: str, versions: list[Version], target
         c = candidate(ck, package, v)
         try:
             res = run_site(ck, c, target, world_size, topology)
-        except (StackError, siteprobe.SiteError) as e:
+        except (StackError, sp.SiteError) as e:
             out["releases"][str(v)] = {"set": c.versions, "breaks": c.breaks, "not_read": str(e)}
             continue
-        st = {b: siteprobe._word(s) for (who, b), s in siteprobe.statuses(res).items() if who == ck.engine}
+        st = {b: sp.site_status_word(s) for (who, b), s in sp.site_statuses(res).items() if who == ck.engine}
         out["releases"][str(v)] = {"set": c.versions, "breaks": c.breaks, "headline": res["headline"].get(ck.engine),
                                    "statuses": st}
     return out

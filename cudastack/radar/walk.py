@@ -33,8 +33,7 @@ from cudastack.radar.checks import Checker, Pin, engine_runtimes
 from cudastack.recipes.graph import stacks
 from cudastack.recipes.load import RecipeSet, Toolchain, load_recipes
 from cudastack.radar import moves
-from stackprobe import site as siteprobe
-from stackprobe import mdtable
+from stackprobe import api as sp
 from cudastack.plan.rules import parse_target_arch
 
 LOCK_DIR = PROJECT_ROOT / "lockfiles"
@@ -263,7 +262,7 @@ def move_effect(row: Row, index: Index, ck: Checker, target, world_size: int, to
             parts.append(text.replace(f"{v} ({label}): ", f"{v} ({label}): {prefix.get(v, '')}", 1)
                          + (f"; {cov}" if cov else ""))
         return " / ".join(parts) if parts else "up to date"
-    except (StackError, siteprobe.SiteError) as e:
+    except (StackError, sp.SiteError) as e:
         return f"not read: {e}"
 
 
@@ -291,9 +290,9 @@ def render_markdown(r: Radar) -> str:
     lines = [f"## CUDA {r.toolchain}{chain} (toolkit {r.cuda_version}; {r.python}; target {r.target})", "",
              f"Engine: {r.engine or 'none pinned'}. Read from {r.index_url} (project pages of {r.as_of or 'unknown date'}) "
              "and from the released files; `invoke outdated` writes this table.", "",
-             *mdtable.header(("component", "pinned", "newest", "newest allowed", "held back by",
+             *sp.md_header(("component", "pinned", "newest", "newest allowed", "held back by",
                               "what a move would change in the verdicts"))]
-    spill = mdtable.Spill()   # long reasons and moves, under one heading per component after the table
+    spill = sp.MdSpill()   # long reasons and moves, under one heading per component after the table
     for row in r.rows:
         p = row.pinned
         pinned = p.version + ("" if p.locked is None else " (locked)" if p.locked == p.version else
@@ -306,7 +305,7 @@ def render_markdown(r: Radar) -> str:
             for h in row.holds:
                 spill.add(row.name, f"held back by: {h}")
         move = row.move + ("; " + "; ".join(row.notes) if row.notes else "")
-        lines.append(mdtable.row((row.name, pinned, row.newest, row.allowed, spill.cell(row.name, held, "held back by"),
+        lines.append(sp.md_row((row.name, pinned, row.newest, row.allowed, spill.cell(row.name, held, "held back by"),
                                   spill.cell(row.name, move, "what a move would change"))))
     lines += spill.markdown("Per component, in full", "One heading per component whose cells above were cut: every "
                             "reason it is held back and what each move would change, whole (radar.json has the "

@@ -41,7 +41,7 @@ from cudastack.core.errors import RecipeError, UsageError
 from cudastack.recipes.graph import check_graph, check_pins
 from cudastack.recipes.models import SOURCE_KINDS, ArchKnobSpec, ComponentFile, EntrySpec, SourceBlock, ToolchainsFile
 from cudastack.core.schemas import explain, key_path
-from stackprobe.archs import parse_arch, version_tuple
+from stackprobe.api import parse_arch, version_tuple
 
 DEFAULT_RECIPES_DIR = PROJECT_ROOT / "recipes"
 

@@ -25,7 +25,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import AfterValidator, Field, StrictBool, model_validator
 
 from cudastack.core.schemas import Section, checked_pattern
-from stackprobe.archs import parse_arch
+from stackprobe.api import parse_arch
 
 # ----------------------------------------------------------------------------------- value types
 Version = Annotated[str, checked_pattern(r"^\d+(\.\d+)+", "is not a version number like 13.1 or 13.1.1")]

@@ -34,7 +34,7 @@ from typing import Iterable, Optional
 import yaml
 
 from cudastack.core.errors import EnvironmentError_, UsageError
-from stackprobe.atomic import write_atomic
+from stackprobe.api import write_atomic
 from cudastack.registry.reference import parse_reference
 
 REPORT_BEGIN = "----- BEGIN STACKPROBE REPORT"

@@ -513,6 +513,46 @@ def test_stackprobe_api_reexports_every_name_it_lists_from_a_module_the_import_g
     assert {mod for mod, _ in api._LAZY.values()} | set(api._RADAR_READERS) <= edges
 
 
+def radar_code_outside_its_key(reader_files: list[Path]) -> list[str]:
+    """The ``sp.NAME`` functions cudastack/radar/gates.py calls whose defining file (``inspect.getsourcefile``) is not
+    among ``reader_files`` (what the radar's cache key hashes): a change there would not make the radar scan again."""
+    import importlib
+    import inspect
+
+    sys.path.insert(0, str(VALIDATE))
+    try:
+        api = importlib.import_module("stackprobe.api")
+        tree = ast.parse((ROOT / "cudastack" / "radar" / "gates.py").read_text())
+        used = sorted({n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                       and isinstance(n.value, ast.Name) and n.value.id == "sp"})
+        files = {f.resolve() for f in reader_files}
+        out = []
+        for name in used:
+            obj = getattr(api, name)
+            if name != "radar_reader_files" and inspect.isfunction(obj) and Path(inspect.getsourcefile(obj)).resolve() not in files:
+                out.append(f"{name} ({Path(inspect.getsourcefile(obj)).name})")
+        return out
+    finally:
+        sys.path.remove(str(VALIDATE))
+
+
+def test_the_radars_cache_key_hashes_every_file_whose_code_decides_a_gate():
+    """Before: the key hashed probes/sglang_custom_ar.py, which only re-exports custom allreduce's PCIe rule; the rule
+    is engines/sglang/dispatch.py's, so a change to it left the radar's answers cached. Twin: without that file the
+    check names the function."""
+    sys.path.insert(0, str(VALIDATE))
+    try:
+        import importlib
+
+        api = importlib.import_module("stackprobe.api")
+        files = api.radar_reader_files()
+    finally:
+        sys.path.remove(str(VALIDATE))
+    assert radar_code_outside_its_key(files) == []
+    missing = [f for f in files if f.name != "dispatch.py"]
+    assert "find_pcie_world_size_rule (dispatch.py)" in radar_code_outside_its_key(missing)
+
+
 SIZE_NOQA = re.compile(r"#\s*noqa:\s*((?:C901|PLR0912|PLR0915)(?:\s*,\s*[A-Z]+[0-9]+)*)(.*)$")
 
 

@@ -156,8 +156,12 @@ _LAZY: dict[str, tuple[str, str]] = {
 }
 
 # the modules whose source radar_reader_files() names, in order
+#: the files whose code decides a radar gate (its cache key hashes them): the readers it calls and the modules that
+#: define what they call (custom allreduce's PCIe rule is ``engines/sglang/dispatch.py``'s, evaluated by
+#: ``engines/sglang/pyeval.py``; ``short`` is ``engines/sglang/engine.py``'s)
 _RADAR_READERS = ("stackprobe.source", "stackprobe.probes.flashinfer_common", "stackprobe.probes.sglang_custom_ar",
-                  "stackprobe.probes.torch_symm_mem", "stackprobe.coverage")
+                  "stackprobe.probes.torch_symm_mem", "stackprobe.coverage", "stackprobe.engines.sglang.dispatch",
+                  "stackprobe.engines.sglang.pyeval", "stackprobe.engines.sglang.engine")
 
 __all__ = [
     "write_atomic", "atomic_path",
@@ -185,6 +189,15 @@ def _module(name: str) -> ModuleType:
     if name == "stackprobe.probes.sglang_custom_ar":
         from stackprobe.probes import sglang_custom_ar as custom_ar
         return custom_ar
+    if name == "stackprobe.engines.sglang.dispatch":
+        from stackprobe.engines.sglang import dispatch
+        return dispatch
+    if name == "stackprobe.engines.sglang.pyeval":
+        from stackprobe.engines.sglang import pyeval
+        return pyeval
+    if name == "stackprobe.engines.sglang.engine":
+        from stackprobe.engines.sglang import engine
+        return engine
     if name == "stackprobe.health_stage":
         from stackprobe import health_stage
         return health_stage

@@ -506,104 +506,72 @@ class SglangDispatchProbe(Probe):
         ctx.log(f"bring-up steps {rep.get('steps')}; error {rep.get('error')}")
         return {"bring_up": rep}
 
-    def measure(self, tp, ctx, cfg: dict, cuda: bool) -> dict:  # noqa: C901, PLR0915 - reason: an orchestrator named in issue 36 item 4; its phases are not split yet
-        """In the rank: the on / off / floor units inside one ``tp.graph_capture()``, their observed paths, checks
-        and paired samples (us per call)."""
+    def measure(self, tp, ctx, cfg: dict, cuda: bool) -> dict:
+        """In the rank: the on / off / floor units inside one ``tp.graph_capture()`` (:meth:`build_units`), their
+        observed paths, checks (:meth:`check_units`) and paired samples (:meth:`paired_timing`, us per call)."""
         import torch
         x = self.tensor(tp, cfg["rows"], cfg["hidden"], ctx)
         src = torch.empty_like(x)
         fill(src, ctx.rank)
-        n = cfg["calls"]
         out: dict = {"paths": {}, "checks": {}, "samples_us": {}, "graph": "cuda" if cuda else "eager (no CUDA)"}
-        units: dict = {}
-        off_attr: list = [None]
-
-        def body(unit: str, holder: list, calls: list | None = None, served: list | None = None):
-            def run_calls():
-                for _ in range(n):
-                    x.copy_(src)
-                    if unit != FLOOR:
-                        start = len(calls) if calls is not None else 0
-                        holder[0] = tp.all_reduce(x)
-                        if served is not None:      # the first method this call reached: the one that served it
-                            served.append(calls[start] if calls is not None and len(calls) > start else None)
-            return run_calls
-
-        def build(unit: str, stream):
-            holder = [None]
-            calls: list = []
-            served: list = []
-            fn = body(unit, holder, calls, served)
-            with self.observe(tp, calls):
-                if cuda:
-                    g = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g, stream=stream):
-                        fn()
-                    replay = g.replay
-                    units[unit] = {"graph": g}
-                else:
-                    fn()
-                    plain = body(unit, holder)      # timed without the observation; eager calls dispatch anew,
-                    if unit == OFF:                 # so the off variant's replays run with the path off again
-
-                        def replay(plain=plain, attr=off_attr[0]):
-                            with self.switched_off(tp, attr):
-                                plain()
-                    else:
-                        replay = plain
-            if unit != FLOOR:
-                labels = sorted(set(served), key=str)
-                out["paths"][unit] = served[0] if served else None
-                if len(labels) > 1:
-                    out["paths"][f"{unit}_mixed"] = {str(lb): served.count(lb) for lb in labels}
-            units.setdefault(unit, {}).update(replay=replay, holder=holder)
-
-        try:
-            ctx_gc = tp.graph_capture()
-            gc = ctx_gc.__enter__()
-        except Exception as exc:  # noqa: BLE001 - CPU: no device stream; recorded, eager calls instead
-            out["graph_capture"] = f"not entered: {type(exc).__name__}: {str(exc)[:200]}"
-            ctx_gc, gc = None, None
-        try:
-            stream = gc.stream if gc is not None else None
-            build(ON, stream)
-            attr = (out["paths"].get(ON) or "").split(".")[0]
-            eng = self.engine
-            if attr and attr in eng.rows and attr not in eng.fallbacks and self.switchable(tp, attr):
-                off_attr[0] = attr
-                with self.switched_off(tp, attr):
-                    build(OFF, stream)
-            build(FLOOR, stream)
-        finally:
-            if ctx_gc is not None:
-                ctx_gc.__exit__(None, None, None)
+        units = self.build_units(_Units(self, tp, x, src, cfg["calls"], cuda, out["paths"]), out)
         if OFF not in units:
             return out
         sync = torch.cuda.synchronize if cuda else (lambda: None)
+        self.check_units(units, ctx.world_size, sync, out["checks"])
+        samples = self.paired_timing(units, ctx, cfg, sync)
+        out["samples_us"] = samples
+        out["finite"] = all(math.isfinite(v) for s in samples.values() for v in s)
+        return out
+
+    def build_units(self, b: _Units, out: dict) -> dict:
+        """Phase 1: inside one ``tp.graph_capture()`` (or eager where it cannot be entered, the reason in
+        ``out["graph_capture"]``), the on unit, the off unit with the path that served on switched off (only where
+        :meth:`off_path` names one) and the floor unit (copies, no all_reduce); the capture is left also when a
+        unit fails. Returns the units by name."""
+        ctx_gc, gc = _enter_capture(b.tp, out)
+        try:
+            stream = gc.stream if gc is not None else None
+            b.build(ON, stream)
+            attr = self.off_path(b.tp, b.paths.get(ON))
+            if attr:
+                b.off_attr = attr
+                with self.switched_off(b.tp, attr):
+                    b.build(OFF, stream)
+            b.build(FLOOR, stream)
+        finally:
+            if ctx_gc is not None:
+                ctx_gc.__exit__(None, None, None)
+        return b.units
+
+    def off_path(self, tp, served: str | None) -> str | None:
+        """The communicator attribute behind the path that served the on unit (``served``, ``attr.method``) where
+        the off unit can switch it: a row of the engine, not one of its fallbacks, switchable in ``tp``; else None."""
+        attr = (served or "").split(".")[0]
+        eng = self.engine
+        if attr and attr in eng.rows and attr not in eng.fallbacks and self.switchable(tp, attr):
+            return attr
+        return None
+
+    @staticmethod
+    def check_units(units: dict, world_size: int, sync, checks: dict) -> None:
+        """Phase 2: the on and off units' results against the exact sum (:func:`_check_unit`), into ``checks``."""
         want = None
         for u in (ON, OFF):
-            units[u]["replay"]()
-            sync()
-            got = units[u]["holder"][0]
-            if got is None or getattr(got, "is_meta", False):
-                out["checks"][u] = None
-                continue
-            if want is None:
-                want = expected(got.numel(), ctx.world_size, got.device)
-            if not got.dtype.is_floating_point:
-                out["checks"][u] = False
-                continue
-            got.fill_(float("nan"))
-            units[u]["replay"]()
-            sync()
-            out["checks"][u] = bool(torch.equal(units[u]["holder"][0].float().flatten(), want))
+            checks[u], want = _check_unit(units[u], world_size, sync, want)
+
+    @staticmethod
+    def paired_timing(units: dict, ctx, cfg: dict, sync) -> dict:
+        """Phase 3: ``cfg["warmup"]`` replays of every unit, then ``cfg["rounds"]`` rounds of each unit's
+        ``cfg["replays"]`` replays, the units' order rotating by one each round, after a barrier each. Returns the
+        samples per unit (us per call)."""
         live = [u for u in (ON, OFF, FLOOR) if u in units]
         for _ in range(cfg["warmup"]):
             for u in live:
                 units[u]["replay"]()
         sync()
         samples: dict = {u: [] for u in live}
-        per = n * cfg["replays"]
+        per = cfg["calls"] * cfg["replays"]
         for r in range(cfg["rounds"]):
             order = live[r % len(live):] + live[:r % len(live)]
             for u in order:
@@ -614,7 +582,100 @@ class SglangDispatchProbe(Probe):
                     units[u]["replay"]()
                 sync()
                 samples[u].append((time.perf_counter() - t0) * 1e6 / per)
-        out["samples_us"] = samples
-        out["finite"] = all(math.isfinite(v) for s in samples.values() for v in s)
-        return out
+        return samples
+
+
+def _enter_capture(tp, out: dict):
+    """``(context, its value)`` of ``tp.graph_capture()`` entered, or ``(None, None)`` where it cannot be (CPU: no
+    device stream), the reason recorded in ``out["graph_capture"]``."""
+    try:
+        ctx_gc = tp.graph_capture()
+        return ctx_gc, ctx_gc.__enter__()
+    except Exception as exc:  # noqa: BLE001 - CPU: no device stream; recorded, eager calls instead
+        out["graph_capture"] = f"not entered: {type(exc).__name__}: {str(exc)[:200]}"
+        return None, None
+
+
+def _check_unit(unit: dict, world_size: int, sync, want):
+    """One unit's check: replayed, its result (``None`` where the path returns none or a meta tensor) poisoned with
+    NaN and replayed again, then compared with the exact sum ``want`` (:func:`expected`, made from the first result
+    where ``want`` is None; an integer result is False). Returns ``(True | False | None, want)``."""
+    import torch
+    unit["replay"]()
+    sync()
+    got = unit["holder"][0]
+    if got is None or getattr(got, "is_meta", False):
+        return None, want
+    if want is None:
+        want = expected(got.numel(), world_size, got.device)
+    if not got.dtype.is_floating_point:
+        return False, want
+    got.fill_(float("nan"))
+    unit["replay"]()
+    sync()
+    return bool(torch.equal(unit["holder"][0].float().flatten(), want)), want
+
+
+class _Units:
+    """The units of one :meth:`SglangDispatchProbe.measure`: :meth:`build` records one (``ON``, ``OFF``,
+    ``FLOOR``) into ``units`` (``{"replay", "holder"}``, plus ``"graph"`` on CUDA) and the path that served it into
+    ``paths``. Each unit is ``calls`` all_reduce calls of ``x`` (refilled from ``src`` before each; the floor unit:
+    the refills alone)."""
+
+    def __init__(self, probe, tp, x, src, calls: int, cuda: bool, paths: dict):
+        self.probe, self.tp, self.x, self.src, self.n, self.cuda, self.paths = probe, tp, x, src, calls, cuda, paths
+        self.units: dict = {}
+        self.off_attr: str | None = None      # the path the off unit runs with switched off (set before it is built)
+
+    def body(self, unit: str, holder: list, calls: list | None = None, served: list | None = None):
+        """The unit's calls; each result into ``holder[0]``, the label of the method that served it into ``served``
+        (the first one ``calls`` gained during the call)."""
+        x, src, tp = self.x, self.src, self.tp
+
+        def run_calls():
+            for _ in range(self.n):
+                x.copy_(src)
+                if unit != FLOOR:
+                    start = len(calls) if calls is not None else 0
+                    holder[0] = tp.all_reduce(x)
+                    if served is not None:      # the first method this call reached: the one that served it
+                        served.append(calls[start] if calls is not None and len(calls) > start else None)
+        return run_calls
+
+    def build(self, unit: str, stream) -> None:
+        """The unit run once under the probe's observation: captured into a CUDA graph (on ``stream``) or, eager,
+        run; then its replay, and the path that served it."""
+        holder: list = [None]
+        calls: list = []
+        served: list = []
+        fn = self.body(unit, holder, calls, served)
+        with self.probe.observe(self.tp, calls):
+            replay = self._record(unit, fn, holder, stream)
+        if unit != FLOOR:
+            labels = sorted(set(served), key=str)
+            self.paths[unit] = served[0] if served else None
+            if len(labels) > 1:
+                self.paths[f"{unit}_mixed"] = {str(lb): served.count(lb) for lb in labels}
+        self.units.setdefault(unit, {}).update(replay=replay, holder=holder)
+
+    def _record(self, unit: str, fn, holder: list, stream):
+        """``fn`` captured into a CUDA graph (its replay), or, eager, run once; then the unit's replay: the calls
+        without the observation, dispatched anew each time, so the off unit's replays run with its path off again."""
+        import torch
+        if self.cuda:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=stream):
+                fn()
+            self.units[unit] = {"graph": g}
+            return g.replay
+        fn()
+        plain = self.body(unit, holder)
+        if unit != OFF:
+            return plain
+        probe, tp, attr = self.probe, self.tp, self.off_attr
+
+        def replay():
+            with probe.switched_off(tp, attr):
+                plain()
+        return replay
 

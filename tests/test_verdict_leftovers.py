@@ -23,6 +23,10 @@ wheel's source file that gives the old, wrong answer where the new reading gives
    all-to-all, FlashInfer's NVLink check) is worded from the report's topology: "on PCIe" only where PCIe was
    detected or given, "on PCIe (assumed, not read: ...)" where it was assumed, "on this topology (not read; ...)"
    where the report names none.
+6. Issue 39 point 10 (review "partly right"): every concrete expert-kernel class is read on its own (inherited
+   checks included), with the activation format it declares, its parallel-config and device checks (FILE:LINE read
+   from the source) and the TODO/FIXME comments in those methods: HummingExpertsBase's three subclasses apart
+   (BatchedHummingGroupedExperts takes BatchedExperts), FlashInferExperts' fp8 TODO (flashinfer_cutlass_moe.py:198).
 """
 from __future__ import annotations
 
@@ -143,7 +147,9 @@ def test_point2_the_assumed_predicate_is_named_with_where_it_is_defined(venv, vl
     assert fi.startswith(f"FlashInferExperts ({FI_CUTLASS}:194); device check {FI_CUTLASS}:128-139; assumes "
                          "has_flashinfer_cutlass_fused_moe() taken as true: its body (vllm/utils/flashinfer.py:564) is "
                          "not read here (")
-    oai = _entry(k, "unknown", "BaseOAITritonExperts")
+    oai = _entry(k, "unknown", "OAITritonExperts")     # BaseOAITritonExperts is abstract: its subclasses are read
+    assert oai.startswith("OAITritonExperts (vllm/model_executor/layers/fused_moe/experts/gpt_oss_triton_kernels_moe.py"
+                          ":1045, from BaseOAITritonExperts); ")
     assert "; not assessed: its device check vllm/model_executor/layers/fused_moe/experts/gpt_oss_triton_kernels_moe.py" \
            ":1023-1024 is not read here (_triton_kernel_moe_supports_current_device() -> " in oai
     assert "FallbackExperts" in k["words"].split("not read here: ")[1]
@@ -167,6 +173,112 @@ def test_point2_twin_a_readable_predicate_names_no_assumption_and_an_unread_chec
     assert not _entry(k, "admit", "FlashInferExperts")
     assert "; not assessed: its device check" in _entry(k, "unknown", "FlashInferExperts")
     assert "p.some_unread_check()" in _entry(k, "unknown", "FlashInferExperts")
+
+
+# --- point 10 (maintainer review, "partly right"): each expert-kernel class on its own --------------------------
+HUM = "vllm/model_executor/layers/fused_moe/experts/fused_humming_moe.py"
+TODO = "        # TODO: the per-tensor fp8 kernels don't work with MNNVL FI A2As.\n"
+HUM_DEV = "            and platform.has_device_capability((7, 5))\n"
+
+
+def _line(root, rel: str, text: str) -> int:
+    """1-based line of the one line of ``rel`` (in the wheel at ``root``) that starts with ``text``."""
+    hits = [i for i, ln in enumerate((root / rel).read_text().splitlines(), 1) if ln.startswith(text)]
+    assert len(hits) == 1, (rel, text, hits)
+    return hits[0]
+
+
+def _rec(k: dict, cls: str) -> dict:
+    return next(r for r in k["classes"] if r["class"] == cls)
+
+
+def test_point10_each_expert_class_names_its_format_its_device_check_and_its_own_caveat(venv, vllm033):
+    """Review point 10 (a), (b), (c). Before: HummingExpertsBase (abstract: no activation_format) was one admitting
+    entry for its three subclasses, among them BatchedHummingGroupedExperts (BatchedExperts format,
+    fused_humming_moe.py:1029-1030), which the two-sided all-to-all (Standard) cannot feed; and FlashInferExperts was
+    admitted without the TODO its own _supports_parallel_config carries (flashinfer_cutlass_moe.py:198: per-tensor
+    fp8 kernels don't work with MNNVL FlashInfer all-to-alls) while returning True. Now each concrete class is read
+    on its own (format, parallel-config and device check with FILE:LINE read from the source, caveats)."""
+    k = _kernels(venv, [vllm033], "12.0")
+    names = {r["class"] for r in k["classes"]}
+    assert "HummingExpertsBase" not in names and not any(e.startswith("HummingExpertsBase ") for e in k["admit"])
+    todo = _line(vllm033, FI_CUTLASS, TODO.rstrip("\n"))
+    assert todo == 198
+    fi = _rec(k, "FlashInferExperts")
+    assert fi["caveats"] == [f"{FI_CUTLASS}:{todo}: TODO: the per-tensor fp8 kernels don't work with MNNVL FI A2As."]
+    assert (fi["verdict"], fi["format"], fi["device"]) == ("admit", "Standard", True)
+    assert fi["device_where"] == f"{FI_CUTLASS}:128-139"
+    assert k["caveats"] == {"FlashInferExperts": fi["caveats"]}
+    assert (f'experts/flashinfer_cutlass_moe.py:{todo} "TODO: the per-tensor fp8 kernels don\'t work with MNNVL FI '
+            'A2As."') in k["words"]
+    dev = f"{_line(vllm033, HUM, '    def _supports_current_device() -> bool:')}-409"
+    par = _line(vllm033, HUM, "    def _supports_parallel_config(") + 0
+    for cls, fmt, verdict in (("HummingIndexedExperts", "Standard", "admit"), ("HummingGroupedExperts", "Standard", "admit"),
+                              ("BatchedHummingGroupedExperts", "BatchedExperts", "refuse")):
+        r = _rec(k, cls)
+        ret = _line(vllm033, HUM, "class " + cls) + 6      # its activation_format's return, 6 lines below the class
+        assert (r["format"], r["format_where"], r["verdict"]) == (fmt, f"{HUM}:{ret}", verdict), r
+        assert (r["device"], r["device_where"]) == (True, f"{HUM}:{dev}"), r
+        assert r["parallel_where"] == f"{HUM}:{par}" and r["parallel_config"] is True
+        assert any(e.startswith(f"{cls} ({HUM}:{par}, from HummingExpertsBase)") for e in k[verdict])
+    assert _rec(k, "BatchedHummingGroupedExperts")["format_where"] == f"{HUM}:1030"
+    assert (f"BatchedHummingGroupedExperts (experts/fused_humming_moe.py:{par}, experts/fused_humming_moe.py:{dev}) "
+            "admits the parallel config and 12.0 but declares the BatchedExperts format "
+            "(experts/fused_humming_moe.py:1030)") in k["words"]
+    # (c) named one by one: the classes whose parallel config and device check both admit 12.0
+    both = sorted(r["class"] for r in k["classes"] if r["parallel_config"] is True and r["device"] is True)
+    assert both == ["BatchedDeepGemmExperts", "BatchedHummingGroupedExperts", "BatchedTritonExperts",
+                    "FlashInferExperts", "HummingGroupedExperts", "HummingIndexedExperts"]
+    assert sorted(e.split(" (")[0] for e in k["admit"]) == ["FlashInferExperts", "HummingGroupedExperts",
+                                                          "HummingIndexedExperts"]
+    # nothing is admitted whose device check or format was not read
+    assert all(r["device"] is True and r["format"] == "Standard" for r in k["classes"] if r["verdict"] == "admit")
+
+
+def test_point10_twin_without_the_todo_no_caveat_is_named(venv, vllm033, tmp_path):
+    """The twin of (a): a copy of vllm 0.33.0 whose FlashInferExperts._supports_parallel_config has no TODO names no
+    caveat (the caveat is read from the code, not written in); FlashInferExperts still admits."""
+    copy = engine_copy(vllm033, tmp_path / "v", {FI_CUTLASS: (TODO, "")})
+    k = _kernels(venv, [copy], "12.0")
+    assert _rec(k, "FlashInferExperts")["caveats"] == [] and k["caveats"] == {}
+    assert "TODO" not in k["words"] and "caveat" not in k["words"]
+    assert _entry(k, "admit", "FlashInferExperts")
+
+
+def test_point10_twin_a_subclass_device_check_or_format_of_its_own_is_read_for_that_class_only(venv, vllm033,
+                                                                                            tmp_path):
+    """The twins of (b) and (c): a copy where HummingGroupedExperts gets its own device check that refuses 12.0
+    (capability 9.0 only) files it under other_device while HummingIndexedExperts still admits; one where
+    BatchedHummingGroupedExperts declares Standard admits it; one where the shared base's check no longer admits 12.0
+    leaves none of the three admitting; one where a subclass's device check calls something this reader does not
+    know files that class as not assessed, never admitted."""
+    fmt = "    def activation_format() -> mk.FusedMoEActivationFormat:\n        return mk.FusedMoEActivationFormat.Standard\n"
+    grouped = "class HummingGroupedExperts(HummingExpertsBase):\n"
+    own_dev = ("    @staticmethod\n    def _supports_current_device() -> bool:\n"
+               "        return current_platform.is_device_capability(90)\n\n")
+    copy = engine_copy(vllm033, tmp_path / "a", {HUM: (grouped, grouped + own_dev)})
+    k = _kernels(venv, [copy], "12.0")
+    g = _rec(k, "HummingGroupedExperts")
+    assert g["verdict"] == "other_device" and g["device"] is False
+    assert g["device_where"] == f"{HUM}:{_line(copy, HUM, 'class HummingGroupedExperts') + 2}-" \
+                                f"{_line(copy, HUM, 'class HummingGroupedExperts') + 3}"
+    assert _rec(k, "HummingIndexedExperts")["verdict"] == "admit"
+    batched = "        return mk.FusedMoEActivationFormat.BatchedExperts\n\n    @staticmethod\n    def humming_gemm_type"
+    assert (vllm033 / HUM).read_text().count(batched) == 1 and (vllm033 / HUM).read_text().count(fmt) == 2
+    copy = engine_copy(vllm033, tmp_path / "b", {HUM: (batched, batched.replace("BatchedExperts", "Standard"))})
+    b = _rec(_kernels(venv, [copy], "12.0"), "BatchedHummingGroupedExperts")
+    assert (b["verdict"], b["format"]) == ("admit", "Standard")
+    copy = engine_copy(vllm033, tmp_path / "c", {HUM: (HUM_DEV, "            and platform.is_device_capability(90)\n")})
+    k = _kernels(venv, [copy], "12.0")
+    assert not any(e.startswith("Humming") for e in k["admit"])
+    assert {_rec(k, c)["device"] for c in ("HummingIndexedExperts", "HummingGroupedExperts",
+                                            "BatchedHummingGroupedExperts")} == {False}
+    odd = own_dev.replace("current_platform.is_device_capability(90)", "current_platform.unread_check(12)")
+    copy = engine_copy(vllm033, tmp_path / "d", {HUM: (grouped, grouped + odd)})
+    k = _kernels(venv, [copy], "12.0")
+    assert _rec(k, "HummingGroupedExperts")["verdict"] == "unknown"
+    assert "not assessed" in _entry(k, "unknown", "HummingGroupedExperts")
+    assert not _entry(k, "admit", "HummingGroupedExperts") and _entry(k, "admit", "HummingIndexedExperts")
 
 
 # --- point 3: an undecided setting beside SGLang's PCIe IPC is not assessed, not dropped ---------------------------

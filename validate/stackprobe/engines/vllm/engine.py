@@ -1166,124 +1166,315 @@ def _resolver(eng: Engine, rel: str, trees: dict):
     return find
 
 
-def _classify_kernel(eng: Engine, cls: ast.ClassDef, rel: str, method, config: dict, props: dict, cap, want_batched: bool,
-                     trees: dict):
-    """One expert kernel's answer for :func:`expert_kernels`: ``(key, entry, assumed calls)`` with key one of admit,
-    refuse, other_device, unknown; None for a kernel whose parallel-config method raises (abstract, never chosen).
-    ``method(cls, name)`` finds a method through the class's bases."""
-    fn, _ = method(cls, "_supports_parallel_config")
+_CAVEAT = re.compile(r"#\s*((?:TODO|FIXME|XXX|HACK)\b.*)")
+
+
+def _module_rel(eng: Engine, dotted: str) -> str | None:
+    """``vllm.a.b`` -> ``a/b.py`` (or ``a/b/__init__.py``) when that file is in the installed vLLM, else None."""
+    if not dotted.startswith("vllm."):
+        return None
+    base = dotted.split(".", 1)[1].replace(".", "/")
+    for rel in (f"{base}.py", f"{base}/__init__.py"):
+        if (eng.root / rel).is_file():
+            return rel
+    return None
+
+
+class _Hierarchy:
+    """Every class under ``model_executor/layers/fused_moe`` of the installed vLLM, read from source: ``classes``
+    ``(rel, name) -> ClassDef``, each class's bases resolved through its own module (a class of that module, a
+    ``from vllm.X import Name`` or ``import vllm.X as mk`` / ``mk.Name``), its method resolution order (C3 over the
+    bases it could resolve; ``partial`` names those it could not) and which methods stay abstract."""
+
+    def __init__(self, eng: Engine, root: Path):
+        self.eng = eng
+        self.classes: dict[tuple[str, str], ast.ClassDef] = {}
+        self.by_name: dict[str, list[tuple[str, str]]] = {}
+        self.names: dict[str, dict[str, tuple[str, str]]] = {}    # rel -> local name -> (rel, name) of a class
+        self.mods: dict[str, dict[str, str]] = {}                  # rel -> module alias -> rel
+        self.lines: dict[str, list[str]] = {}
+        self.partial: dict[tuple[str, str], list[str]] = {}
+        self._mro: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        trees = {}
+        for p in sorted(root.rglob("*.py")) if root.is_dir() else []:
+            text = p.read_text(encoding="utf-8", errors="replace")
+            try:
+                tree = ast.parse(text)
+            except SyntaxError:
+                continue
+            rel = p.relative_to(eng.root).as_posix()
+            trees[rel], self.lines[rel] = tree, text.splitlines()
+            for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+                self.classes.setdefault((rel, cls.name), cls)
+                self.by_name.setdefault(cls.name, []).append((rel, cls.name))
+        for rel, tree in trees.items():
+            names, mods = {}, {}
+            pkg = rel.rsplit("/", 1)[0].replace("/", ".")
+            for n in ast.walk(tree):
+                if isinstance(n, ast.Import):
+                    for a in n.names:
+                        m = _module_rel(eng, a.name)
+                        if m and a.asname:
+                            mods[a.asname] = m
+                elif isinstance(n, ast.ImportFrom):
+                    mod = n.module or ""
+                    if n.level:
+                        up = pkg.split(".")[: len(pkg.split(".")) - (n.level - 1)]
+                        mod = "vllm." + ".".join(up + ([mod] if mod else []))
+                    for a in n.names:
+                        sub = _module_rel(eng, f"{mod}.{a.name}")
+                        m = _module_rel(eng, mod)
+                        if sub is not None:
+                            mods[a.asname or a.name] = sub
+                        elif m is not None and (m, a.name) in self.classes:
+                            names[a.asname or a.name] = (m, a.name)
+            self.names[rel], self.mods[rel] = names, mods
+
+    def base(self, rel: str, node: ast.expr) -> tuple[str, str] | None:
+        if isinstance(node, ast.Name):
+            if (rel, node.id) in self.classes:
+                return rel, node.id
+            if node.id in self.names.get(rel, {}):
+                return self.names[rel][node.id]
+            only = self.by_name.get(node.id, [])
+            return only[0] if len(only) == 1 else None
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            m = self.mods.get(rel, {}).get(node.value.id)
+            if m is not None:
+                return (m, node.attr) if (m, node.attr) in self.classes else None
+        return None
+
+    def mro(self, key: tuple[str, str], seen=()) -> list[tuple[str, str]]:
+        if key in self._mro:
+            return self._mro[key]
+        cls, rel = self.classes[key], key[0]
+        bases = []
+        for b in cls.bases:
+            got = self.base(rel, b)
+            if got is None or got in seen or got == key:
+                if ast.unparse(b) not in ("ABC", "abc.ABC", "object", "Generic") and not ast.unparse(b).startswith(
+                        "Generic["):
+                    self.partial.setdefault(key, []).append(ast.unparse(b))
+                continue
+            bases.append(got)
+        seqs = [list(self.mro(b, seen + (key,))) for b in bases] + [list(bases)]
+        out = [key]
+        while any(seqs):
+            seqs = [s for s in seqs if s]
+            head = next((s[0] for s in seqs if not any(s[0] in t[1:] for t in seqs)), seqs[0][0])
+            out.append(head)
+            seqs = [s[1:] if s[0] == head else s for s in seqs]
+        self._mro[key] = out
+        return out
+
+    def method(self, key: tuple[str, str], name: str) -> tuple[ast.FunctionDef, str, str] | None:
+        """The first definition of ``name`` along the class's method resolution order: (def, rel, defining class)."""
+        for k in self.mro(key):
+            fn = next((b for b in self.classes[k].body if isinstance(b, ast.FunctionDef) and b.name == name), None)
+            if fn is not None:
+                return fn, k[0], k[1]
+        return None
+
+    def abstract(self, key: tuple[str, str]) -> set[str]:
+        """The methods still ``@abstractmethod`` along the class's method resolution order."""
+        left: set[str] = set()
+        for k in reversed(self.mro(key)):
+            for b in self.classes[k].body:
+                if isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    if any(ast.unparse(d).split(".")[-1] == "abstractmethod" for d in b.decorator_list):
+                        left.add(b.name)
+                    else:
+                        left.discard(b.name)
+                elif isinstance(b, ast.Assign):
+                    left -= {t.id for t in b.targets if isinstance(t, ast.Name)}
+        return left
+
+    def caveats(self, rel: str, fn: ast.FunctionDef) -> list[str]:
+        """``vllm/FILE:LINE: TODO ...`` for each TODO/FIXME/XXX/HACK comment inside ``fn`` (its continuation comment
+        lines joined to it)."""
+        lines, out = self.lines.get(rel, []), []
+        i = fn.lineno - 1
+        while i < min(fn.end_lineno or fn.lineno, len(lines)):
+            m = _CAVEAT.search(lines[i])
+            if m is None:
+                i += 1
+                continue
+            text, j = m.group(1).strip(), i + 1
+            while j < len(lines) and lines[j].strip().startswith("#") and not _CAVEAT.search(lines[j]):
+                text += " " + lines[j].strip().lstrip("#").strip()
+                j += 1
+            out.append(f"vllm/{rel}:{i + 1}: {text}")
+            i = j
+        return out
+
+
+def _format_of(h: _Hierarchy, key) -> tuple[str | None, str]:
+    """The activation format a kernel class declares: ``Standard`` / ``BatchedExperts`` (the attribute its
+    ``activation_format`` returns) and ``vllm/FILE:LINE`` of that return; None when the method is not a single
+    ``return <...>.<Format>`` (it asks other classes: FallbackExperts)."""
+    got = h.method(key, "activation_format")
+    if got is None:
+        return None, "no activation_format found"
+    fn, rel, _ = got
+    body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    if len(body) == 1 and isinstance(body[0], ast.Return) and isinstance(body[0].value, ast.Attribute):
+        return body[0].value.attr, f"vllm/{rel}:{body[0].lineno}"
+    return None, f"vllm/{rel}:{fn.lineno}-{fn.end_lineno}"
+
+
+def _classify_kernel(eng: Engine, h: _Hierarchy, key, config: dict, props: dict, cap, want: str, trees: dict):
+    """One concrete expert kernel class's reading for :func:`expert_kernels`: a record (class, where, format and
+    its FILE:LINE, parallel / device answers and their FILE:LINE, caveats in its own gate methods, assumed
+    predicates) with ``key`` one of admit, refuse, other_device, unknown and ``entry`` (the list's string); None for a
+    kernel whose parallel-config method raises (never chosen). ``want``: the all-to-all's activation format."""
+    rel, name = key
+    par = h.method(key, "_supports_parallel_config")
+    fn, prel, powner = par  # type: ignore[misc]
     if any(isinstance(n, ast.Raise) for n in fn.body):
-        return None   # an abstract or unused kernel (NotImplementedError), never chosen
+        return None   # an unused kernel (NotImplementedError), never chosen
     args = [a.arg for a in fn.args.args if a.arg not in ("cls", "self")]
     reader = _Reader(config, props, cap or 0)
     got = reader.body(fn, args[0] if args else "")
-    entry = f"{cls.name} (vllm/{rel}:{fn.lineno})"
+    inherit = f", from {powner}" if powner != name else ""
+    entry = f"{name} (vllm/{prel}:{fn.lineno}{inherit})"
+    fmt, fwhere = _format_of(h, key)
+    dev = h.method(key, "_supports_current_device")
+    span = f"vllm/{dev[1]}:{dev[0].lineno}-{dev[0].end_lineno}" if dev is not None else ""
+    device, dreader = None, None
+    if dev is not None and cap is not None:
+        dreader = _Reader(config, props, cap, _resolver(eng, dev[1], trees))
+        device = dreader.body(dev[0], "")
+    caveats = []
+    for m in ("_supports_parallel_config", "_supports_current_device", "activation_format"):
+        g = h.method(key, m)
+        if g is not None:
+            caveats += [c for c in h.caveats(g[1], g[0]) if c not in caveats]
+    own = h.method(key, "is_supported_config")
+    root = next((k[1] for k in reversed(h.mro(key)) if any(
+        isinstance(b, ast.FunctionDef) and b.name == "_supports_parallel_config" for b in h.classes[k].body)), "")
+    rec = {"class": name, "where": f"vllm/{rel}:{h.classes[key].lineno}", "format": fmt or "not read",
+           "format_where": fwhere, "parallel_config": got, "parallel_where": f"vllm/{prel}:{fn.lineno}",
+           "device": device, "device_where": span, "caveats": caveats, "assumed": [],
+           "device_assumes": list(dreader.assumed) if dreader is not None else [],
+           "is_supported_config": (f"vllm/{own[1]}:{own[0].lineno}, in {own[2]}"
+                                   if own is not None and own[2] != root else "")}
+    if h.partial.get(key):
+        rec["bases_not_read"] = h.partial[key]
+
+    def out(k: str, e: str, assumed=()):
+        rec["verdict"], rec["assumed"] = k, list(assumed)
+        return k, e, list(assumed), rec
     if got is False:
-        return "refuse", entry, []
+        return out("refuse", entry)
     if got is None:
-        return "unknown", entry + (f"; not assessed: its _supports_parallel_config is not read here "
-                                   f"({'; '.join(reader.unread[:1]) or 'not followed'})"), []
-    fmt = method(cls, "activation_format")
-    fret = next((st.value for st in fmt[0].body if isinstance(st, ast.Return) and st.value is not None),
-                None) if fmt is not None else None
-    kind = ast.unparse(fret).split(".")[-1] if fret is not None else ""
-    if kind in ("Standard", "BatchedExperts") and (kind == "BatchedExperts") != want_batched:
+        return out("unknown", entry + (f"; not assessed: its _supports_parallel_config is not read here "
+                                       f"({'; '.join(reader.unread[:1]) or 'not followed'})"))
+    if fmt in ("Standard", "BatchedExperts") and fmt != want:
         # modular_kernel.py is_supported_config: the prepare/finalize's activation format must match
-        return "refuse", entry + f"; activation format {kind} (vllm/{fmt[1]}:{fmt[0].lineno})", []
-    dev = method(cls, "_supports_current_device")
+        return out("refuse", entry + f"; activation format {fmt} ({fwhere})")
+    if fmt is None:
+        return out("unknown", entry + f"; not assessed: its activation format is not read here ({fwhere})")
     if dev is None:
-        return "unknown", entry + "; not assessed: no _supports_current_device found (its device check is not read)", []
-    span = f"vllm/{dev[1]}:{dev[0].lineno}-{dev[0].end_lineno}"
+        return out("unknown", entry + "; not assessed: no _supports_current_device found (its device check is not "
+                                      "read)")
     if cap is None:
-        return "unknown", entry + f"; not assessed: no target capability to judge its device check {span} against", []
-    dreader = _Reader(config, props, cap, _resolver(eng, dev[1], trees))
-    ok = dreader.body(dev[0], "")
-    if ok is False:
-        return "other_device", entry, []
-    if ok is None:
-        return "unknown", entry + (f"; not assessed: its device check {span} is not read here "
-                                   f"({'; '.join(dreader.unread[:1]) or 'not followed'})"), []
-    entry += f"; device check {span}" + "".join(f"; assumes {a}" for a in dreader.assumed_where)
-    return "admit", entry, dreader.assumed
+        return out("unknown", entry + f"; not assessed: no target capability to judge its device check {span} against")
+    if device is False:
+        return out("other_device", entry)
+    if device is None:
+        return out("unknown", entry + (f"; not assessed: its device check {span} is not read here "
+                                       f"({'; '.join(dreader.unread[:1]) or 'not followed'})"))  # type: ignore[union-attr]
+    entry += f"; device check {span}" + "".join(f"; assumes {a}" for a in dreader.assumed_where)  # type: ignore[union-attr]
+    return out("admit", entry, dreader.assumed)  # type: ignore[union-attr]
 
 
 def expert_kernels(eng: Engine, backend: str, target=None, world: int = 8) -> dict:
-    """Every MoE expert kernel of the installed vLLM (a class under ``model_executor/layers/fused_moe`` with a
-    ``_supports_parallel_config``) and its own answer for the deployment ``--all2all-backend <backend>`` with expert
-    and data parallelism (:func:`_parallel_config`, whose properties are read from the release's ``config.py``), and
-    whether its ``_supports_current_device`` admits ``target`` (a capability; None: not judged). Returns
-    ``{"admit": [...], "refuse": [...], "other_device": [...], "unknown": [...], "config": "vllm/FILE:LINE",
-    "assumed": {...}}``; entries are ``Class (vllm/FILE:LINE)`` of the parallel-config method, admitted ones with
-    ``; device check vllm/FILE:LINE-LINE`` appended. ``other_device``: admits the backend but its device check
-    refuses the target; ``unknown``: not assessed, never counted as admitting: a method this reader does not follow
-    (another class's method, a branch), a kernel with no device check, or no target to judge one against, each entry
-    ending ``; not assessed: <why>``. An admitted kernel whose device check holds only given a ``has_*``/``is_*``
-    predicate this reader takes as true names it: ``; assumes has_x() taken as true: its body (vllm/FILE:LINE) is not
-    read here (...)``. vllm 0.33.0 on 12.0 with ``flashinfer_nvlink_two_sided``: FlashInferExperts
-    (``experts/flashinfer_cutlass_moe.py:194`` returns True; its device check ``:128-139`` admits capability family
-    120) admits; Triton (``experts/triton_moe.py:187-191``), DeepGEMM, CUTLASS and Marlin refuse."""
+    """Every concrete MoE expert kernel class of the installed vLLM (a class under ``model_executor/layers/fused_moe``
+    whose method resolution order, read from source, has a ``_supports_parallel_config`` and leaves no
+    ``@abstractmethod`` unimplemented; a subclass that inherits its checks is read on its own, with its own activation
+    format) and its own answer for the deployment ``--all2all-backend <backend>`` with expert and data parallelism
+    (:func:`_parallel_config`, whose properties are read from the release's ``config.py``): its
+    ``_supports_parallel_config``, its ``activation_format`` against the all-to-all's (``modular_kernel.py``
+    ``is_supported_config``), and whether its ``_supports_current_device`` admits ``target`` (a capability; None: not
+    judged). Returns ``{"admit": [...], "refuse": [...], "other_device": [...], "unknown": [...], "config":
+    "vllm/FILE:LINE", "format": the all-to-all's, "assumed": {...}, "caveats": {...}, "classes": [...]}``; entries are
+    ``Class (vllm/FILE:LINE)`` of the parallel-config method (``, from Base`` where inherited), admitted ones with
+    ``; device check vllm/FILE:LINE-LINE`` appended. ``other_device``: admits the backend but its device check refuses
+    the target; ``unknown``: not assessed, never counted as admitting: a method this reader does not follow (another
+    class's method, a branch), a format it cannot read, a kernel with no device check, or no target to judge one
+    against, each entry ending ``; not assessed: <why>``. An admitted kernel whose device check holds only given a
+    ``has_*``/``is_*`` predicate this reader takes as true names it: ``; assumes has_x() taken as true: its body
+    (vllm/FILE:LINE) is not read here (...)``. ``caveats``: per class, each TODO/FIXME/XXX/HACK comment inside the
+    gate methods it resolves to (``vllm/FILE:LINE: TODO ...``). ``classes``: one record per class (format and its
+    FILE:LINE, parallel-config and device answers with their FILE:LINE, caveats, verdict). vllm 0.33.0 on 12.0 with
+    ``flashinfer_nvlink_two_sided``: FlashInferExperts (``experts/flashinfer_cutlass_moe.py:194`` returns True, with
+    the TODO at ``:198`` that per-tensor fp8 kernels don't work with MNNVL FlashInfer all-to-alls; its device check
+    ``:128-139`` admits capability family 120), HummingIndexedExperts and HummingGroupedExperts (Standard,
+    ``experts/fused_humming_moe.py:682`` / ``:894``; HummingExpertsBase's checks ``:420`` and ``:403-409``) admit;
+    BatchedHummingGroupedExperts (BatchedExperts, ``:1029``) refuses by format; Triton (``experts/triton_moe.py:
+    187-191``), DeepGEMM, CUTLASS and Marlin refuse."""
     root = eng.root / "model_executor" / "layers" / "fused_moe"
     config, props, where = _parallel_config(eng, backend, world)
     cap = target.major * 10 + target.minor if target is not None else None
-    out: dict = {"admit": [], "refuse": [], "other_device": [], "unknown": [], "config": where, "assumed": {}}
-    classes: dict[str, tuple[ast.ClassDef, str]] = {}
-    found = []
-    for p in sorted(root.rglob("*.py")) if root.is_dir() else []:
-        text = p.read_text(encoding="utf-8", errors="replace")
-        if "_supports_" not in text:
-            continue
-        try:
-            tree = ast.parse(text)
-        except SyntaxError:
-            continue
-        rel = p.relative_to(eng.root).as_posix()
-        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
-            classes.setdefault(cls.name, (cls, rel))
-            if any(isinstance(b, ast.FunctionDef) and b.name == "_supports_parallel_config" for b in cls.body):
-                found.append((cls, rel))
-
-    def method(cls: ast.ClassDef, name: str, seen=()):
-        fn = next((b for b in cls.body if isinstance(b, ast.FunctionDef) and b.name == name), None)
-        if fn is not None:
-            return fn, classes[cls.name][1]
-        for base in cls.bases:
-            bname = ast.unparse(base).split(".")[-1]
-            if bname in classes and bname not in seen:
-                got = method(classes[bname][0], name, seen + (cls.name,))
-                if got is not None:
-                    return got
-        return None
-
-    trees: dict[str, ast.Module] = {}
     fmt_reader = _Reader(config, props, cap or 0)
     want_batched = fmt_reader.value(props["use_batched_activation_format"], "self") is True \
         if "use_batched_activation_format" in props else False
-    for cls, rel in found:
-        got = _classify_kernel(eng, cls, rel, method, config, props, cap, want_batched, trees)
-        if got is not None:
-            out[got[0]].append(got[1])
-            if got[2]:
-                out["assumed"][cls.name] = got[2]
+    want = "BatchedExperts" if want_batched else "Standard"
+    out: dict = {"admit": [], "refuse": [], "other_device": [], "unknown": [], "config": where, "format": want,
+                 "assumed": {}, "caveats": {}, "classes": []}
+    h = _Hierarchy(eng, root)
+    trees: dict[str, ast.Module] = {}
+    for key in h.classes:
+        if h.method(key, "_supports_parallel_config") is None or h.abstract(key):
+            continue
+        got = _classify_kernel(eng, h, key, config, props, cap, want, trees)
+        if got is None:
+            continue
+        out[got[0]].append(got[1])
+        out["classes"].append(got[3])
+        if got[2]:
+            out["assumed"][key[1]] = got[2]
+        if got[3]["caveats"]:
+            out["caveats"][key[1]] = got[3]["caveats"]
     return out
 
 
 def _kernel_words(kernels: dict, target) -> str:
     """The expert-kernel sentence of the EP answer: which kernels admit the all-to-all on ``target`` (with the
-    ``FILE:LINE`` of their own predicates), which refuse it, and which were not read (never "none admit" while some
-    are not read); the full entries are the evidence's."""
+    ``FILE:LINE`` of their own predicates, the activation format each declares and where, and any TODO/FIXME in its
+    own gate methods), which refuse it (and which of those only by activation format, though their parallel-config
+    and device checks admit the target), and which were not read, grouped by the class whose unread method they
+    inherit (never "none admit" while some are not read); the full entries are the evidence's."""
     def short(e: str) -> str:
         return e.split(" (")[0]
 
     def lines(e: str) -> str:
         return ", ".join(re.findall(r"vllm/model_executor/layers/fused_moe/(\S+?:[\d-]+)", e))
+
+    def rel(w: str) -> str:
+        return w.replace("vllm/model_executor/layers/fused_moe/", "")
+    recs = {r["class"]: r for r in kernels.get("classes", [])}
     cc = target.cc if target is not None else "this target"
     words = (f"the MoE expert kernel must admit the two-sided all-to-all (each kernel's own _supports_parallel_config "
              f"for the FusedMoEParallelConfig of {kernels['config']}, its activation format and its "
              f"_supports_current_device on {cc}): ")
+
+    def extra(name: str) -> str:
+        r = recs.get(name)
+        if r is None:
+            return ""
+        out = f", {r['format']} format ({rel(r['format_where'])})"
+        cav = r.get("caveats") or []
+        if cav:
+            out += ", with a caveat in its own code the check does not act on: " + "; ".join(
+                f"{rel(c.split(': ', 1)[0])} \"{c.split(': ', 1)[1]}\"" for c in cav)
+        if r.get("is_supported_config"):
+            out += f", and its own is_supported_config ({rel(r['is_supported_config'])}) adds checks not read here"
+        return out
     if kernels["admit"]:
         words += f"on {cc} " + "; ".join(
             f"{short(k)} ({lines(k)}" + (f"; given {', '.join(kernels['assumed'][short(k)])}"
-                                        if short(k) in kernels["assumed"] else "") + ")"
+                                        if short(k) in kernels["assumed"] else "") + ")" + extra(short(k))
             for k in kernels["admit"]) + (" admits it" if len(kernels["admit"]) == 1 else " admit it")
     elif kernels["unknown"]:
         words += f"no kernel read here admits it on {cc}"
@@ -1291,11 +1482,22 @@ def _kernel_words(kernels: dict, target) -> str:
         words += f"none admits it on {cc}"
     if kernels["refuse"]:
         words += f"; {', '.join(short(k) for k in kernels['refuse'])} refuse it"
+    by_format = [r for r in recs.values() if r.get("verdict") == "refuse" and r["parallel_config"] is True
+                 and r["device"] is True]
+    if by_format:
+        words += "; of those, " + "; ".join(
+            f"{r['class']} ({rel(r['parallel_where'])}, {rel(r['device_where'])}) admits the parallel config and {cc} "
+            f"but declares the {r['format']} format ({rel(r['format_where'])})" for r in by_format) + \
+            f", where the all-to-all hands over {kernels.get('format', 'Standard')}"
     if kernels["other_device"]:
         words += f"; {', '.join(short(k) for k in kernels['other_device'])} admit it but their device check refuses {cc}"
     if kernels["unknown"]:
-        words += (f"; not assessed (not counted as admitting), not read here: "
-                  f"{', '.join(short(k) for k in kernels['unknown'])}")
+        groups: dict[str, list[str]] = {}
+        for k in sorted(kernels["unknown"], key=lambda e: (lines(e), short(e))):
+            m = re.search(r", from (\w+)\)", k.split(";")[0])
+            groups.setdefault(m.group(1) if m else short(k), []).append(short(k))
+        words += "; not assessed (not counted as admitting), not read here: " + ", ".join(
+            g if names == [g] else f"{g} ({', '.join(names)})" for g, names in groups.items())
     return words + "; the model's quantization decides which kernel is chosen"
 
 

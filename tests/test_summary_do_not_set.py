@@ -13,6 +13,7 @@ where the condition is absent gives the old answer):
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 
@@ -114,10 +115,24 @@ def test_sglang_pcie_ipc_on_shows_its_do_not_set_with_it_list(drive, sglang, fi,
                       env={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"})
     assert report.dispatch["serves"] == PCIE
     avoid = _lines(report, "do not set with it")
-    assert "--enable-symm-mem (nccl-symm-mem serves instead)" in avoid
-    assert ("--enable-deterministic-inference (NCCL (pynccl, allreduce algorithm tree) serves instead: it sets "
-            "NCCL_ALGO=allreduce:tree, sglang/srt/arg_groups/attention_hook.py:676)") in avoid
-    assert "SGLANG_USE_1STAGE_ALLREDUCE=1 (NCCL (pynccl) serves instead)" in avoid
+    # each entry cites where SGLang reads the setting and the line that then serves instead (before: no line for
+    # three of them, and only the NCCL_ALGO pin for the flag): tests/test_sglang_do_not_set_cited.py
+    ps, pcie = "sglang/srt/distributed/parallel_state.py", "sglang/srt/distributed/device_communicators/pcie_ipc_ar.py"
+    assert any(a.startswith("--enable-symm-mem (nccl-symm-mem serves instead: GroupCoordinator.all_reduce gives the "
+                            "tensor to nccl-symm-mem before PCIe IPC's step when `self.is_symmetric_memory_enabled()`")
+               and re.search(rf", {ps}:\d+\)$", a) for a in avoid), avoid
+    det = next(a for a in avoid if a.startswith("--enable-deterministic-inference (NCCL (pynccl, allreduce algorithm "
+                                                "tree) serves instead: it sets SGLANG_ENABLE_DETERMINISTIC_INFERENCE ("))
+    assert re.search(r"; it sets NCCL_ALGO=allreduce:tree \(sglang/srt/arg_groups/attention_hook.py:676\), "
+                     rf"{pcie}:\d+\)$", det), det
+    assert any(a.startswith("SGLANG_USE_1STAGE_ALLREDUCE=1 (NCCL (pynccl) serves instead: read by "
+                            f"_deterministic_collectives_enabled ({ps}:") and re.search(rf", {pcie}:\d+\)$", a)
+               for a in avoid), avoid
+    assert all(re.search(r"\.py:\d+\)$", a) for a in avoid), avoid
+    cause = next(v.cause for v in report.verdicts if v.backend == PCIE and v.scope == "engine")
+    listed = cause.split("; do not set with it: ", 1)[1]
+    assert "SGLANG_USE_1STAGE_ALLREDUCE=1 (NCCL (pynccl) serves instead: read by _deterministic_collectives_enabled" \
+        in listed and "(nccl-symm-mem serves instead;" not in listed
 
 
 def test_sglang_twin_with_symm_mem_given_pcie_ipc_does_not_serve_and_nothing_is_listed(drive, sglang, fi, nvcc131):

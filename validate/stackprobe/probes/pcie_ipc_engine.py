@@ -2,7 +2,7 @@
 
 * :func:`deterministic_gate` (case C38): ``GroupCoordinator`` builds the communicator only when
   ``eligible_group(..., deterministic=...)`` admits the group, and ``eligible_group`` returns False when
-  deterministic collectives are on (sglang 0.5.23 ``pcie_ipc_ar.py:110``). What "deterministic" means is read
+  deterministic collectives are on (sglang 0.5.23 ``pcie_ipc_ar.py:111``). What "deterministic" means is read
   from the function passed there (0.5.23 ``GroupCoordinator._deterministic_collectives_enabled``,
   ``parallel_state.py:1358``: ``SGLANG_USE_1STAGE_ALLREDUCE`` when it is set, else
   ``SGLANG_ENABLE_DETERMINISTIC_INFERENCE``, which ``--enable-deterministic-inference`` sets,
@@ -221,13 +221,170 @@ def _nccl_then(also_sets: list[str]) -> dict:
     return {"then": "NCCL (pynccl)"}
 
 
+# --- where each "do not set with it" setting takes effect against PCIe IPC, read from the installed source ---------
+def _env_reads_in(fn: ast.AST) -> dict[str, int]:
+    """``{VARIABLE: first line}`` of every ``envs.VARIABLE`` read in ``fn``."""
+    out: dict[str, int] = {}
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "envs":
+            out[n.attr] = min(out.get(n.attr, n.lineno), n.lineno)
+    return out
+
+
+def _function_reading(eng, name: str, dest: str) -> str:
+    """``sglang/FILE:LINE`` of the first ``.dest`` read inside a function named ``name`` under ``srt/distributed``
+    (``is_symmetric_memory_enabled`` reads ``...comm.enable_symm_mem``, sglang 0.5.23 ``pynccl_allocator.py:236``),
+    else ""."""
+    from .. import source
+
+    for path in source.find_files_containing(eng.root / "srt" / "distributed", f"def {name}"):
+        try:
+            tree = source.parse(path)
+        except (SyntaxError, ValueError, OSError):
+            continue
+        for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name):
+            hit = next((n for n in ast.walk(fn) if isinstance(n, ast.Attribute) and n.attr == dest), None)
+            if hit is not None:
+                return f"{se.short(path)}:{hit.lineno}"
+    return ""
+
+
+def _flag_sets_variable(eng, dest: str, variables) -> tuple[str, str]:
+    """``(VARIABLE, "sglang/FILE:LINE")`` of an ``envs.VARIABLE.set(...)`` in SGLang's argument files whose argument
+    reads ``cfg.<dest>`` (sglang 0.5.23 ``serving_hook.py:444``: ``envs.SGLANG_ENABLE_DETERMINISTIC_INFERENCE.set("1" if
+    cfg.enable_deterministic_inference else "0")``), for one of ``variables``; ("", "") when none is found."""
+    from .. import source
+
+    for path in se._arg_sources(eng):
+        try:
+            tree = source.parse(path)
+        except (SyntaxError, ValueError, OSError):
+            continue
+        for n in ast.walk(tree):
+            if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "set"
+                    and isinstance(n.func.value, ast.Attribute) and n.func.value.attr in variables
+                    and any(re.search(rf"\b{dest}\b", ast.unparse(a)) for a in n.args)):
+                return n.func.value.attr, f"{se.short(path)}:{n.lineno}"
+    return "", ""
+
+
+def _turned_off_at(eng, name: str, dest: str) -> dict | None:
+    """Where ``name`` (a server flag with attribute ``dest``, or an ``SGLANG_`` variable) keeps the PCIe IPC communicator
+    from being built: ``GroupCoordinator`` passes ``eligible_group`` a keyword computed by a function of
+    ``parallel_state.py`` that reads the variable (for a flag: the variable the flag sets in the argument files), and
+    ``eligible_group`` returns False under an ``if <that keyword>:``. sglang 0.5.23: ``deterministic=self.
+    _deterministic_collectives_enabled()`` (``parallel_state.py:490``), which reads ``SGLANG_USE_1STAGE_ALLREDUCE``
+    (``:1359``) and ``SGLANG_ENABLE_DETERMINISTIC_INFERENCE`` (``:1361``); ``if deterministic: return False``
+    (``pcie_ipc_ar.py:111``). ``{"why", "where", "read_at"}``, or None when any link is not found."""
+    tree = eng.tree(STATE_FILE)
+    eligible = next((n for n in ast.walk(eng.tree(PCIE_FILE)) if isinstance(n, ast.FunctionDef)
+                     and n.name == "eligible_group"), None)
+    call = next((n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "eligible_group"),
+                None)
+    if eligible is None or call is None:
+        return None
+    fns = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    for kw in call.keywords:
+        if not (isinstance(kw.value, ast.Call) and isinstance(kw.value.func, ast.Attribute)
+                and kw.value.func.attr in fns):
+            continue
+        fn = fns[kw.value.func.attr]
+        reads = _env_reads_in(fn)
+        if name.startswith("--"):
+            var, sets_at = _flag_sets_variable(eng, dest, reads)
+            if not var:
+                continue
+            how = f"it sets {var} ({sets_at}), read by {fn.name} (sglang/{STATE_FILE}:{reads[var]})"
+        elif name in reads:
+            var, how = name, f"read by {fn.name} (sglang/{STATE_FILE}:{reads[name]})"
+        else:
+            continue
+        off = next((n for n in ast.walk(eligible) if isinstance(n, ast.If) and kw.arg in
+                    {x.id for x in ast.walk(n.test) if isinstance(x, ast.Name)}
+                    and any(isinstance(r, ast.Return) and isinstance(r.value, ast.Constant) and r.value.value is False
+                            for r in n.body)), None)
+        if off is None:
+            continue
+        return {"why": f"{how}, so eligible_group's `if {ast.unparse(off.test)}: return False` leaves PCIe IPC unbuilt",
+                "where": f"sglang/{PCIE_FILE}:{off.lineno}", "read_at": f"sglang/{STATE_FILE}:{reads[var]}"}
+    return None
+
+
+def _test_of(eng, step) -> ast.AST | None:
+    """The ``if`` test of a dispatch step (``step.where`` is ``sglang/parallel_state.py:<the test's line>``)."""
+    line = int(step.where.rsplit(":", 1)[1])
+    return next((n.test for n in ast.walk(eng.tree(STATE_FILE)) if isinstance(n, ast.If) and n.test.lineno == line),
+                None)
+
+
+def _taken_first_at(eng, name: str, dest: str, step) -> dict | None:
+    """Where ``name`` makes the earlier dispatch ``step`` claim the tensor before PCIe IPC's: the part of the step's
+    condition that reads the setting (``envs.NAME``, ``.<dest>``, or a call of a function under ``srt/distributed``
+    that reads ``.<dest>``: sglang 0.5.23 ``self.is_symmetric_memory_enabled()`` at ``parallel_state.py:756``, which
+    reads ``enable_symm_mem`` at ``pynccl_allocator.py:236``). ``{"why", "where", "read_at"}``, or None."""
+    test = _test_of(eng, step)
+    if test is None:
+        return None
+    fn_name = "GroupCoordinator.all_reduce"
+    for n in ast.walk(test):
+        at = f"sglang/{STATE_FILE}:{getattr(n, 'lineno', 0)}"
+        if isinstance(n, ast.Attribute) and ((not name.startswith("--") and n.attr == name) or (dest and n.attr == dest)):
+            read = at
+        elif dest and isinstance(n, ast.Call) and isinstance(n.func, (ast.Attribute, ast.Name)):
+            called = n.func.attr if isinstance(n.func, ast.Attribute) else n.func.id
+            read = _function_reading(eng, called, dest)
+            if not read:
+                continue
+        else:
+            continue
+        return {"why": f"{fn_name} gives the tensor to {step.backend} before PCIe IPC's step when `{ast.unparse(n)}`, "
+                       f"which reads {dest or name} ({read})", "where": at, "read_at": read}
+    return None
+
+
+def _excluded_at(eng, d, run_time) -> dict | None:
+    """Where a path decided per call at run time (``run_time``: MSCCL++'s step, ``return "pymscclpp"``) takes the tensor
+    from PCIe IPC: a name its step tests that PCIe IPC's step tests negated (sglang 0.5.23 ``not
+    should_use_pymscclpp_allreduce``, ``parallel_state.py:972``), and the ``if`` that builds its communicator
+    (``if use_mscclpp and self.world_size > 1``, ``:471``: ``read_at``). ``{"why", "where", "read_at"}``, or None."""
+    mine, theirs = d.step(PCIE_IPC), _test_of(eng, run_time)
+    mine_test = _test_of(eng, mine) if mine is not None else None
+    if mine_test is None or theirs is None:
+        return None
+    names = {x.id for x in ast.walk(theirs) if isinstance(x, ast.Name)}
+    hit = next((n for n in ast.walk(mine_test) if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not)
+                and isinstance(n.operand, ast.Name) and n.operand.id in names), None)
+    attrs = re.findall(r"self\.(\w+_comm)\b", ast.unparse(theirs))
+    built = next((n for n in ast.walk(eng.tree(STATE_FILE)) if isinstance(n, ast.If) and attrs and any(
+        isinstance(a, ast.Assign) and ast.unparse(a.targets[0]) == f"self.{attrs[0]}" for a in n.body)), None)
+    if hit is None or built is None:
+        return None
+    at = f"sglang/{STATE_FILE}:{built.test.lineno}"
+    return {"why": f"self.{attrs[0]} is built when `{ast.unparse(built.test)}` ({at}); its step ({run_time.where}) "
+                   "takes the tensor when its per-call check admits it, and PCIe IPC's step requires "
+                   f"`{ast.unparse(hit)}`", "where": f"sglang/{STATE_FILE}:{hit.lineno}", "read_at": at}
+
+
+def _cite(eng, name: str, dest: str, base, d, backend: str) -> dict | None:
+    """``{"why", "where", "read_at"}`` for a setting after which ``backend`` no longer serves: PCIe IPC not built
+    (:func:`_turned_off_at`) or an earlier step claims the tensor (:func:`_taken_first_at`); None when the reason is
+    not located in the installed source (the entry is then not assessed)."""
+    mine, was = d.step(backend), base.step(backend)
+    if mine is not None and was is not None and was.built is True and mine.built is False:
+        return _turned_off_at(eng, name, dest)
+    first = d.step(d.serves) if d.serves else None
+    if first is not None and (mine is None or d.steps.index(first) < d.steps.index(mine)):
+        return _taken_first_at(eng, name, dest, first)
+    return None
+
+
 def do_not_set(eng, ctx, backend: str = PCIE_IPC) -> list[dict]:
     """The settings that take ``backend`` away once its opt-in is on, found by SGLang's own dispatch rather than from a
     list: the dispatch of a decode-step allreduce (:func:`.sglang_dispatch.read_dispatch`) is read with the
     opt-in set; every server flag and variable that read consulted (recorded as it asks) is then set alone beside it,
     and each one after which ``backend`` no longer serves is returned, with what serves instead and the NCCL
     variables SGLang writes for it (:func:`_nccl_env_set_by`). For sglang 0.5.23: ``--enable-deterministic-inference``
-    (turns PCIe IPC off, ``pcie_ipc_ar.py:110``, and that mode sets ``NCCL_ALGO='allreduce:tree'``,
+    (turns PCIe IPC off, ``pcie_ipc_ar.py:111``, and that mode sets ``NCCL_ALGO='allreduce:tree'``,
     ``arg_groups/attention_hook.py:676``) and ``--enable-symm-mem`` (NCCL
     symmetric memory is tried first, and SGLang sets ``NCCL_CUMEM_ENABLE=1``, ``NCCL_NVLS_ENABLE=1``,
     ``entrypoints/engine.py:1898-1915``); ``--enable-mscclpp`` only where the mscclpp package is importable in the
@@ -237,9 +394,15 @@ def do_not_set(eng, ctx, backend: str = PCIE_IPC) -> list[dict]:
     listed. Returns ``[{"setting", "then", "also_sets"}]`` (plus ``"note"``, and ``"needs"``: the package, where the
     path that takes over decides per call at run time); where pynccl serves instead ``then`` reads ``NCCL (pynccl)``,
     naming the allreduce algorithm (with ``"why"`` and ``"where"``) only where the setting's own code pins
-    ``NCCL_ALGO`` (:func:`_nccl_then`). A setting after which the dispatch is undecided and no step read takes the
-    tensor, or whose dispatch read raises, is kept with ``"then": ""`` and a ``"note"`` starting ``not assessed:``
-    (never dropped); [] when the opt-in alone does not make ``backend`` serve (nothing to protect)."""
+    ``NCCL_ALGO`` (:func:`_nccl_then`). Every entry that claims a path cites, read from the installed source
+    (:func:`_cite`, :func:`_excluded_at`), ``"where"``: the line where the setting takes effect against ``backend`` (the
+    condition that leaves it unbuilt, or the earlier dispatch step that takes the tensor), ``"read_at"``: where SGLang
+    reads the setting, ``"why"``: both in words (with the ``NCCL_ALGO`` pin), and a ``"note"`` the cause prints
+    (``THEN serves instead: WHY, WHERE``). A setting after which the dispatch is undecided and no step read takes the
+    tensor, whose dispatch read raises, or whose effect the dispatch read gives but no line of SGLang's source is found
+    for, is kept with ``"then": ""`` and a ``"note"`` starting ``not assessed:`` (never dropped, never an uncited
+    claim); [] when the opt-in alone does not make ``backend`` serve (nothing to protect: sglang 0.5.9, which has no
+    ``pcie_ipc_ar.py``)."""
     from ..serverconfig import ServerConfig
     from ..engines.sglang import dispatch as dw
     from ..engines.sglang import flags as sf
@@ -279,29 +442,63 @@ def do_not_set(eng, ctx, backend: str = PCIE_IPC) -> list[dict]:
             continue
         if d.serves != backend:
             dest = getattr(flags.get(name), "dest", "") if name.startswith("--") else ""
-            also = _nccl_env_set_by(eng, dest) if dest else []
-            entry = {"setting": setting, "then": d.serves, "also_sets": also}
-            if d.serves == "nccl-ring":     # pynccl, with NCCL's own algorithm choice unless the setting pins one
-                entry.update(_nccl_then(also))
-            if not d.serves:            # undecided: what takes it is a path whose own per-call check runs at run time
-                run_time = next((s for s in d.steps if s.built is True and s.admits == "unknown"
-                                 and s.backend != backend), None)
-                if run_time is None:    # nothing read takes it: not claimed either way, and said so
-                    why = d.undecided or "no step claims the decode tensor"
-                    entry["note"] = (f"not assessed: with it set the dispatch is undecided ({why}) and no step read "
-                                     "here takes the tensor instead")
-                    out.append(entry)
-                    continue
-                entry["then"] = run_time.backend
-                entry["note"] = f"decided at run time: {run_time.why}"
-                if run_time.backend == "mscclpp":
-                    pkg = dw.mscclpp_package(eng)
-                    entry["needs"] = pkg["package"]
-                    entry["note"] = (f"MSCCL++ serves captured decode instead: {pkg['why']}, and "
-                                     "should_mscclpp_allreduce then excludes PCIe IPC; without the "
-                                     f"{pkg['package']} package --enable-mscclpp has no effect")
-            out.append(entry)
+            out.append(_entry(eng, name, setting, dest, base, d, backend))
     return out
+
+
+def _entry(eng, name: str, setting: str, dest: str, base, d, backend: str) -> dict:
+    """One "do not set with it" entry for ``name`` (``setting`` as printed), whose dispatch read ``d`` no longer
+    serves ``backend`` (``base``: the read with the opt-in alone): cited (:func:`_cited`), or not assessed."""
+    from ..engines.sglang import dispatch as dw
+
+    also = _nccl_env_set_by(eng, dest) if dest else []
+    entry = {"setting": setting, "then": d.serves, "also_sets": also}
+    if d.serves:
+        cite = _cite(eng, name, dest, base, d, backend)
+        if cite is None:        # the dispatch read says it, but no line of SGLang's shows why: no claim
+            entry.update(then="", note=f"not assessed: with it set the dispatch read gives {d.serves}, but where "
+                         f"SGLang reads it and turns {backend} off or takes the tensor first was not found in its "
+                         "source")
+            return entry
+        if d.serves == "nccl-ring":     # pynccl, NCCL's own algorithm choice unless the setting pins one
+            algo = _nccl_then(also)
+            entry["then"] = algo["then"]
+            if algo.get("why"):
+                cite = {**cite, "nccl_algo": f"{algo['why']} ({algo['where']})"}
+        _cited(entry, cite)
+        return entry
+    # undecided: what takes it is a path whose own per-call check runs at run time
+    run_time = next((s for s in d.steps if s.built is True and s.admits == "unknown" and s.backend != backend), None)
+    if run_time is None:    # nothing read takes it: not claimed either way, and said so
+        why = d.undecided or "no step claims the decode tensor"
+        entry["note"] = (f"not assessed: with it set the dispatch is undecided ({why}) and no step read here takes "
+                         "the tensor instead")
+        return entry
+    cite = _excluded_at(eng, d, run_time)
+    if cite is None:
+        entry["note"] = (f"not assessed: with it set {run_time.backend} ({run_time.where}) is decided at run time, "
+                         f"and where it takes the tensor from {backend} was not found in SGLang's source")
+        return entry
+    entry["then"] = run_time.backend
+    _cited(entry, cite)
+    entry["note"] = f"decided at run time: {run_time.why}; {cite['why']}, {cite['where']}"
+    if run_time.backend == "mscclpp":
+        pkg = dw.mscclpp_package(eng)
+        entry["needs"] = pkg["package"]
+        entry["note"] = (f"MSCCL++ serves captured decode instead: {pkg['why']}, and should_mscclpp_allreduce then "
+                         f"excludes PCIe IPC ({cite['where']}); without the {pkg['package']} package --enable-mscclpp "
+                         "has no effect")
+    return entry
+
+
+def _cited(entry: dict, cite: dict) -> None:
+    """Put :func:`_cite`'s answer on a "do not set with it" entry: ``why`` (with the ``NCCL_ALGO`` pin, where the
+    setting's code sets one: the same shape as vLLM's entries), ``where`` (the condition or step against PCIe IPC),
+    ``read_at`` (where SGLang reads the setting) and a ``note`` the cause prints:
+    ``THEN serves instead: WHY, WHERE`` (the pin is in ``also_sets`` there)."""
+    entry["why"] = cite["why"] + (f"; {cite['nccl_algo']}" if cite.get("nccl_algo") else "")
+    entry["where"], entry["read_at"] = cite["where"], cite["read_at"]
+    entry["note"] = f"{entry['then']} serves instead: {cite['why']}, {cite['where']}"
 
 
 # --- what happens when its set-up fails, and how a user confirms it served (issue 39 point 3) ---------------------

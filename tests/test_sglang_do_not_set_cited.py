@@ -1,0 +1,188 @@
+"""Every entry of SGLang's "do not set with it" list for the PCIe IPC allreduce
+(:func:`stackprobe.probes.pcie_ipc_engine.do_not_set`) cites, read from the installed source, the line where the
+setting takes effect against PCIe IPC (``where``: the condition or the dispatch step) and where SGLang reads it
+(``read_at``); on the real sglang 0.5.23 wheel (+ flashinfer-python 0.7.2), and sglang 0.5.9 (no PCIe IPC: no list).
+
+Before: ``--enable-symm-mem``, ``SGLANG_USE_1STAGE_ALLREDUCE=1`` and ``SGLANG_ENABLE_DETERMINISTIC_INFERENCE=1`` read
+"(... serves instead)" with no line, and ``--enable-deterministic-inference`` cited only its ``NCCL_ALGO`` pin.
+
+One test per kind of entry: an earlier dispatch step takes the tensor (``--enable-symm-mem``), the communicator is not
+built (``eligible_group``'s ``if deterministic``: the flag and both variables), a path decided per call at run time
+(``--enable-mscclpp`` with an importable mscclpp package). Failing twins: copies of the wheel where the lines moved
+(the new lines are cited, never the stale ones) or where the read is gone (the entry is not assessed, no claim).
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import pytest
+
+from validate_support import engine_copy, suite_env
+
+pytestmark = pytest.mark.network
+
+PCIE = "sglang/srt/distributed/device_communicators/pcie_ipc_ar.py"
+PS = "sglang/srt/distributed/parallel_state.py"
+ALLOC = "sglang/srt/distributed/device_communicators/pynccl_allocator.py"
+HOOK = "sglang/srt/arg_groups/serving_hook.py"
+DET_IF = "    if deterministic:\n        _warn_deterministic_wins()\n"
+SYMM_READ = "def is_symmetric_memory_enabled():\n    try:\n        return get_exec().comm.enable_symm_mem\n"
+ONE_STAGE = ("        if envs.SGLANG_USE_1STAGE_ALLREDUCE.is_set():\n"
+             "            return envs.SGLANG_USE_1STAGE_ALLREDUCE.get()\n"
+             "        return envs.SGLANG_ENABLE_DETERMINISTIC_INFERENCE.get()\n")
+FLAG_SETS = ('    envs.SGLANG_ENABLE_DETERMINISTIC_INFERENCE.set(\n'
+             '        "1" if cfg.enable_deterministic_inference else "0"\n    )\n')
+DO_NOT_SET = """
+import json
+from stackprobe.probes import Context, pcie_ipc_engine as pe
+from stackprobe.engines.sglang import engine as se
+from stackprobe.archs import parse_arch
+from stackprobe.serverconfig import ServerConfig
+ctx = Context(target=parse_arch("12.0"), env={}, coverage={}, world_size=8, topology="pcie",
+              server_config=ServerConfig(args={}, env={}, source="test"))
+print(json.dumps(pe.do_not_set(se.installed(), ctx)))
+"""
+CITE = re.compile(r"(sglang/[\w/]+\.py):(\d+)")
+
+
+def _do_not_set(venv, paths) -> dict[str, dict]:
+    p = subprocess.run([str(venv), "-c", DO_NOT_SET], capture_output=True, text=True, env=suite_env(paths),
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return {a["setting"]: a for a in json.loads(p.stdout.strip().splitlines()[-1])}
+
+
+def _line(wheel, cite: str) -> str:
+    """The text at ``sglang/FILE:LINE`` in ``wheel`` (AssertionError when the file or the line is not there)."""
+    m = CITE.fullmatch(cite)
+    assert m, cite
+    lines = (wheel / m.group(1)).read_text().splitlines()
+    assert int(m.group(2)) <= len(lines), cite
+    return lines[int(m.group(2)) - 1]
+
+
+def _assert_cited(wheel, a: dict, where_has: str, read_has: str) -> None:
+    """``where`` and ``read_at`` name lines of the wheel holding ``where_has`` / ``read_has``; every file:line in
+    ``why`` and in the note the cause prints exists; the note prints ``where``."""
+    from stackprobe.userwords import _unassessed
+
+    assert not _unassessed(a), a
+    assert where_has in _line(wheel, a["where"]), (a["where"], _line(wheel, a["where"]))
+    assert read_has in _line(wheel, a["read_at"]), (a["read_at"], _line(wheel, a["read_at"]))
+    for cite in CITE.finditer(a["why"] + " " + a["note"]):
+        _line(wheel, cite.group(0))
+    assert a["note"].endswith(a["where"]) or f"({a['where']})" in a["note"]
+
+
+@pytest.fixture(scope="module")
+def released(venv, sglang, fi):
+    return _do_not_set(venv, [sglang, fi])
+
+
+@pytest.fixture(scope="module")
+def mscclpp_pkg(tmp_path_factory):
+    """The modules PyMscclppCommunicator imports (``mscclpp``, ``.ext``, ``.default_algos``), empty: only found."""
+    d = tmp_path_factory.mktemp("mscclpp")
+    (d / "mscclpp").mkdir()
+    for name in ("__init__.py", "ext.py", "default_algos.py"):
+        (d / "mscclpp" / name).write_text("")
+    return d
+
+
+@pytest.fixture(scope="module")
+def moved(sglang, tmp_path_factory):
+    """sglang 0.5.23 with two comment lines above ``if deterministic:`` and one above the symmetric-memory read."""
+    return engine_copy(sglang, tmp_path_factory.mktemp("sg-moved"), {
+        PCIE: (DET_IF, "    # moved\n    # moved\n" + DET_IF),
+        ALLOC: (SYMM_READ, SYMM_READ.replace("    try:\n", "    # moved\n    try:\n"))})
+
+
+@pytest.fixture(scope="module")
+def unread(sglang, tmp_path_factory):
+    """sglang 0.5.23 where the reads are gone: ``_deterministic_collectives_enabled`` no longer reads
+    SGLANG_USE_1STAGE_ALLREDUCE, ``is_symmetric_memory_enabled`` no longer reads ``enable_symm_mem``, and the flag no
+    longer sets SGLANG_ENABLE_DETERMINISTIC_INFERENCE."""
+    return engine_copy(sglang, tmp_path_factory.mktemp("sg-unread"), {
+        PS: (ONE_STAGE, "        return envs.SGLANG_ENABLE_DETERMINISTIC_INFERENCE.get()\n"),
+        ALLOC: (SYMM_READ, SYMM_READ.replace("enable_symm_mem", "symm_mem_on")),
+        HOOK: (FLAG_SETS, "    pass\n")})
+
+
+# --- 0.5.23: one test per kind ------------------------------------------------------------------------------------
+def test_an_earlier_step_cites_the_step_and_where_it_reads_the_flag(sglang, released):
+    symm = released["--enable-symm-mem"]
+    assert symm["then"] == "nccl-symm-mem"
+    _assert_cited(sglang, symm, "self.is_symmetric_memory_enabled()", "enable_symm_mem")
+    assert symm["where"].startswith(f"{PS}:") and symm["read_at"].startswith(f"{ALLOC}:")
+    assert "before PCIe IPC's step" in symm["why"]
+
+
+def test_not_built_cites_eligible_groups_condition_and_the_variables_read(sglang, released):
+    for setting, var in (("SGLANG_USE_1STAGE_ALLREDUCE=1", "SGLANG_USE_1STAGE_ALLREDUCE"),
+                         ("SGLANG_ENABLE_DETERMINISTIC_INFERENCE=1", "SGLANG_ENABLE_DETERMINISTIC_INFERENCE")):
+        a = released[setting]
+        assert a["then"] == "NCCL (pynccl)", a
+        _assert_cited(sglang, a, "if deterministic:", var)
+        assert a["where"].startswith(f"{PCIE}:") and "_deterministic_collectives_enabled" in a["why"]
+
+
+def test_the_flag_cites_the_variable_it_sets_and_keeps_its_nccl_algo_pin(sglang, released):
+    det = released["--enable-deterministic-inference"]
+    assert det["then"] == "NCCL (pynccl, allreduce algorithm tree)"
+    _assert_cited(sglang, det, "if deterministic:", "SGLANG_ENABLE_DETERMINISTIC_INFERENCE")
+    sets = re.search(rf"it sets SGLANG_ENABLE_DETERMINISTIC_INFERENCE \(({HOOK}:\d+)\)", det["why"])
+    assert sets and "SGLANG_ENABLE_DETERMINISTIC_INFERENCE.set(" in _line(sglang, sets.group(1))
+    assert det["why"].endswith("; it sets NCCL_ALGO=allreduce:tree (sglang/srt/arg_groups/attention_hook.py:676)")
+
+
+def test_a_path_decided_at_run_time_cites_the_exclusion_in_pcie_ipcs_step(venv, sglang, fi, mscclpp_pkg):
+    m = _do_not_set(venv, [sglang, fi, mscclpp_pkg])["--enable-mscclpp"]
+    assert m["then"] == "mscclpp"
+    _assert_cited(sglang, m, "not should_use_pymscclpp_allreduce", "use_mscclpp")
+    assert m["note"].startswith("MSCCL++ serves captured decode instead: ")
+
+
+def test_every_entry_of_the_release_is_cited(released):
+    assert set(released) == {"--enable-symm-mem", "--enable-deterministic-inference", "SGLANG_USE_1STAGE_ALLREDUCE=1",
+                             "SGLANG_ENABLE_DETERMINISTIC_INFERENCE=1"}
+    assert all(a.get("where") and a.get("read_at") for a in released.values())
+
+
+# --- failing twins ------------------------------------------------------------------------------------------------
+def test_twin_moved_lines_are_cited_where_they_are_now(venv, moved, fi, sglang, released):
+    out = _do_not_set(venv, [moved, fi])
+    for setting in ("--enable-deterministic-inference", "SGLANG_USE_1STAGE_ALLREDUCE=1",
+                    "SGLANG_ENABLE_DETERMINISTIC_INFERENCE=1"):
+        a, old = out[setting], released[setting]
+        _assert_cited(moved, a, "if deterministic:", "SGLANG_")
+        assert int(a["where"].rsplit(":", 1)[1]) == int(old["where"].rsplit(":", 1)[1]) + 2
+        assert old["where"] not in a["why"] + a["note"] + a["where"]
+        assert "if deterministic:" not in _line(moved, old["where"])       # the stale line holds something else
+    symm, old = out["--enable-symm-mem"], released["--enable-symm-mem"]
+    _assert_cited(moved, symm, "self.is_symmetric_memory_enabled()", "enable_symm_mem")
+    assert int(symm["read_at"].rsplit(":", 1)[1]) == int(old["read_at"].rsplit(":", 1)[1]) + 1
+    assert old["read_at"] not in symm["why"] + symm["note"]
+
+
+def test_twin_a_read_that_is_gone_leaves_the_entry_not_assessed(venv, unread, fi, released):
+    from stackprobe.userwords import _unassessed
+
+    out = _do_not_set(venv, [unread, fi])
+    for setting in ("--enable-symm-mem", "SGLANG_USE_1STAGE_ALLREDUCE=1", "--enable-deterministic-inference"):
+        a = out[setting]
+        assert _unassessed(a) and a["then"] == "" and "where" not in a, a
+        assert a["note"].startswith("not assessed: with it set the dispatch read gives ")
+        assert "was not found in its source" in a["note"]
+    # the variable whose read is still there keeps its citation
+    kept = out["SGLANG_ENABLE_DETERMINISTIC_INFERENCE=1"]
+    _assert_cited(unread, kept, "if deterministic:", "SGLANG_ENABLE_DETERMINISTIC_INFERENCE")
+    assert not _unassessed(released["--enable-symm-mem"])
+
+
+# --- sglang 0.5.9: no PCIe IPC, nothing to leave unset --------------------------------------------------------------
+def test_0_5_9_has_no_pcie_ipc_so_no_list(venv, sglang059, fi, sglang, released):
+    assert not (sglang059 / PCIE).exists() and (sglang / PCIE).is_file()
+    assert _do_not_set(venv, [sglang059, fi]) == {}
+    assert released                     # the twin: the release that has it lists settings

@@ -239,9 +239,16 @@ def test_the_linter_limits_function_size_and_complexity(tmp_path):
     big.write_text(f"def big(x):\n{branches}    return x\n")
     proc = _ruff(big)
     assert proc.returncode == 1
-    for code in ("C901 `big` is too complex (31 > 15)", "PLR0912 Too many branches (30 > 20)",
-                 "PLR0915 Too many statements (120 > 80)"):
+    for code in ("C901 `big` is too complex (31 > 15)", "PLR0912 Too many branches (30 > 17)",
+                 "PLR0915 Too many statements (120 > 66)"):
         assert code in proc.stdout, proc.stdout
+    # the limits as tightened (issue 36 item 4; were 20 branches, 80 statements): 18 branches and 68 statements fail
+    mid = tmp_path / "mid.py"
+    mid.write_text("def mid(x):\n" + "".join(f"    if x == {i}:\n        y = {i}\n        x = y + x\n"
+                                              for i in range(18)) + "".join(f"    x = x + {i}\n" for i in range(14))
+                   + "    return x\n")
+    out = _ruff(mid).stdout
+    assert "PLR0912 Too many branches (18 > 17)" in out and "PLR0915 Too many statements (68 > 66)" in out, out
     small = tmp_path / "small.py"
     small.write_text("def step(x, i):\n    return i if x == i else x\n\n\n"
                      "def small(x):\n    for i in range(30):\n        x = step(x, i)\n    return x\n")

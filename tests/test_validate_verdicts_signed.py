@@ -322,10 +322,10 @@ def test_point4_do_not_set_beside_the_opt_in_is_read_from_the_dispatch(pcie23):
     det = avoid["--enable-deterministic-inference"]
     assert det["then"] == "NCCL (pynccl, allreduce algorithm tree)"
     assert "NCCL_ALGO='allreduce:tree'" in " ".join(det["also_sets"])
-    assert det["where"] == "sglang/srt/arg_groups/attention_hook.py:676"
+    assert det["where"] == "sglang/srt/distributed/device_communicators/pcie_ipc_ar.py:111"   # what turns it off
     assert "SGLANG_USE_1STAGE_ALLREDUCE=1" in avoid
     line = headline_line(report)
-    assert "do not set with it: " in line and "--enable-symm-mem (nccl-symm-mem serves instead)" in line
+    assert "do not set with it: " in line and "--enable-symm-mem (nccl-symm-mem serves instead: " in line
 
 
 def test_point4_twin_a_setting_already_given_is_not_listed_and_nothing_is_listed_when_the_path_does_not_serve(

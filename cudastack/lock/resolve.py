@@ -57,7 +57,7 @@ def _source_entry(node) -> dict:
     return entry if isinstance(entry, dict) else {}
 
 
-def resolve_lock(plan, *, target: Optional[dict] = None, python: str = sys.executable, client=None,  # noqa: C901 - reason: the lock's steps in order (target, OS image, pip per node, outputs)
+def resolve_lock(plan, *, target: Optional[dict] = None, python: str = sys.executable, client=None,  # noqa: C901, PLR0912, PLR0915 - reason: the lock's steps in order (target, OS image, pip per node, outputs)
                  find_links: Iterable[str] = (), progress: Progress = lambda s: None,
                  resolver: Optional[Callable[..., list[dict]]] = None) -> dict:
     """Pin every input of ``plan`` (a :class:`cudastack.plan.model.Plan`) and return the lock (a dict; write it

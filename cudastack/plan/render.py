@@ -28,7 +28,7 @@ def _arg_text(name: str, value: str) -> str:
     return "\n".join(rows[:ARG_LINES]) + f"\n            ... {len(rows) - ARG_LINES} more lines (the whole text is hashed)"
 
 
-def render_plan(plan: BuildPlan, cached: dict[str, bool] | None = None, *, state_dir: str = ".stack",  # noqa: C901, PLR0912 - reason: one text block per node field, in the dry run's reading order
+def render_plan(plan: BuildPlan, cached: dict[str, bool] | None = None, *, state_dir: str = ".stack",  # noqa: C901, PLR0912, PLR0915 - reason: one text block per node field, in the dry run's reading order
                 export: set[str] | frozenset = frozenset(), remote: dict[str, str | None] | None = None,
                 cache_prefix: str = "", basis: cache_estimates.Basis | None = None) -> str:
     """The ``--dry-run`` text of ``plan`` (a :class:`cudastack.plan.planner.BuildPlan`): header (toolchain, base, archs,

@@ -286,7 +286,7 @@ def _location(s: EntrySpec | SourceBlock, e: Entry, file: Path, key: str, *, nee
         e.unit_cost = s.unit_cost
 
 
-def _entry(s: EntrySpec, raw: dict, file: Path, key: str, kind: str) -> Entry:  # noqa: C901 - reason: one raise per rule of a recipe entry, each naming its key
+def _entry(s: EntrySpec, raw: dict, file: Path, key: str, kind: str) -> Entry:  # noqa: C901, PLR0912 - reason: one raise per rule of a recipe entry, each naming its key
     method = s.method or ""
     if kind == "base" and method:
         raise _fail(file, f"{key}.method", "a base node takes its method from toolchains.yaml and --base.")

@@ -327,7 +327,7 @@ class Report:
                    if self.options.get("topology") else "")
                 + (f"; {health_summary(env.get('health'))}" if env.get("health") else ""))
 
-    def to_markdown(self) -> str:  # noqa: C901 - reason: one section per report block, in the order the Markdown shows them
+    def to_markdown(self) -> str:  # noqa: C901, PLR0912, PLR0915 - reason: one section per report block, in the order the Markdown shows them
         lines = [f"# stackprobe report{': ' + self.label if self.label else ''}", "",
                  f"{self.headline()}  ", f"tiers: {', '.join(self.tiers)}; created {self.created}; schema {self.schema}  ",
                  f"provenance: {_provenance(self.provenance)}", ""]

@@ -74,7 +74,7 @@ def _wrong(rec: dict) -> list[str]:
     return [k for k in ("eager_correct", "sequence_correct", "timed_correct") if rec.get(k) is False]
 
 
-def decide(row: dict, tolerance: float = DEFAULT_TOLERANCE, workload: Workload | None = None,  # noqa: C901 - reason: the module doc's verdict rules in order, one return each
+def decide(row: dict, tolerance: float = DEFAULT_TOLERANCE, workload: Workload | None = None,  # noqa: C901, PLR0912, PLR0915 - reason: the module doc's verdict rules in order, one return each
            baseline_name: str = "nccl-default", host: dict | None = None) -> Verdict:
     """The runtime :class:`~stackprobe.verdict.Verdict` of one row (see module doc for the rules).
 

@@ -415,7 +415,7 @@ def _cli_name_rule(trees: dict[Path, ast.Module]) -> str | None:
     return None
 
 
-def server_argument(engine: Engine, flags: tuple[str, ...]) -> dict:  # noqa: C901 - reason: both flag layouts (0.5.9 add_argument, 0.5.23 arg-group fields) in one pass
+def server_argument(engine: Engine, flags: tuple[str, ...]) -> dict:  # noqa: C901, PLR0912 - reason: both flag layouts (0.5.9 add_argument, 0.5.23 arg-group fields) in one pass
     """The first of ``flags`` (``--enable-mscclpp``; candidates, newest name first) that the installed SGLang
     declares, read from its source: an ``add_argument("--flag", ...)`` call in ``srt/server_args.py`` (0.5.9) or
     ``srt/arg_groups/*.py``, or (0.5.23) an arg-group dataclass field whose name the arg groups turn into the

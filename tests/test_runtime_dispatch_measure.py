@@ -183,3 +183,42 @@ def test_a_unit_served_by_two_paths_says_so():
     out = measure(StandInTP([], alternate=True))
     assert out["paths"][ON] == CA and out["paths"]["on_mixed"] == {CA: 1, NCCL: 1}
     assert out["paths"][OFF] == NCCL and "off_mixed" not in out["paths"]
+
+
+# --- on a GPU: the units are CUDA graphs -------------------------------------------------------------------------
+class CudaCapture(Capture):
+    """The group's capture on a real side stream, as ``GroupCoordinator.graph_capture`` gives one."""
+
+    def __init__(self, log: list):
+        super().__init__(log)
+        self.stream = torch.cuda.Stream()
+
+
+class CudaStandInTP(StandInTP):
+    """The stand-in group on GPU 0: its sum is arithmetic on the device, so it is captured into the graph."""
+
+    device = "cuda"
+
+    def graph_capture(self):
+        return CudaCapture(self.log)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible")
+@pytest.mark.parametrize(("mode", "check"), [("ok", True), ("wrong", False)])
+def test_on_a_gpu_each_unit_is_a_cuda_graph_replayed_checked_and_timed(mode, check):
+    """With ``cuda=True`` on a real GPU: the on / off / floor units are captured as CUDA graphs inside the group's
+    capture and every later run is a graph replay: the group's Python ``all_reduce`` is called only while capturing
+    (the log holds the capture-time calls, then the barriers), yet each check sees the replayed kernels overwrite the
+    NaN poison with the exact sum (True), and a path that writes a wrong sum fails its check (the twin, False);
+    every unit is timed (us per call, finite, >= 0)."""
+    log: list = []
+    ctx = SimpleNamespace(rank=RANK, world_size=WS, barrier=lambda: log.append("barrier"))
+    out = StandInProbe().measure(CudaStandInTP(log, ca=mode), ctx, CFG, cuda=True)
+    n = CFG["calls"]
+    assert out["graph"] == "cuda" and "graph_capture" not in out
+    assert out["paths"] == {ON: CA, OFF: NCCL}
+    assert out["checks"] == {ON: check, OFF: True}
+    assert log == ["enter"] + ["ca_comm"] * n + ["pynccl_comm"] * n + ["exit"] + ["barrier"] * (3 * CFG["rounds"])
+    assert {u: len(s) for u, s in out["samples_us"].items()} == {"on": 3, "off": 3, "floor": 3}
+    assert out["finite"] is True and all(v >= 0 for s in out["samples_us"].values() for v in s)

@@ -520,6 +520,41 @@ def test_stackprobe_api_reexports_every_name_it_lists_from_a_module_the_import_g
     assert {mod for mod, _ in api._LAZY.values()} | set(api._RADAR_READERS) <= edges
 
 
+def unresolved_relative_imports(root: Path, package: str) -> list[str]:
+    """``file:line: from ... import`` for every relative import in ``root/package`` (at any depth, inside functions
+    too) that names no module or package of the tree: one dot too many, or a module that moved."""
+    out = []
+    for f in sorted((root / package).rglob("*.py")):
+        parts = list(f.relative_to(root).with_suffix("").parts)
+        pkg = parts[:-1]                     # a module's package; a package's __init__ is in its own folder
+        for node in ast.walk(ast.parse(f.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.level):
+                continue
+            where = f"{f.relative_to(root)}:{node.lineno}: from {'.' * node.level}{node.module or ''} import"
+            if node.level - 1 >= len(pkg):
+                out.append(where + " (beyond the top-level package)")
+                continue
+            target = root.joinpath(*pkg[:len(pkg) - (node.level - 1)], *(node.module.split(".") if node.module else []))
+            if not (target.with_suffix(".py").is_file() or (target / "__init__.py").is_file()):
+                out.append(where + " (no such module)")
+    return out
+
+
+def test_every_relative_import_of_the_suite_names_a_module_that_exists(tmp_path):
+    """An import inside a function runs only when that function does: a move that leaves one behind (here, once,
+    ``from ...env import`` in a probe moved back a folder) fails only on the path that calls it. Twin: a planted
+    one-dot-too-many import and one of a moved module are both named."""
+    import shutil
+
+    assert unresolved_relative_imports(VALIDATE, "stackprobe") == []
+    shutil.copytree(VALIDATE / "stackprobe", tmp_path / "stackprobe", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "stackprobe" / "probes" / "stray.py").write_text(
+        "def f():\n    from ...env import effective_nvcc\n    from ..probes.sglang_engine import installed\n")
+    assert unresolved_relative_imports(tmp_path, "stackprobe") == [
+        "stackprobe/probes/stray.py:2: from ...env import (beyond the top-level package)",
+        "stackprobe/probes/stray.py:3: from ..probes.sglang_engine import (no such module)"]
+
+
 def radar_code_outside_its_key(reader_files: list[Path]) -> list[str]:
     """The ``sp.NAME`` functions cudastack/radar/gates.py calls whose defining file (``inspect.getsourcefile``) is not
     among ``reader_files`` (what the radar's cache key hashes): a change there would not make the radar scan again."""

@@ -81,7 +81,7 @@ def library_gate(ctx) -> list[Verdict]:
             v.status, v.cause = ERROR, str(e)
             return [v]
         if v2 is not None:
-            from ...env import effective_nvcc
+            from ..env import effective_nvcc
             nvcc = effective_nvcc(ctx.env)
             v.add("CustomAllReduceV2 kernels", f"built at run time by load_jit (default {v2['default']})", v2["jit"])
             v.add("nvcc for SGLang's JIT", (nvcc or {}).get("path") or "none found", "environment")

@@ -5,8 +5,9 @@
   deterministic collectives are on (sglang 0.5.23 ``pcie_ipc_ar.py:111``). What "deterministic" means is read
   from the function passed there (0.5.23 ``GroupCoordinator._deterministic_collectives_enabled``,
   ``parallel_state.py:1358``: ``SGLANG_USE_1STAGE_ALLREDUCE`` when it is set, else
-  ``SGLANG_ENABLE_DETERMINISTIC_INFERENCE``, which ``--enable-deterministic-inference`` sets,
-  ``srt/arg_groups/serving_hook.py:444``). That mode also sets ``NCCL_ALGO=allreduce:tree`` for TP > 1
+  ``SGLANG_ENABLE_DETERMINISTIC_INFERENCE``, which SGLang writes from ``--enable-deterministic-inference`` on every
+  start-up, ``srt/arg_groups/serving_hook.py:444``, so the variable given alone is not read). That mode also
+  sets ``NCCL_ALGO=allreduce:tree`` for TP > 1
   (``srt/arg_groups/attention_hook.py:676``), which is where the tensor then goes;
 * :func:`upstream_claims`: the figures upstream gives in the module docstring of ``pcie_ipc_ar.py`` (its RST
   tables, with the sentence before each), cited as upstream's claim with file and lines, never as a measurement.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import re
+from typing import Any
 
 from ..paths import PCIE_IPC
 from ..verdict import GATE_SETTING, LIFT_SETTING
@@ -88,7 +90,11 @@ def deterministic_gate(ctx, eng, eligible: ast.FunctionDef, pcie_tree: ast.Modul
         flag_sets = _arg_group_line(eng, lambda n, v=var: isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                                     and n.func.attr == "set" and getattr(n.func.value, "attr", "") == v
                                     and "enable_deterministic_inference" in ast.unparse(n))
-        if given is not None:
+        over = startup_overwrites(eng).get(var)
+        if given is not None and over is not None and not se.configured(ctx, over["flag"]):
+            why = (f"{var}={given} is not read: SGLang overwrites it from {over['flag']} at start-up ({over['set_at']}, "
+                   f"run at {over['runs_at']}), and {over['flag']} is not given")
+        elif given is not None and over is None:
             det, why = se.env_truthy(given), f"{var}={given} (sglang/{STATE_FILE}:{line})"
         elif se.configured(ctx, DET_FLAG):
             det, why = True, f"{DET_FLAG} sets {var} ({flag_sets or 'srt/arg_groups'}; read at sglang/{STATE_FILE}:{line})"
@@ -172,13 +178,77 @@ class _Recording(dict):
         return super().get(key, default)
 
 
-def _nccl_env_set_by(eng, dest: str) -> list[str]:
-    """``["NCCL_CUMEM_ENABLE (sglang/srt/entrypoints/engine.py:1905)", ...]``: the NCCL variables SGLang writes into
-    ``os.environ`` under an ``if`` whose test reads ``dest`` (``cfg.enable_symm_mem``), or whose value does, in its
-    launch code (``srt/entrypoints/engine.py``) and argument files. The kind of side effect a flag carries beside
-    what it switches in the dispatch (sglang 0.5.23 ``engine.py:1898-1915``)."""
+def _env_write(stmt: ast.AST) -> tuple[str, ast.AST] | None:
+    """``(VARIABLE, value)`` of a statement writing an environment variable: ``os.environ["X"] = value`` or
+    ``envs.X.set(value)`` (``EnvField.set`` writes ``os.environ``, sglang 0.5.23 ``srt/environ.py:91-93``); else None."""
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+        m = re.fullmatch(r"os\.environ\[['\"](\w+)['\"]\]", ast.unparse(stmt.targets[0]))
+        if m:
+            return m.group(1), stmt.value
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        c = stmt.value
+        if (isinstance(c.func, ast.Attribute) and c.func.attr == "set" and isinstance(c.func.value, ast.Attribute)
+                and getattr(c.func.value.value, "id", "") == "envs" and len(c.args) == 1):
+            return c.func.value.attr, c.args[0]
+    return None
+
+
+def _reads_on(expr: ast.AST, dest: str) -> bool:
+    """Whether ``expr`` reads ``.dest`` (or ``dest``) other than under a ``not``: true when the flag is on."""
+    negated = {id(x) for n in ast.walk(expr) if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not)
+               for x in ast.walk(n.operand)}
+    return any(id(n) not in negated and ((isinstance(n, ast.Attribute) and n.attr == dest)
+                                         or (isinstance(n, ast.Name) and n.id == dest)) for n in ast.walk(expr))
+
+
+def _branch_on(test: ast.AST, dest: str) -> bool:
+    """Whether an ``if`` test is the flag itself or an ``and`` / ``or`` of it (``if cfg.<dest>:``, ``if "X" not in
+    os.environ or cfg.<dest>:``): its body is the flag's branch. A test passing the flag to a call is not."""
+    if isinstance(test, ast.BoolOp):
+        return any(_branch_on(v, dest) for v in test.values)
+    return (isinstance(test, ast.Attribute) and test.attr == dest) or (isinstance(test, ast.Name) and test.id == dest)
+
+
+def _value_when_on(eng, value: ast.AST, dest: str, scope: ast.AST) -> str:
+    """What ``value`` is with the flag on: a constant as written (``'allreduce:tree'``), the branch of an
+    ``a if cfg.<dest> else b`` taken when on, a local name through its assignment in ``scope`` (sglang 0.5.23
+    ``nchannels = str(envs.SGLANG_DETERMINISTIC_NCCL_NCHANNELS.get())``: the variable and its default from
+    ``srt/environ.py``), else the expression as written."""
+    if isinstance(value, ast.IfExp) and _reads_on(value.test, dest):
+        value = value.body
+    if isinstance(value, ast.Name):
+        src = next((n.value for n in ast.walk(scope) if isinstance(n, ast.Assign) and len(n.targets) == 1
+                    and isinstance(n.targets[0], ast.Name) and n.targets[0].id == value.id
+                    and n.lineno < value.lineno), None)
+        if src is not None:
+            value = src
+    var = next((n.func.value.attr for n in ast.walk(value) if isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Attribute) and n.func.attr == "get" and isinstance(n.func.value, ast.Attribute)
+                and getattr(n.func.value.value, "id", "") == "envs"), None)
+    if var:
+        try:
+            default, where = se.env_flag(eng, var)
+            return f"{var} (default {default}, {where.split(' ', 1)[0]})"
+        except se.GateNotFound:
+            return var
+    return ast.unparse(value)
+
+
+def _set_by_flag(eng, dest: str, flag_of: dict[str, str] | None = None) -> list[str]:
+    """What a flag (attribute ``dest``) sets beside itself, read from SGLang's launch code (``srt/entrypoints/engine.py``)
+    and argument files: every environment variable written (``os.environ[...] =``, ``envs.X.set(...)``) in the body
+    of an ``if`` whose test is ``cfg.<dest>`` (alone, or in an ``and`` / ``or``: :func:`_branch_on`), or anywhere with a value reading it, as
+    ``"NAME=VALUE (sglang/FILE:LINE)"`` with the value taken when the flag is on; and every server field that branch
+    declares to a constant (``declare_resolution(..., disable_custom_all_reduce=True)``), for a field of a flag in
+    ``flag_of`` (dest -> flag) other than the flag itself, as ``"--flag on|off (sglang/FILE:LINE)"``: the paths it
+    switches on or off. sglang 0.5.23 ``--enable-deterministic-inference``: SGLANG_ENABLE_DETERMINISTIC_INFERENCE
+    (``serving_hook.py:444``), SGLANG_FLASHINFER_MOE_FUSED_FINALIZE (``:448``), NCCL_ALGO (``attention_hook.py:676``),
+    NCCL_MIN/MAX_NCHANNELS (``:697-698``), --disable-custom-all-reduce on (``:683``), --enable-torch-symm-mem off
+    (``:691``); ``--enable-symm-mem``: NCCL_CUMEM_ENABLE, NCCL_NVLS_ENABLE (``engine.py:1898-1915``), ...).
+    In source order per file."""
     from .. import source
 
+    flag_of = flag_of or {}
     paths = [p for p in [eng.root / "srt" / "entrypoints" / "engine.py"] if p.is_file()] + se._arg_sources(eng)
     out = []
     for path in paths:
@@ -186,21 +256,94 @@ def _nccl_env_set_by(eng, dest: str) -> list[str]:
             tree = source.parse(path)
         except (SyntaxError, ValueError, OSError):
             continue
-        for n in ast.walk(tree):
-            if not isinstance(n, ast.If) or not re.search(rf"\b{dest}\b", ast.unparse(n.test)):
-                continue
-            for a in (x for b in n.body for x in ast.walk(b) if isinstance(x, ast.Assign)):
-                t = ast.unparse(a.targets[0])
-                m = re.fullmatch(r"os\.environ\[['\"](NCCL_\w+)['\"]\]", t)
-                if m and (re.search(rf"\b{dest}\b", ast.unparse(a.value)) or isinstance(a.value, ast.Constant)):
-                    out.append(f"{m.group(1)}={ast.unparse(a.value)} ({se.short(path)}:{a.lineno})")
+        at = se.short(path)
+        found: list[tuple[int, str]] = []
+        fns = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        for fn in fns:
+            branches = [b for n in ast.walk(fn) if isinstance(n, ast.If) and _branch_on(n.test, dest) for b in n.body]
+            inside = {id(x) for b in branches for x in ast.walk(b)}
+            for n in ast.walk(fn):
+                w = _env_write(n)
+                if w is not None and isinstance(n, ast.stmt) and (id(n) in inside or _reads_on(w[1], dest)):
+                    found.append((n.lineno, f"{w[0]}={_value_when_on(eng, w[1], dest, fn)} ({at}:{n.lineno})"))
+                if id(n) in inside and isinstance(n, ast.Call) and "declare_resolution" in ast.unparse(n.func):
+                    for k in n.keywords:
+                        if (k.arg and k.arg != dest and k.arg in flag_of and isinstance(k.value, ast.Constant)
+                                and isinstance(k.value.value, bool)):
+                            found.append((k.lineno, f"{flag_of[k.arg]} {'on' if k.value.value else 'off'} "
+                                                    f"({at}:{k.lineno})"))
+        out += [t for _, t in sorted(found)]
     return list(dict.fromkeys(out))
+
+
+_OVERWRITES: dict[str, dict[str, dict]] = {}
+
+
+def startup_overwrites(eng) -> dict[str, dict]:
+    """:func:`_startup_overwrites` for every server flag, once per installed tree."""
+    key = str(eng.root)
+    if key not in _OVERWRITES:
+        _OVERWRITES[key] = _startup_overwrites(eng, _flag_names(eng))
+    return _OVERWRITES[key]
+
+
+def _startup_overwrites(eng, flag_of: dict[str, str]) -> dict[str, dict]:
+    """``{VARIABLE: {"variable", "flag", "set_at", "function", "runs_at", "caller", "also_on"}}``: the variables SGLang
+    itself writes on every start-up from a flag, so a user's own value never reaches the code that reads it. A write
+    (:func:`_env_write`) that is a statement of its function's own body (no condition around it) and whose value reads
+    ``cfg.<dest>`` of a flag in ``flag_of``, in a function that another function of the argument files calls (or hands
+    to ``run_hook``) as a statement of its own body. sglang 0.5.23: ``envs.SGLANG_ENABLE_DETERMINISTIC_INFERENCE.set("1"
+    if cfg.enable_deterministic_inference else "0")`` (``serving_hook.py:444``) in ``handle_environment_variables``,
+    which ``run_resolution_pipeline`` runs (``pipeline.py:332``) from ``ServerArgs``. ``also_on``: the conditions under
+    which SGLang declares the flag on itself (``declare_resolution(..., enable_deterministic_inference=True)`` under
+    ``if cfg.rl_on_policy_target is not None:``, ``attention_hook.py:588``)."""
+    from .. import source
+
+    trees = []
+    for path in se._arg_sources(eng):
+        try:
+            trees.append((se.short(path), source.parse(path)))
+        except (SyntaxError, ValueError, OSError):
+            continue
+    writes: dict[str, dict[str, Any]] = {}
+    for at, tree in trees:
+        for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            for stmt in fn.body:
+                w = _env_write(stmt)
+                dest = next((n.attr for n in ast.walk(w[1]) if isinstance(n, ast.Attribute) and n.attr in flag_of),
+                            None) if w else None
+                if w and dest and w[0] not in writes:
+                    writes[w[0]] = {"variable": w[0], "flag": flag_of[dest], "dest": dest,
+                                    "set_at": f"{at}:{stmt.lineno}", "function": fn.name}
+    out = {}
+    for var, info in writes.items():
+        for at, tree in trees:
+            call = next(((fn.name, s) for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                         for s in fn.body if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
+                         and info["function"] in [getattr(s.value.func, "id", "")]
+                         + [a.id for a in s.value.args[:1] if isinstance(a, ast.Name)]), None)
+            if call is not None:
+                info.update(caller=call[0], runs_at=f"{at}:{call[1].lineno}")
+                break
+        else:
+            continue        # not seen to run: no claim that it overwrites anything
+        on: dict[int, tuple[int, str]] = {}     # each declaring call -> its innermost `if`
+        for at, tree in trees:
+            for n in (x for x in ast.walk(tree) if isinstance(x, ast.If)):
+                for c in (c for b in n.body for c in ast.walk(b)):
+                    if (isinstance(c, ast.Call) and "declare_resolution" in ast.unparse(c.func) and any(
+                            k.arg == info["dest"] and isinstance(k.value, ast.Constant) and k.value.value is True
+                            for k in c.keywords) and n.lineno >= on.get(id(c), (0, ""))[0]):
+                        on[id(c)] = (n.lineno, f"`{ast.unparse(n.test)}` ({at}:{n.lineno})")
+        info["also_on"] = list(dict.fromkeys(t for _, t in on.values()))
+        out[var] = info
+    return out
 
 
 def _nccl_then(also_sets: list[str]) -> dict:
     """What a "do not set with it" entry says when the dispatch falls to pynccl (the dispatch reader's ``nccl-ring``
     step, ``pynccl_comm.all_reduce``): ``{"then": "NCCL (pynccl)"}``, with the allreduce algorithm only where SGLang's
-    own code that the setting reaches pins ``NCCL_ALGO`` (read by :func:`_nccl_env_set_by`, given as ``also_sets``):
+    own code that the setting reaches pins ``NCCL_ALGO`` (read by :func:`_set_by_flag`, given as ``also_sets``):
     sglang 0.5.23 ``--enable-deterministic-inference`` sets ``NCCL_ALGO='allreduce:tree'`` on CUDA at TP > 1
     (``srt/arg_groups/attention_hook.py:676``), so ``{"then": "NCCL (pynccl, allreduce algorithm tree)", "why": "it
     sets NCCL_ALGO=allreduce:tree", "where": "sglang/srt/arg_groups/attention_hook.py:676"}``: Tree, not Ring. The same
@@ -305,8 +448,26 @@ def _turned_off_at(eng, name: str, dest: str) -> dict | None:
                             for r in n.body)), None)
         if off is None:
             continue
-        return {"why": f"{how}, so eligible_group's `if {ast.unparse(off.test)}: return False` leaves PCIe IPC unbuilt",
-                "where": f"sglang/{PCIE_FILE}:{off.lineno}", "read_at": f"sglang/{STATE_FILE}:{reads[var]}"}
+        out: dict[str, Any] = {"why": f"{how}, so eligible_group's `if {ast.unparse(off.test)}: return False` leaves PCIe IPC unbuilt",
+               "where": f"sglang/{PCIE_FILE}:{off.lineno}", "read_at": f"sglang/{STATE_FILE}:{reads[var]}"}
+        first = _decides_first(fn, var, reads[var]) if name.startswith("--") else None
+        if first is not None:
+            out["precedence"] = first
+        return out
+    return None
+
+
+def _decides_first(fn: ast.FunctionDef, var: str, line: int) -> dict | None:
+    """A variable ``fn`` reads before ``var`` (read at ``line``) that decides alone when set: ``if envs.Y.is_set():
+    return ...`` (sglang 0.5.23 ``_deterministic_collectives_enabled``, ``parallel_state.py:1359-1360``:
+    ``SGLANG_USE_1STAGE_ALLREDUCE``). ``{"variable", "test", "lines", "function"}``, or None."""
+    for n in ast.walk(fn):
+        if (isinstance(n, ast.If) and n.lineno < line and isinstance(n.test, ast.Call)
+                and isinstance(n.test.func, ast.Attribute) and n.test.func.attr == "is_set"
+                and isinstance(n.test.func.value, ast.Attribute) and getattr(n.test.func.value.value, "id", "") == "envs"
+                and n.test.func.value.attr != var and any(isinstance(b, ast.Return) for b in n.body)):
+            return {"variable": n.test.func.value.attr, "test": ast.unparse(n.test), "function": fn.name,
+                    "lines": f"sglang/{STATE_FILE}:{n.lineno}-{n.end_lineno}"}
     return None
 
 
@@ -383,7 +544,7 @@ def do_not_set(eng, ctx, backend: str = PCIE_IPC) -> list[dict]:
     list: the dispatch of a decode-step allreduce (:func:`.sglang_dispatch.read_dispatch`) is read with the
     opt-in set; every server flag and variable that read consulted (recorded as it asks) is then set alone beside it,
     and each one after which ``backend`` no longer serves is returned, with what serves instead and the NCCL
-    variables SGLang writes for it (:func:`_nccl_env_set_by`). For sglang 0.5.23: ``--enable-deterministic-inference``
+    variables SGLang writes for it (:func:`_set_by_flag`). For sglang 0.5.23: ``--enable-deterministic-inference``
     (turns PCIe IPC off, ``pcie_ipc_ar.py:111``, and that mode sets ``NCCL_ALGO='allreduce:tree'``,
     ``arg_groups/attention_hook.py:676``) and ``--enable-symm-mem`` (NCCL
     symmetric memory is tried first, and SGLang sets ``NCCL_CUMEM_ENABLE=1``, ``NCCL_NVLS_ENABLE=1``,
@@ -402,7 +563,14 @@ def do_not_set(eng, ctx, backend: str = PCIE_IPC) -> list[dict]:
     tensor, whose dispatch read raises, or whose effect the dispatch read gives but no line of SGLang's source is found
     for, is kept with ``"then": ""`` and a ``"note"`` starting ``not assessed:`` (never dropped, never an uncited
     claim); [] when the opt-in alone does not make ``backend`` serve (nothing to protect: sglang 0.5.9, which has no
-    ``pcie_ipc_ar.py``)."""
+    ``pcie_ipc_ar.py``).
+
+    A variable SGLang itself writes from a flag on every start-up (:func:`startup_overwrites`: sglang 0.5.23
+    SGLANG_ENABLE_DETERMINISTIC_INFERENCE, ``serving_hook.py:444``, run from ``pipeline.py:332``) is not a setting of
+    its own and is not listed: the flag's entry says so in ``why`` and ``note`` and keeps it under ``"overwrites"``. A
+    flag's ``also_sets`` is everything its branch writes or switches (:func:`_set_by_flag`), and a flag whose variable
+    another one overrides when set (:func:`_decides_first`) carries that as ``"caveat"`` (in ``why`` and ``note``) where
+    the dispatch read with that variable at 0 beside the flag gives ``backend`` again."""
     from ..serverconfig import ServerConfig
     from ..engines.sglang import dispatch as dw
     from ..engines.sglang import flags as sf
@@ -413,10 +581,12 @@ def do_not_set(eng, ctx, backend: str = PCIE_IPC) -> list[dict]:
     if base.serves != backend:
         return []
     flags = sf.server_flags(eng)
+    asked = list(dict.fromkeys(args.asked + env.asked))
+    overwritten = {v: o for v, o in startup_overwrites(eng).items() if v in asked}
     out = []
-    for name in dict.fromkeys(args.asked + env.asked):
-        if name in sc.args or name in sc.env or name == "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE":
-            continue
+    for name in asked:
+        if name in sc.args or name in sc.env or name == "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" or name in overwritten:
+            continue                    # given already, the opt-in, or a variable SGLang writes itself at start-up
         if name.startswith("--"):
             spec = flags.get(name)
             if spec is None or spec.default is not False or name.startswith(("--no-", "--disable")):
@@ -442,16 +612,20 @@ def do_not_set(eng, ctx, backend: str = PCIE_IPC) -> list[dict]:
             continue
         if d.serves != backend:
             dest = getattr(flags.get(name), "dest", "") if name.startswith("--") else ""
-            out.append(_entry(eng, name, setting, dest, base, d, backend))
+            mine = [o for o in overwritten.values() if o["flag"] == name]
+            out.append(_entry(eng, (ctx, cfg), name, setting, dest, base, d, backend, mine))
     return out
 
 
-def _entry(eng, name: str, setting: str, dest: str, base, d, backend: str) -> dict:
+def _entry(eng, read, name: str, setting: str, dest: str, base, d, backend: str,
+           overwrites: list[dict] | None = None) -> dict:
     """One "do not set with it" entry for ``name`` (``setting`` as printed), whose dispatch read ``d`` no longer
-    serves ``backend`` (``base``: the read with the opt-in alone): cited (:func:`_cited`), or not assessed."""
+    serves ``backend`` (``base``: the read with the opt-in alone; ``read``: ``(ctx, config)`` of ``d``): cited
+    (:func:`_cited`), or not assessed. ``overwrites``: the variables SGLang writes from this flag on every start-up
+    (:func:`_startup_overwrites`), which are not listed themselves: said here instead."""
     from ..engines.sglang import dispatch as dw
 
-    also = _nccl_env_set_by(eng, dest) if dest else []
+    also = _set_by_flag(eng, dest, _flag_names(eng)) if dest else []
     entry = {"setting": setting, "then": d.serves, "also_sets": also}
     if d.serves:
         cite = _cite(eng, name, dest, base, d, backend)
@@ -465,7 +639,14 @@ def _entry(eng, name: str, setting: str, dest: str, base, d, backend: str) -> di
             entry["then"] = algo["then"]
             if algo.get("why"):
                 cite = {**cite, "nccl_algo": f"{algo['why']} ({algo['where']})"}
-        _cited(entry, cite)
+        extra = [_overwrite_words(o) for o in overwrites or []]
+        if overwrites:
+            entry["overwrites"] = overwrites
+        caveat = _precedence_caveat(eng, read, name, cite.get("precedence"), backend)
+        if caveat:
+            entry["caveat"] = caveat
+            extra.append(caveat)
+        _cited(entry, {**cite, "extra": extra})
         return entry
     # undecided: what takes it is a path whose own per-call check runs at run time
     run_time = next((s for s in d.steps if s.built is True and s.admits == "unknown" and s.backend != backend), None)
@@ -491,14 +672,51 @@ def _entry(eng, name: str, setting: str, dest: str, base, d, backend: str) -> di
     return entry
 
 
+def _flag_names(eng) -> dict[str, str]:
+    """``{dest: "--flag"}`` of SGLang's server flags."""
+    from ..engines.sglang import flags as sf
+
+    return {spec.dest: f for f, spec in sf.server_flags(eng).items() if getattr(spec, "dest", "")}
+
+
+def _overwrite_words(o: dict) -> str:
+    """What a user reads for a variable SGLang writes from a flag on every start-up (:func:`_startup_overwrites`)."""
+    on = f" (SGLang also turns {o['flag']} on itself when {', '.join(o['also_on'])})" if o.get("also_on") else ""
+    return (f"{o['variable']} set alone has no effect: SGLang overwrites it from {o['flag']} at start-up "
+            f"({o['set_at']}, in {o['function']}, which {o['caller']} runs on every launch, {o['runs_at']}), so only "
+            f"{o['flag']} turns it on{on}")
+
+
+def _precedence_caveat(eng, read, name: str, first: dict | None, backend: str) -> str:
+    """The caveat for a flag whose variable is read only when another variable is unset (:func:`_decides_first`),
+    kept only where the dispatch read with the flag and that variable set to 0 still gives ``backend``; else ""."""
+    from ..serverconfig import ServerConfig
+    from ..engines.sglang import dispatch as dw
+
+    if not first:
+        return ""
+    ctx, cfg = read
+    var = first["variable"]
+    try:
+        d = dw.read_dispatch(eng, ctx, config=ServerConfig(args=dict(cfg.args), env={**cfg.env, var: "0"},
+                                                           source=cfg.source))
+    except Exception:  # noqa: BLE001 - not read: no caveat claimed
+        return ""
+    if d.serves != backend:
+        return ""
+    return (f"unless {var} is set: {first['function']} returns it first (`{first['test']}`, {first['lines']}), so "
+            f"{var}=0 beside {name} keeps {backend} built (the dispatch read with both gives {backend})")
+
+
 def _cited(entry: dict, cite: dict) -> None:
     """Put :func:`_cite`'s answer on a "do not set with it" entry: ``why`` (with the ``NCCL_ALGO`` pin, where the
     setting's code sets one: the same shape as vLLM's entries), ``where`` (the condition or step against PCIe IPC),
     ``read_at`` (where SGLang reads the setting) and a ``note`` the cause prints:
     ``THEN serves instead: WHY, WHERE`` (the pin is in ``also_sets`` there)."""
-    entry["why"] = cite["why"] + (f"; {cite['nccl_algo']}" if cite.get("nccl_algo") else "")
+    extra = "".join(f"; {x}" for x in cite.get("extra") or [])
+    entry["why"] = cite["why"] + extra + (f"; {cite['nccl_algo']}" if cite.get("nccl_algo") else "")
     entry["where"], entry["read_at"] = cite["where"], cite["read_at"]
-    entry["note"] = f"{entry['then']} serves instead: {cite['why']}, {cite['where']}"
+    entry["note"] = f"{entry['then']} serves instead: {cite['why']}{extra}, {cite['where']}"
 
 
 # --- what happens when its set-up fails, and how a user confirms it served (issue 39 point 3) ---------------------

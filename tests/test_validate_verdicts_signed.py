@@ -463,7 +463,7 @@ def test_review12_expert_kernels_that_admit_two_sided_on_12_0_are_read_from_thei
     assert "none admit" not in v["cause"]
     assert ("on 12.0 FlashInferExperts (experts/flashinfer_cutlass_moe.py:194, experts/flashinfer_cutlass_moe.py:"
             "128-139; given has_flashinfer_cutlass_fused_moe())") in v["cause"]
-    assert "not read here: FallbackExperts" in v["cause"]
+    assert "TritonOrCutlassExperts refuses as its halves do (CutlassExpertsFp8, TritonExperts" in v["cause"]
     for cls in ("TritonExperts", "DeepGemmExperts", "MarlinExpertsBase", "CutlassExpertsFp8"):
         assert cls in " ".join(k["refuse"])
     assert "on 12.0 FlashInferExperts" in report.to_markdown()

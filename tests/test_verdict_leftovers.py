@@ -109,8 +109,9 @@ KERNELS = """
 import json, sys
 from stackprobe.engines.vllm import engine as ve
 class T:
-    major, minor, cc = 12, 0, "12.0"
-target = T if sys.argv[1] == "12.0" else None
+    cc = sys.argv[1]
+    major, minor = (int(x) for x in cc.split(".")) if cc != "none" else (0, 0)
+target = T if sys.argv[1] != "none" else None
 k = ve.expert_kernels(ve.installed(), "flashinfer_nvlink_two_sided", target, 8)
 k["words"] = ve._kernel_words(k, target)
 print(json.dumps(k))
@@ -147,12 +148,12 @@ def test_point2_the_assumed_predicate_is_named_with_where_it_is_defined(venv, vl
     assert fi.startswith(f"FlashInferExperts ({FI_CUTLASS}:194); device check {FI_CUTLASS}:128-139; assumes "
                          "has_flashinfer_cutlass_fused_moe() taken as true: its body (vllm/utils/flashinfer.py:564) is "
                          "not read here (")
-    oai = _entry(k, "unknown", "OAITritonExperts")     # BaseOAITritonExperts is abstract: its subclasses are read
+    oai = _entry(k, "admit", "OAITritonExperts")     # BaseOAITritonExperts is abstract: its subclasses are read
     assert oai.startswith("OAITritonExperts (vllm/model_executor/layers/fused_moe/experts/gpt_oss_triton_kernels_moe.py"
-                          ":1045, from BaseOAITritonExperts); ")
-    assert "; not assessed: its device check vllm/model_executor/layers/fused_moe/experts/gpt_oss_triton_kernels_moe.py" \
-           ":1023-1024 is not read here (_triton_kernel_moe_supports_current_device() -> " in oai
-    assert "FallbackExperts" in k["words"].split("not read here: ")[1]
+                          ":1045, from BaseOAITritonExperts); device check vllm/model_executor/layers/fused_moe/experts/"
+                          "gpt_oss_triton_kernels_moe.py:1023-1024; assumes has_triton_kernels() taken as true: its "
+                          "body (vllm/utils/import_utils.py:560) is not read here (")   # review point 11
+    assert k["unknown"] == [] and "not read here: " not in k["words"]     # FallbackExperts: review point 12
 
 
 def test_point2_twin_a_readable_predicate_names_no_assumption_and_an_unread_check_admits_nothing(venv, vllm033,
@@ -228,9 +229,11 @@ def test_point10_each_expert_class_names_its_format_its_device_check_and_its_own
     # (c) named one by one: the classes whose parallel config and device check both admit 12.0
     both = sorted(r["class"] for r in k["classes"] if r["parallel_config"] is True and r["device"] is True)
     assert both == ["BatchedDeepGemmExperts", "BatchedHummingGroupedExperts", "BatchedTritonExperts",
-                    "FlashInferExperts", "HummingGroupedExperts", "HummingIndexedExperts"]
+                    "FlashInferExperts", "HummingGroupedExperts", "HummingIndexedExperts", "OAITritonExperts",
+                    "UnfusedOAITritonExperts"]
     assert sorted(e.split(" (")[0] for e in k["admit"]) == ["FlashInferExperts", "HummingGroupedExperts",
-                                                          "HummingIndexedExperts"]
+                                                          "HummingIndexedExperts", "OAITritonExperts",
+                                                          "UnfusedOAITritonExperts"]
     # nothing is admitted whose device check or format was not read
     assert all(r["device"] is True and r["format"] == "Standard" for r in k["classes"] if r["verdict"] == "admit")
 

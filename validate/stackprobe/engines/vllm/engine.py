@@ -961,8 +961,12 @@ class _Reader:
     where it is defined and why it was not read in ``assumed_where``; what made an answer None is in ``unread`` (the
     expression or statement and its line), so a kernel left unread says why."""
 
-    def __init__(self, config: dict, props: dict, cap: int, resolve=None):
+    def __init__(self, config: dict, props: dict, cap: int, resolve=None, parts=None):
         self.config, self.props, self.cap, self.resolve = config, props, cap, resolve
+        # parts: a composite kernel's halves (:class:`_Parts`): ``cls.get_clses()``-style calls resolved to classes
+        # and their own ``_supports_*`` answers; None: another class's method is not read
+        self.parts = parts
+        self.bound: dict[str, object] = {}      # local name -> a class key it names (a composite's half)
         self.assumed: list[str] = []
         self.assumed_where: list[str] = []
         self.unread: list[str] = []
@@ -1010,11 +1014,18 @@ class _Reader:
             if isinstance(node.op, ast.And):
                 return False if False in vals else (True if all(v is True for v in vals) else None)
             return True if True in vals else (False if all(v is False for v in vals) else None)
-        if isinstance(node, ast.Compare) and len(node.ops) == 1:
-            return self._compare(node, self_name)
+        if isinstance(node, ast.Compare):
+            return self._compare(node, self_name) if len(node.ops) == 1 else self._chain(node, self_name)
         if isinstance(node, ast.Call):
             return self._call(node)
         return self._miss(node)
+
+    def _chain(self, node: ast.Compare, self_name: str):
+        """A chained comparison: ``a <= b < c`` is ``a <= b and b < c``."""
+        terms = [node.left, *node.comparators]
+        vals = [self._compare(ast.Compare(left=terms[i], ops=[op], comparators=[terms[i + 1]]), self_name)
+                for i, op in enumerate(node.ops)]
+        return False if False in vals else (True if all(v is True for v in vals) else self._miss(node))
 
     def _compare(self, node: ast.Compare, self_name: str):
         if isinstance(node.ops[0], ast.IsNot) \
@@ -1030,12 +1041,17 @@ class _Reader:
         if a is None or b is None:
             return None
         op = type(node.ops[0])
+        ordered = (isinstance(a, int) and isinstance(b, int)) or (
+            isinstance(a, tuple) and isinstance(b, tuple) and all(isinstance(x, int) for x in a + b))
         table = {ast.Eq: a == b, ast.NotEq: a != b, ast.Lt: a < b, ast.LtE: a <= b, ast.Gt: a > b,
-                 ast.GtE: a >= b} if isinstance(a, int) and isinstance(b, int) else {ast.Eq: a == b,
-                                                                                     ast.NotEq: a != b}
+                 ast.GtE: a >= b} if ordered else {ast.Eq: a == b, ast.NotEq: a != b}
         return table.get(op)
 
     def _call(self, node: ast.Call):
+        if isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
+                and node.func.value.id in self.bound and self.parts is not None:   # a composite's half, asked
+            got = self.parts.ask(self.bound[node.func.value.id], node.func.attr)
+            return self._miss(node, f"{ast.unparse(node)}: {self.parts.why}") if got is None else got
         if isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
                 and self.names.get(node.func.value.id, node.func.value.id) in ("platform", "current_platform"):
             name, arg = node.func.attr, self._cap_arg(node.args[0]) if node.args else None
@@ -1076,41 +1092,70 @@ class _Reader:
         return self._miss(node)
 
     def body(self, fn: ast.FunctionDef, alias: str):
-        """The function's answer: aliases (``p = <param or current_platform>``), ``if <test>: return False`` guards
-        and the final ``return``; None where the body has any other statement or calls another class's method."""
+        """The function's answer: aliases (``p = <param or current_platform>``), ``if <test>: return False`` guards,
+        ``if <test>:`` blocks whose test is read (the taken branch is read, the other skipped), a composite's
+        ``a, b = cls.get_clses()`` (with ``parts``) and the final ``return``; None where the body has any other
+        statement or calls another class's method this reader is not given."""
         self.names = {alias: "config"} if alias else {}
         self.names["current_platform"] = "platform"
-        guards: list = []
-        for st in fn.body:
+        done, got = self._block(fn.body, [])
+        return got if done else self._miss(fn, "no return statement")
+
+    def _bind(self, st: ast.stmt) -> bool:
+        """An alias, a capability read or a composite's halves (``a, b = cls.m()``): recorded, True."""
+        if not (isinstance(st, ast.Assign) and len(st.targets) == 1):
+            return False
+        t, v = st.targets[0], st.value
+        if isinstance(t, ast.Name) and isinstance(v, ast.Name) and v.id in self.names:
+            self.names[t.id] = self.names[v.id]
+            return True
+        if isinstance(t, ast.Name) and isinstance(v, ast.Call) and not v.args and isinstance(v.func, ast.Attribute) \
+                and v.func.attr == "get_device_capability" and isinstance(v.func.value, ast.Name) \
+                and self.names.get(v.func.value.id) == "platform":
+            self.names[t.id] = "capability"
+            return True
+        if isinstance(t, ast.Tuple) and all(isinstance(e, ast.Name) for e in t.elts) and self.parts is not None \
+                and isinstance(v, ast.Call) and not v.args and isinstance(v.func, ast.Attribute) \
+                and isinstance(v.func.value, ast.Name) and v.func.value.id in ("cls", "self"):
+            keys = self.parts.classes(v.func.attr)
+            if keys is None or len(keys) != len(t.elts):
+                return False
+            self.bound.update({e.id: k for e, k in zip(t.elts, keys)})  # type: ignore[attr-defined]
+            return True
+        return False
+
+    def _block(self, stmts: list, guards: list) -> tuple[bool, object]:
+        """(returned, answer) of a statement list; ``returned`` False when it falls through."""
+        for st in stmts:
             if isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant):
                 continue
-            if isinstance(st, ast.ImportFrom):
-                continue
-            if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name) \
-                    and isinstance(st.value, ast.Name) and st.value.id in self.names:
-                self.names[st.targets[0].id] = self.names[st.value.id]
-                continue
-            if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name) \
-                    and isinstance(st.value, ast.Call) and ast.unparse(st.value.func) in (
-                        "current_platform.get_device_capability", "p.get_device_capability") and not st.value.args:
-                self.names[st.targets[0].id] = "capability"
+            if isinstance(st, ast.ImportFrom) or self._bind(st):
                 continue
             if isinstance(st, ast.If) and not st.orelse and len(st.body) == 1 and isinstance(st.body[0], ast.Return) \
                     and isinstance(st.body[0].value, ast.Constant) and st.body[0].value.value is False:
                 g = self.value(st.test)
                 if g is True:
-                    return False
+                    return True, False
                 guards.append(g)
                 continue
+            if isinstance(st, ast.If):
+                g = self.value(st.test)
+                if g is None:
+                    return True, self._miss(st.test, f"if {ast.unparse(st.test)[:70]}")
+                done, got = self._block(st.body if g else st.orelse, guards)
+                if done:
+                    return True, got
+                continue
             if isinstance(st, ast.Return) and st.value is not None:
-                if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr.startswith(
-                        "_supports_") for n in ast.walk(st.value)):
+                if self.parts is None and any(
+                        isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                        and n.func.attr.startswith("_supports_") for n in ast.walk(st.value)):
                     # it asks other classes (FallbackExperts): not read here
-                    return self._miss(st, "it asks another class's _supports_ method")
+                    return True, self._miss(st, "it asks another class's _supports_ method")
                 got = self.value(st.value)
-                return None if (got is True and None in guards) else got
-            return self._miss(st, f"a statement it does not follow ({type(st).__name__})")
-        return self._miss(fn, "no return statement")
+                return True, (None if (got is True and None in guards) else got)
+            return True, self._miss(st, f"a statement it does not follow ({type(st).__name__})")
+        return False, None
 
 
 def _parallel_config(eng: Engine, backend: str, world: int) -> tuple[dict, dict, str]:
@@ -1308,10 +1353,77 @@ class _Hierarchy:
         return out
 
 
-def _format_of(h: _Hierarchy, key) -> tuple[str | None, str]:
+class _Parts:
+    """A composite kernel's halves (vLLM's FallbackExperts: ``experts_cls, fallback_cls = cls.get_clses()``), read
+    from source: ``classes(m)`` resolves the classes the class's own ``m`` returns (a single ``return (A, B)``, each
+    name resolved through the module that returns it) and records where; ``ask(half, method)`` is that half's own
+    answer (:func:`_gate`), so a composite admits only where every half it asks admits. ``why``: what was not read."""
+
+    def __init__(self, eng: Engine, h: "_Hierarchy", key, config: dict, props: dict, cap, trees: dict, depth: int):
+        self.eng, self.h, self.key, self.config, self.props, self.cap = eng, h, key, config, props, cap
+        self.trees, self.depth = trees, depth
+        self.halves: list = []
+        self.where = ""
+        self.why = "not read"
+        self.answers: dict = {}
+
+    def classes(self, method: str):
+        got = self.h.method(self.key, method)
+        if got is None:
+            return None
+        fn, rel, _ = got
+        body = [st for st in fn.body if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant))]
+        if len(body) != 1 or not isinstance(body[0], ast.Return) or not isinstance(body[0].value, ast.Tuple):
+            return None
+        keys = [self.h.base(rel, e) for e in body[0].value.elts]
+        if None in keys:
+            return None
+        self.halves, self.where = keys, f"vllm/{rel}:{body[0].lineno}"
+        return keys
+
+    def ask(self, half, method: str):
+        if self.depth >= 3 or method not in ("_supports_parallel_config", "_supports_current_device"):
+            self.why = f"{half[1]}.{method} is not read here"
+            return None
+        ans, reader, got = _gate(self.eng, self.h, half, method, self.config, self.props, self.cap, self.trees,
+                                 self.depth + 1)
+        where = f"vllm/{got[1]}:{got[0].lineno}" if got is not None else "none found"
+        self.answers[(half, method)] = (ans, where, list(reader.assumed_where) if reader is not None else [])
+        if ans is None:
+            self.why = f"{half[1]}'s {method} ({where}) is not read here" + (
+                f" ({reader.unread[0]})" if reader is not None and reader.unread else "")
+        return ans
+
+
+def _raises(fn: ast.FunctionDef) -> ast.Raise | None:
+    """The ``raise`` a method's body starts with (after its docstring): it can never answer."""
+    body = [st for st in fn.body if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant))]
+    return body[0] if body and isinstance(body[0], ast.Raise) else None
+
+
+def _gate(eng: Engine, h: "_Hierarchy", key, method: str, config: dict, props: dict, cap, trees: dict, depth: int = 0):
+    """A kernel class's own answer to ``method`` (``_supports_parallel_config`` for the deployment's config, or
+    ``_supports_current_device`` on ``cap``; None for the device check without a capability): (True / False / None,
+    the reader, (def, rel, defining class) or None). A composite's halves are read through :class:`_Parts`."""
+    got = h.method(key, method)
+    if got is None or (method == "_supports_current_device" and cap is None):
+        return None, None, got
+    fn, rel, _ = got
+    if _raises(fn) is not None:
+        return None, None, got
+    args = [a.arg for a in fn.args.args if a.arg not in ("cls", "self")]
+    parts = _Parts(eng, h, key, config, props, cap, trees, depth)
+    dev = method == "_supports_current_device"
+    reader = _Reader(config, props, (cap or 0) if not dev else cap, _resolver(eng, rel, trees) if dev else None, parts)
+    ans = reader.body(fn, "" if dev else (args[0] if args else ""))
+    return ans, reader, got
+
+
+def _format_of(h: _Hierarchy, key, parts: _Parts | None = None) -> tuple[str | None, str]:
     """The activation format a kernel class declares: ``Standard`` / ``BatchedExperts`` (the attribute its
-    ``activation_format`` returns) and ``vllm/FILE:LINE`` of that return; None when the method is not a single
-    ``return <...>.<Format>`` (it asks other classes: FallbackExperts)."""
+    ``activation_format`` returns) and ``vllm/FILE:LINE`` of that return; a composite that returns its halves' format
+    (``a, b = cls.get_clses(); return a.activation_format()``) declares the halves' own when every half declares the
+    same one (read through ``parts``); None otherwise."""
     got = h.method(key, "activation_format")
     if got is None:
         return None, "no activation_format found"
@@ -1319,31 +1431,63 @@ def _format_of(h: _Hierarchy, key) -> tuple[str | None, str]:
     body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
     if len(body) == 1 and isinstance(body[0], ast.Return) and isinstance(body[0].value, ast.Attribute):
         return body[0].value.attr, f"vllm/{rel}:{body[0].lineno}"
-    return None, f"vllm/{rel}:{fn.lineno}-{fn.end_lineno}"
+    span = f"vllm/{rel}:{fn.lineno}-{fn.end_lineno}"
+    first = body[0] if body else None
+    if parts is None or not isinstance(first, ast.Assign) or not isinstance(first.value, ast.Call) \
+            or not isinstance(first.value.func, ast.Attribute):
+        return None, span
+    halves = parts.classes(first.value.func.attr)
+    last = body[-1]
+    if not halves or not (isinstance(last, ast.Return) and isinstance(last.value, ast.Call) and isinstance(
+            last.value.func, ast.Attribute) and last.value.func.attr == "activation_format"):
+        return None, span
+    fmts = [_format_of(h, k) for k in halves]
+    if any(f is None for f, _ in fmts) or len({f for f, _ in fmts}) != 1:
+        return None, span + " (its halves' formats: " + ", ".join(f"{k[1]} {f or 'not read'} ({w})" for k, (f, w)
+                                                                   in zip(halves, fmts)) + ")"
+    return fmts[0][0], f"{span}, its halves' ({', '.join(w for _, w in fmts)})"
 
 
-def _classify_kernel(eng: Engine, h: _Hierarchy, key, config: dict, props: dict, cap, want: str, trees: dict):
+def _composite_words(parts: _Parts, method: str) -> str:
+    """``; halves A (vllm/FILE:LINE) refuses, B (...) admits (their classes from vllm/FILE:LINE)``."""
+    said = {"True": "admits", "False": "refuses", "None": "not read"}
+    got = [(k, parts.answers.get((k, method))) for k in parts.halves]
+    return "; its halves " + ", ".join(f"{k[1]} ({a[1]}) {said[str(a[0])]}" if a else f"{k[1]} not asked"
+                                       for k, a in got) + f" (from {parts.where})"
+
+
+def _classify_kernel(eng: Engine, h: _Hierarchy, key, config: dict, props: dict, cap, want: str, trees: dict,
+                     label: str = ""):
     """One concrete expert kernel class's reading for :func:`expert_kernels`: a record (class, where, format and
     its FILE:LINE, parallel / device answers and their FILE:LINE, caveats in its own gate methods, assumed
-    predicates) with ``key`` one of admit, refuse, other_device, unknown and ``entry`` (the list's string); None for a
-    kernel whose parallel-config method raises (never chosen). ``want``: the all-to-all's activation format."""
+    predicates) with ``key`` one of admit, refuse, other_device, unknown and ``entry`` (the list's string). A kernel
+    whose parallel-config method raises (NotImplementedError) is refused (``raises NotImplementedError: not usable``
+    with FILE:LINE of the raise); a composite (FallbackExperts) is read through its halves. ``want``: the
+    all-to-all's activation format; ``label``: the class's name as listed (with its file where names repeat)."""
     rel, name = key
-    par = h.method(key, "_supports_parallel_config")
-    fn, prel, powner = par  # type: ignore[misc]
-    if any(isinstance(n, ast.Raise) for n in fn.body):
-        return None   # an unused kernel (NotImplementedError), never chosen
-    args = [a.arg for a in fn.args.args if a.arg not in ("cls", "self")]
-    reader = _Reader(config, props, cap or 0)
-    got = reader.body(fn, args[0] if args else "")
+    label = label or name
+    fn, prel, powner = h.method(key, "_supports_parallel_config")  # type: ignore[misc]
     inherit = f", from {powner}" if powner != name else ""
-    entry = f"{name} (vllm/{prel}:{fn.lineno}{inherit})"
-    fmt, fwhere = _format_of(h, key)
+    entry = f"{label} (vllm/{prel}:{fn.lineno}{inherit})"
+    rec = {"class": name, "label": label, "where": f"vllm/{rel}:{h.classes[key].lineno}", "format": "not read",
+           "format_where": "", "parallel_config": None, "parallel_where": f"vllm/{prel}:{fn.lineno}",
+           "device": None, "device_where": "", "caveats": [], "assumed": [], "device_assumes": [],
+           "is_supported_config": ""}
+
+    def out(k: str, e: str, assumed=()):
+        rec["verdict"], rec["assumed"] = k, list(assumed)
+        return k, e, list(assumed), rec
+    raised = _raises(fn)
+    if raised is not None:
+        exc = raised.exc.func if isinstance(raised.exc, ast.Call) else raised.exc
+        rec["parallel_where"], rec["raises"] = f"vllm/{prel}:{raised.lineno}", ast.unparse(exc) if exc else "again"
+        return out("refuse", f"{label} (vllm/{prel}:{raised.lineno}{inherit}); raises {rec['raises']}: not usable")
+    got, reader, _ = _gate(eng, h, key, "_supports_parallel_config", config, props, cap, trees)
+    fparts = _Parts(eng, h, key, config, props, cap, trees, 0)
+    fmt, fwhere = _format_of(h, key, fparts)
     dev = h.method(key, "_supports_current_device")
     span = f"vllm/{dev[1]}:{dev[0].lineno}-{dev[0].end_lineno}" if dev is not None else ""
-    device, dreader = None, None
-    if dev is not None and cap is not None:
-        dreader = _Reader(config, props, cap, _resolver(eng, dev[1], trees))
-        device = dreader.body(dev[0], "")
+    device, dreader, _ = _gate(eng, h, key, "_supports_current_device", config, props, cap, trees)
     caveats = []
     for m in ("_supports_parallel_config", "_supports_current_device", "activation_format"):
         g = h.method(key, m)
@@ -1352,23 +1496,23 @@ def _classify_kernel(eng: Engine, h: _Hierarchy, key, config: dict, props: dict,
     own = h.method(key, "is_supported_config")
     root = next((k[1] for k in reversed(h.mro(key)) if any(
         isinstance(b, ast.FunctionDef) and b.name == "_supports_parallel_config" for b in h.classes[k].body)), "")
-    rec = {"class": name, "where": f"vllm/{rel}:{h.classes[key].lineno}", "format": fmt or "not read",
-           "format_where": fwhere, "parallel_config": got, "parallel_where": f"vllm/{prel}:{fn.lineno}",
-           "device": device, "device_where": span, "caveats": caveats, "assumed": [],
-           "device_assumes": list(dreader.assumed) if dreader is not None else [],
-           "is_supported_config": (f"vllm/{own[1]}:{own[0].lineno}, in {own[2]}"
-                                   if own is not None and own[2] != root else "")}
+    rec.update({"format": fmt or "not read", "format_where": fwhere, "parallel_config": got, "device": device,
+                "device_where": span, "caveats": caveats,
+                "device_assumes": list(dreader.assumed) if dreader is not None else [],
+                "is_supported_config": (f"vllm/{own[1]}:{own[0].lineno}, in {own[2]}"
+                                        if own is not None and own[2] != root else "")})
     if h.partial.get(key):
         rec["bases_not_read"] = h.partial[key]
-
-    def out(k: str, e: str, assumed=()):
-        rec["verdict"], rec["assumed"] = k, list(assumed)
-        return k, e, list(assumed), rec
+    pparts = reader.parts if reader is not None else None
+    if pparts is not None and pparts.halves:
+        rec["halves"] = [f"{k[1]} (vllm/{k[0]}:{h.classes[k].lineno})" for k in pparts.halves]
+        rec["halves_where"] = pparts.where
     if got is False:
-        return out("refuse", entry)
+        return out("refuse", entry + (_composite_words(pparts, "_supports_parallel_config")
+                                      if pparts is not None and pparts.halves else ""))
     if got is None:
         return out("unknown", entry + (f"; not assessed: its _supports_parallel_config is not read here "
-                                       f"({'; '.join(reader.unread[:1]) or 'not followed'})"))
+                                       f"({'; '.join(reader.unread[:1]) if reader else 'not followed'})"))
     if fmt in ("Standard", "BatchedExperts") and fmt != want:
         # modular_kernel.py is_supported_config: the prepare/finalize's activation format must match
         return out("refuse", entry + f"; activation format {fmt} ({fwhere})")
@@ -1382,37 +1526,100 @@ def _classify_kernel(eng: Engine, h: _Hierarchy, key, config: dict, props: dict,
     if device is False:
         return out("other_device", entry)
     if device is None:
-        return out("unknown", entry + (f"; not assessed: its device check {span} is not read here "
-                                       f"({'; '.join(dreader.unread[:1]) or 'not followed'})"))  # type: ignore[union-attr]
-    entry += f"; device check {span}" + "".join(f"; assumes {a}" for a in dreader.assumed_where)  # type: ignore[union-attr]
-    return out("admit", entry, dreader.assumed)  # type: ignore[union-attr]
+        why = "; ".join(dreader.unread[:1]) if dreader is not None else f"it raises ({_raises(dev[0]).lineno})"  # type: ignore[union-attr]
+        return out("unknown", entry + f"; not assessed: its device check {span} is not read here ({why or 'not followed'})")
+    assumed, assumed_where = _assumptions(dreader)
+    entry += f"; device check {span}" + "".join(f"; assumes {a}" for a in assumed_where)
+    rec["device_assumes"] = assumed
+    return out("admit", entry, assumed)
+
+
+def _assumptions(reader) -> tuple[list[str], list[str]]:
+    """The predicates a device reading took as true, its own and its composite halves' (names, and where/why)."""
+    assumed, assumed_where = list(reader.assumed), list(reader.assumed_where)
+    for (_a, _w, aw) in (reader.parts.answers.values() if reader.parts is not None else ()):
+        assumed_where += [a for a in aw if a not in assumed_where]
+        assumed += [a.split(" taken as true")[0] for a in aw if a.split(" taken as true")[0] not in assumed]
+    return assumed, assumed_where
+
+
+def _kernel_base(h: _Hierarchy, key) -> tuple[str, str] | None:
+    """The class along ``key``'s method resolution order that declares ``_supports_parallel_config`` abstract (the
+    modular-kernel expert base, ``modular_kernel.py`` FusedMoEExperts); None for a plain mixin."""
+    for k in h.mro(key):
+        fn = next((b for b in h.classes[k].body if isinstance(b, ast.FunctionDef)
+                   and b.name == "_supports_parallel_config"), None)
+        if fn is not None and any(ast.unparse(d).split(".")[-1] == "abstractmethod" for d in fn.decorator_list):
+            return k
+    return None
+
+
+def _named_elsewhere(eng: Engine, name: str, cache: dict) -> bool:
+    """Whether ``name`` is used anywhere in the installed vLLM other than as a class statement's base, in an import
+    or in a string / comment (read from the source of every file whose text has the name)."""
+    if name in cache:
+        return cache[name]
+    if "" not in cache:     # every file's text, read once
+        cache[""] = [p.read_text(encoding="utf-8", errors="replace") for p in sorted(eng.root.rglob("*.py"))]
+    word = re.compile(rf"\b{re.escape(name)}\b")
+    used = False
+    for text in cache[""]:
+        if name not in text or not word.search(text):
+            continue
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            used = True     # unreadable: not told apart as never selected
+            break
+        skip = {id(b) for n in ast.walk(tree) if isinstance(n, ast.ClassDef) for b in n.bases}
+        for n in ast.walk(tree):
+            if isinstance(n, (ast.Name, ast.Attribute)) and id(n) not in skip \
+                    and (n.id if isinstance(n, ast.Name) else n.attr) == name:
+                used = True
+                break
+        if used:
+            break
+    cache[name] = used
+    return used
 
 
 def expert_kernels(eng: Engine, backend: str, target=None, world: int = 8) -> dict:
     """Every concrete MoE expert kernel class of the installed vLLM (a class under ``model_executor/layers/fused_moe``
-    whose method resolution order, read from source, has a ``_supports_parallel_config`` and leaves no
-    ``@abstractmethod`` unimplemented; a subclass that inherits its checks is read on its own, with its own activation
-    format) and its own answer for the deployment ``--all2all-backend <backend>`` with expert and data parallelism
+    that descends from the modular-kernel expert base, the class declaring ``_supports_parallel_config`` abstract
+    (:func:`_kernel_base`), and whose method resolution order, read from source, leaves no ``@abstractmethod``
+    unimplemented; a subclass that inherits its checks is read on its own, with its own activation format) and its
+    own answer for the deployment ``--all2all-backend <backend>`` with expert and data parallelism
     (:func:`_parallel_config`, whose properties are read from the release's ``config.py``): its
     ``_supports_parallel_config``, its ``activation_format`` against the all-to-all's (``modular_kernel.py``
     ``is_supported_config``), and whether its ``_supports_current_device`` admits ``target`` (a capability; None: not
     judged). Returns ``{"admit": [...], "refuse": [...], "other_device": [...], "unknown": [...], "config":
-    "vllm/FILE:LINE", "format": the all-to-all's, "assumed": {...}, "caveats": {...}, "classes": [...]}``; entries are
-    ``Class (vllm/FILE:LINE)`` of the parallel-config method (``, from Base`` where inherited), admitted ones with
-    ``; device check vllm/FILE:LINE-LINE`` appended. ``other_device``: admits the backend but its device check refuses
-    the target; ``unknown``: not assessed, never counted as admitting: a method this reader does not follow (another
-    class's method, a branch), a format it cannot read, a kernel with no device check, or no target to judge one
-    against, each entry ending ``; not assessed: <why>``. An admitted kernel whose device check holds only given a
-    ``has_*``/``is_*`` predicate this reader takes as true names it: ``; assumes has_x() taken as true: its body
-    (vllm/FILE:LINE) is not read here (...)``. ``caveats``: per class, each TODO/FIXME/XXX/HACK comment inside the
-    gate methods it resolves to (``vllm/FILE:LINE: TODO ...``). ``classes``: one record per class (format and its
-    FILE:LINE, parallel-config and device answers with their FILE:LINE, caveats, verdict). vllm 0.33.0 on 12.0 with
+    "vllm/FILE:LINE", "format": the all-to-all's, "assumed": {...}, "caveats": {...}, "classes": [...],
+    "bases": [...]}``; entries are ``Class (vllm/FILE:LINE)`` of the parallel-config method (``, from Base`` where
+    inherited), admitted ones with ``; device check vllm/FILE:LINE-LINE`` appended; two kernel classes of the same
+    name are listed as ``Name [FILE:LINE]`` (the class's own file and line, under ``fused_moe/``). ``other_device``:
+    admits the backend but its device check refuses the target; ``unknown``: not assessed, never counted as
+    admitting: a method this reader does not follow (a call it does not know, a branch on something it cannot
+    read), a format it cannot read, a kernel with no device check, or no target to judge one against, each entry
+    ending ``; not assessed: <why>``. A kernel whose parallel-config method raises is refused: ``; raises
+    NotImplementedError: not usable`` with FILE:LINE of the raise. A composite (FallbackExperts: ``a, b =
+    cls.get_clses()`` then ``a._supports_x(...) and b._supports_x(...)``) is read through the halves its own
+    ``get_clses`` returns: it admits only where every half admits. Device checks that compare capability tuples
+    (``(9, 0) <= (cap.major, cap.minor) < (13, 0)``) or branch on the platform (``if p.is_cuda():``) are read. An
+    admitted kernel whose device check holds only given a ``has_*``/``is_*`` predicate this reader takes as true names
+    it: ``; assumes has_x() taken as true: its body (vllm/FILE:LINE) is not read here (...)``. ``caveats``: per
+    class, each TODO/FIXME/XXX/HACK comment inside the gate methods it resolves to (``vllm/FILE:LINE: TODO ...``).
+    ``classes``: one record per class (format and its FILE:LINE, parallel-config and device answers with their
+    FILE:LINE, caveats, verdict). ``bases``: classes left out of the lists, each with why: a plain mixin that carries
+    a ``_supports_parallel_config`` but does not descend from the kernel base, or a kernel class that other kernel
+    classes derive from and that vLLM names nowhere else (never selected). vllm 0.33.0 on 12.0 with
     ``flashinfer_nvlink_two_sided``: FlashInferExperts (``experts/flashinfer_cutlass_moe.py:194`` returns True, with
     the TODO at ``:198`` that per-tensor fp8 kernels don't work with MNNVL FlashInfer all-to-alls; its device check
     ``:128-139`` admits capability family 120), HummingIndexedExperts and HummingGroupedExperts (Standard,
-    ``experts/fused_humming_moe.py:682`` / ``:894``; HummingExpertsBase's checks ``:420`` and ``:403-409``) admit;
-    BatchedHummingGroupedExperts (BatchedExperts, ``:1029``) refuses by format; Triton (``experts/triton_moe.py:
-    187-191``), DeepGEMM, CUTLASS and Marlin refuse."""
+    ``experts/fused_humming_moe.py:682`` / ``:894``; HummingExpertsBase's checks ``:420`` and ``:403-409``),
+    OAITritonExperts and UnfusedOAITritonExperts (``experts/gpt_oss_triton_kernels_moe.py:1045``, Standard, device
+    gate ``(9, 0) <= cap < (13, 0)`` on CUDA, given has_triton_kernels()) admit; BatchedHummingGroupedExperts
+    (BatchedExperts, ``:1029``) refuses by format; Triton (``experts/triton_moe.py:187-191``), DeepGEMM, CUTLASS,
+    Marlin and the two FallbackExperts (their halves refuse) refuse; NaiveBatchedExperts raises."""
     root = eng.root / "model_executor" / "layers" / "fused_moe"
     config, props, where = _parallel_config(eng, backend, world)
     cap = target.major * 10 + target.minor if target is not None else None
@@ -1421,22 +1628,61 @@ def expert_kernels(eng: Engine, backend: str, target=None, world: int = 8) -> di
         if "use_batched_activation_format" in props else False
     want = "BatchedExperts" if want_batched else "Standard"
     out: dict = {"admit": [], "refuse": [], "other_device": [], "unknown": [], "config": where, "format": want,
-                 "assumed": {}, "caveats": {}, "classes": []}
+                 "assumed": {}, "caveats": {}, "classes": [], "bases": []}
     h = _Hierarchy(eng, root)
     trees: dict[str, ast.Module] = {}
+    keys: list = []
+    named: dict[str, list] = {}
     for key in h.classes:
         if h.method(key, "_supports_parallel_config") is None or h.abstract(key):
             continue
-        got = _classify_kernel(eng, h, key, config, props, cap, want, trees)
-        if got is None:
+        if _kernel_base(h, key) is None:
+            out["bases"].append(f"{key[1]} (vllm/{key[0]}:{h.classes[key].lineno}): not a kernel class (no "
+                                "modular-kernel expert base among its bases), a mixin its subclasses share")
             continue
+        keys.append(key)
+    cache: dict = {}
+    for key in list(keys):
+        subs = sorted(k[1] for k in keys if k != key and key in h.mro(k)[1:])
+        if subs and not _named_elsewhere(eng, key[1], cache):
+            out["bases"].append(f"{key[1]} (vllm/{key[0]}:{h.classes[key].lineno}): a shared parent of "
+                                f"{', '.join(subs)}, named nowhere else in vLLM (never selected)")
+            keys.remove(key)
+    for key in keys:
+        named.setdefault(key[1], []).append(key)
+    for key in keys:
+        label = key[1] if len(named[key[1]]) == 1 else \
+            f"{key[1]} [{key[0].replace('model_executor/layers/fused_moe/', '')}:{h.classes[key].lineno}]"
+        got = _classify_kernel(eng, h, key, config, props, cap, want, trees, label)
         out[got[0]].append(got[1])
         out["classes"].append(got[3])
         if got[2]:
-            out["assumed"][key[1]] = got[2]
+            out["assumed"][label] = got[2]
         if got[3]["caveats"]:
-            out["caveats"][key[1]] = got[3]["caveats"]
+            out["caveats"][label] = got[3]["caveats"]
     return out
+
+
+def _refusal_words(recs: dict, rel) -> str:
+    """The refusals that need a reason: a kernel whose check raises, a composite whose halves refuse."""
+    words = ""
+    raised = [r for r in recs.values() if r.get("raises")]
+    if raised:
+        words += "; of those, " + "; ".join(f"{r['label']} ({rel(r['parallel_where'])}) raises {r['raises']}: not usable"
+                                            for r in raised)
+    halves = [r for r in recs.values() if r.get("verdict") == "refuse" and r.get("halves")]
+    if halves:
+        words += "; of those, " + "; ".join(
+            f"{r['label']} refuses as its halves do ({', '.join(h.split(' (')[0] for h in r['halves'])}, from "
+            f"{rel(r['halves_where'])})" for r in halves)
+    return words
+
+
+def _bases_words(bases: list[str], rel) -> str:
+    """The classes left out of the lists (a mixin, a shared parent never selected), with their file."""
+    return "; left out as no kernel vLLM selects: " + ", ".join(
+        f"{b.split(' (')[0]} ({rel(b.split(' (')[1].split(')')[0])}, {'a mixin' if 'mixin' in b else 'a shared parent'})"
+        for b in bases) if bases else ""
 
 
 def _kernel_words(kernels: dict, target) -> str:
@@ -1453,7 +1699,7 @@ def _kernel_words(kernels: dict, target) -> str:
 
     def rel(w: str) -> str:
         return w.replace("vllm/model_executor/layers/fused_moe/", "")
-    recs = {r["class"]: r for r in kernels.get("classes", [])}
+    recs = {r.get("label", r["class"]): r for r in kernels.get("classes", [])}
     cc = target.cc if target is not None else "this target"
     words = (f"the MoE expert kernel must admit the two-sided all-to-all (each kernel's own _supports_parallel_config "
              f"for the FusedMoEParallelConfig of {kernels['config']}, its activation format and its "
@@ -1486,9 +1732,10 @@ def _kernel_words(kernels: dict, target) -> str:
                  and r["device"] is True]
     if by_format:
         words += "; of those, " + "; ".join(
-            f"{r['class']} ({rel(r['parallel_where'])}, {rel(r['device_where'])}) admits the parallel config and {cc} "
+            f"{r.get('label', r['class'])} ({rel(r['parallel_where'])}, {rel(r['device_where'])}) admits the parallel config and {cc} "
             f"but declares the {r['format']} format ({rel(r['format_where'])})" for r in by_format) + \
             f", where the all-to-all hands over {kernels.get('format', 'Standard')}"
+    words += _refusal_words(recs, rel)
     if kernels["other_device"]:
         words += f"; {', '.join(short(k) for k in kernels['other_device'])} admit it but their device check refuses {cc}"
     if kernels["unknown"]:
@@ -1498,7 +1745,7 @@ def _kernel_words(kernels: dict, target) -> str:
             groups.setdefault(m.group(1) if m else short(k), []).append(short(k))
         words += "; not assessed (not counted as admitting), not read here: " + ", ".join(
             g if names == [g] else f"{g} ({', '.join(names)})" for g, names in groups.items())
-    return words + "; the model's quantization decides which kernel is chosen"
+    return words + _bases_words(kernels.get("bases") or [], rel) + "; the model's quantization decides which kernel is chosen"
 
 
 def _deprecated_import(eng: Engine, manager: str) -> str:

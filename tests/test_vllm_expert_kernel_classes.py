@@ -185,3 +185,24 @@ def test_point15_twin_a_check_that_answers_is_read_not_refused_as_raising(venv, 
     assert "raises" not in r and r["parallel_config"] is True and r["format"] == "BatchedExperts"
     e = _entry(k, "refuse", "NaiveBatchedExperts")
     assert "raises" not in e and "; activation format BatchedExperts (" in e
+
+
+# --- an activation format this reader does not know is not assessed, never passed ----------------------------------
+HUM = f"{FM}/fused_humming_moe.py"
+HUM_FMT = ("class HummingIndexedExperts(HummingExpertsBase):\n    def finalize_weight_and_reduce_impl(self) -> "
+           "mk.TopKWeightAndReduce:\n        return TopKWeightAndReduceNoOP()\n\n    @staticmethod\n"
+           "    def activation_format() -> mk.FusedMoEActivationFormat:\n"
+           "        return mk.FusedMoEActivationFormat.Standard\n")
+
+
+def test_an_unknown_activation_format_is_not_assessed_and_its_twin_standard_admits(venv, vllm033, tmp_path):
+    """vllm 0.34.0 declares PaddedStandard for the Humming kernels; the format check knew only Standard and
+    BatchedExperts, so such a kernel was admitted unchecked. An edited 0.33.0 whose HummingIndexedExperts declares
+    PaddedStandard leaves that class not assessed (its format named); the real wheel (Standard) admits it."""
+    assert _rec(_kernels(venv, [vllm033], "12.0"), "HummingIndexedExperts")["verdict"] == "admit"
+    padded = engine_copy(vllm033, tmp_path / "p", {HUM: (HUM_FMT, HUM_FMT.replace(".Standard\n", ".PaddedStandard\n"))})
+    k = _kernels(venv, [padded], "12.0")
+    r = _rec(k, "HummingIndexedExperts")
+    assert r["verdict"] == "unknown" and r["format"] == "PaddedStandard", r
+    assert "activation format PaddedStandard" in _entry(k, "unknown", "HummingIndexedExperts")
+    assert _rec(k, "HummingGroupedExperts")["verdict"] == "admit"      # the untouched sibling still reads Standard

@@ -1419,6 +1419,25 @@ def _gate(eng: Engine, h: "_Hierarchy", key, method: str, config: dict, props: d
     return ans, reader, got
 
 
+#: the activation formats whose match with the all-to-all this reader judges (FusedMoEActivationFormat in
+#: vllm 0.33.0 modular_kernel.py); any other is not assessed
+KNOWN_FORMATS = ("Standard", "BatchedExperts")
+
+
+def _format_verdict(fmt: str | None, fwhere: str, want: str) -> tuple[str, str] | None:
+    """``("refuse" | "unknown", words)`` when the kernel's activation format decides (modular_kernel.py
+    is_supported_config: the prepare/finalize's format must match): another known format refuses; an unread one, or
+    one this reader does not know (:data:`KNOWN_FORMATS`; vllm 0.34.0 adds PaddedStandard), is not assessed, never
+    passed unchecked; None when it matches ``want``."""
+    if fmt in KNOWN_FORMATS:
+        return None if fmt == want else ("refuse", f"; activation format {fmt} ({fwhere})")
+    if fmt is None:
+        return "unknown", f"; not assessed: its activation format is not read here ({fwhere})"
+    return "unknown", (f"; not assessed: its activation format {fmt} ({fwhere}) is not one this reader knows "
+                       f"({', '.join(KNOWN_FORMATS)}), so whether it matches the {want} the all-to-all hands over is "
+                       "not read")
+
+
 def _format_of(h: _Hierarchy, key, parts: _Parts | None = None) -> tuple[str | None, str]:
     """The activation format a kernel class declares: ``Standard`` / ``BatchedExperts`` (the attribute its
     ``activation_format`` returns) and ``vllm/FILE:LINE`` of that return; a composite that returns its halves' format
@@ -1513,11 +1532,9 @@ def _classify_kernel(eng: Engine, h: _Hierarchy, key, config: dict, props: dict,
     if got is None:
         return out("unknown", entry + (f"; not assessed: its _supports_parallel_config is not read here "
                                        f"({'; '.join(reader.unread[:1]) if reader else 'not followed'})"))
-    if fmt in ("Standard", "BatchedExperts") and fmt != want:
-        # modular_kernel.py is_supported_config: the prepare/finalize's activation format must match
-        return out("refuse", entry + f"; activation format {fmt} ({fwhere})")
-    if fmt is None:
-        return out("unknown", entry + f"; not assessed: its activation format is not read here ({fwhere})")
+    fverdict = _format_verdict(fmt, fwhere, want)
+    if fverdict is not None:
+        return out(fverdict[0], entry + fverdict[1])
     if dev is None:
         return out("unknown", entry + "; not assessed: no _supports_current_device found (its device check is not "
                                       "read)")

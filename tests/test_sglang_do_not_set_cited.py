@@ -324,3 +324,22 @@ def test_0_5_9_has_no_pcie_ipc_so_no_list(venv, sglang059, fi, sglang, released)
     assert not (sglang059 / PCIE).exists() and (sglang / PCIE).is_file()
     assert _do_not_set(venv, [sglang059, fi]) == {}
     assert released                     # the twin: the release that has it lists settings
+
+
+ENGINE = "sglang/srt/entrypoints/engine.py"
+MIXING = ('        if cfg.dcp_size > 1:\n            os.environ["NCCL_GRAPH_MIXING_SUPPORT"] = "0"\n')
+
+
+def test_a_write_under_a_further_condition_in_the_flags_branch_says_when(released, sglang, venv, fi, tmp_path):
+    """A second review: "--enable-symm-mem also sets NCCL_GRAPH_MIXING_SUPPORT='0' (engine.py:1920)" was said as if
+    the flag alone set it; the write sits under ``if cfg.dcp_size > 1:`` inside the flag's branch (engine.py:1918-1920),
+    so the entry names that condition. Twin: a copy without the inner ``if`` says it without a condition."""
+    assert (sglang / ENGINE).read_text().count(MIXING) == 1
+    also = released["--enable-symm-mem"]["also_sets"]
+    mixing = [x for x in also if x.startswith("NCCL_GRAPH_MIXING_SUPPORT=")]
+    assert mixing == [f"NCCL_GRAPH_MIXING_SUPPORT='0' ({ENGINE}:1920, only when cfg.dcp_size > 1)"], also
+    assert any(x.startswith("NCCL_CUMEM_ENABLE=") and "only when" not in x for x in also)     # the flag's own writes
+    flat = engine_copy(sglang, tmp_path / "flat", {ENGINE: (MIXING, '        os.environ["NCCL_GRAPH_MIXING_SUPPORT"] = "0"\n')})
+    also = _do_not_set(venv, [flat, fi])["--enable-symm-mem"]["also_sets"]
+    assert [x for x in also if x.startswith("NCCL_GRAPH_MIXING_SUPPORT=")] == [
+        f"NCCL_GRAPH_MIXING_SUPPORT='0' ({ENGINE}:1919)"], also

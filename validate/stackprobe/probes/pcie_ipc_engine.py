@@ -234,6 +234,32 @@ def _value_when_on(eng, value: ast.AST, dest: str, scope: ast.AST) -> str:
     return ast.unparse(value)
 
 
+def _inner_conditions(branches: list, dest: str) -> dict[int, list[str]]:
+    """For each statement inside the flag's branch (``branches``: the statements of the ``if cfg.<dest>`` bodies), the
+    tests of the ``if`` statements nested in that branch that it sits under and that do not read the flag
+    (``"cfg.dcp_size > 1"``; ``"not (...)"`` for an ``else``): the flag alone does not make such a write. sglang
+    0.5.23 ``engine.py:1918-1920``: NCCL_GRAPH_MIXING_SUPPORT is written under ``--enable-symm-mem`` only when
+    ``cfg.dcp_size > 1``. Keyed by ``id(node)``."""
+    out: dict[int, list[str]] = {}
+
+    def visit(node: ast.AST, conds: list[str]) -> None:
+        out[id(node)] = conds
+        if isinstance(node, ast.If):
+            test = ast.unparse(node.test)
+            on = _reads_on(node.test, dest)
+            for b in node.body:
+                visit(b, conds if on else conds + [test])
+            for b in node.orelse:
+                visit(b, conds if on else conds + [f"not ({test})"])
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child, conds)
+
+    for b in branches:
+        visit(b, [])
+    return out
+
+
 def _set_by_flag(eng, dest: str, flag_of: dict[str, str] | None = None) -> list[str]:
     """What a flag (attribute ``dest``) sets beside itself, read from SGLang's launch code (``srt/entrypoints/engine.py``)
     and argument files: every environment variable written (``os.environ[...] =``, ``envs.X.set(...)``) in the body
@@ -262,10 +288,12 @@ def _set_by_flag(eng, dest: str, flag_of: dict[str, str] | None = None) -> list[
         for fn in fns:
             branches = [b for n in ast.walk(fn) if isinstance(n, ast.If) and _branch_on(n.test, dest) for b in n.body]
             inside = {id(x) for b in branches for x in ast.walk(b)}
+            extra = _inner_conditions(branches, dest)
             for n in ast.walk(fn):
                 w = _env_write(n)
                 if w is not None and isinstance(n, ast.stmt) and (id(n) in inside or _reads_on(w[1], dest)):
-                    found.append((n.lineno, f"{w[0]}={_value_when_on(eng, w[1], dest, fn)} ({at}:{n.lineno})"))
+                    when = f", only when {' and '.join(extra[id(n)])}" if extra.get(id(n)) else ""
+                    found.append((n.lineno, f"{w[0]}={_value_when_on(eng, w[1], dest, fn)} ({at}:{n.lineno}{when})"))
                 if id(n) in inside and isinstance(n, ast.Call) and "declare_resolution" in ast.unparse(n.func):
                     for k in n.keywords:
                         if (k.arg and k.arg != dest and k.arg in flag_of and isinstance(k.value, ast.Constant)

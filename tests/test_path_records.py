@@ -40,14 +40,14 @@ def probe_mismatches(records) -> list[str]:
         if not r.library_probe:
             continue
         try:
-            mod = importlib.import_module(f"stackprobe.probes.{r.library_probe}")
+            mod = importlib.import_module(r.library_module)
         except ModuleNotFoundError:
-            out.append(f"{r.id}: library probe stackprobe.probes.{r.library_probe} does not exist")
+            out.append(f"{r.id}: library probe {r.library_module} does not exist")
             continue
         if r.id not in getattr(mod, "BACKENDS", ()):
-            out.append(f"{r.id}: stackprobe.probes.{r.library_probe} does not answer for it (BACKENDS)")
+            out.append(f"{r.id}: {r.library_module} does not answer for it (BACKENDS)")
         elif r.runtime != (getattr(mod, "RUNTIME", None) or {}):
-            out.append(f"{r.id}: runtime {r.runtime} != stackprobe.probes.{r.library_probe}.RUNTIME")
+            out.append(f"{r.id}: runtime {r.runtime} != {r.library_module}.RUNTIME")
     return out
 
 
@@ -140,7 +140,7 @@ def test_every_backend_and_runtime_row_a_probe_names_has_a_record():
 
 def test_every_library_probe_exists_and_answers_for_its_record():
     assert probe_mismatches(P.records()) == []
-    assert {r.library_probe for r in P.records()} >= {m.__name__.rsplit(".", 1)[1] for m in _probe_modules()}
+    assert {r.library_module for r in P.records()} >= {m.__name__ for m in _probe_modules()}
 
 
 def test_every_consumer_table_reads_the_records():

@@ -18,8 +18,10 @@ A :class:`PathRecord` holds
   the engine's path, whether FlashInfer JIT-compiles it with nvcc and with which ``flashinfer.jit`` generator),
   None for a path the health stage does not import (vLLM's own communicators); :mod:`stackprobe.probes.needs`
   and :mod:`stackprobe.health_jitcache` read it;
-* ``library_probe``: the module under ``stackprobe.probes`` whose ``BACKENDS`` answer for this id (its file name,
-  a string: this module imports nothing above it), ``""`` where no probe module answers for it;
+* ``library_probe``: the module whose ``BACKENDS`` answer for this id, a string (this module imports nothing above
+  it): a file name under ``stackprobe.probes``, or a dotted name under ``stackprobe`` for an engine's own reader
+  (``engines.vllm.engine``); :attr:`PathRecord.library_module` gives the full name; ``""`` where no probe module
+  answers for it;
 * ``runtime``: ``{"library": runtime rows timing the library kernel, "engine": rows timing the engine's
   communicator}`` (:mod:`stackprobe.runtime.probes` / :mod:`stackprobe.runtime.engine` names), the probe module's
   ``RUNTIME``;
@@ -76,6 +78,14 @@ class PathRecord:
     runtime: dict = field(default_factory=dict)
     engines: dict = field(default_factory=dict)
 
+    @property
+    def library_module(self) -> str:
+        """The full module name of ``library_probe`` (``stackprobe.probes.nccl``, ``stackprobe.engines.vllm.engine``);
+        "" when it has none."""
+        if not self.library_probe:
+            return ""
+        return f"stackprobe.{self.library_probe}" if "." in self.library_probe else f"stackprobe.probes.{self.library_probe}"
+
 
 NCCL = "nccl"
 
@@ -116,7 +126,7 @@ _RECORDS = (
                needs=Needs(("torch",) + SGL_KERNEL, (TORCH, ("sgl_kernel", SGL_KERNEL)), (_DC + "custom_all_reduce",)),
                library_probe="sglang_custom_ar", runtime={"library": (), "engine": ("sglang-custom-allreduce",)},
                engines={"sglang": EnginePath(_CA_OFF, "ca_comm", "sglang-custom-allreduce")}),
-    PathRecord(VLLM_CUSTOM_AR, "vLLM custom allreduce", True, off={"vllm": _CA_OFF}, library_probe="vllm_engine",
+    PathRecord(VLLM_CUSTOM_AR, "vLLM custom allreduce", True, off={"vllm": _CA_OFF}, library_probe="engines.vllm.engine",
                engines={"vllm": EnginePath(_CA_OFF, "ca_comm", "vllm-custom-allreduce")}),
     PathRecord(PCIE_IPC, "FlashInfer PCIe IPC allreduce", True,
                off={"sglang": "leave SGLANG_ENABLE_PCIE_IPC_ALLREDUCE unset",
@@ -139,7 +149,7 @@ _RECORDS = (
                                              "sglang-flashinfer-fusion-workspace"),
                         "vllm": EnginePath("pass_config.fuse_allreduce_rms")}),
     PathRecord(FI_ALLREDUCE, "FlashInfer standalone allreduce (vLLM)", True,
-               off={"vllm": "VLLM_ALLREDUCE_USE_FLASHINFER=0 (on by default, vllm/envs.py)"}, library_probe="vllm_engine",
+               off={"vllm": "VLLM_ALLREDUCE_USE_FLASHINFER=0 (on by default, vllm/envs.py)"}, library_probe="engines.vllm.engine",
                engines={"vllm": EnginePath("VLLM_ALLREDUCE_USE_FLASHINFER", "fi_ar_comm",
                                            "vllm-flashinfer-allreduce")}),
     PathRecord(TORCH_SYMM_MEM, "torch symmetric memory", True, multicast=True,
@@ -153,7 +163,7 @@ _RECORDS = (
                         "vllm": EnginePath("VLLM_ALLREDUCE_USE_SYMM_MEM", "symm_mem_comm", "vllm-torch-symm-mem")}),
     PathRecord(NCCL_SYMM_MEM, "NCCL symmetric memory", True,
                off={"sglang": "leave out --enable-symm-mem", "vllm": "leave VLLM_USE_NCCL_SYMM_MEM unset"},
-               library_probe="vllm_engine",
+               library_probe="engines.vllm.engine",
                engines={"sglang": EnginePath("--enable-symm-mem"),
                         "vllm": EnginePath("VLLM_USE_NCCL_SYMM_MEM", "nccl_symm_mem", "vllm-nccl-symm-mem")}),
     PathRecord(EP_A2A, "expert parallelism over FlashInfer all-to-all", True,
@@ -169,7 +179,7 @@ _RECORDS = (
                engines={"sglang": EnginePath("--enable-mscclpp", "pymscclpp_comm", "sglang-mscclpp")}),
     PathRecord(B12X, "b12x", True, needs=Needs(("torch", "b12x"), (TORCH, ("b12x", ("b12x",)))),
                library_probe="b12x", runtime={"library": (), "engine": ()}),
-    PathRecord(QUICK_AR, "quick allreduce (ROCm)", True, library_probe="vllm_engine",
+    PathRecord(QUICK_AR, "quick allreduce (ROCm)", True, library_probe="engines.vllm.engine",
                engines={"sglang": EnginePath("", "qr_comm", "sglang-quick-allreduce"),
                         "vllm": EnginePath("", "qr_comm", "vllm-quick-allreduce")}),
 )

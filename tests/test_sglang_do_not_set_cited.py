@@ -261,7 +261,9 @@ def test_twin_edited_overwrite_conditional_extra_write_and_no_precedence(venv, e
     det = out["--enable-deterministic-inference"]
     assert "overwrites" not in det and "has no effect" not in det["why"]
     extra = next(x for x in det["also_sets"] if x.startswith("NCCL_TWIN_EXTRA="))
-    assert extra == f"NCCL_TWIN_EXTRA='1' ({ATT}:{int(CITE.search(extra).group(2))})"
+    # written beside the NCCL_ALGO pin, under the same inner condition (TP > 1, not ROCm), which the entry names
+    assert extra == (f"NCCL_TWIN_EXTRA='1' ({ATT}:{int(CITE.search(extra).group(2))}, only when cfg.tp_size > 1 and "
+                     "not (get_platform().is_hip))")
     assert 'os.environ["NCCL_TWIN_EXTRA"]' in _line(edited, CITE.search(extra).group(0))
     assert "caveat" not in det and "unless SGLANG_USE_1STAGE_ALLREDUCE" not in det["why"]
     assert "caveat" in released["--enable-deterministic-inference"]

@@ -380,7 +380,7 @@ def _nccl_then(also_sets: list[str]) -> dict:
     from ..engines.vllm.engine import _allreduce_algo
 
     for item in also_sets:
-        m = re.fullmatch(r"NCCL_ALGO=(.+) \((\S+:\d+)\)", item)
+        m = re.fullmatch(r"NCCL_ALGO=(.+?) \((\S+:\d+)(?:, only when .+)?\)", item)   # a condition: _inner_conditions
         if m is None:
             continue
         try:

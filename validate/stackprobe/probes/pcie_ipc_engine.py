@@ -21,6 +21,10 @@ from typing import Any
 from ..paths import PCIE_IPC
 from ..verdict import GATE_SETTING, LIFT_SETTING
 from ..engines.sglang import engine as se
+from ..engines.sglang.startup import env_write as _env_write
+from ..engines.sglang.startup import flag_names as _flag_names
+from ..engines.sglang.startup import reads_on as _reads_on
+from ..engines.sglang.startup import startup_overwrites
 
 STATE_FILE = "srt/distributed/parallel_state.py"
 PCIE_FILE = "srt/distributed/device_communicators/pcie_ipc_ar.py"
@@ -178,29 +182,6 @@ class _Recording(dict):
         return super().get(key, default)
 
 
-def _env_write(stmt: ast.AST) -> tuple[str, ast.AST] | None:
-    """``(VARIABLE, value)`` of a statement writing an environment variable: ``os.environ["X"] = value`` or
-    ``envs.X.set(value)`` (``EnvField.set`` writes ``os.environ``, sglang 0.5.23 ``srt/environ.py:91-93``); else None."""
-    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
-        m = re.fullmatch(r"os\.environ\[['\"](\w+)['\"]\]", ast.unparse(stmt.targets[0]))
-        if m:
-            return m.group(1), stmt.value
-    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
-        c = stmt.value
-        if (isinstance(c.func, ast.Attribute) and c.func.attr == "set" and isinstance(c.func.value, ast.Attribute)
-                and getattr(c.func.value.value, "id", "") == "envs" and len(c.args) == 1):
-            return c.func.value.attr, c.args[0]
-    return None
-
-
-def _reads_on(expr: ast.AST, dest: str) -> bool:
-    """Whether ``expr`` reads ``.dest`` (or ``dest``) other than under a ``not``: true when the flag is on."""
-    negated = {id(x) for n in ast.walk(expr) if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not)
-               for x in ast.walk(n.operand)}
-    return any(id(n) not in negated and ((isinstance(n, ast.Attribute) and n.attr == dest)
-                                         or (isinstance(n, ast.Name) and n.id == dest)) for n in ast.walk(expr))
-
-
 def _branch_on(test: ast.AST, dest: str) -> bool:
     """Whether an ``if`` test is the flag itself or an ``and`` / ``or`` of it (``if cfg.<dest>:``, ``if "X" not in
     os.environ or cfg.<dest>:``): its body is the flag's branch. A test passing the flag to a call is not."""
@@ -302,70 +283,6 @@ def _set_by_flag(eng, dest: str, flag_of: dict[str, str] | None = None) -> list[
                                                     f"({at}:{k.lineno})"))
         out += [t for _, t in sorted(found)]
     return list(dict.fromkeys(out))
-
-
-_OVERWRITES: dict[str, dict[str, dict]] = {}
-
-
-def startup_overwrites(eng) -> dict[str, dict]:
-    """:func:`_startup_overwrites` for every server flag, once per installed tree."""
-    key = str(eng.root)
-    if key not in _OVERWRITES:
-        _OVERWRITES[key] = _startup_overwrites(eng, _flag_names(eng))
-    return _OVERWRITES[key]
-
-
-def _startup_overwrites(eng, flag_of: dict[str, str]) -> dict[str, dict]:
-    """``{VARIABLE: {"variable", "flag", "set_at", "function", "runs_at", "caller", "also_on"}}``: the variables SGLang
-    itself writes on every start-up from a flag, so a user's own value never reaches the code that reads it. A write
-    (:func:`_env_write`) that is a statement of its function's own body (no condition around it) and whose value reads
-    ``cfg.<dest>`` of a flag in ``flag_of``, in a function that another function of the argument files calls (or hands
-    to ``run_hook``) as a statement of its own body. sglang 0.5.23: ``envs.SGLANG_ENABLE_DETERMINISTIC_INFERENCE.set("1"
-    if cfg.enable_deterministic_inference else "0")`` (``serving_hook.py:444``) in ``handle_environment_variables``,
-    which ``run_resolution_pipeline`` runs (``pipeline.py:332``) from ``ServerArgs``. ``also_on``: the conditions under
-    which SGLang declares the flag on itself (``declare_resolution(..., enable_deterministic_inference=True)`` under
-    ``if cfg.rl_on_policy_target is not None:``, ``attention_hook.py:588``)."""
-    from .. import source
-
-    trees = []
-    for path in se._arg_sources(eng):
-        try:
-            trees.append((se.short(path), source.parse(path)))
-        except (SyntaxError, ValueError, OSError):
-            continue
-    writes: dict[str, dict[str, Any]] = {}
-    for at, tree in trees:
-        for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
-            for stmt in fn.body:
-                w = _env_write(stmt)
-                dest = next((n.attr for n in ast.walk(w[1]) if isinstance(n, ast.Attribute) and n.attr in flag_of),
-                            None) if w else None
-                if w and dest and w[0] not in writes:
-                    writes[w[0]] = {"variable": w[0], "flag": flag_of[dest], "dest": dest,
-                                    "set_at": f"{at}:{stmt.lineno}", "function": fn.name}
-    out = {}
-    for var, info in writes.items():
-        for at, tree in trees:
-            call = next(((fn.name, s) for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
-                         for s in fn.body if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
-                         and info["function"] in [getattr(s.value.func, "id", "")]
-                         + [a.id for a in s.value.args[:1] if isinstance(a, ast.Name)]), None)
-            if call is not None:
-                info.update(caller=call[0], runs_at=f"{at}:{call[1].lineno}")
-                break
-        else:
-            continue        # not seen to run: no claim that it overwrites anything
-        on: dict[int, tuple[int, str]] = {}     # each declaring call -> its innermost `if`
-        for at, tree in trees:
-            for n in (x for x in ast.walk(tree) if isinstance(x, ast.If)):
-                for c in (c for b in n.body for c in ast.walk(b)):
-                    if (isinstance(c, ast.Call) and "declare_resolution" in ast.unparse(c.func) and any(
-                            k.arg == info["dest"] and isinstance(k.value, ast.Constant) and k.value.value is True
-                            for k in c.keywords) and n.lineno >= on.get(id(c), (0, ""))[0]):
-                        on[id(c)] = (n.lineno, f"`{ast.unparse(n.test)}` ({at}:{n.lineno})")
-        info["also_on"] = list(dict.fromkeys(t for _, t in on.values()))
-        out[var] = info
-    return out
 
 
 def _nccl_then(also_sets: list[str]) -> dict:
@@ -698,13 +615,6 @@ def _entry(eng, read, name: str, setting: str, dest: str, base, d, backend: str,
                          f"excludes PCIe IPC ({cite['where']}); without the {pkg['package']} package --enable-mscclpp "
                          "has no effect")
     return entry
-
-
-def _flag_names(eng) -> dict[str, str]:
-    """``{dest: "--flag"}`` of SGLang's server flags."""
-    from ..engines.sglang import flags as sf
-
-    return {spec.dest: f for f, spec in sf.server_flags(eng).items() if getattr(spec, "dest", "")}
 
 
 def _overwrite_words(o: dict) -> str:

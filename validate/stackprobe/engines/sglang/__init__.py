@@ -1,7 +1,7 @@
 """SGLang as a serving engine of both tiers: its :class:`SGLang` record and the readers of its installed source
 (this package: ``engine`` finds the installed release and reads gates, ``flags`` its server arguments, ``pcie_ipc``,
 ``dispatch`` the walk over ``GroupCoordinator.all_reduce``, ``answer`` a backend's gates then the dispatch order,
-``paths`` the settings no verdict judges and the launch environment, ``raises``, ``pyeval``,
+``paths`` the settings no verdict judges and the launch environment, ``raises``, ``pyeval``, ``startup`` (the variables it writes from a flag on every launch),
 ``p2p_check`` its own P2P check before custom allreduce). Its backend answers are each backend module's
 ``engine_gate`` (:mod:`stackprobe.probes`), which call ``answer``."""
 from __future__ import annotations

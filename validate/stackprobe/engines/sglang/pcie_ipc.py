@@ -162,7 +162,7 @@ def ensure_line(fns: dict) -> int | str:
 def _deterministic(engine: se.Engine, config) -> dict:
     """``_deterministic_collectives_enabled`` (parallel_state.py): SGLANG_USE_1STAGE_ALLREDUCE when set, else
     SGLANG_ENABLE_DETERMINISTIC_INFERENCE, which SGLang itself writes from --enable-deterministic-inference on every
-    start-up (:func:`.pcie_ipc_engine.startup_overwrites`; sglang 0.5.23 ``serving_hook.py:444``): a value the user
+    start-up (:func:`.startup.startup_overwrites`; sglang 0.5.23 ``serving_hook.py:444``): a value the user
     gives for it alone is then not read."""
     rel = "srt/distributed/parallel_state.py"
     fn = next((n for n in ast.walk(engine.tree(rel)) if isinstance(n, ast.FunctionDef)
@@ -171,7 +171,7 @@ def _deterministic(engine: se.Engine, config) -> dict:
     one = config.var("SGLANG_USE_1STAGE_ALLREDUCE")
     flag, fwhere = sf.config_value(engine, config, "--enable-deterministic-inference")
     det_env = config.var("SGLANG_ENABLE_DETERMINISTIC_INFERENCE")
-    from ...probes.pcie_ipc_engine import startup_overwrites
+    from .startup import startup_overwrites
 
     over = startup_overwrites(engine).get("SGLANG_ENABLE_DETERMINISTIC_INFERENCE")
     if over is not None:        # SGLang writes it from the flag on every start-up: the user's value never reaches here

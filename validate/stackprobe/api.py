@@ -80,8 +80,9 @@ The suite's readers over an unpacked release, for the radar's gates
   coverage of ``files`` ([(relative name, absolute path)]) for ``target`` (an Arch); ``COVERAGE_LEVELS``: its
   levels, best first (``"native"`` ... ``"none"``); ``is_coverage_candidate(name) -> bool``: whether a file name
   is one the coverage reader opens (``.so``, ``.so.N``, ``.cubin``) (:mod:`stackprobe.coverage`).
-* ``radar_reader_files() -> list[Path]``: the source files of the readers above (source, flashinfer_common,
-  sglang_custom_ar, torch_symm_mem, coverage, in that order), which the radar hashes into its scan cache key.
+* ``radar_reader_files() -> list[Path]``: the source files whose code decides a radar gate (source,
+  flashinfer_common, sglang_custom_ar, torch_symm_mem, coverage, then SGLang's dispatch, pyeval and engine readers
+  that custom allreduce's PCIe rule runs on, in that order), which the radar hashes into its scan cache key.
 
 Markdown tables (:mod:`stackprobe.mdtable`)
 

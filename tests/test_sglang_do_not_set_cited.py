@@ -94,16 +94,6 @@ def released(venv, sglang, fi):
 
 
 @pytest.fixture(scope="module")
-def mscclpp_pkg(tmp_path_factory):
-    """The modules PyMscclppCommunicator imports (``mscclpp``, ``.ext``, ``.default_algos``), empty: only found."""
-    d = tmp_path_factory.mktemp("mscclpp")
-    (d / "mscclpp").mkdir()
-    for name in ("__init__.py", "ext.py", "default_algos.py"):
-        (d / "mscclpp" / name).write_text("")
-    return d
-
-
-@pytest.fixture(scope="module")
 def moved(sglang, tmp_path_factory):
     """sglang 0.5.23 with two comment lines above ``if deterministic:`` and one above the symmetric-memory read."""
     return engine_copy(sglang, tmp_path_factory.mktemp("sg-moved"), {

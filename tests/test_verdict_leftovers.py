@@ -300,18 +300,6 @@ print(json.dumps(pe.do_not_set(se.installed(), ctx)))
 
 
 @pytest.fixture(scope="module")
-def mscclpp_pkg(tmp_path_factory):
-    """A folder where the modules PyMscclppCommunicator imports (``mscclpp``, ``mscclpp.ext``,
-    ``mscclpp.default_algos``, sglang 0.5.23 ``pymscclpp.py:1047-1057``) are found, as the dispatch reader looks them
-    up (nothing is imported)."""
-    d = tmp_path_factory.mktemp("mscclpp")
-    (d / "mscclpp").mkdir()
-    for name in ("__init__.py", "ext.py", "default_algos.py"):
-        (d / "mscclpp" / name).write_text("")
-    return d
-
-
-@pytest.fixture(scope="module")
 def sglang_no_mscclpp_step(sglang, tmp_path_factory):
     return engine_copy(sglang, tmp_path_factory.mktemp("sg-edited"), {PS: (MSCCLPP_STEP, "")})
 

@@ -49,3 +49,15 @@ def kern():
 def nvcc131(tmp_path_factory):
     """A folder holding a fake ``nvcc`` that reports CUDA 13.1 (13.1.80), to put first on PATH."""
     return fake_nvcc(tmp_path_factory.mktemp("nvcc131") / "bin", "13.1", "13.1.80").parent
+
+
+@pytest.fixture(scope="module")
+def mscclpp_pkg(tmp_path_factory):
+    """A folder where the modules PyMscclppCommunicator imports (``mscclpp``, ``mscclpp.ext``,
+    ``mscclpp.default_algos``, sglang 0.5.23 ``pymscclpp.py:1047-1057``) are found, as the dispatch reader looks them
+    up (nothing is imported)."""
+    d = tmp_path_factory.mktemp("mscclpp")
+    (d / "mscclpp").mkdir()
+    for name in ("__init__.py", "ext.py", "default_algos.py"):
+        (d / "mscclpp" / name).write_text("")
+    return d

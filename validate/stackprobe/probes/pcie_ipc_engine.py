@@ -21,6 +21,7 @@ from typing import Any
 from ..paths import PCIE_IPC
 from ..verdict import GATE_SETTING, LIFT_SETTING
 from ..engines.sglang import engine as se
+from ..engines.sglang.startup import arg_trees
 from ..engines.sglang.startup import env_write as _env_write
 from ..engines.sglang.startup import flag_names as _flag_names
 from ..engines.sglang.startup import reads_on as _reads_on
@@ -48,13 +49,7 @@ def _envs_read(fn: ast.AST) -> list[tuple[str, str, int]]:
 
 def _arg_group_line(eng, pred) -> str:
     """``sglang/FILE:LINE`` of the first node under SGLang's argument files satisfying ``pred``, else ""."""
-    from .. import source
-
-    for path in se._arg_sources(eng):
-        try:
-            tree = source.parse(path)
-        except (SyntaxError, ValueError, OSError):
-            continue
+    for path, tree in arg_trees(eng):
         for n in ast.walk(tree):
             if pred(n):
                 return f"{se.short(path)}:{n.lineno}"
@@ -341,13 +336,7 @@ def _flag_sets_variable(eng, dest: str, variables) -> tuple[str, str]:
     """``(VARIABLE, "sglang/FILE:LINE")`` of an ``envs.VARIABLE.set(...)`` in SGLang's argument files whose argument
     reads ``cfg.<dest>`` (sglang 0.5.23 ``serving_hook.py:444``: ``envs.SGLANG_ENABLE_DETERMINISTIC_INFERENCE.set("1" if
     cfg.enable_deterministic_inference else "0")``), for one of ``variables``; ("", "") when none is found."""
-    from .. import source
-
-    for path in se._arg_sources(eng):
-        try:
-            tree = source.parse(path)
-        except (SyntaxError, ValueError, OSError):
-            continue
+    for path, tree in arg_trees(eng):
         for n in ast.walk(tree):
             if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "set"
                     and isinstance(n.func.value, ast.Attribute) and n.func.value.attr in variables

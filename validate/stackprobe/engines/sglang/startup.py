@@ -14,6 +14,16 @@ from . import engine as se
 from . import flags as sf
 
 
+def arg_trees(eng):
+    """``(path, ast.Module)`` of each of SGLang's argument files (``se._arg_sources``) that parses, in their order; a
+    file that does not parse is left out (its readers then find nothing there and say so)."""
+    for path in se._arg_sources(eng):
+        try:
+            yield path, source.parse(path)
+        except (SyntaxError, ValueError, OSError):
+            continue
+
+
 def env_write(stmt: ast.AST) -> tuple[str, ast.AST] | None:
     """``(VARIABLE, value)`` of a statement writing an environment variable: ``os.environ["X"] = value`` or
     ``envs.X.set(value)`` (``EnvField.set`` writes ``os.environ``, sglang 0.5.23 ``srt/environ.py:91-93``); else None."""
@@ -58,12 +68,7 @@ def _startup_overwrites(eng, flag_of: dict[str, str]) -> dict[str, dict]:
     which ``run_resolution_pipeline`` runs (``pipeline.py:332``) from ``ServerArgs``. ``also_on``: the conditions under
     which SGLang declares the flag on itself (``declare_resolution(..., enable_deterministic_inference=True)`` under
     ``if cfg.rl_on_policy_target is not None:``, ``attention_hook.py:588``)."""
-    trees = []
-    for path in se._arg_sources(eng):
-        try:
-            trees.append((se.short(path), source.parse(path)))
-        except (SyntaxError, ValueError, OSError):
-            continue
+    trees = [(se.short(path), tree) for path, tree in arg_trees(eng)]
     writes: dict[str, dict[str, Any]] = {}
     for at, tree in trees:
         for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):

@@ -155,8 +155,30 @@ case "$cmd" in
       log "mypy (against scripts/mypy-baseline.txt)"
       python scripts/mypy_baseline.py
       set +e
-      python -m pytest -ra --durations=25 "$@"
-      rc=$?
+      if [ $# -eq 0 ] && [ "${CUDASTACK_TEST_LANES:-2}" = 2 ]; then
+        # Two lanes at once (CUDASTACK_TEST_LANES=1 runs one pytest): the fast lane's tests (no Docker, registry
+        # or network: tests/fast_lane.py makes every service unreachable for them, so they share nothing with the
+        # other lane but the CPU) in a second pytest with its own temporary folder, beside every test that needs a
+        # service. The two selections are complements, so together they run every test once.
+        fast_expr="not docker and not registry and not network and not gpu and not stack"
+        lane_dir=$(mktemp -d)
+        log "two lanes: the fast lane in the background (its output follows the other lane's), the rest here"
+        CUDASTACK_FAST_LANE=1 python -m pytest -ra --durations=15 -p no:cacheprovider --basetemp="$lane_dir/tmp" \
+          -m "$fast_expr" > "$lane_dir/fast.log" 2>&1 &
+        fast_pid=$!
+        python -m pytest -ra --durations=25 -m "not ($fast_expr)"
+        rc=$?
+        wait "$fast_pid"
+        rc_fast=$?
+        echo "================ the fast lane (ran beside the lane above) ================"
+        cat "$lane_dir/fast.log"
+        rm -rf "$lane_dir"
+        [ $rc -eq 0 ] && rc=$rc_fast
+        echo "lanes: services lane exit $rc, fast lane exit $rc_fast" >&2
+      else
+        python -m pytest -ra --durations=25 "$@"
+        rc=$?
+      fi
     fi
     python3 scripts/test_footprint.py after "${fast_flag[@]}"
     set -e

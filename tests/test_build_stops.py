@@ -265,3 +265,43 @@ def test_the_disk_check_skipped_on_request_says_not_checked(tmp_path, monkeypatc
         assert disk_refusal(_Root(), plan, {}, small / "state")[2] is not None
     finally:
         subprocess.run(["umount", str(small)], check=False)
+
+
+def test_an_interrupt_that_came_after_the_engine_tagged_the_node_says_it_is_kept(tmp_path):
+    # seen on a real 13.1 build: SIGINT during "exporting layers" of vllm-torch; the engine still named the image
+    from cudastack.build.executor import interrupted_message
+
+    node = {"name": "vllm-torch", "status": "interrupted", "duration_s": 74.0, "log": "/s/logs/r/vllm-torch.log"}
+    rec = {"nodes": [{"name": "base", "status": "built"}, dict(node, tag_at_stop="cudastack/x-vllm-torch:abc")]}
+    msg = interrupted_message(rec, tmp_path / "rec.json")
+    assert "already finished vllm-torch when the stop arrived and tagged it (cudastack/x-vllm-torch:abc)" in msg
+    assert "no tag" not in msg and "vllm-torch starts again" not in msg
+    # the twin: no tag after the stop keeps the old account
+    plain = interrupted_message({"nodes": [node]}, tmp_path / "rec.json")
+    assert "has no tag and no wheels" in plain and "vllm-torch starts again" in plain
+    # an engine that did not answer: neither claim
+    unknown = interrupted_message({"nodes": [dict(node, tag_at_stop=None)]}, tmp_path / "rec.json")
+    assert "was not checked" in unknown and "has no tag" not in unknown
+
+
+def test_the_tag_check_after_a_stop_records_only_what_the_engine_answers():
+    from types import SimpleNamespace
+
+    from cudastack.build.executor import _note_tag_at_stop
+
+    node = SimpleNamespace(tag="cudastack/x:1")
+
+    class Engine:
+        def __init__(self, answer):
+            self.answer = answer
+
+        def exists(self, tag):
+            if isinstance(self.answer, Exception):
+                raise self.answer
+            return self.answer
+
+    for answer, expect in ((True, {"tag_at_stop": "cudastack/x:1"}), (False, {}),
+                           (RuntimeError("no engine"), {"tag_at_stop": None})):
+        entry: dict = {}
+        _note_tag_at_stop(Engine(answer), node, entry)
+        assert entry == expect, (answer, entry)

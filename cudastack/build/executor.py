@@ -344,6 +344,7 @@ def _build_node(run: _Run, i: int, node: PlannedNode, entry: dict) -> None:
         # stopped from outside (Ctrl-C, SIGTERM): record how far the node got, then stop
         stop.note()
         _node_ended(entry, "interrupted", exc, t0)
+        _note_tag_at_stop(run.engine, node, entry)
         run.error = BuildInterrupted("interrupted")      # its message is written once the record is complete
     finally:
         run.engine.on_child = None
@@ -351,6 +352,20 @@ def _build_node(run: _Run, i: int, node: PlannedNode, entry: dict) -> None:
         for folder in scratch:
             shutil.rmtree(folder, ignore_errors=True)
     run.journal()
+
+
+def _note_tag_at_stop(engine: Engine, node: PlannedNode, entry: dict) -> None:
+    """A stop that arrives while the Docker engine exports the image (after the last RUN step) can come too late:
+    the engine finishes on its side and tags the node though the CLI was ended. The node was to be built (no tag
+    before), so its tag now means this build made it whole (the tag is the engine's last step); record it, so the
+    message says so instead of "no tag", and the next run skips the node."""
+    try:
+        tagged = bool(node.tag) and engine.exists(node.tag)
+    except Exception:                  # noqa: BLE001 - an engine that does not answer: nothing is claimed either way
+        entry["tag_at_stop"] = None
+        return
+    if tagged:
+        entry["tag_at_stop"] = node.tag
 
 
 def _node_ended(entry: dict, status: str, exc: BaseException, t0: float) -> None:
@@ -492,8 +507,17 @@ def interrupted_message(record: dict, rec_path: Path, doing: str = "between node
     if stopped is not None:
         where = (f"while building {stopped['name']} after {_fmt_s(stopped.get('duration_s') or 0)}"
                  + (f" (compiled {stopped['compiled']})" if stopped.get("compiled") else ""))
-        partial = (f" Nothing half-made was kept: {stopped['name']} has no tag and no wheels in the wheelhouse "
-                   f"(its log so far: {stopped.get('log')}).")
+        if stopped.get("tag_at_stop"):
+            partial = (f" The Docker engine had already finished {stopped['name']} when the stop arrived and tagged "
+                       f"it ({stopped['tag_at_stop']}): that image is whole (the tag is the engine's last step) and "
+                       f"kept, and the next run skips it (its log: {stopped.get('log')}).")
+        elif "tag_at_stop" in stopped:
+            partial = (f" Whether the Docker engine tagged {stopped['name']} before the stop took effect was not "
+                       f"checked (the engine did not answer); the next run skips it if it did "
+                       f"(its log so far: {stopped.get('log')}).")
+        else:
+            partial = (f" Nothing half-made was kept: {stopped['name']} has no tag and no wheels in the wheelhouse "
+                       f"(its log so far: {stopped.get('log')}).")
     else:
         where, partial = f"while {doing}", ""
     done = [f"built {', '.join(by('built'))}" if by("built") else "built nothing"]
@@ -506,7 +530,8 @@ def interrupted_message(record: dict, rec_path: Path, doing: str = "between node
     return (f"Build stopped by {sig} {where}. Done before the stop: {'; '.join(done)}."
             + (f" Not reached: {', '.join(rest)}." if rest else "") + partial
             + " To resume, run the same command again: the finished nodes are cached and skipped"
-            + (f", and {stopped['name']} starts again (its compiler cache mount keeps what it compiled)" if stopped else "")
+            + (f", and {stopped['name']} starts again (its compiler cache mount keeps what it compiled)"
+               if stopped and not stopped.get("tag_at_stop") else "")
             + f". Record: {rec_path}")
 
 

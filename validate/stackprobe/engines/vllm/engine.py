@@ -207,7 +207,32 @@ def parse_config(server_args: str, env: list[str] | tuple, eng: Engine | None) -
             raise ConfigError(f"--server-args: {flag} is not a server argument of the installed vllm {eng.version} "
                               f"(its flags are EngineArgs' fields in vllm/{ARG_FILE}); fix the spelling, drop the "
                               "flag, or pass --engine sglang when the flags are SGLang's.")
+    if "--compilation-config" in cfg.args:
+        try:
+            compilation_config(cfg.args["--compilation-config"])
+        except ValueError as e:
+            raise ConfigError(f"--server-args: {e}. vLLM parses this flag with json.loads and stops on anything else; "
+                              "give one JSON object, e.g. --compilation-config '{\"pass_config\": "
+                              "{\"fuse_allreduce_rms\": true}}'.") from e
     return cfg
+
+
+def compilation_config(value) -> dict:
+    """``--compilation-config``'s value as vLLM reads it (``json.loads``: ``EngineArgs``' dict-typed flags go through
+    ``parse_type(json.loads)`` in ``engine/arg_utils.py``): the JSON object as a dict; ``{}`` when unset (None).
+    Raises ValueError naming the value when it is not a JSON object (never matched by substring)."""
+    if value is None:
+        return {}
+    try:
+        got = json.loads(value) if isinstance(value, str) else value
+    except ValueError as e:
+        raise ValueError(f"--compilation-config {value!r} is not valid JSON ({e})") from e
+    if not isinstance(got, dict):
+        raise ValueError(f"--compilation-config {value!r} is not a JSON object")
+    pc = got.get("pass_config")
+    if pc is not None and not isinstance(pc, dict):
+        raise ValueError(f"--compilation-config {value!r}: its pass_config is not a JSON object")
+    return got
 
 
 def field_default(eng: Engine, rel: str, cls: str, name: str):
@@ -383,7 +408,8 @@ def _pcie_ipc(ctx, eng: Engine) -> Verdict:
                  GATE_NOT_INSTALLED if not fi else GATE_PYTHON,
                  "not installed: flashinfer-python" if not fi else
                  f"flashinfer-python {fi_ver} has no PcieIpcAllReduceWorkspace: vLLM warns and falls back",
-                 LIFT_PACKAGE, "flashinfer-python>=0.7.2 (vLLM's own pin: flashinfer-python==0.7.2.post1)",
+                 LIFT_PACKAGE, "a flashinfer-python release whose flashinfer/comm defines PcieIpcAllReduceWorkspace "
+                 f"({_own_pin_words(eng, 'flashinfer-python')})",
                  value=f"flashinfer-python {fi_ver or 'absent'}", on_fail="decline", falls_to=PYNCCL))
     uncaught = _pcie_ipc_setup_uncaught(eng)
     v = ans.verdict(f"vLLM {eng.version} builds FlashInferPcieIpcAllReduce on the TP group and sets its workspace up "
@@ -398,6 +424,30 @@ def _pcie_ipc(ctx, eng: Engine) -> Verdict:
     v.add("do not set with it", off, f"vllm/{CUDA_COMM} CudaCommunicator.__init__ "
           "`use_flashinfer_pcie_ipc_allreduce = ... and not envs.X`")
     return v
+
+
+def own_pin(eng: Engine, dist: str) -> tuple[str | None, str]:
+    """``("flashinfer-python==0.7.2.post1", "vllm-0.33.0.dist-info METADATA Requires-Dist")``: the installed vLLM's
+    own requirement on ``dist``, read from the distribution metadata next to ``eng.root`` (the ``vllm`` folder's
+    ``*.dist-info``; an edited copy's too). ``(None, why)`` when that metadata or such a requirement is not found:
+    never an invented pin."""
+    want = re.sub(r"[-_.]+", "-", dist).lower()
+    dists = [d for d in metadata.distributions(path=[str(eng.root.parent)])
+             if re.sub(r"[-_.]+", "-", d.metadata["Name"] or "").lower() == DIST]
+    if not dists:
+        return None, f"no vllm distribution metadata next to vllm/ ({eng.root.parent.name})"
+    d = dists[0]
+    where = f"vllm-{d.version}.dist-info METADATA Requires-Dist"
+    for req in d.requires or []:
+        m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", req)
+        if m and re.sub(r"[-_.]+", "-", m.group(1)).lower() == want:
+            return req.strip(), where
+    return None, f"{where} names no {dist}"
+
+
+def _own_pin_words(eng: Engine, dist: str) -> str:
+    pin, where = own_pin(eng, dist)
+    return f"vLLM's own pin: {pin}, {where}" if pin else f"vLLM's own pin not read: {where}"
 
 
 def _nccl_algo_pinned_by(eng: Engine, name: str) -> tuple[str, str] | None:
@@ -565,12 +615,11 @@ def _fusion_pass(ctx, eng: Engine) -> Verdict:
     code = ctx.target.major * 10 + ctx.target.minor
     auto = code in exact or any(code // 10 == f // 10 for f in fam)
     cc = _flag(ctx, "--compilation-config")
-    asked = False
-    if isinstance(cc, str):
-        try:
-            asked = bool((json.loads(cc).get("pass_config") or {}).get("fuse_allreduce_rms"))
-        except (ValueError, AttributeError):
-            asked = "fuse_allreduce_rms" in cc and "true" in cc.lower()
+    try:
+        pass_config = compilation_config(cc).get("pass_config") or {}
+    except ValueError as e:
+        return _cc_not_assessed(ctx, eng, str(e))
+    asked = bool(pass_config.get("fuse_allreduce_rms"))
     flag = '--compilation-config {"pass_config": {"fuse_allreduce_rms": true}}'
     ans.add(Gate("pass default (enable_allreduce_rms_fusion at -O2)", auto or asked,
                  f"vllm/config/vllm.py:{fn.lineno} enable_allreduce_rms_fusion", GATE_SETTING,
@@ -581,7 +630,7 @@ def _fusion_pass(ctx, eng: Engine) -> Verdict:
     call = _find(init, lambda n: isinstance(n, ast.Call) and "flashinfer_max_size" in ast.unparse(n.func),
                  "AllReduceFusionPass.__init__ no longer reads pass_config.flashinfer_max_size", eng, FUSION)
     override, fi_sizes = _fi_override(eng)
-    given = _pass_config(cc).get(FI_OVERRIDE) if isinstance(cc, str) else None
+    given = pass_config.get(FI_OVERRIDE)
     gate = _fi_table_gate(ctx, eng, f"AllReduceFusionPass ({_where(eng, FUSION, call, ast.unparse(call.func))})")
     past = ("what happens past the size (FlashInfer's allreduce-fusion workspace: its multicast backend fails on PCIe, "
             "then the trtllm one) is not read here (runtime)")
@@ -592,7 +641,7 @@ def _fusion_pass(ctx, eng: Engine) -> Verdict:
                        where=f"{gate.where}; overridden by PassConfig.{FI_OVERRIDE} ({override})")
     # where the override reaches a workspace FlashInfer admits for the target and vLLM catches its failure, the table
     # is one more setting to give (an opt-in to measure), not a wall
-    settable = beyond is not None and beyond["admits"] and ctx.world_size in fi_sizes
+    settable = beyond is not None and beyond["admits"] is True and ctx.world_size in fi_sizes
     ans.add(replace(gate, lift=LIFT_SETTING, opt_in=settable and not gate.admits, flag="--compilation-config",
                     set_to=f'\'{{"pass_config": {{"fuse_allreduce_rms": true, "{FI_OVERRIDE}": N}}}}\'',
                     configured=given is not None and gate.admits,
@@ -638,8 +687,10 @@ def _fusion_workspace(eng: Engine, ctx) -> dict | None:
     the backend chosen for one node (``distributed/device_communicators/flashinfer_all_reduce.py``: ``mnnvl`` with
     ``allow_trtllm_fallback``, vllm 0.33.0 ``:157-163``; then ``trtllm`` when that workspace is None, ``:226-232``),
     whether a failed workspace is caught (``_fi_ar_workspace_failed = True``: the pass stays unfused, no raise), and
-    the majors FlashInfer's ``gen_trtllm_comm_module`` admits (``flashinfer/jit/comm.py``). Returns ``{"admits",
-    "text", "where", "majors"}`` or None when a piece is not found (the lift then says it is not read)."""
+    the majors FlashInfer's ``gen_trtllm_comm_module`` admits (``flashinfer/jit/comm.py``, :func:`_trtllm_comm_majors`).
+    Returns ``{"admits", "text", "where", "majors"}`` (``admits`` None and the text saying not assessed when those
+    majors are not read: never taken as admitting), or None when a piece of vLLM's is not found (the lift then says it
+    is not read)."""
     rel = f"{DC}/flashinfer_all_reduce.py"
     try:
         tree = eng.tree(rel)
@@ -653,21 +704,53 @@ def _fusion_workspace(eng: Engine, ctx) -> dict | None:
                    and ast.unparse(n.targets[0]) == "_fi_ar_workspace_failed" and ast.unparse(n.value) == "True"), None)
     if single is None or fallback is None or failed is None:
         return None
-    from ...probes import flashinfer_common as fic
-    try:
-        majors = fic.all_module_majors().get("gen_trtllm_comm_module")
-    except (source.SourceNotFound, SyntaxError):
-        majors = None
-    admits = majors is None or ctx.target.major in majors
+    majors, fi_where = _trtllm_comm_majors()
+    admits = None if majors is None else ctx.target.major in majors
     where = (f"vllm/{rel}:{single.lineno}-{single.end_lineno} (one node: mnnvl, trtllm allowed); "
              f"vllm/{rel}:{fallback.lineno}-{fallback.end_lineno} (trtllm when mnnvl's workspace is None); "
              f"vllm/{rel}:{failed.lineno} (a failed workspace is recorded, not raised)")
-    text = (f"past the size table, on one node vLLM tries FlashInfer's mnnvl workspace and falls back to trtllm "
-            f"({where}); FlashInfer's gen_trtllm_comm_module admits majors {majors} "
-            f"({'so ' + ctx.target.cc + ' is admitted' if admits else 'not ' + ctx.target.cc}); a failure there "
-            "leaves the pass unfused rather than stopping start-up: worth measuring, with the caveat that its "
-            "one-shot kernel writes to every peer at once, which over PCIe is every GPU's link at the same time")
+    head = (f"past the size table, on one node vLLM tries FlashInfer's mnnvl workspace and falls back to trtllm "
+            f"({where}); ")
+    if admits is None:
+        text = head + (f"whether FlashInfer's trtllm workspace admits {ctx.target.cc} is not assessed: the majors of "
+                       f"its gen_trtllm_comm_module were not read ({fi_where})")
+    else:
+        text = head + (f"FlashInfer's gen_trtllm_comm_module admits majors {majors} ({fi_where}; "
+                       f"{'so ' + ctx.target.cc + ' is admitted' if admits else 'not ' + ctx.target.cc}); a failure "
+                       "there leaves the pass unfused rather than stopping start-up: worth measuring, with the caveat "
+                       "that its one-shot kernel writes to every peer at once, which over PCIe is every GPU's link at "
+                       "the same time")
     return {"admits": admits, "text": text, "where": where, "majors": majors}
+
+
+def _trtllm_comm_majors() -> tuple[list[int] | None, str]:
+    """``([9, 10, 12], "flashinfer/jit/comm.py:LINE (flashinfer-python V)")``: the majors the installed FlashInfer's
+    ``gen_trtllm_comm_module`` passes as ``supported_major_versions=[...]`` (a literal list; flashinfer-python
+    0.7.2.post1 ``jit/comm.py:198``), or ``(None, why)`` when they are not read: FlashInfer or that file absent, the
+    function gone, no such keyword, or a value that is not a literal list (never taken as admitting)."""
+    from ...probes import flashinfer_common as fic
+    try:
+        path = fic.comm_source()
+        tree = source.parse(path)
+    except (source.SourceNotFound, SyntaxError, ValueError, OSError) as e:
+        return None, f"flashinfer/jit/comm.py not read: {e}"
+    ver = f"flashinfer-python {dist_version('flashinfer-python')}"
+    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "gen_trtllm_comm_module"), None)
+    if fn is None:
+        return None, f"flashinfer/jit/comm.py ({ver}) defines no gen_trtllm_comm_module"
+    kws = [k for n in ast.walk(fn) if isinstance(n, ast.Call) for k in n.keywords
+           if k.arg == "supported_major_versions"]
+    if len(kws) != 1:
+        return None, (f"flashinfer/jit/comm.py:{fn.lineno} ({ver}) gen_trtllm_comm_module passes "
+                      f"supported_major_versions {len(kws)} times, not once")
+    try:
+        majors = ast.literal_eval(kws[0].value)
+    except ValueError:
+        majors = None
+    if not isinstance(majors, (list, tuple)) or not all(isinstance(m, int) for m in majors):
+        return None, (f"flashinfer/jit/comm.py:{kws[0].value.lineno} ({ver}) supported_major_versions="
+                      f"`{ast.unparse(kws[0].value)}` is not a literal list of majors")
+    return sorted(majors), f"flashinfer/jit/comm.py:{kws[0].value.lineno} ({ver})"
 
 
 def _fi_backend_env(eng: Engine) -> dict | None:
@@ -731,12 +814,15 @@ def _fusion_size_words(eng: Engine, ctx) -> str:
 FI_OVERRIDE = "fi_allreduce_fusion_max_size_mb"
 
 
-def _pass_config(cc: str) -> dict:
-    try:
-        pc = json.loads(cc).get("pass_config") or {}
-    except (ValueError, AttributeError):
-        return {}
-    return pc if isinstance(pc, dict) else {}
+def _cc_not_assessed(ctx, eng: Engine, why: str) -> Verdict:
+    """The fusion pass's answer when ``--compilation-config`` cannot be read: not assessed, naming the value."""
+    v = Verdict("flashinfer-allreduce-fusion", ERROR, scope=SCOPE_ENGINE, host=se.target_host(ctx),
+                cause=f"not assessed: {why}; vLLM parses the flag with json.loads and stops on anything else, so "
+                      "whether the allreduce + RMSNorm pass is asked for is not read (never matched by substring)",
+                lift_detail="give --compilation-config one JSON object, e.g. "
+                            '\'{"pass_config": {"fuse_allreduce_rms": true}}\'')
+    v.add("vllm version", eng.version, "distribution metadata")
+    return v.add("--compilation-config as given", _flag(ctx, "--compilation-config"), "the configuration asked about")
 
 
 def _fi_override(eng: Engine) -> tuple[str, list]:
@@ -1999,10 +2085,57 @@ STEP_MARKERS = (("nccl-symm-mem", "all_reduce_symmetric_with_copy"), ("quick-all
                 ("nccl-ring", "pynccl_comm.all_reduce"))
 
 
+#: the call through which the pynccl step hands the tensor to NCCL via torch.distributed when pynccl is off or
+#: returns None (``cuda_communicator.py`` 0.33.0 ``:435``, ``:445``): the same NCCL as ``nccl-ring``
+NCCL_FALLBACK = "torch.distributed.all_reduce"
+
+
+def _dispatch_groups(fn: ast.FunctionDef) -> list[tuple[ast.stmt, list[ast.stmt]]]:
+    """``CudaCommunicator.all_reduce``'s body cut into its steps: each top-level statement that returns (a ``return``
+    anywhere in it) with the statements since the previous step (where that step's communicator is read and called)."""
+    groups: list[tuple[ast.stmt, list[ast.stmt]]] = []
+    pending: list[ast.stmt] = []
+    for st in fn.body:
+        pending.append(st)
+        if any(isinstance(n, ast.Return) for n in ast.walk(st)):
+            groups.append((st, pending))
+            pending = []
+    return groups
+
+
+def _rocm_only(st: ast.stmt) -> bool:
+    """Whether ``st`` is an ``if`` whose test is ``current_platform.is_rocm()`` or an ``and`` with it as one part: a
+    step never taken on a CUDA target (vllm 0.33.0 ``cuda_communicator.py:416-426``, batch-invariant allreduce)."""
+    if not isinstance(st, ast.If):
+        return False
+    t = st.test
+    parts = t.values if isinstance(t, ast.BoolOp) and isinstance(t.op, ast.And) else [t]
+    return any(ast.unparse(x) == "current_platform.is_rocm()" for x in parts)
+
+
+def _check_steps_mapped(eng: Engine, fn: ast.FunctionDef) -> None:
+    """Raises GateNotFound (``not assessed``) naming ``vllm/FILE:LINE`` and the step's condition when a step of
+    ``CudaCommunicator.all_reduce`` (:func:`_dispatch_groups`) calls none of :data:`STEP_MARKERS` nor
+    :data:`NCCL_FALLBACK` and is not a ROCm-only step: a path this reader cannot map, so what serves after it is not
+    known (SGLang's reader raises the same way, ``engines/sglang/dispatch.py``)."""
+    for st, group in _dispatch_groups(fn):
+        if _rocm_only(st):
+            continue
+        calls = [ast.unparse(n.func) for g in group for n in ast.walk(g) if isinstance(n, ast.Call)]
+        if NCCL_FALLBACK in calls or any(c.endswith(m) for _, m in STEP_MARKERS for c in calls):
+            continue
+        text = ast.unparse(st.test) if isinstance(st, ast.If) else ast.unparse(st)
+        raise GateNotFound(f"not assessed: vllm {eng.version} vllm/{CUDA_COMM}:{st.lineno}: a step of "
+                           f"CudaCommunicator.all_reduce (`{text[:160]}`) hands the tensor to a path this reader "
+                           f"cannot map to a backend (it knows {', '.join(m for _, m in STEP_MARKERS)}); what serves "
+                           "after it is not read, never a pass")
+
+
 def read_dispatch(eng: Engine) -> list[tuple[str, str]]:
     """``[(backend, "vllm/FILE:LINE"), ...]``: the steps of ``CudaCommunicator.all_reduce`` in source order (the line
     of the call each step returns). A step of a path the release does not ship (:func:`absent`) is left out. Raises
-    GateNotFound when a step's call is missing for a path the release has (a moved dispatch)."""
+    GateNotFound when a step's call is missing for a path the release has (a moved dispatch), or when a step calls
+    something this reader cannot map to a backend (:func:`_check_steps_mapped`)."""
     fn = eng.method(CUDA_COMM, "CudaCommunicator", "all_reduce")
     found = []
     calls = [(n.lineno, ast.unparse(n.func)) for n in ast.walk(fn) if isinstance(n, ast.Call)]
@@ -2014,7 +2147,63 @@ def read_dispatch(eng: Engine) -> list[tuple[str, str]]:
             raise GateNotFound(f"gate not found in vllm {eng.version} at vllm/{CUDA_COMM}: CudaCommunicator.all_reduce "
                                f"no longer calls {marker} (the {backend} step)")
         found.append((line, backend, f"vllm/{CUDA_COMM}:{line}"))
+    _check_steps_mapped(eng, fn)
     return [(b, w) for _, b, w in sorted(found)]
+
+
+def _aiter_rocm_only(eng: Engine) -> str:
+    """Why the AITER step (``aiter-custom-allreduce``, which has no verdict of its own) never claims on CUDA, read
+    from the installed vLLM: ``CudaCommunicator.__init__`` sets ``use_aiter_allreduce`` to an ``and`` with
+    ``rocm_aiter_ops.is_custom_all_reduce_enabled()``; that classmethod of ``_aiter_ops.py`` is wrapped in
+    ``@if_aiter_supported``, which calls it only when ``is_aiter_found_and_supported()`` holds, and that function's
+    ``if`` needs ``current_platform.is_rocm()`` (else None / False). Returns the citations; raises GateNotFound
+    naming the link not found (the step is then not assessed)."""
+    init = eng.method(CUDA_COMM, "CudaCommunicator", "__init__")
+    use = _find(init, lambda n: isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "use_aiter_allreduce"
+                and isinstance(n.value, ast.BoolOp) and isinstance(n.value.op, ast.And)
+                and any("rocm_aiter_ops.is_custom_all_reduce_enabled()" in ast.unparse(x) for x in n.value.values),
+                "CudaCommunicator.__init__ no longer sets use_aiter_allreduce as `... and "
+                "rocm_aiter_ops.is_custom_all_reduce_enabled()`", eng, CUDA_COMM)
+    rel = "_aiter_ops.py"
+    enabled = _find(eng.tree(rel), lambda n: isinstance(n, ast.FunctionDef) and n.name == "is_custom_all_reduce_enabled"
+                    and any(ast.unparse(d) == "if_aiter_supported" for d in n.decorator_list),
+                    "is_custom_all_reduce_enabled is no longer wrapped in @if_aiter_supported", eng, rel)
+    wrap = eng.function(rel, "if_aiter_supported")
+    _find(wrap, lambda n: isinstance(n, ast.If) and ast.unparse(n.test) == "is_aiter_found_and_supported()",
+          "if_aiter_supported no longer calls the function only when is_aiter_found_and_supported()", eng, rel)
+    sup = eng.function(rel, "is_aiter_found_and_supported")
+    rocm = _find(sup, lambda n: isinstance(n, ast.If) and _rocm_only(n),
+                 "is_aiter_found_and_supported no longer needs current_platform.is_rocm()", eng, rel)
+    flag = "use_aiter_allreduce = ... and rocm_aiter_ops.is_custom_all_reduce_enabled()"
+    return (f"ROCm only: {_where(eng, CUDA_COMM, use, flag)}; {_where(eng, rel, enabled, '@if_aiter_supported')}; "
+            f"{_where(eng, rel, rocm, ast.unparse(rocm.test))}")
+
+
+#: steps with no verdict of their own, and the reader that says why they never claim on a CUDA target
+NO_VERDICT_STEPS = {"aiter-custom-allreduce": _aiter_rocm_only}
+
+
+def _step_reading(backend: str, v: Verdict | None, eng: Engine) -> tuple[bool | None, str]:
+    """``(claims, why)`` for one dispatch step: True when its path takes the decode tensor (pynccl's step always
+    does; another on by default or as configured), False when it is read not to, None when it cannot be read: its
+    verdict is an ``error``, or it has no verdict and no reader of :data:`NO_VERDICT_STEPS` (``why`` names it)."""
+    if backend == "nccl-ring":
+        return True, ""
+    if v is None:
+        reader = NO_VERDICT_STEPS.get(backend)
+        if reader is None:
+            return None, f"no verdict for {backend} (this reader has no answer for that path)"
+        try:
+            return False, reader(eng)
+        except GateNotFound as e:
+            return None, str(e)
+    if v.status == ERROR:
+        return None, v.cause
+    return v.status in (ON_BY_DEFAULT, ON_AS_CONFIGURED), ""
+
+
+def _unread_words(backend: str, where: str, why: str) -> str:
+    return f"not assessed: the {backend} step ({where}) cannot be read, so what serves after it is not known: {why}"
 
 
 def _nccl_symm_claims(rule: dict, nbytes: int) -> bool:
@@ -2083,7 +2272,9 @@ def per_width(verdicts: list[Verdict], steps: list[tuple[str, str]], eng: Engine
     """Which path serves a decode-step allreduce at each decode width (rows = batch x tokens per request), over the
     widths vLLM captures (:func:`capture_widths`) for the workload's hidden size and dtype: the first step of the
     dispatch that claims it, where NCCL symmetric memory claims by its size rule (``all_reduce_utils.py``) and the
-    other open paths claim every width. Returns ``{"hidden", "tokens", "widths": [{"rows", "bytes", "serves"}],
+    other open paths claim every width. A step before it that cannot be read (:func:`_step_reading`: an ``error``
+    verdict, or no verdict) makes that width ``not assessed: the <step> step (FILE:LINE) cannot be read ...``,
+    never a later step serving. Returns ``{"hidden", "tokens", "widths": [{"rows", "bytes", "serves"}],
     "ranges": [{"serves", "rows": "2-9", "captured": [...]}], "source"}`` (ranges over every row count from 1 to the
     largest captured width, so a change between two captured widths is not missed)."""
     t = decode_tensor()
@@ -2093,17 +2284,18 @@ def per_width(verdicts: list[Verdict], steps: list[tuple[str, str]], eng: Engine
         if nccl is not None else None
     widths, where = capture_widths(eng, t.tokens, target)
     elt = 4 if t.dtype == "float32" else 2
+    reads = {backend: _step_reading(backend, by.get(backend), eng) for backend, _ in steps}
 
     def serves(rows: int) -> str:
-        for backend, _ in steps:
-            v = by.get(backend)
-            if backend == "nccl-ring":
-                return backend
+        for backend, at in steps:
+            claims, why = reads[backend]
+            if claims is None:           # a step not read: no later step is named as serving
+                return _unread_words(backend, at, why)
             if backend == "nccl-symm-mem" and rule and rule.get("built"):
                 if _nccl_symm_claims(rule, rows * t.hidden * elt):
                     return backend
                 continue
-            if v is not None and v.status in (ON_BY_DEFAULT, ON_AS_CONFIGURED):
+            if claims:
                 return backend
         return "nccl-ring"
 
@@ -2136,30 +2328,50 @@ def width_words(section: dict) -> str:
     return "; ".join(f"{b} at {' and '.join(r)} rows" for b, r in who.items())
 
 
+def _behind_unread(v: Verdict, unread: str) -> None:
+    """``v`` would serve, but a dispatch step before it cannot be read: an ``error`` (not assessed) naming that step."""
+    v.add("verdict before the dispatch order", f"{v.status}: {v.cause}", "engine gates")
+    v.status, v.gate, v.cause = ERROR, "", f"{unread}; {v.backend} comes after it"
+
+
+def _preempt(v: Verdict, backend: str, serves: str, steps: list[tuple[str, str]], eng: Engine) -> None:
+    v.add("verdict before the dispatch order", f"{v.status}: {v.cause}", "engine gates")
+    v.status, v.gate, v.lift = PREEMPTED, GATE_SETTING, LIFT_SETTING
+    first = next(w for b, w in steps if b == serves)
+    v.cause = (f"vLLM {eng.version}: preempted by {serves}: CudaCommunicator.all_reduce tries {serves} first "
+               f"({first}) and it claims the decode-step tensor")
+    v.lift_detail = f"leave {serves} off to let {backend} serve"
+
+
 def apply_dispatch(verdicts: list[Verdict], eng: Engine, config: ServerConfig | None = None, target=None) -> dict:
     """The first open path of the dispatch claims the decode tensor; a later path that would serve becomes
-    ``preempted`` naming it. Returns the report's dispatch section ``{"vllm", "config", "tensor", "steps", "serves",
-    "preempted"}`` (``config``: the configuration asked about, ``ServerConfig.to_json()``, as SGLang's)."""
+    ``preempted`` naming it. A step that cannot be read (:func:`_step_reading`: an ``error`` verdict, or no verdict)
+    before any claim makes the answer ``not assessed`` naming that step and why, and a path after it that would serve
+    becomes an ``error`` saying so (never a later step serving). Returns the report's dispatch section ``{"vllm",
+    "config", "tensor", "steps", "serves", "preempted"}`` (``config``: the configuration asked about,
+    ``ServerConfig.to_json()``, as SGLang's)."""
     steps = read_dispatch(eng)
     by = {v.backend: v for v in verdicts}
-    serves, preempted, rows = "", {}, []
+    serves, unread, preempted, rows = "", "", {}, []
     for backend, where in steps:
         v = by.get(backend)
-        claims = backend == "nccl-ring" or (v is not None and v.status in (ON_BY_DEFAULT, ON_AS_CONFIGURED))
+        claims, why = _step_reading(backend, v, eng)
         rows.append({"backend": backend, "where": where, "status": v.status if v is not None else "-",
-                     "claims": claims})
+                     "claims": "not assessed" if claims is None else claims}
+                    | ({"not assessed": why} if claims is None else {"read": why} if why else {}))
+        if claims is None and not serves and not unread:
+            unread = _unread_words(backend, where, why)
         if not claims:
             continue
-        if not serves:
+        if unread and not serves:
+            if v is not None:
+                _behind_unread(v, unread)
+        elif not serves:
             serves = backend
         elif v is not None:
+            _preempt(v, backend, serves, steps, eng)
             preempted[backend] = serves
-            v.add("verdict before the dispatch order", f"{v.status}: {v.cause}", "engine gates")
-            v.status, v.gate, v.lift = PREEMPTED, GATE_SETTING, LIFT_SETTING
-            first = next(w for b, w in steps if b == serves)
-            v.cause = (f"vLLM {eng.version}: preempted by {serves}: CudaCommunicator.all_reduce tries {serves} first "
-                       f"({first}) and it claims the decode-step tensor")
-            v.lift_detail = f"leave {serves} off to let {backend} serve"
+    serves = serves or unread
     widths: dict = {}
     try:
         widths = per_width(verdicts, steps, eng, target)

@@ -168,11 +168,15 @@ def test_twin_a_read_that_is_gone_leaves_the_entry_not_assessed(venv, unread, fi
     from stackprobe.userwords import _unassessed
 
     out = _do_not_set(venv, [unread, fi])
-    for setting in ("--enable-symm-mem", "SGLANG_USE_1STAGE_ALLREDUCE=1", "--enable-deterministic-inference"):
+    for setting in ("--enable-symm-mem",):
         a = out[setting]
         assert _unassessed(a) and a["then"] == "" and "where" not in a, a
         assert a["note"].startswith("not assessed: with it set the dispatch read gives ")
         assert "was not found in its source" in a["note"]
+    # deterministic mode is run from _deterministic_collectives_enabled's own code (test_sglang_fail_open point 3): it no
+    # longer reads SGLANG_USE_1STAGE_ALLREDUCE, nor does the flag write the variable it reads, so neither turns PCIe
+    # IPC off here and neither is listed (they read "not assessed" while the dispatch assumed 0.5.23's logic)
+    assert "SGLANG_USE_1STAGE_ALLREDUCE=1" not in out and "--enable-deterministic-inference" not in out, out
     # the flag no longer writes the variable, so it is a setting of its own again: listed, and its read cited
     kept = out["SGLANG_ENABLE_DETERMINISTIC_INFERENCE=1"]
     _assert_cited(unread, kept, "if deterministic:", "SGLANG_ENABLE_DETERMINISTIC_INFERENCE")

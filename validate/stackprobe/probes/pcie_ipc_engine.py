@@ -21,7 +21,7 @@ from typing import Any
 from ..paths import PCIE_IPC
 from ..verdict import GATE_SETTING, LIFT_SETTING
 from ..engines.sglang import engine as se
-from ..engines.sglang.startup import arg_trees
+from ..engines.sglang.startup import also_on_holds, arg_trees
 from ..engines.sglang.startup import env_write as _env_write
 from ..engines.sglang.startup import flag_names as _flag_names
 from ..engines.sglang.startup import reads_on as _reads_on
@@ -56,6 +56,36 @@ def _arg_group_line(eng, pred) -> str:
     return ""
 
 
+def _read_by_get(ctx, eng, var: str, line: int) -> tuple[bool, str]:
+    """(deterministic, why) from the variable ``_deterministic_collectives_enabled`` reads with ``get()``: the user's
+    value, unless SGLang overwrites it from a flag at start-up (:func:`startup_overwrites`); the flag given, or turned
+    on by SGLang itself where one of its ``also_on`` conditions holds for the configuration
+    (:func:`~stackprobe.engines.sglang.startup.also_on_holds`: ``cfg.rl_on_policy_target is not None``,
+    ``attention_hook.py:588``). Raises :class:`~stackprobe.engines.sglang.engine.NotAssessed` when such a condition
+    cannot be judged from the configuration (never taken as off)."""
+    given = ctx.server_config.var(var)
+    flag_sets = _arg_group_line(eng, lambda n, v=var: isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                                and n.func.attr == "set" and getattr(n.func.value, "attr", "") == v
+                                and "enable_deterministic_inference" in ast.unparse(n))
+    over = startup_overwrites(eng).get(var)
+    if given is not None and over is None:
+        return se.env_truthy(given), f"{var}={given} (sglang/{STATE_FILE}:{line})"
+    if se.configured(ctx, DET_FLAG):
+        return True, f"{DET_FLAG} sets {var} ({flag_sets or 'srt/arg_groups'}; read at sglang/{STATE_FILE}:{line})"
+    if over is not None and not se.configured(ctx, over["flag"]):
+        held, said = also_on_holds(eng, ctx.server_config, over)
+        if held is None:
+            raise se.NotAssessed(f"not assessed: whether deterministic collectives keep SGLang {eng.version}'s PCIe IPC "
+                                 f"off: {said}")
+        if held:
+            return True, (f"{DET_FLAG} is on: {said}; it sets {var} ({flag_sets or 'srt/arg_groups'}; read at "
+                          f"sglang/{STATE_FILE}:{line})")
+    if given is not None and over is not None:
+        return False, (f"{var}={given} is not read: SGLang overwrites it from {over['flag']} at start-up "
+                       f"({over['set_at']}, run at {over['runs_at']}), and {over['flag']} is not given")
+    return False, "off"
+
+
 def deterministic_gate(ctx, eng, eligible: ast.FunctionDef, pcie_tree: ast.Module) -> se.Gate | None:
     """The gate "deterministic collectives off" for the configuration asked about, or None when this release's
     ``eligible_group`` has no ``deterministic`` parameter (nothing to read). Raises GateNotFound when it has one
@@ -86,17 +116,7 @@ def deterministic_gate(ctx, eng, eligible: ast.FunctionDef, pcie_tree: ast.Modul
                 det, why = se.env_truthy(given), f"{var}={given} is set, so it decides (sglang/{STATE_FILE}:{line})"
                 break
             continue
-        flag_sets = _arg_group_line(eng, lambda n, v=var: isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                                    and n.func.attr == "set" and getattr(n.func.value, "attr", "") == v
-                                    and "enable_deterministic_inference" in ast.unparse(n))
-        over = startup_overwrites(eng).get(var)
-        if given is not None and over is not None and not se.configured(ctx, over["flag"]):
-            why = (f"{var}={given} is not read: SGLang overwrites it from {over['flag']} at start-up ({over['set_at']}, "
-                   f"run at {over['runs_at']}), and {over['flag']} is not given")
-        elif given is not None and over is None:
-            det, why = se.env_truthy(given), f"{var}={given} (sglang/{STATE_FILE}:{line})"
-        elif se.configured(ctx, DET_FLAG):
-            det, why = True, f"{DET_FLAG} sets {var} ({flag_sets or 'srt/arg_groups'}; read at sglang/{STATE_FILE}:{line})"
+        det, why = _read_by_get(ctx, eng, var, line)
         break
     tree_at = _arg_group_line(eng, lambda n: isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Subscript)
                               and "os.environ" in ast.unparse(n.targets[0].value) and "NCCL_ALGO" in ast.unparse(n.targets[0])

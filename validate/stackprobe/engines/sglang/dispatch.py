@@ -224,6 +224,57 @@ def _per_call(st: _State, rel: str, cls: str, check: str, self_vals: dict) -> tu
     return out.value if out.value is UNKNOWN else bool(out.value), why
 
 
+def _max_numel(b: dict, tensor: DecodeTensor):
+    """``self.max_numel`` for the per-call check from :func:`.pcie_ipc.row_bound`'s answer ``b``: the bound, else
+    (fixed at start-up) the tensor's size when it fits and 0 when not; UNKNOWN where the bound is not assessed."""
+    if b["max_numel"] is not None:
+        return b["max_numel"]
+    if b["admits"] is None:
+        return UNKNOWN
+    return tensor.rows * tensor.hidden if b["admits"] else 0
+
+
+def _build_pcie_ipc(st: _State, rel: str, cls: str, check: str, none: dict) -> dict:
+    """:func:`_build` for ``pcie_ipc_comm``: ``eligible_group`` run for the configuration, the world sizes, FlashInfer's
+    workspace and the row bound. Raises DispatchError where deterministic mode or the world sizes are not read."""
+    eng = st.engine
+    dinfo = pi._deterministic(eng, st.config)
+    det = dinfo["on"] if dinfo["on"] is not None else UNKNOWN
+    elig = eng.function(rel, "eligible_group")
+    tree = eng.tree(rel)
+    groups, _ = pi._module_constant(tree, "_ELIGIBLE_GROUP_NAMES")
+    sizes, sl, swhy = pi.supported_sizes(tree)
+    if sizes is None:
+        raise DispatchError(f"sglang {eng.version} sglang/{rel}: the PCIe IPC world sizes are not assessed: {swhy}",
+                            where=f"sglang/{rel}:{sl}")
+    res = {"envs.SGLANG_ENABLE_PCIE_IPC_ALLREDUCE.get()": st.env(pi.OPT_IN), "world_size": st.ws,
+           "group_name": "tp", "_ELIGIBLE_GROUP_NAMES": tuple(groups or ()), "deterministic": det}
+    try:
+        built = run_function(elig, lambda t: res[t] if t in res else (_ for _ in ()).throw(Unbound(t))).value
+    except Unbound as e:
+        raise DispatchError(f"sglang {eng.version} sglang/{rel}:{elig.lineno} eligible_group reads `{e.text}`, "
+                            "which this reader cannot evaluate", where=f"sglang/{rel}:{elig.lineno}") from e
+    if built is UNKNOWN:
+        raise DispatchError(f"sglang {eng.version} sglang/{rel}:{elig.lineno} eligible_group: whether deterministic "
+                            f"collectives keep PCIe IPC off is not assessed: {dinfo.get('not_assessed', 'unknown')}",
+                            where=dinfo["where"])
+    if not built:
+        return {**none, "why": f"not built: eligible_group (sglang/{rel}:{elig.lineno}) declines ({pi.OPT_IN}="
+                f"{st.config.var(pi.OPT_IN) or 'unset'}, deterministic {_tv(det)})"}
+    fi_has = _fi_has_workspace()
+    disabled = st.ws not in (sizes or ()) or not fi_has
+    b = pi.row_bound(eng, st.config, st.tensor)
+    vals = {"self.disabled": disabled, "self._ensure_workspace(inp)": True,
+            "self.max_numel": _max_numel(b, st.tensor), "self._workspace.supports(inp)": _fi_supports(st)}
+    admits, why = _per_call(st, rel, cls, check, vals)
+    return {"obj": _BUILT, "disabled": disabled, "check": check, "admits": admits, "bound": b,
+            "why": f"built (eligible_group, sglang/{rel}:{elig.lineno}); world size {st.ws} "
+                   f"{'' if st.ws in (sizes or ()) else 'not '}in _SUPPORTED_WORLD_SIZES (sglang/{rel}:{sl}); "
+                   + ("" if fi_has else "flashinfer.comm has no PcieIpcAllReduceWorkspace here, so the constructor "
+                      "leaves it disabled (its ImportError branch); ") + f"per call {why}; "
+                   f"row bound: {b['why']}"}
+
+
 def _build(st: _State, attr: str) -> dict:
     """{"obj": _BUILT or None, "disabled": bool, "check": name, "admits": value, "why": text} for one communicator."""
     method, mod, cls, check = COMMUNICATORS[attr]
@@ -249,35 +300,7 @@ def _build(st: _State, attr: str) -> dict:
         return {"obj": _BUILT, "disabled": disabled, "check": check, "admits": admits,
                 "why": f"built; {'disabled at init by ' + rule[1] if disabled else 'enabled at init'}; per call {why}"}
     if attr == "pcie_ipc_comm":
-        det = pi._deterministic(eng, st.config)["on"]
-        elig = eng.function(rel, "eligible_group")
-        tree = eng.tree(rel)
-        groups, _ = pi._module_constant(tree, "_ELIGIBLE_GROUP_NAMES")
-        sizes, sl = pi._module_constant(tree, "_SUPPORTED_WORLD_SIZES")
-        res = {"envs.SGLANG_ENABLE_PCIE_IPC_ALLREDUCE.get()": st.env(pi.OPT_IN), "world_size": st.ws,
-               "group_name": "tp", "_ELIGIBLE_GROUP_NAMES": tuple(groups or ()), "deterministic": det}
-        try:
-            built = run_function(elig, lambda t: res[t] if t in res else (_ for _ in ()).throw(Unbound(t))).value
-        except Unbound as e:
-            raise DispatchError(f"sglang {eng.version} sglang/{rel}:{elig.lineno} eligible_group reads `{e.text}`, "
-                                "which this reader cannot evaluate", where=f"sglang/{rel}:{elig.lineno}") from e
-        if not built:
-            return {**none, "why": f"not built: eligible_group (sglang/{rel}:{elig.lineno}) declines ({pi.OPT_IN}="
-                    f"{st.config.var(pi.OPT_IN) or 'unset'}, deterministic {det})"}
-        fi_has = _fi_has_workspace()
-        disabled = st.ws not in (sizes or ()) or not fi_has
-        b = pi.row_bound(eng, st.config, st.tensor)
-        vals = {"self.disabled": disabled, "self._ensure_workspace(inp)": True,
-                "self.max_numel": b["max_numel"] if b["max_numel"] is not None else
-                (st.tensor.rows * st.tensor.hidden if b["admits"] else 0), "self._workspace.supports(inp)":
-                _fi_supports(st)}
-        admits, why = _per_call(st, rel, cls, check, vals)
-        return {"obj": _BUILT, "disabled": disabled, "check": check, "admits": admits, "bound": b,
-                "why": f"built (eligible_group, sglang/{rel}:{elig.lineno}); world size {st.ws} "
-                       f"{'' if st.ws in (sizes or ()) else 'not '}in _SUPPORTED_WORLD_SIZES (sglang/{rel}:{sl}); "
-                       + ("" if fi_has else "flashinfer.comm has no PcieIpcAllReduceWorkspace here, so the constructor "
-                          "leaves it disabled (its ImportError branch); ") + f"per call {why}; "
-                       f"row bound: {b['why']}"}
+        return _build_pcie_ipc(st, rel, cls, check, none)
     if attr == "pymscclpp_comm":
         on, where = st.flag("--enable-mscclpp")
         if not on:
@@ -286,7 +309,10 @@ def _build(st: _State, attr: str) -> dict:
         if not pkg["importable"]:
             return {"obj": _BUILT, "disabled": True, "check": check, "admits": False, "package": pkg,
                     "why": f"built ({where}) but disabled: {pkg['why']}"}
-        sizes, _ = pi._module_constant(eng.tree(rel), "_SUPPORTED_WORLD_SIZES")
+        sizes, sl, swhy = pi.supported_sizes(eng.tree(rel))
+        if sizes is None:
+            raise DispatchError(f"sglang {eng.version} sglang/{rel}: MSCCL++'s world sizes are not assessed: {swhy}",
+                                where=f"sglang/{rel}:{sl}")
         admits, why = _per_call(st, rel, cls, check, {"self.disabled": False, "self.world_size": st.ws,
                                                       "_SUPPORTED_WORLD_SIZES": tuple(sizes or ())})
         return {"obj": _BUILT, "disabled": False, "check": check, "admits": admits, "package": pkg,

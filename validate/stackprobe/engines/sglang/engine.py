@@ -36,8 +36,8 @@ from pathlib import Path
 from ... import source
 from ...env import dist_version
 from ...verdict import (BLOCKED, ERROR, FALLS_BACK, GATE_NOT_INSTALLED, GATE_NOT_INTEGRATED, GATE_SETTING, LIFT_NONE_NEEDED,
-                       LIFT_NOTHING, LIFT_PACKAGE, LIFT_SETTING, NOT_INSTALLED, NOT_INTEGRATED, ON_AS_CONFIGURED,
-                       ON_BY_DEFAULT, OPT_IN, SCOPE_ENGINE, SKIPPED, STARTUP_FAILURE, Verdict)
+                       LIFT_NOTHING, LIFT_PACKAGE, LIFT_SETTING, NOT_ASSESSED, NOT_INSTALLED, NOT_INTEGRATED,
+                       ON_AS_CONFIGURED, ON_BY_DEFAULT, OPT_IN, SCOPE_ENGINE, SKIPPED, STARTUP_FAILURE, Verdict)
 
 DIST = "sglang"
 # lifts, hardest first: what a user must do when several gates close
@@ -46,6 +46,13 @@ _LIFT_ORDER = (LIFT_NOTHING, LIFT_PACKAGE, "cuda-upgrade", "rebuild-with-arch", 
 
 class GateNotFound(LookupError):
     """A gate's source is missing or unreadable in the installed engine: the verdict is ``error``."""
+
+
+class NotAssessed(GateNotFound):
+    """A gate whose source is read but whose answer for the configuration asked about cannot be judged from it (a
+    condition on a setting the configuration does not decide): the verdict is ``not-assessed`` with the reason (the
+    message, starting "not assessed: "), never a pass. A GateNotFound, so every caller that refuses to guess on a
+    missing gate refuses here too."""
 
 
 @dataclass
@@ -256,9 +263,12 @@ class EngineAnswer:
 
 
 def error(backend: str, engine: Engine, exc: Exception, ctx=None) -> Verdict:
-    """Case C17: a gate that moved or vanished is an error naming package, version and file."""
-    v = Verdict(backend, ERROR, scope=SCOPE_ENGINE, cause=str(exc),
-                lift_detail="teach this suite where the gate lives in this sglang release (it refuses to guess)",
+    """Case C17: a gate that moved or vanished is an error naming package, version and file; a gate read but not
+    decidable for the configuration (:class:`NotAssessed`) is ``not-assessed`` with its reason."""
+    unjudged = isinstance(exc, NotAssessed)
+    v = Verdict(backend, NOT_ASSESSED if unjudged else ERROR, scope=SCOPE_ENGINE, cause=str(exc),
+                lift_detail="give the settings the condition reads in the server configuration asked about"
+                if unjudged else "teach this suite where the gate lives in this sglang release (it refuses to guess)",
                 host=target_host(ctx) if ctx is not None else {})
     v.add("sglang version", engine.version, "distribution metadata")
     return v

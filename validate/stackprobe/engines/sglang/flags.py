@@ -33,7 +33,9 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class FlagSpec:
     """``flag`` (``--enable-symm-mem``), ``dest`` (``enable_symm_mem``), ``switch`` (takes no value),
-    ``choices`` (list or None), ``default`` (literal, or the default's source text), ``where`` (``sglang/FILE:LINE``)."""
+    ``choices`` (list or None), ``default`` (literal, or the default's source text), ``where`` (``sglang/FILE:LINE``),
+    ``number``: ``"int"`` / ``"float"`` when SGLang parses its value as one (``type=int``, a field typed ``int`` or
+    ``Optional[int]``), ``"int list"`` / ``"float list"`` for several (``nargs``, ``List[int]``), else ""."""
 
     flag: str
     dest: str
@@ -41,6 +43,7 @@ class FlagSpec:
     choices: tuple | None
     default: object
     where: str
+    number: str = ""
 
 
 _CACHE: dict[tuple, dict] = {}
@@ -68,8 +71,10 @@ def _from_add_argument(call: ast.Call, path: Path, fields: dict) -> list[FlagSpe
     ref = re.fullmatch(r"ServerArgs\.(\w+)", str(default))
     if ref and ref.group(1) in fields:
         default = fields[ref.group(1)][0]
+    tp = ast.unparse(kw["type"]) if "type" in kw else ""
+    number = (tp + (" list" if "nargs" in kw else "")) if tp in ("int", "float") and not switch else ""
     out = [FlagSpec(n, dest, switch, tuple(choices) if isinstance(choices, (list, tuple)) else None, default,
-                    f"{se.short(path)}:{call.lineno}") for n in names]
+                    f"{se.short(path)}:{call.lineno}", number) for n in names]
     if "BooleanOptionalAction" in action:
         out += [FlagSpec("--no-" + n[2:], dest, True, None, default, f"{se.short(path)}:{call.lineno}") for n in names]
     return out
@@ -111,8 +116,20 @@ def _from_field(node: ast.AnnAssign, path: Path) -> list[FlagSpec]:
             choices = None
     default = _literal(node.value) if node.value is not None else None
     where = f"{se.short(path)}:{node.lineno}"
-    return [FlagSpec(n, name, switch, choices, default, where) for n in [cli] + list(aliases or [])
+    return [FlagSpec(n, name, switch, choices, default, where, _number_of(inner, kw)) for n in [cli] + list(aliases or [])
             if isinstance(n, str)]
+
+
+def _number_of(inner: str, kw: dict) -> str:
+    """``number`` of a field typed ``inner`` (``Optional[...]`` stripped): "int", "float", "int list", "float list"
+    or "" (a field with its own ``type_parser`` or ``action`` is left unchecked: SGLang parses it its own way)."""
+    if "type_parser" in kw or "action" in kw or "type" in kw:
+        return ""
+    if inner in ("int", "float"):
+        return inner
+    m = re.fullmatch(r"(?:List|list|Tuple|tuple)\[(int|float)(?:, \.\.\.)?\]", inner)
+    return f"{m.group(1)} list" if m else ""
+
 
 
 def server_flags(engine: se.Engine) -> dict[str, FlagSpec]:
@@ -211,10 +228,35 @@ def parse_server_config(server_args: str, env: list[str] | tuple = (), engine: s
         if spec is not None and spec.choices and value not in [str(c) for c in spec.choices]:
             raise ConfigError(f"--server-args: {name} {value!r} is not one of {who}'s choices "
                               f"{', '.join(map(str, spec.choices))} ({spec.where}).")
+        if spec is not None and spec.number:
+            _check_number(spec, name, values, who)
         args[name] = value
     text = source_text or " ".join(x for x in ([f'--server-args "{server_args}"'] if server_args else [])
                                    + [f"--env {e}" for e in env])
     return ServerConfig(args=args, env=envd, source=text)
+
+
+def _is_number(text: str, kind: str) -> bool:
+    try:
+        (int if kind == "int" else float)(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_number(spec: FlagSpec, name: str, values: list[str], who: str) -> None:
+    """Raise :class:`ConfigError` when a value of a numeric flag is not a number of its kind (SGLang itself would
+    refuse it at start-up; the readers would otherwise compute with text)."""
+    kind = spec.number.split()[0]
+    parts = [p for v in values for p in v.split()] if spec.number.endswith("list") else [" ".join(values)]
+    bad = next((p for p in parts if not _is_number(p, kind)), None)
+    if bad is None:
+        return
+    what = "a whole number" if kind == "int" else "a number"
+    eg = "8" if kind == "int" else "0.5"
+    several = " (one or more, separated by spaces)" if spec.number.endswith("list") else ""
+    raise ConfigError(f"--server-args: {name} {bad!r} is not {what}: {who} reads {name} as {kind}{several} "
+                      f"({spec.where}); write {name} followed by {what}, e.g. {name} {eg}, or drop the flag.")
 
 
 def _coerce(value, default):

@@ -362,10 +362,24 @@ def field_flags(engine: se.Engine) -> list[dict]:
     return out
 
 
+#: what a reader of the enumeration raises when the installed source is not where or what it expects: each becomes a
+#: not-assessed row naming it (:func:`paths`), never a dropped list that reads as "nothing unjudged"
+READER_ERRORS = (se.GateNotFound, LookupError, OSError, SyntaxError, ValueError, TypeError, AttributeError)
+
+
 def paths(engine: se.Engine, ctx) -> list[Verdict]:
-    """The not-assessed and unknown paths of :func:`inventory` as engine-scope verdicts, status ``not-assessed``."""
+    """The not-assessed and unknown paths of :func:`inventory` as engine-scope verdicts, status ``not-assessed``. A
+    reader that cannot enumerate (GateNotFound: the argument files define no flag; a file it cannot read) gives one
+    ``sglang-paths`` row saying so, with the reason, beside the files that do not parse."""
     out = []
-    for row in inventory(engine):
+    try:
+        rows = inventory(engine)
+    except READER_ERRORS as e:
+        rows = []
+        out.append(Verdict("sglang-paths", NOT_ASSESSED, scope=SCOPE_ENGINE, host=se.target_host(ctx),
+                           cause=f"not assessed: the settings and modules sglang {engine.version} ships could not be "
+                                 f"enumerated ({type(e).__name__}: {e})"))
+    for row in rows:
         if row["status"] == "assessed":
             continue
         v = Verdict(row["path"], NOT_ASSESSED, scope=SCOPE_ENGINE, host=se.target_host(ctx),
@@ -385,9 +399,13 @@ UNPARSED_CHECK = ("srt/server_args.py", "srt/environ.py", "srt/arg_groups/**/*.p
 
 
 def findings(engine: se.Engine) -> list[dict]:
-    """Environment findings for the modules this suite does not know (case C39)."""
-    return [{"case": "C39", "level": "warning", "message": row["why"]} for row in inventory(engine)
-            if row["status"] == "unknown"]
+    """Environment findings for the modules this suite does not know (case C39); [] when the enumeration cannot be
+    read (:func:`paths` then gives the not-assessed row with the reason)."""
+    try:
+        rows = inventory(engine)
+    except READER_ERRORS:
+        return []
+    return [{"case": "C39", "level": "warning", "message": row["why"]} for row in rows if row["status"] == "unknown"]
 
 
 def launch_environment(engine: se.Engine, config) -> dict:

@@ -107,3 +107,114 @@ def _startup_overwrites(eng, flag_of: dict[str, str]) -> dict[str, dict]:
 def flag_names(eng) -> dict[str, str]:
     """``{dest: "--flag"}`` of SGLang's server flags."""
     return {spec.dest: f for f, spec in sf.server_flags(eng).items() if getattr(spec, "dest", "")}
+
+
+_ALSO_ON = re.compile(r"^`(?P<test>.*)` \((?P<where>[^()]*)\)$", re.DOTALL)
+
+
+def _flag_resolver(eng, config):
+    """``resolve`` for :mod:`.pyeval`: ``cfg.<dest>`` / ``server_args.<dest>`` / ``self.<dest>`` as that flag's value
+    in ``config`` (given, else the installed default); anything else is unbound."""
+    from .pyeval import Unbound
+
+    def resolve(text: str):
+        m = re.fullmatch(r"(?:cfg|server_args|self)\.(\w+)", text)
+        if m:
+            try:
+                return sf.config_value(eng, config, "--" + m.group(1).replace("_", "-"))[0]
+            except se.GateNotFound:
+                pass
+        raise Unbound(text)
+    return resolve
+
+
+def judge(eng, config, expr: ast.AST) -> tuple[object, str]:
+    """``(value, "")`` of an expression of SGLang's argument code for ``config`` (:func:`_flag_resolver`), or ``(None,
+    why)`` when it reads something the configuration does not decide or is decided at run time."""
+    from .pyeval import UNKNOWN, Evaluator, Unbound
+
+    try:
+        got = Evaluator(_flag_resolver(eng, config)).value(expr)
+    except Unbound as e:
+        return None, f"it reads `{e.text}`, which the configuration does not decide"
+    except (TypeError, ValueError, ArithmeticError) as e:
+        return None, f"not evaluated ({type(e).__name__}: {e})"
+    return (None, "decided at run time") if got is UNKNOWN else (got, "")
+
+
+def also_on_holds(eng, config, over: dict) -> tuple[bool | None, str]:
+    """Whether SGLang turns ``over["flag"]`` on itself for ``config`` (``over``: an entry of
+    :func:`startup_overwrites`): each ``also_on`` condition (``cfg.rl_on_policy_target is not None``,
+    ``attention_hook.py:586``) evaluated (:func:`judge`). ``(True, why)`` when one holds, ``(False, "")`` when none
+    does, ``(None, why)`` when one cannot be judged from the configuration (it reads something that is not a server
+    flag, or a value decided at run time): never taken as off."""
+    unjudged = []
+    for cond in over.get("also_on") or []:
+        m = _ALSO_ON.match(cond)
+        try:
+            got, why = judge(eng, config, ast.parse(m.group("test"), mode="eval").body) if m else (None, "not read")
+        except SyntaxError as e:
+            got, why = None, f"not parsed ({e})"
+        if why:
+            unjudged.append(f"{cond}: {why}")
+        elif got:
+            return True, f"SGLang turns {over['flag']} on itself when {cond}, which holds for this configuration"
+    if unjudged:
+        return None, (f"SGLang turns {over['flag']} on itself under conditions this reader cannot judge from the "
+                      f"configuration asked about ({'; '.join(unjudged)})")
+    return False, ""
+
+
+_COND_WRITES: dict[tuple[str, str], list] = {}
+
+
+def _cond_writes(eng, var: str) -> list[tuple[ast.AST | None, ast.AST, str]]:
+    """``(if test, value, "FILE:LINE")`` of every write of ``var`` (:func:`env_write`) in the argument files whose
+    innermost enclosing statement holding it is an ``if`` body, and ``(None, value, "FILE:LINE in FUNCTION")`` of one
+    that is a statement of a function's own body (for a variable not in :func:`startup_overwrites`: a function not
+    seen to run), once per installed tree."""
+    key = (str(eng.root), var)
+    if key not in _COND_WRITES:
+        found: list = []
+        for path, tree in arg_trees(eng):
+            for fn in (x for x in ast.walk(tree) if isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef))):
+                for stmt in fn.body:    # a statement of a function's own body: written whenever the function runs
+                    w = env_write(stmt)
+                    if w and w[0] == var:
+                        found.append((None, w[1], f"{se.short(path)}:{stmt.lineno} in {fn.name}"))
+            for n in (x for x in ast.walk(tree) if isinstance(x, ast.If)):
+                inner = {id(c) for b in n.body for i in ast.walk(b) if isinstance(i, ast.If) for c in ast.walk(i)}
+                for node in (c for b in n.body for c in ast.walk(b) if id(c) not in inner):
+                    w = env_write(node)
+                    if w and w[0] == var:
+                        found.append((n.test, w[1], f"{se.short(path)}:{getattr(node, 'lineno', n.lineno)}"))
+        _COND_WRITES[key] = found
+    return _COND_WRITES[key]
+
+
+def conditional_write(eng, config, var: str) -> tuple[object, str]:
+    """What SGLang's argument code writes into ``var`` at start-up for ``config`` where the write sits under an ``if``
+    (not an overwrite on every start-up: :func:`startup_overwrites`): the last such write whose innermost ``if`` test
+    holds (:func:`judge`), as ``(value, "VAR=value (FILE:LINE, when `test`)")``; ``(None, "")`` when none holds;
+    ``(None, "not assessed: ...")`` when a test or the value cannot be judged from the configuration; ``(value,
+    "maybe: ...")`` for an unconditional write in a function not seen to run (the caller decides only where both
+    outcomes agree)."""
+    got: tuple[object, str] = (None, "")
+    for test_node, value_node, at in _cond_writes(eng, var):
+        if test_node is None:
+            value, why = judge(eng, config, value_node)
+            if why:
+                return None, f"not assessed: {var} is written at {at}, and its value: {why}"
+            got = (value, f"maybe: {var}={value} ({at}, a function not seen to run on every launch)")
+            continue
+        test = ast.unparse(test_node)
+        held, why = judge(eng, config, test_node)
+        if why:
+            return None, f"not assessed: {var} is written at {at} when `{test}`, and {why}"
+        if not held:
+            continue
+        value, why = judge(eng, config, value_node)
+        if why:
+            return None, f"not assessed: {var} is written at {at} when `{test}` (which holds), and its value: {why}"
+        got = (value, f"{var}={value} ({at}, when `{test}`)")
+    return got

@@ -195,3 +195,25 @@ def test_twin_pcie_ipc_lift_reads_vllms_own_pin(wheels, monkeypatch, tmp_path):
     assert "vLLM's own pin not read: vllm-0.33.0.dist-info METADATA Requires-Dist names no flashinfer-python" \
         in gone[PCIE].lift_detail
     assert "0.7.2" not in gone[PCIE].lift_detail
+
+
+# --- 5. integer flags: a value that is not a whole number is a usage error, never read as 1 -----------------------------
+@pytest.mark.parametrize("value", ["two", "2.5", "0x2z"])
+def test_twin_a_data_parallel_size_that_is_not_an_integer_is_a_usage_error(wheels, monkeypatch, value):
+    """Real: ``--data-parallel-size 2`` is read as 2 (the two-sided all-to-all's DP x TP). Twins: values vLLM's
+    ``int`` would refuse: parse_config stops with one paragraph naming flag and value, and the reader, given one
+    anyway, raises the same error (the old reader took any such value as 1: no data parallelism)."""
+    from stackprobe.engines.sglang.flags import ConfigError
+    from stackprobe.engines.vllm import engine as ve
+
+    eng = ve.Engine("0.33.0", wheels["vllm"] / "vllm")
+    assert ve.parse_config("--data-parallel-size 2", [], eng).args["--data-parallel-size"] == "2"
+    with pytest.raises(ConfigError) as e:
+        ve.parse_config(f"--data-parallel-size {value}", [], eng)
+    msg = str(e.value)
+    assert repr(value) in msg and "whole number" in msg and "\n" not in msg
+    with pytest.raises(ConfigError):
+        _read(wheels, monkeypatch, args={"--enable-expert-parallel": True, "--data-parallel-size": value})
+    got, _ = _read(wheels, monkeypatch, args={"--enable-expert-parallel": True, "--data-parallel-size": "2",
+                                              "--all2all-backend": "flashinfer_nvlink_two_sided"})
+    assert got["ep-flashinfer-a2a"].status != "error", got["ep-flashinfer-a2a"].cause

@@ -207,6 +207,11 @@ def parse_config(server_args: str, env: list[str] | tuple, eng: Engine | None) -
             raise ConfigError(f"--server-args: {flag} is not a server argument of the installed vllm {eng.version} "
                               f"(its flags are EngineArgs' fields in vllm/{ARG_FILE}); fix the spelling, drop the "
                               "flag, or pass --engine sglang when the flags are SGLang's.")
+    for flag in INT_FLAGS:
+        if flag in cfg.args and not _is_int(cfg.args[flag]):
+            raise ConfigError(f"--server-args: {flag} {cfg.args[flag]!r} is not an integer (vLLM parses it with int "
+                              f"and stops on anything else; the verdicts read it as a GPU count); give a whole "
+                              f"number, e.g. {flag} 2.")
     if "--compilation-config" in cfg.args:
         try:
             compilation_config(cfg.args["--compilation-config"])
@@ -215,6 +220,20 @@ def parse_config(server_args: str, env: list[str] | tuple, eng: Engine | None) -
                               "give one JSON object, e.g. --compilation-config '{\"pass_config\": "
                               "{\"fuse_allreduce_rms\": true}}'.") from e
     return cfg
+
+
+#: the integer flags the verdicts read (a GPU count each); a value that is not a whole number is a usage error
+INT_FLAGS = ("--data-parallel-size", "--tensor-parallel-size", "--pipeline-parallel-size")
+
+
+def _is_int(value) -> bool:
+    if value is True or value is None:
+        return False
+    try:
+        int(str(value))
+    except ValueError:
+        return False
+    return True
 
 
 def compilation_config(value) -> dict:
@@ -1902,11 +1921,11 @@ def _managers(eng: Engine, names: list[str]) -> dict[str, str]:
 def _int_flag(ctx, *names: str) -> int:
     for n in names:
         val = _flag(ctx, n)
-        if val is not None and val is not True:
-            try:
-                return int(val)
-            except ValueError:
-                return 1
+        if val is not None:
+            if not _is_int(val):      # parse_config refuses it first; read here unchecked: never a guessed 1
+                from ..sglang.flags import ConfigError
+                raise ConfigError(f"--server-args: {n} {val!r} is not an integer; give a whole number, e.g. {n} 2.")
+            return int(str(val))
     return 1
 
 

@@ -116,6 +116,10 @@ def test_twin_computed_world_sizes_are_not_assessed(venv, sglang, fi, tmp_path):
     _not_assessed(out["admission"]["world sizes"], "not a literal and does not evaluate to numbers")
     assert out["admission"]["world sizes"]["supported"] is None
     assert "world sizes are not assessed" in out["dispatch"]["error"], out["dispatch"]
+    # the engine verdict's own world-size gate (probes/flashinfer_pcie_ipc.py) reads the same way: before, it took
+    # the numbers in the expression, [1, 2, 4, 2], found no 8 and declined with "supports world sizes [1, 2, 2, 4]"
+    v = out["verdict"]
+    assert v["status"] == "not-assessed" and "not a literal and does not evaluate to numbers" in v["cause"], v
 
 
 def test_evaluable_world_sizes_are_read_through_the_safe_evaluator(venv, sglang, fi, tmp_path):

@@ -26,6 +26,7 @@ from . import flashinfer_common as fi
 from . import pcie_ipc_engine as pcie_det
 from ..engines.sglang import answer as sa
 from ..engines.sglang import engine as se
+from ..engines.sglang import pcie_ipc as sglang_pcie_ipc
 
 
 def _library(ctx) -> Verdict:
@@ -126,12 +127,14 @@ def _engine(ctx, eng) -> Verdict:
                     "a single GPU has no peers", LIFT_NONE_NEEDED, value=ctx.world_size, on_fail="decline"))
     tree = eng.tree(PCIE_FILE)
     short = f"sglang/{PCIE_FILE}"
-    sizes = _module_literal_strings_or_ints(tree, "_SUPPORTED_WORLD_SIZES")
-    if sizes is None:
-        raise se.GateNotFound(f"gate not found in sglang {eng.version} at {short}: no module-level _SUPPORTED_WORLD_SIZES")
-    ans.add(se.Gate("supported world sizes", ctx.world_size in sizes[0], f"{short}:{sizes[1]} _SUPPORTED_WORLD_SIZES",
-                    GATE_PYTHON, f"the PCIe IPC communicator supports world sizes {sorted(sizes[0])}, not {ctx.world_size}",
-                    LIFT_PACKAGE, value=sorted(sizes[0]), on_fail="decline"))
+    sizes, line, why = sglang_pcie_ipc.supported_sizes(tree)
+    if sizes is None and not line:
+        raise se.GateNotFound(f"gate not found in sglang {eng.version} at {short}: {why}")
+    if sizes is None:      # computed where SGLang imports it: never the numbers that happen to be in its expression
+        raise se.NotAssessed(f"not assessed: sglang {eng.version} {short}:{line}: {why}")
+    ans.add(se.Gate("supported world sizes", ctx.world_size in sizes, f"{short}:{line} _SUPPORTED_WORLD_SIZES",
+                    GATE_PYTHON, f"the PCIe IPC communicator supports world sizes {sorted(sizes)}, not {ctx.world_size}",
+                    LIFT_PACKAGE, value=sorted(sizes), on_fail="decline"))
     det = pcie_det.deterministic_gate(ctx, eng, fn, tree)
     if det is not None:
         ans.add(det)
@@ -193,13 +196,24 @@ def _setup_and_settings(ctx, eng, v: Verdict) -> None:
 
 
 def _module_literal_strings_or_ints(tree, name: str):
-    """``(values, line)`` of a module-level ``name = <tuple/list/set/frozenset({...}) of constants>``, else None."""
+    """``(values, line)`` of a module-level ``name = <literal tuple/list/set>`` or ``frozenset(<literal>)`` /
+    ``set(...)`` / ``tuple(...)`` / ``list(...)`` of one, else None; a computed value gives ``(None, line)`` (never
+    the constants that happen to appear in its expression)."""
     import ast
 
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(isinstance(tg, ast.Name) and tg.id == name for tg in node.targets):
-            vals = [c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant)]
-            return vals, node.lineno
+            expr = node.value
+            if (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name)
+                    and expr.func.id in ("frozenset", "set", "tuple", "list") and len(expr.args) == 1 and not expr.keywords):
+                expr = expr.args[0]
+            try:
+                vals = ast.literal_eval(expr)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                return None, node.lineno
+            if not isinstance(vals, (tuple, list, set, frozenset)):
+                return None, node.lineno
+            return list(vals), node.lineno
     return None
 
 
@@ -211,7 +225,10 @@ def _conditions(ctx, tree, eligible, short: str) -> list[tuple[str, str, str]]:
 
     out = []
     groups = _module_literal_strings_or_ints(tree, "_ELIGIBLE_GROUP_NAMES")
-    if groups is not None:
+    if groups is not None and groups[0] is None:
+        out.append(("eligible process groups", "not assessed: _ELIGIBLE_GROUP_NAMES is computed where SGLang imports "
+                    "it, not a literal; which groups PCIe IPC serves is not read", f"{short}:{groups[1]} _ELIGIBLE_GROUP_NAMES"))
+    elif groups is not None:
         out.append(("eligible process groups", f"only {sorted(groups[0])} (other groups stay on NCCL)",
                     f"{short}:{groups[1]} _ELIGIBLE_GROUP_NAMES"))
     det = next((n for n in ast.walk(eligible) if isinstance(n, ast.If) and ast.unparse(n.test) == "deterministic"

@@ -339,3 +339,29 @@ def test_a_write_under_a_further_condition_in_the_flags_branch_says_when(release
     also = _do_not_set(venv, [flat, fi])["--enable-symm-mem"]["also_sets"]
     assert [x for x in also if x.startswith("NCCL_GRAPH_MIXING_SUPPORT=")] == [
         f"NCCL_GRAPH_MIXING_SUPPORT='0' ({ENGINE}:1919)"], also
+
+
+def test_symm_mem_names_the_torch_compile_exception_and_its_twin_without_the_branch(venv, sglang, fi, released,
+                                                                                    tmp_path):
+    """A reviewer's point: ``--enable-symm-mem`` preempts PCIe IPC except inside code torch.compile traces, where
+    ``GroupCoordinator.all_reduce`` returns from ``if torch.compiler.is_compiling():`` (sglang 0.5.23
+    ``parallel_state.py:716``) before the symmetric-memory step and the run-time choice tries PCIe IPC (``:970``).
+    Twin: a copy without that branch gives no such exception (before, no entry named it)."""
+    why = released["--enable-symm-mem"]["why"]
+    assert "except inside code torch.compile traces (--enable-torch-compile" in why, why
+    m = re.search(r"\((sglang/[^:]+):(\d+)-\d+\) and the run-time choice tries PCIe IPC \(sglang/[^:]+:(\d+) ", why)
+    assert m, why
+    lines = (sglang / m.group(1)).read_text().splitlines()
+    assert "torch.compiler.is_compiling()" in lines[int(m.group(2)) - 1]
+    assert 'return "pcie_ipc"' in lines[int(m.group(3)) - 1]
+    no_branch = engine_copy(sglang, tmp_path / "no-compile", {PS: ("        if torch.compiler.is_compiling():\n"
+                                                                   "            if self._can_use_flashinfer_allreduce",
+                                                                   "        if False:\n"
+                                                                   "            if self._can_use_flashinfer_allreduce")})
+    # (the dispatch reader refuses that copy's unmapped step, so the twin reads the exception's own reader)
+    from stackprobe.engines.sglang import engine as se
+    from stackprobe.probes.pcie_ipc_engine import _compile_bypass
+
+    line = int(released["--enable-symm-mem"]["where"].rsplit(":", 1)[1])
+    assert "torch.compile" in _compile_bypass(se.Engine("0.5.23", sglang / "sglang"), line)
+    assert _compile_bypass(se.Engine("0.5.23", no_branch / "sglang"), line) == ""

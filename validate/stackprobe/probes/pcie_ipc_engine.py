@@ -453,8 +453,34 @@ def _taken_first_at(eng, name: str, dest: str, step) -> dict | None:
         else:
             continue
         return {"why": f"{fn_name} gives the tensor to {step.backend} before PCIe IPC's step when `{ast.unparse(n)}`, "
-                       f"which reads {dest or name} ({read})", "where": at, "read_at": read}
+                       f"which reads {dest or name} ({read})" + _compile_bypass(eng, test.lineno),
+                "where": at, "read_at": read}
     return None
+
+
+def _compile_bypass(eng, line: int) -> str:
+    """The exception a reviewer named (sglang 0.5.23 ``parallel_state.py:716-744``): inside code torch.compile traces
+    (``--enable-torch-compile``), ``GroupCoordinator.all_reduce`` returns from an ``if torch.compiler.is_compiling():``
+    branch before the step at ``line`` and leaves the choice to ``outplace_all_reduce(..., "auto")``, whose
+    ``_resolve_outplace_all_reduce_method`` tries PCIe IPC (``:970-975``); so the earlier step does not take PCIe
+    IPC's place there. "" when the branch, its return or PCIe IPC in the run-time choice is not found."""
+    tree = eng.tree(STATE_FILE)
+    branch = next((n for n in ast.walk(tree) if isinstance(n, ast.If) and n.lineno < line
+                   and ast.unparse(n.test) == "torch.compiler.is_compiling()"
+                   and any(isinstance(r, ast.Return) for r in n.body)), None)
+    resolve = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+                    and n.name == "_resolve_outplace_all_reduce_method"), None)
+    if branch is None or resolve is None:
+        return ""
+    pcie = next((n for n in ast.walk(resolve) if isinstance(n, ast.Return) and isinstance(n.value, ast.Constant)
+                 and n.value.value == "pcie_ipc"), None)
+    if pcie is None:
+        return ""
+    end = max(getattr(n, "end_lineno", n.lineno) or n.lineno for n in branch.body)
+    return (f"; except inside code torch.compile traces (--enable-torch-compile: decode batches up to "
+            f"--torch-compile-max-bs): `torch.compiler.is_compiling()` returns before this step "
+            f"(sglang/{STATE_FILE}:{branch.lineno}-{end}) and the run-time choice tries PCIe IPC "
+            f"(sglang/{STATE_FILE}:{pcie.lineno} _resolve_outplace_all_reduce_method)")
 
 
 def _excluded_at(eng, d, run_time) -> dict | None:

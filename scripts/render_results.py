@@ -41,7 +41,7 @@ ALL = ["results/validate", "results/validate-pcie-ipc", "results/validate-pcie-i
        "results/validate-vllm-13.1/cudastack_cu13.1-pip-sm120-vllm_6c86af6f05889b1c.json=results/validate-vllm-13.1/report.md",
        "results/validate-vllm-13.1/pcie-ipc/cudastack_cu13.1-pip-sm120-vllm_6c86af6f05889b1c.json"
        "=results/validate-vllm-13.1/pcie-ipc/report.md",
-       "results/validate-aot-13.1/cudastack_cu13.1-pip-sm120-runtime_6727a9856ed33a90.json=results/validate-aot-13.1/report.md",
+       "results/validate-aot-13.1/cudastack_cu13.1-pip-sm120-runtime_f6a405f2ef1fb0da.json=results/validate-aot-13.1/report.md",
        "results/host/p2p-off.json", "results/host/acs-redirect.json", "results/host/iommu-translated.json",
        "results/2xH200-SM90-NVLink/sglang-engine/engine.json",
        "results/2xH200-SM90-NVLink/sglang-engine/target-12.0-pcie-ws8-with-h200-engine.json",

@@ -16,8 +16,8 @@ from stackprobe import mdtable
 from stackprobe.report import Report, comparison_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
-CU128 = ROOT / "results" / "validate" / "cudastack_cu12.8-pip-sm120-runtime_2e50deed90f65a5e.json"
-CU131 = ROOT / "results" / "validate" / "cudastack_cu13.1-pip-sm120-runtime_7dbd01ad3ef27600.json"
+CU128 = ROOT / "tests" / "data" / "schema3" / "validate" / "cudastack_cu12.8-pip-sm120-runtime_2e50deed90f65a5e.json"
+CU131 = ROOT / "tests" / "data" / "schema3" / "validate" / "cudastack_cu13.1-pip-sm120-runtime_7dbd01ad3ef27600.json"
 RUNTIME = ROOT / "results" / "2xH200-SM90-NVLink" / "run1" / "runtime.json"
 
 

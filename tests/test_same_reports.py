@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "same_reports.py"
-_STEM = ROOT / "results" / "validate" / "cudastack_cu13.1-pip-sm120-runtime_7dbd01ad3ef27600"
+_STEM = ROOT / "tests" / "data" / "schema3" / "validate" / "cudastack_cu13.1-pip-sm120-runtime_7dbd01ad3ef27600"
 REPORT_JSON, REPORT_MD = Path(f"{_STEM}.json"), Path(f"{_STEM}.md")
 
 _spec = importlib.util.spec_from_file_location("same_reports", SCRIPT)

@@ -39,7 +39,7 @@ def test_the_same_report_without_the_risk_reads_try_and_measure():
 
 
 def test_an_older_report_names_its_engine_and_says_the_host_was_not_read():
-    r = Report.load(ROOT / "results" / "validate" / "cudastack_cu13.1-pip-sm120-runtime_7dbd01ad3ef27600.json")
+    r = Report.load(ROOT / "tests" / "data" / "schema3" / "validate" / "cudastack_cu13.1-pip-sm120-runtime_7dbd01ad3ef27600.json")
     text = _block(r)
     assert "engine:             sglang 0.5.23" in text
     assert "host:               not read (a report made before the host stage)" in text

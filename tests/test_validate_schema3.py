@@ -11,6 +11,9 @@ from stackprobe.report import Report, ReportError, comparison_markdown
 from stackprobe.verdict import Verdict
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+#: the schema-3 reports the images gave on 2026-12-02 (results/ before the 2026-12-07 re-reading): what a report
+#: written by an older suite looks like, read through translate_v3
+SCHEMA3 = ROOT / "tests" / "data" / "schema3"
 
 
 def _v2_opt_in(evidence_ok: bool = True) -> dict:
@@ -141,7 +144,7 @@ def test_headline_takes_the_dispatch_walks_answer(tmp_path):
     from stackprobe.report import Report
     from stackprobe.userwords import headline_line
 
-    path = ROOT / "results" / "validate-pcie-ipc-symm-mem" / "cudastack_cu12.8-pip-sm120-runtime_2e50deed90f65a5e.json"
+    path = SCHEMA3 / "validate-pcie-ipc-symm-mem" / "cudastack_cu12.8-pip-sm120-runtime_2e50deed90f65a5e.json"
     data = json.loads(path.read_text())
     assert data["dispatch"]["serves"] == "nccl-symm-mem"
     assert headline_line(Report.from_json(data)).split("; ")[0].endswith("a decode-step allreduce takes nccl-symm-mem")
@@ -161,12 +164,12 @@ def test_committed_markdown_is_what_the_writer_makes_of_the_committed_json(folde
     spec.loader.exec_module(mod)
     copy = tmp_path / folder
     copy.mkdir()
-    for p in (ROOT / "results" / folder).glob("*.json"):
+    for p in (SCHEMA3 / folder).glob("*.json"):
         shutil.copy(p, copy / p.name)
     written = mod.render(copy)
     assert len(written) == 3
     for f in written:
-        assert f.read_text() == (ROOT / "results" / folder / f.name).read_text(), f.name
+        assert f.read_text() == (SCHEMA3 / folder / f.name).read_text(), f.name
     with pytest.raises(FileNotFoundError, match="no \\*.json report"):
         mod.render(tmp_path)
 
@@ -179,12 +182,12 @@ def test_headline_falls_back_to_the_path_that_serves():
     from stackprobe.report import Report
     from stackprobe.userwords import headline_line
 
-    ipc = json.loads((ROOT / "results" / "validate-pcie-ipc" /
+    ipc = json.loads((SCHEMA3 / "validate-pcie-ipc" /
                       "cudastack_cu13.1-pip-sm120-runtime_7dbd01ad3ef27600.json").read_text())
     line = headline_line(Report.from_json(ipc))
     assert "takes flashinfer-pcie-ipc-allreduce" in line
     assert "falls back to flashinfer-pcie-ipc-allreduce if set" in line and "falls back to NCCL" not in line
-    none = json.loads((ROOT / "results" / "validate" / "cudastack_cu13.1-pip-sm120-runtime_7dbd01ad3ef27600.json").read_text())
+    none = json.loads((SCHEMA3 / "validate" / "cudastack_cu13.1-pip-sm120-runtime_7dbd01ad3ef27600.json").read_text())
     assert "falls back to NCCL if set" in headline_line(Report.from_json(none))
 
 

@@ -453,7 +453,7 @@ def _taken_first_at(eng, name: str, dest: str, step) -> dict | None:
         else:
             continue
         return {"why": f"{fn_name} gives the tensor to {step.backend} before PCIe IPC's step when `{ast.unparse(n)}`, "
-                       f"which reads {dest or name} ({read})" + _compile_bypass(eng, test.lineno),
+                       f"which reads {dest or name} ({read})" + _compile_bypass(eng, getattr(test, "lineno", 0)),
                 "where": at, "read_at": read}
     return None
 

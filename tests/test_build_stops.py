@@ -272,9 +272,9 @@ def test_an_interrupt_that_came_after_the_engine_tagged_the_node_says_it_is_kept
     from cudastack.build.executor import interrupted_message
 
     node = {"name": "vllm-torch", "status": "interrupted", "duration_s": 74.0, "log": "/s/logs/r/vllm-torch.log"}
-    rec = {"nodes": [{"name": "base", "status": "built"}, dict(node, tag_at_stop="cudastack/x-vllm-torch:abc")]}
+    rec = {"nodes": [{"name": "base", "status": "built"}, dict(node, tag_at_stop="cudastack-test/x-vllm-torch:abc")]}
     msg = interrupted_message(rec, tmp_path / "rec.json")
-    assert "already finished vllm-torch when the stop arrived and tagged it (cudastack/x-vllm-torch:abc)" in msg
+    assert "already finished vllm-torch when the stop arrived and tagged it (cudastack-test/x-vllm-torch:abc)" in msg
     assert "no tag" not in msg and "vllm-torch starts again" not in msg
     # the twin: no tag after the stop keeps the old account
     plain = interrupted_message({"nodes": [node]}, tmp_path / "rec.json")
@@ -289,7 +289,7 @@ def test_the_tag_check_after_a_stop_records_only_what_the_engine_answers():
 
     from cudastack.build.executor import _note_tag_at_stop
 
-    node = SimpleNamespace(tag="cudastack/x:1")
+    node = SimpleNamespace(tag="cudastack-test/x:1")
 
     class Engine:
         def __init__(self, answer):
@@ -300,7 +300,7 @@ def test_the_tag_check_after_a_stop_records_only_what_the_engine_answers():
                 raise self.answer
             return self.answer
 
-    for answer, expect in ((True, {"tag_at_stop": "cudastack/x:1"}), (False, {}),
+    for answer, expect in ((True, {"tag_at_stop": "cudastack-test/x:1"}), (False, {}),
                            (RuntimeError("no engine"), {"tag_at_stop": None})):
         entry: dict = {}
         _note_tag_at_stop(Engine(answer), node, entry)

@@ -206,3 +206,30 @@ def test_an_unknown_activation_format_is_not_assessed_and_its_twin_standard_admi
     assert r["verdict"] == "unknown" and r["format"] == "PaddedStandard", r
     assert "activation format PaddedStandard" in _entry(k, "unknown", "HummingIndexedExperts")
     assert _rec(k, "HummingGroupedExperts")["verdict"] == "admit"      # the untouched sibling still reads Standard
+
+
+# --- a kernel subclass outside fused_moe/ (a model's own) is read too ---------------------------------------------------
+TOY = ("from vllm.model_executor.layers.fused_moe.experts.flashinfer_cutlass_moe import FlashInferExperts\n\n\n"
+       "class ToyModelExperts(FlashInferExperts):\n    pass\n")
+
+
+def test_a_kernel_subclass_outside_fused_moe_is_listed_with_its_file(venv, vllm033, tmp_path):
+    """A reviewer's point: model-specific kernel subclasses live outside ``fused_moe/``. Real wheel: vllm 0.33.0's
+    four MuseSpark kernels (``vllm/models/muse_spark/{amd,nvidia}/muse_moe_runner.py``) are read with their files:
+    three refuse, the NVFP4 modular one admits the all-to-all but its device check refuses 12.0; none admits (the
+    verdict does not move). Twin: a copy with a model's own subclass of FlashInferExperts under ``models/`` lists
+    it, admitted through its parent's checks (before, the scan read ``fused_moe/`` only and named neither)."""
+    k = _kernels(venv, [vllm033], "12.0")
+    muse = {r["class"]: (r["where"].split(":")[0], r["verdict"]) for r in k["classes"] if "fused_moe" not in r["where"]}
+    nv, amd = "vllm/models/muse_spark/nvidia/muse_moe_runner.py", "vllm/models/muse_spark/amd/muse_moe_runner.py"
+    assert muse == {"MuseSparkTritonExperts": (amd, "refuse"), "MuseSparkAiterExperts": (amd, "refuse"),
+                    "MuseSparkTrtLlmNvFp4Experts": (nv, "refuse"),
+                    "MuseSparkTrtLlmNvFp4ExpertsModular": (nv, "other_device")}, muse
+    assert not [e for e in k["admit"] if "MuseSpark" in e]
+    copy = engine_copy(vllm033, tmp_path / "a", {})
+    (copy / "vllm" / "model_executor" / "models" / "toy_moe.py").write_text(TOY)
+    k2 = _kernels(venv, [copy], "12.0")
+    (rec,) = [r for r in k2["classes"] if r["class"] == "ToyModelExperts"]
+    assert rec["where"].startswith("vllm/model_executor/models/toy_moe.py:4"), rec
+    assert rec["verdict"] == "admit" and "ToyModelExperts" in _labels(k2, "admit"), rec
+    assert "FlashInferExperts" in _labels(k2, "admit")

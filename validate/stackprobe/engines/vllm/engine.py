@@ -1330,13 +1330,20 @@ def _module_rel(eng: Engine, dotted: str) -> str | None:
     return None
 
 
+#: a class statement and its bases' text (one line), for the scan of modules outside ``fused_moe/``
+_CLASS_LINE = re.compile(r"^class\s+\w+\s*\(([^)]*)\)", re.M)
+
+
 class _Hierarchy:
     """Every class under ``model_executor/layers/fused_moe`` of the installed vLLM, read from source: ``classes``
     ``(rel, name) -> ClassDef``, each class's bases resolved through its own module (a class of that module, a
     ``from vllm.X import Name`` or ``import vllm.X as mk`` / ``mk.Name``), its method resolution order (C3 over the
     bases it could resolve; ``partial`` names those it could not) and which methods stay abstract."""
 
-    def __init__(self, eng: Engine, root: Path):
+    def __init__(self, eng: Engine, root: Path, *, subclasses_elsewhere: bool = False):
+        """``subclasses_elsewhere``: also read every module of the release outside ``root`` that defines a class
+        naming one of ``root``'s classes among its bases (a model's own kernel subclass, e.g. under ``models/``),
+        so no kernel class is missed for living in another folder."""
         self.eng = eng
         self.classes: dict[tuple[str, str], ast.ClassDef] = {}
         self.by_name: dict[str, list[tuple[str, str]]] = {}
@@ -1345,18 +1352,33 @@ class _Hierarchy:
         self.lines: dict[str, list[str]] = {}
         self.partial: dict[tuple[str, str], list[str]] = {}
         self._mro: dict[tuple[str, str], list[tuple[str, str]]] = {}
-        trees = {}
+        trees: dict[str, ast.Module] = {}
         for p in sorted(root.rglob("*.py")) if root.is_dir() else []:
-            text = p.read_text(encoding="utf-8", errors="replace")
-            try:
-                tree = ast.parse(text)
-            except SyntaxError:
-                continue
-            rel = p.relative_to(eng.root).as_posix()
-            trees[rel], self.lines[rel] = tree, text.splitlines()
-            for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
-                self.classes.setdefault((rel, cls.name), cls)
-                self.by_name.setdefault(cls.name, []).append((rel, cls.name))
+            self._add(p, p.read_text(encoding="utf-8", errors="replace"), trees)
+        if subclasses_elsewhere and root.is_dir():
+            known = set(self.by_name)
+            for p in sorted(eng.root.rglob("*.py")):
+                if root in p.parents:
+                    continue
+                text = p.read_text(encoding="utf-8", errors="replace")
+                if any(b.strip().rsplit(".", 1)[-1] in known for m in _CLASS_LINE.finditer(text)
+                       for b in m.group(1).split(",")):
+                    self._add(p, text, trees)
+        self._resolve(trees)
+
+    def _add(self, p: Path, text: str, trees: dict) -> None:
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            return
+        rel = p.relative_to(self.eng.root).as_posix()
+        trees[rel], self.lines[rel] = tree, text.splitlines()
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            self.classes.setdefault((rel, cls.name), cls)
+            self.by_name.setdefault(cls.name, []).append((rel, cls.name))
+
+    def _resolve(self, trees: dict) -> None:
+        eng = self.eng
         for rel, tree in trees.items():
             names, mods = {}, {}
             pkg = rel.rsplit("/", 1)[0].replace("/", ".")
@@ -1751,7 +1773,7 @@ def expert_kernels(eng: Engine, backend: str, target=None, world: int = 8) -> di
     want = "BatchedExperts" if want_batched else "Standard"
     out: dict = {"admit": [], "refuse": [], "other_device": [], "unknown": [], "config": where, "format": want,
                  "assumed": {}, "caveats": {}, "classes": [], "bases": []}
-    h = _Hierarchy(eng, root)
+    h = _Hierarchy(eng, root, subclasses_elsewhere=True)
     trees: dict[str, ast.Module] = {}
     keys: list = []
     named: dict[str, list] = {}

@@ -322,8 +322,8 @@ def _phrase(report, v: Verdict) -> tuple[str, str] | None:
                                        f"library is {status_word(lib)} here: {_short_cause(lib)}")
         if v.status == OPT_IN:
             claim = upstream_claim(v)
-            return "opt_in", (f"{v.backend} ({_setting(v)})" + (f" [{claim}]" if claim else "") + _host_caveat(v)
-                              + _avoid(report, v))
+            return "opt_in", (f"{v.backend} ({_setting(v)})" + (f" [{claim}]" if claim else "") + user_caveats(v)
+                              + _host_caveat(v) + _avoid(report, v))
         if collective(v.backend, v) != "allreduce":
             return "on", f"{v.backend} ({v.status})"
         return None
@@ -346,6 +346,17 @@ def _phrase(report, v: Verdict) -> tuple[str, str] | None:
     if v.status == PREEMPTED:
         return "preempted", f"{v.backend} ({v.cause.split(': ', 2)[1] if ': ' in v.cause else v.cause})"
     return None
+
+
+#: the label prefix of evidence a reader adds for what a user who switches the path on must know (read from the
+#: source, with its FILE:LINE): it goes into the summary's line beside the setting
+CAVEAT = "caveat: "
+
+
+def user_caveats(v: Verdict) -> str:
+    """`` [caveat: <value> (FILE:LINE)]`` per evidence labelled :data:`CAVEAT` (a reader's note read from the source:
+    vLLM's fusion pass picks one-shot at every size on 12.0, a set-up failure stops start-up, ...), else ""."""
+    return "".join(f" [{e.what}{e.value} ({e.source})]" for e in v.evidence if e.what.startswith(CAVEAT))
 
 
 def _host_caveat(v: Verdict) -> str:

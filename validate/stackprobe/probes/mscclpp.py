@@ -200,7 +200,29 @@ def _engine(ctx, eng) -> Verdict:
     for what, value, where in notes:
         v.add(what, value, where)
         v.warnings.append(f"{what}: {value} ({where})")
+    shot = _one_shot_at(eng, path, ctx.world_size)
+    if shot is not None and ctx.topology == "pcie":
+        v.add("caveat: ", f"at world size {ctx.world_size} it selects {shot[0]}, a one-shot kernel: each rank writes "
+              f"to all {ctx.world_size - 1} peers at once over PCIe, the pattern SGLang's own custom allreduce "
+              "refuses beyond 2 GPUs without NVLink", shot[1])
     return v
+
+
+def _one_shot_at(eng, path, world_size: int) -> tuple[str, str] | None:
+    """``(context name, "sglang/FILE:LINE")`` when the communicator picks a one-shot context at ``world_size``: sglang
+    0.5.9 ``pymscclpp.py:186-187`` ``if world_size == 8: self.context_selection =
+    MscclContextSelection.MSCCL1SHOT1NODELL``; None when no such branch is read (nothing claimed)."""
+    import ast
+
+    tree = source.parse(path)
+    for n in ast.walk(tree):
+        if isinstance(n, ast.If) and ast.unparse(n.test) in (f"world_size == {world_size}",
+                                                              f"self.world_size == {world_size}"):
+            for a in n.body:
+                if (isinstance(a, ast.Assign) and any(ast.unparse(t) == "self.context_selection" for t in a.targets)
+                        and "1SHOT" in ast.unparse(a.value)):
+                    return ast.unparse(a.value).rsplit(".", 1)[-1], f"{se.short(path)}:{a.lineno}"
+    return None
 
 
 def _scope_notes(eng, path) -> list[tuple[str, str, str]]:

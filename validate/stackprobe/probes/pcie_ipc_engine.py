@@ -678,7 +678,8 @@ def _precedence_caveat(eng, read, name: str, first: dict | None, backend: str) -
     if d.serves != backend:
         return ""
     return (f"unless {var} is set: {first['function']} returns it first (`{first['test']}`, {first['lines']}), so "
-            f"{var}=0 beside {name} keeps {backend} built (the dispatch read with both gives {backend})")
+            f"{var}=0 beside {name} keeps {backend} built (the dispatch read with both gives {backend}); a loophole, "
+            f"not advice: the collectives are then not the deterministic ones {name} is set for")
 
 
 def _cited(entry: dict, cite: dict) -> None:

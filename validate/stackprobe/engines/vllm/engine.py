@@ -439,6 +439,9 @@ def _pcie_ipc(ctx, eng: Engine) -> Verdict:
                     f"pynccl ({'; '.join(uncaught)})")
     v.add("set-up with no exception handler (a failure stops start-up, no fall-back)", uncaught,
           "ast: no try/except around these calls")
+    if uncaught:
+        v.add("caveat: ", "a failed set-up (JIT build, CUDA IPC open, tune) stops start-up: vLLM catches nothing "
+              "around it, unlike SGLang's fall-back to NCCL", uncaught[0].split(" `")[0])
     off = _pcie_ipc_turned_off_by(eng, ctx)
     v.add("do not set with it", off, f"vllm/{CUDA_COMM} CudaCommunicator.__init__ "
           "`use_flashinfer_pcie_ipc_allreduce = ... and not envs.X`")
@@ -695,6 +698,43 @@ def _fusion_pass(ctx, eng: Engine) -> Verdict:
         v.add("past the size table: FlashInfer's workspace on one node", beyond, beyond["where"])
     if envb:
         v.add(f"{envb['name']}: an explicit backend has no trtllm fallback", envb, envb["where"])
+    oneshot = _fusion_oneshot(eng, ctx)
+    if oneshot is not None and v.status in ("opt-in", "on-as-configured"):
+        v.add("caveat: ", oneshot[0], oneshot[1])
+    return _fusion_warn(v, given, beyond, past)
+
+
+def _fusion_oneshot(eng: Engine, ctx) -> tuple[str, str] | None:
+    """The strategy the fusion pass picks on the target, when it writes to every peer at once: vllm 0.33.0's
+    ``_select_flashinfer_allreduce_use_oneshot`` returns ``max_one_shot_size is None or ...``
+    (``allreduce_rms_fusion.py:176``) and ``_FI_ALLREDUCE_ONE_SHOT_MAX_SIZES_MB`` (``:132``) has no entry for 120, so
+    one-shot at every size: each rank writes its whole input to all its peers (over PCIe here), the pattern vLLM's
+    own custom allreduce refuses without full NVLink. ``(text, "vllm/FILE:LINE; :LINE")``; None when the table has
+    the target, or either is not found (nothing is claimed then)."""
+    tree = eng.tree(FUSION)
+    table = next((n for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign)) and "_FI_ALLREDUCE_ONE_SHOT_MAX_SIZES_MB"
+                  in [t.id for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)]),
+                 None)
+    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef)
+               and n.name == "_select_flashinfer_allreduce_use_oneshot"), None)
+    if table is None or fn is None or table.value is None:
+        return None
+    try:
+        keys = sorted(ast.literal_eval(table.value))
+    except (ValueError, TypeError, SyntaxError):
+        return None
+    ret = next((r for r in ast.walk(fn) if isinstance(r, ast.Return) and r.value is not None
+                and ast.unparse(r.value).startswith("max_one_shot_size is None or")), None)
+    code = ctx.target.major * 10 + ctx.target.minor
+    if ret is None or code in keys or ctx.world_size < 3:
+        return None
+    return (f"one-shot at every size on {ctx.target.cc}: _FI_ALLREDUCE_ONE_SHOT_MAX_SIZES_MB has keys {keys}, no "
+            f"{code}, and a missing entry selects one-shot, so each rank writes its input to all {ctx.world_size - 1} "
+            f"peers at once ({ctx.topology}); a torch.compile pass: nothing is fused with --enforce-eager",
+            f"vllm/{FUSION}:{table.lineno}; :{ret.lineno}")
+
+
+def _fusion_warn(v: Verdict, given, beyond, past) -> Verdict:
     if given is not None:
         v.warnings.append(f"PassConfig.{FI_OVERRIDE}={given} replaces the size table; "
                           + (beyond["text"] if beyond else past))

@@ -59,6 +59,14 @@ def main(argv: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for label, (specs, extra) in CONFIGS.items():
         run(label, specs, extra, out)
+    # the comparison and its figure, as the docstring says (it was left stale before: a comparison of an older suite)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("render_results", ROOT / "scripts" / "render_results.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for f in mod.render(out):
+        print(f"[venv-reports] wrote {f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -117,3 +117,51 @@ def test_build_side_uses_the_suite_writer():
     from stackprobe.runtime import report as rreport
 
     assert report.write_atomic is write_atomic and rreport.write_atomic is write_atomic
+
+
+def _fifo_reader(fifo, got: list):
+    import threading
+
+    def read():
+        with open(fifo, "rb") as f:
+            got.append(f.read())
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("through_link", [False, True])
+def test_a_destination_that_is_not_a_regular_file_is_written_in_place_never_replaced(tmp_path, through_link):
+    """``--json /dev/null`` run as root once renamed a temporary file over /dev/null (an empty regular file
+    afterwards). A FIFO stands in for the device here (no root needed), and a link to it for ``/dev/stdout``: the
+    bytes reach the reader and the FIFO is still a FIFO, with no temporary file left beside it. The twin: a regular
+    file is still replaced atomically (a new inode)."""
+    import stat as st
+
+    from stackprobe.atomic import atomic_path, not_a_regular_file, write_atomic
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    dest = fifo
+    if through_link:
+        dest = tmp_path / "stdout-like"
+        dest.symlink_to(fifo)
+    assert not_a_regular_file(dest)
+    got: list = []
+    t = _fifo_reader(fifo, got)
+    write_atomic(dest, "report\n")
+    t.join(10)
+    assert got == [b"report\n"] and st.S_ISFIFO(os.stat(fifo).st_mode)
+    got2: list = []
+    t = _fifo_reader(fifo, got2)
+    with atomic_path(dest) as p:
+        p.write_text("figure")
+    t.join(10)
+    assert got2 == [b"figure"] and st.S_ISFIFO(os.stat(fifo).st_mode)
+    assert sorted(x.name for x in tmp_path.iterdir()) == sorted({"pipe", dest.name})
+    regular = tmp_path / "r.json"
+    regular.write_text("old")
+    before = os.stat(regular).st_ino
+    assert not not_a_regular_file(regular) and not not_a_regular_file(tmp_path / "absent")
+    write_atomic(regular, "new")
+    assert regular.read_text() == "new" and os.stat(regular).st_ino != before

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -53,13 +54,29 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def not_a_regular_file(path: str | Path) -> bool:
+    """True when ``path`` exists (links followed) and is neither a regular file nor a folder: a character device
+    (``/dev/null``), a FIFO, a socket, or ``/dev/stdout``'s target. Such a destination is written in place: renaming a
+    temporary file over it would replace the device itself (as root, ``--json /dev/null`` once turned ``/dev/null``
+    into an empty regular file)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path`` for the caller to write; when the block ends without an
     exception the temp file is fsync'ed, given the umask's mode and moved over ``path`` (then the folder is
     fsync'ed). When the block or any step raises, the temp file is removed and ``path`` keeps its old bytes.
-    Creates the parent folders."""
+    Creates the parent folders. A destination that is not a regular file (:func:`not_a_regular_file`) is yielded
+    itself, for the caller to write in place (no temporary file, no rename)."""
     path = Path(path)
+    if not_a_regular_file(path):
+        yield path
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
@@ -82,6 +99,10 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
     ``path`` as a Path. Raises what the filesystem raises (OSError), after removing the temp file."""
     raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
     path = Path(path)
+    if not_a_regular_file(path):        # /dev/null, /dev/stdout, a FIFO: written in place, never replaced
+        with open(path, "wb") as f:
+            f.write(raw)
+        return path
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as f:
             f.write(raw)

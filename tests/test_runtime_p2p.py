@@ -217,7 +217,7 @@ def test_the_p2p_subcommand_exit_codes():
     bad = subprocess.run(base, capture_output=True, text=True, timeout=120, env=_fault_env("corrupt:0-1"))
     assert bad.returncode == 1 and "| 0-1 | wrong-data |" in bad.stdout
     one = subprocess.run(base + ["--devices", "0"], capture_output=True, text=True, timeout=120, env=_fault_env(""))
-    assert one.returncode == 0 and "nothing to pair" in one.stdout
+    assert one.returncode == 4 and "nothing to pair" in one.stdout     # not judged: never a go (it was 0)
     usage = subprocess.run(base[:-2] + ["--timeout", "0"], capture_output=True, text=True, timeout=120)
     assert usage.returncode == 2 and "timeout" in usage.stderr
 
@@ -241,3 +241,16 @@ def test_the_one_device_self_test_runs_the_same_children_and_can_fail():
            "--bytes", "4K", "--timeout", "20"]
     bad = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=_fault_env("corrupt:0-0:kernel"))
     assert bad.returncode == 1 and "**wrong-data**" in bad.stdout
+
+
+def test_the_p2p_exit_status_is_a_go_only_when_every_pair_is_ok():
+    from stackprobe.runtime.__main__ import p2p_exit
+
+    pair = lambda st: {"pair": "0-1", "status": st}  # noqa: E731
+    assert p2p_exit({"pairs": [pair("ok"), pair("ok")], "leftover_pids": []}) == 0
+    assert p2p_exit({"pairs": [pair("ok"), pair("unsupported")], "leftover_pids": []}) == 3   # was 0
+    assert p2p_exit({"pairs": [pair("unsupported"), pair("hang")], "leftover_pids": []}) == 1
+    assert p2p_exit({"pairs": [pair("ok")], "leftover_pids": [123]}) == 1
+    assert p2p_exit({"pairs": [], "leftover_pids": []}) == 4                                   # was 0
+    assert p2p_exit({"pairs": [], "self_test": pair("ok"), "leftover_pids": []}) == 0
+    assert p2p_exit({"pairs": [], "self_test": pair("wrong-data"), "leftover_pids": []}) == 1

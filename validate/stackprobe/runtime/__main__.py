@@ -27,8 +27,9 @@ input, 9 (validation could not run) when the ranks hung or crashed.
 [--out DIR]``:
 the P2P check (:mod:`stackprobe.runtime.p2pcheck`): per GPU pair a peer copy and a kernel-side peer read/write, each
 in a child process with a timeout, checked against known data; writes ``p2p-check.json`` / ``p2p-check.md``. Exit 0
-when every pair passed or was unsupported (or there is nothing to pair), 1 when a pair hung, returned wrong data or
-failed (or so did the one-device ``--self-test``), or a child survived, 2 for bad input.
+only when every pair passed (or the one-device ``--self-test``), 1 when a pair hung, returned wrong data or
+failed (or so did the self-test), or a child survived, 2 for bad input, 3 when a pair has no peer access (stop),
+4 when there was nothing to pair (not judged: fewer than two GPUs visible).
 ``python -m stackprobe.runtime list``: the probes and the workload presets.
 
 Exit status, the README's table (the same codes as ``invoke`` and ``python -m stackprobe``): 0 when the suite ran
@@ -186,9 +187,21 @@ def p2p_main(args) -> int:
     sys.stdout.write(p2pcheck.markdown(rep))
     if args.out:
         print("\n".join(str(p) for p in p2pcheck.write(rep, args.out).values()))
-    failed = [p for p in rep["pairs"] + ([rep["self_test"]] if rep.get("self_test") else [])
-              if p["status"] in ("hang", "wrong-data", "error")]
-    return 1 if failed or rep["leftover_pids"] else 0
+    return p2p_exit(rep)
+
+
+def p2p_exit(rep: dict) -> int:
+    """The P2P check's exit status, for a script that gates on it (the README: only "ok" everywhere is a go): 1 when
+    a pair (or the one-device self-test) hung, returned wrong data or failed, or a child survived; 3 (stop, a risk, as
+    the host stage's 3) when CUDA reports no peer access for a pair (a peer-memory path must stay off there: PCIe IPC
+    does not check P2P before it maps a peer's memory); 4 (not judged, as the host stage's 4) when there was nothing
+    to pair and no self-test passed; 0 only when every pair (or the self-test) is ok."""
+    checked = rep["pairs"] + ([rep["self_test"]] if rep.get("self_test") else [])
+    if rep["leftover_pids"] or any(p["status"] in ("hang", "wrong-data", "error") for p in checked):
+        return 1
+    if any(p["status"] == "unsupported" for p in checked):
+        return 3
+    return 0 if checked and all(p["status"] == "ok" for p in checked) else 4
 
 
 def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912 - reason: one branch per subcommand (run, p2p, dispatch) and its options

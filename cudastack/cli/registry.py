@@ -79,11 +79,11 @@ def pull(c, cuda="13.1", node="runtime", lockfiles=None):
             "pull_secret": "Kubernetes: name of an imagePullSecret (credentials stay in the cluster).",
             "refuse_loopback": "Refuse a loopback registry (127.0.0.1, localhost) instead of warning: compute nodes "
                                "cannot reach it.",
-            "probe_arg": "Argument for `python -m stackprobe` (repeatable), e.g. --probe-arg=--target-arch "
+            "probe_arg": "Argument for `python -m stackprobe` (repeatable), e.g. --probe-arg=--arch "
                          "--probe-arg=12.0. Default: --runtime (static and runtime tiers on the node's GPUs).",
-            "server_args": "The SGLang server flags the node's answer is for, one quoted string (as for invoke "
+            "server_args": "The serving engine's flags the node's answer is for, one quoted string (as for invoke "
                            "validate), e.g. --server-args \"--enable-symm-mem\"; passed to the suite in the job.",
-            "env": "NAME=VALUE of the SGLang server the node's answer is for (repeatable), e.g. "
+            "env": "NAME=VALUE of the serving engine the node's answer is for (repeatable), e.g. "
                    "--env SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1; passed to the suite in the job."},
       iterable=["probe_arg", "env"], auto_shortflags=False)
 def cluster_job(c, cuda="13.1", scheduler=None, gpus=None, nodes=1, image=None, output=None, partition=None,

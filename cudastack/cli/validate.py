@@ -25,10 +25,12 @@ _HELP = {
     "topology": "GPU interconnect of the target host: auto (detected with GPUs, else PCIe), pcie or nvlink.",
     "image_suite": "Run the suite copy the image carries instead of this checkout's (reports name its digest either way).",
     "env": "K=V set in the image's container (repeatable), e.g. --env CUDA_HOME=/nonexistent --env "
-           "PATH=/opt/venv/bin:/usr/bin:/bin to validate as a host with no nvcc would run the image; also the SGLang "
-           "server's environment the verdicts are for (e.g. --env SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1).",
-    "server_args": "The SGLang server flags the verdicts are for, one quoted string (default: none), e.g. "
-                   "--server-args \"--enable-symm-mem\"; checked against the installed SGLang's own flags.",
+           "PATH=/opt/venv/bin:/usr/bin:/bin to validate as a host with no nvcc would run the image; also the serving "
+           "engine's environment the verdicts are for (e.g. --env SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1, or vLLM's "
+           "--env VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1).",
+    "server_args": "The serving engine's flags the verdicts are for, one quoted string (default: none), e.g. "
+                   "--server-args \"--enable-symm-mem\" (SGLang) or \"--data-parallel-size 2\" (vLLM); checked "
+                   "against the installed engine's own flags.",
     "hide": "Folder of the image covered with an empty read-only one in the validation container (repeatable), "
             "e.g. --hide /usr/local/cuda/bin --hide /opt/venv/lib/python3.11/site-packages/nvidia/cu13/bin to run "
             "the suite with no nvcc at all; the image itself is not changed.",

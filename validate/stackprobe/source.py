@@ -7,10 +7,11 @@ value, so a verdict can cite file and function.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 
 class SourceNotFound(LookupError):
@@ -45,15 +46,56 @@ def module_file(dotted: str) -> Path:
 
 
 def parse(path: Path) -> ast.Module:
-    return ast.parse(Path(path).read_text(encoding="utf-8", errors="replace"), filename=str(path))
+    """The module ``path`` holds, parsed once per text: the readers ask for the same few large files (SGLang's
+    ``server_args.py``, ``parallel_state.py``) hundreds of times in one run. The file is read on every call and the
+    tree is keyed by its name and text, so an edited file is parsed again. The tree is shared: callers read it and
+    never change it. Raises ``SyntaxError`` / ``ValueError`` as :func:`ast.parse`."""
+    return _parse_text(Path(path).read_text(encoding="utf-8", errors="replace"), str(path))
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_text(text: str, filename: str) -> ast.Module:
+    return ast.parse(text, filename=filename)
+
+
+#: walk() per module, class or function node, keyed by id(node); the entry holds the node (its id is not reused)
+_WALKS: dict[int, tuple[ast.AST, list]] = {}
+_WALKED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def walk(node: ast.AST) -> list[ast.AST] | Iterator[ast.AST]:
+    """:func:`ast.walk` (the same nodes, in the same order), kept per module, class or function: the readers walk
+    the same large modules and functions of a parsed (shared, never changed) tree again and again. Other nodes are
+    walked afresh. The list returned is shared: iterate it, do not change it."""
+    if not isinstance(node, _WALKED):
+        return ast.walk(node)
+    hit = _WALKS.get(id(node))
+    if hit is not None and hit[0] is node:
+        return hit[1]
+    nodes = list(ast.walk(node))
+    if len(_WALKS) > 65536:
+        _WALKS.clear()
+    _WALKS[id(node)] = (node, nodes)
+    return nodes
+
+
+#: functions() per tree, keyed by id(tree); the entry holds the tree, so its id is not reused while kept
+_FUNCTIONS: dict[int, tuple[ast.AST, dict]] = {}
 
 
 def functions(tree: ast.AST) -> dict[str, ast.FunctionDef]:
-    """Every (possibly nested or method) function definition by name (first wins)."""
+    """Every (possibly nested or method) function definition by name (first wins in :func:`ast.walk` order).
+    Computed once per tree (the dict returned is shared: read it, do not change it)."""
+    hit = _FUNCTIONS.get(id(tree))
+    if hit is not None and hit[0] is tree:
+        return hit[1]
     out: dict = {}
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             out.setdefault(node.name, node)
+    if len(_FUNCTIONS) > 4096:
+        _FUNCTIONS.clear()
+    _FUNCTIONS[id(tree)] = (tree, out)
     return out
 
 

@@ -18,6 +18,7 @@ import ast
 import re
 from typing import Any
 
+from .. import source
 from ..paths import PCIE_IPC
 from ..verdict import GATE_SETTING, LIFT_SETTING
 from ..engines.sglang import engine as se
@@ -35,7 +36,7 @@ DET_FLAG = "--enable-deterministic-inference"
 def _envs_read(fn: ast.AST) -> list[tuple[str, str, int]]:
     """(variable, "is_set" | "get", line) of every ``envs.NAME.is_set()`` / ``envs.NAME.get()`` in ``fn``, in order."""
     out = []
-    for n in ast.walk(fn):
+    for n in source.walk(fn):
         if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("is_set", "get")
                 and isinstance(n.func.value, ast.Attribute) and getattr(n.func.value.value, "id", "") == "envs"):
             out.append((n.func.value.attr, n.func.attr, n.lineno))
@@ -50,7 +51,7 @@ def _envs_read(fn: ast.AST) -> list[tuple[str, str, int]]:
 def _arg_group_line(eng, pred) -> str:
     """``sglang/FILE:LINE`` of the first node under SGLang's argument files satisfying ``pred``, else ""."""
     for path, tree in arg_trees(eng):
-        for n in ast.walk(tree):
+        for n in source.walk(tree):
             if pred(n):
                 return f"{se.short(path)}:{n.lineno}"
     return ""
@@ -93,14 +94,14 @@ def deterministic_gate(ctx, eng, eligible: ast.FunctionDef, pcie_tree: ast.Modul
     if "deterministic" not in [a.arg for a in eligible.args.args + eligible.args.kwonlyargs]:
         return None
     pcie = f"sglang/{PCIE_FILE}"
-    off = next((n for n in ast.walk(eligible) if isinstance(n, ast.If) and ast.unparse(n.test) == "deterministic"
+    off = next((n for n in source.walk(eligible) if isinstance(n, ast.If) and ast.unparse(n.test) == "deterministic"
                 and any(isinstance(r, ast.Return) for r in n.body)), None)
     tree = eng.tree(STATE_FILE)
-    call = next((n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "eligible_group"),
+    call = next((n for n in source.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "eligible_group"),
                 None)
     kw = next((k.value for k in (call.keywords if call else []) if k.arg == "deterministic"), None)
     name = kw.func.attr if isinstance(kw, ast.Call) and isinstance(kw.func, ast.Attribute) else None
-    fn = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name), None) if name else None
+    fn = next((n for n in source.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name), None) if name else None
     reads = _envs_read(fn) if fn is not None else []
     if off is None or fn is None or not reads:
         raise se.GateNotFound(f"gate not found in sglang {eng.version} at sglang/{STATE_FILE}: eligible_group takes "
@@ -213,12 +214,12 @@ def _value_when_on(eng, value: ast.AST, dest: str, scope: ast.AST) -> str:
     if isinstance(value, ast.IfExp) and _reads_on(value.test, dest):
         value = value.body
     if isinstance(value, ast.Name):
-        src = next((n.value for n in ast.walk(scope) if isinstance(n, ast.Assign) and len(n.targets) == 1
+        src = next((n.value for n in source.walk(scope) if isinstance(n, ast.Assign) and len(n.targets) == 1
                     and isinstance(n.targets[0], ast.Name) and n.targets[0].id == value.id
                     and n.lineno < value.lineno), None)
         if src is not None:
             value = src
-    var = next((n.func.value.attr for n in ast.walk(value) if isinstance(n, ast.Call)
+    var = next((n.func.value.attr for n in source.walk(value) if isinstance(n, ast.Call)
                 and isinstance(n.func, ast.Attribute) and n.func.attr == "get" and isinstance(n.func.value, ast.Attribute)
                 and getattr(n.func.value.value, "id", "") == "envs"), None)
     if var:
@@ -268,7 +269,6 @@ def _set_by_flag(eng, dest: str, flag_of: dict[str, str] | None = None) -> list[
     NCCL_MIN/MAX_NCHANNELS (``:697-698``), --disable-custom-all-reduce on (``:683``), --enable-torch-symm-mem off
     (``:691``); ``--enable-symm-mem``: NCCL_CUMEM_ENABLE, NCCL_NVLS_ENABLE (``engine.py:1898-1915``), ...).
     In source order per file."""
-    from .. import source
 
     flag_of = flag_of or {}
     paths = [p for p in [eng.root / "srt" / "entrypoints" / "engine.py"] if p.is_file()] + se._arg_sources(eng)
@@ -280,12 +280,12 @@ def _set_by_flag(eng, dest: str, flag_of: dict[str, str] | None = None) -> list[
             continue
         at = se.short(path)
         found: list[tuple[int, str]] = []
-        fns = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        fns = [n for n in source.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
         for fn in fns:
-            branches = [b for n in ast.walk(fn) if isinstance(n, ast.If) and _branch_on(n.test, dest) for b in n.body]
-            inside = {id(x) for b in branches for x in ast.walk(b)}
+            branches = [b for n in source.walk(fn) if isinstance(n, ast.If) and _branch_on(n.test, dest) for b in n.body]
+            inside = {id(x) for b in branches for x in source.walk(b)}
             extra = _inner_conditions(branches, dest)
-            for n in ast.walk(fn):
+            for n in source.walk(fn):
                 w = _env_write(n)
                 if w is not None and isinstance(n, ast.stmt) and (id(n) in inside or _reads_on(w[1], dest)):
                     when = f", only when {' and '.join(extra[id(n)])}" if extra.get(id(n)) else ""
@@ -328,7 +328,7 @@ def _nccl_then(also_sets: list[str]) -> dict:
 def _env_reads_in(fn: ast.AST) -> dict[str, int]:
     """``{VARIABLE: first line}`` of every ``envs.VARIABLE`` read in ``fn``."""
     out: dict[str, int] = {}
-    for n in ast.walk(fn):
+    for n in source.walk(fn):
         if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "envs":
             out[n.attr] = min(out.get(n.attr, n.lineno), n.lineno)
     return out
@@ -338,15 +338,14 @@ def _function_reading(eng, name: str, dest: str) -> str:
     """``sglang/FILE:LINE`` of the first ``.dest`` read inside a function named ``name`` under ``srt/distributed``
     (``is_symmetric_memory_enabled`` reads ``...comm.enable_symm_mem``, sglang 0.5.23 ``pynccl_allocator.py:236``),
     else ""."""
-    from .. import source
 
     for path in source.find_files_containing(eng.root / "srt" / "distributed", f"def {name}"):
         try:
             tree = source.parse(path)
         except (SyntaxError, ValueError, OSError):
             continue
-        for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name):
-            hit = next((n for n in ast.walk(fn) if isinstance(n, ast.Attribute) and n.attr == dest), None)
+        for fn in (n for n in source.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name):
+            hit = next((n for n in source.walk(fn) if isinstance(n, ast.Attribute) and n.attr == dest), None)
             if hit is not None:
                 return f"{se.short(path)}:{hit.lineno}"
     return ""
@@ -357,7 +356,7 @@ def _flag_sets_variable(eng, dest: str, variables) -> tuple[str, str]:
     reads ``cfg.<dest>`` (sglang 0.5.23 ``serving_hook.py:444``: ``envs.SGLANG_ENABLE_DETERMINISTIC_INFERENCE.set("1" if
     cfg.enable_deterministic_inference else "0")``), for one of ``variables``; ("", "") when none is found."""
     for path, tree in arg_trees(eng):
-        for n in ast.walk(tree):
+        for n in source.walk(tree):
             if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "set"
                     and isinstance(n.func.value, ast.Attribute) and n.func.value.attr in variables
                     and any(re.search(rf"\b{dest}\b", ast.unparse(a)) for a in n.args)):
@@ -374,13 +373,13 @@ def _turned_off_at(eng, name: str, dest: str) -> dict | None:
     (``:1359``) and ``SGLANG_ENABLE_DETERMINISTIC_INFERENCE`` (``:1361``); ``if deterministic: return False``
     (``pcie_ipc_ar.py:111``). ``{"why", "where", "read_at"}``, or None when any link is not found."""
     tree = eng.tree(STATE_FILE)
-    eligible = next((n for n in ast.walk(eng.tree(PCIE_FILE)) if isinstance(n, ast.FunctionDef)
+    eligible = next((n for n in source.walk(eng.tree(PCIE_FILE)) if isinstance(n, ast.FunctionDef)
                      and n.name == "eligible_group"), None)
-    call = next((n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "eligible_group"),
+    call = next((n for n in source.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "eligible_group"),
                 None)
     if eligible is None or call is None:
         return None
-    fns = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    fns = {n.name: n for n in source.walk(tree) if isinstance(n, ast.FunctionDef)}
     for kw in call.keywords:
         if not (isinstance(kw.value, ast.Call) and isinstance(kw.value.func, ast.Attribute)
                 and kw.value.func.attr in fns):
@@ -396,8 +395,8 @@ def _turned_off_at(eng, name: str, dest: str) -> dict | None:
             var, how = name, f"read by {fn.name} (sglang/{STATE_FILE}:{reads[name]})"
         else:
             continue
-        off = next((n for n in ast.walk(eligible) if isinstance(n, ast.If) and kw.arg in
-                    {x.id for x in ast.walk(n.test) if isinstance(x, ast.Name)}
+        off = next((n for n in source.walk(eligible) if isinstance(n, ast.If) and kw.arg in
+                    {x.id for x in source.walk(n.test) if isinstance(x, ast.Name)}
                     and any(isinstance(r, ast.Return) and isinstance(r.value, ast.Constant) and r.value.value is False
                             for r in n.body)), None)
         if off is None:
@@ -415,7 +414,7 @@ def _decides_first(fn: ast.FunctionDef, var: str, line: int) -> dict | None:
     """A variable ``fn`` reads before ``var`` (read at ``line``) that decides alone when set: ``if envs.Y.is_set():
     return ...`` (sglang 0.5.23 ``_deterministic_collectives_enabled``, ``parallel_state.py:1359-1360``:
     ``SGLANG_USE_1STAGE_ALLREDUCE``). ``{"variable", "test", "lines", "function"}``, or None."""
-    for n in ast.walk(fn):
+    for n in source.walk(fn):
         if (isinstance(n, ast.If) and n.lineno < line and isinstance(n.test, ast.Call)
                 and isinstance(n.test.func, ast.Attribute) and n.test.func.attr == "is_set"
                 and isinstance(n.test.func.value, ast.Attribute) and getattr(n.test.func.value.value, "id", "") == "envs"
@@ -428,7 +427,7 @@ def _decides_first(fn: ast.FunctionDef, var: str, line: int) -> dict | None:
 def _test_of(eng, step) -> ast.AST | None:
     """The ``if`` test of a dispatch step (``step.where`` is ``sglang/parallel_state.py:<the test's line>``)."""
     line = int(step.where.rsplit(":", 1)[1])
-    return next((n.test for n in ast.walk(eng.tree(STATE_FILE)) if isinstance(n, ast.If) and n.test.lineno == line),
+    return next((n.test for n in source.walk(eng.tree(STATE_FILE)) if isinstance(n, ast.If) and n.test.lineno == line),
                 None)
 
 
@@ -441,7 +440,7 @@ def _taken_first_at(eng, name: str, dest: str, step) -> dict | None:
     if test is None:
         return None
     fn_name = "GroupCoordinator.all_reduce"
-    for n in ast.walk(test):
+    for n in source.walk(test):
         at = f"sglang/{STATE_FILE}:{getattr(n, 'lineno', 0)}"
         if isinstance(n, ast.Attribute) and ((not name.startswith("--") and n.attr == name) or (dest and n.attr == dest)):
             read = at
@@ -465,14 +464,14 @@ def _compile_bypass(eng, line: int) -> str:
     ``_resolve_outplace_all_reduce_method`` tries PCIe IPC (``:970-975``); so the earlier step does not take PCIe
     IPC's place there. "" when the branch, its return or PCIe IPC in the run-time choice is not found."""
     tree = eng.tree(STATE_FILE)
-    branch = next((n for n in ast.walk(tree) if isinstance(n, ast.If) and n.lineno < line
+    branch = next((n for n in source.walk(tree) if isinstance(n, ast.If) and n.lineno < line
                    and ast.unparse(n.test) == "torch.compiler.is_compiling()"
                    and any(isinstance(r, ast.Return) for r in n.body)), None)
-    resolve = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+    resolve = next((n for n in source.walk(tree) if isinstance(n, ast.FunctionDef)
                     and n.name == "_resolve_outplace_all_reduce_method"), None)
     if branch is None or resolve is None:
         return ""
-    pcie = next((n for n in ast.walk(resolve) if isinstance(n, ast.Return) and isinstance(n.value, ast.Constant)
+    pcie = next((n for n in source.walk(resolve) if isinstance(n, ast.Return) and isinstance(n.value, ast.Constant)
                  and n.value.value == "pcie_ipc"), None)
     if pcie is None:
         return ""
@@ -492,11 +491,11 @@ def _excluded_at(eng, d, run_time) -> dict | None:
     mine_test = _test_of(eng, mine) if mine is not None else None
     if mine_test is None or theirs is None:
         return None
-    names = {x.id for x in ast.walk(theirs) if isinstance(x, ast.Name)}
-    hit = next((n for n in ast.walk(mine_test) if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not)
+    names = {x.id for x in source.walk(theirs) if isinstance(x, ast.Name)}
+    hit = next((n for n in source.walk(mine_test) if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not)
                 and isinstance(n.operand, ast.Name) and n.operand.id in names), None)
     attrs = re.findall(r"self\.(\w+_comm)\b", ast.unparse(theirs))
-    built = next((n for n in ast.walk(eng.tree(STATE_FILE)) if isinstance(n, ast.If) and attrs and any(
+    built = next((n for n in source.walk(eng.tree(STATE_FILE)) if isinstance(n, ast.If) and attrs and any(
         isinstance(a, ast.Assign) and ast.unparse(a.targets[0]) == f"self.{attrs[0]}" for a in n.body)), None)
     if hit is None or built is None:
         return None
@@ -732,21 +731,21 @@ def setup_fallback(eng) -> dict:
     caught, confirm = [], []
 
     def scan(rel: str, tree: ast.Module, want) -> None:
-        for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
-            for stmts in (getattr(x, "body", None) for x in ast.walk(fn)):
+        for fn in (n for n in source.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            for stmts in (getattr(x, "body", None) for x in source.walk(fn)):
                 if not isinstance(stmts, list):
                     continue
                 for i, t in enumerate(stmts):
-                    if not (isinstance(t, ast.Try) and any(want(c) for b in t.body for c in ast.walk(b))):
+                    if not (isinstance(t, ast.Try) and any(want(c) for b in t.body for c in source.walk(b))):
                         continue
-                    warn = next((c for h in t.handlers for c in ast.walk(h) if _is_log(c, "warning")), None)
+                    warn = next((c for h in t.handlers for c in source.walk(h) if _is_log(c, "warning")), None)
                     if warn is None:
                         continue
-                    guards = sorted({ast.unparse(c.func) for b in t.body for c in ast.walk(b)
+                    guards = sorted({ast.unparse(c.func) for b in t.body for c in source.walk(b)
                                      if isinstance(c, ast.Call) and want(c)})
                     caught.append({"where": f"sglang/{rel}:{t.lineno}-{t.handlers[-1].end_lineno} ({fn.name})",
                                    "guards": guards, "warning": _log_text(warn)})
-                    info = next((c for s in stmts[i + 1:] for c in ast.walk(s) if _is_log(c, "info")), None)
+                    info = next((c for s in stmts[i + 1:] for c in source.walk(s) if _is_log(c, "info")), None)
                     if info is not None:
                         confirm.append({"where": f"sglang/{rel}:{getattr(info, 'lineno', '?')}",
                                         "line": _log_text(info)})
@@ -759,7 +758,7 @@ def setup_fallback(eng) -> dict:
          and c.func.attr in ("tune", "create", "allocate") or isinstance(c, ast.Call)
          and "workspace" in ast.unparse(c.func).lower())
     flag = None
-    attr = next((n.attr for n in ast.walk(eng.tree(PCIE_FILE)) if isinstance(n, ast.Attribute)
+    attr = next((n.attr for n in source.walk(eng.tree(PCIE_FILE)) if isinstance(n, ast.Attribute)
                  and "autotune" in n.attr and n.attr.startswith("disable")), None)
     if attr:
         f = "--" + attr.replace("_", "-")

@@ -211,7 +211,7 @@ def _tensor_resolver(st: _State, self_vals: dict):
 def _per_call(st: _State, rel: str, cls: str, check: str, self_vals: dict) -> tuple[object, str]:
     """Run ``cls.check`` from ``rel`` for the tensor: (True / False / UNKNOWN, "sglang/FILE:LINE deciding")."""
     tree = st.engine.tree(rel)
-    klass = next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls), None)
+    klass = next((n for n in source.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls), None)
     fn = next((n for n in (klass.body if klass else []) if isinstance(n, ast.FunctionDef) and n.name == check), None)
     if fn is None:
         raise se.GateNotFound(f"gate not found in sglang {st.engine.version} at sglang/{rel}: no {cls}.{check}")
@@ -365,13 +365,13 @@ def mscclpp_package(engine: se.Engine) -> dict:
     Raises GateNotFound when the class or that ``try`` is missing."""
     rel = f"{COMM_DIR}/pymscclpp.py"
     tree = engine.tree(rel)
-    klass = next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "PyMscclppCommunicator"), None)
+    klass = next((n for n in source.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "PyMscclppCommunicator"), None)
     init = next((n for n in (klass.body if klass else []) if isinstance(n, ast.FunctionDef) and n.name == "__init__"),
                 None)
-    for t in (x for x in ast.walk(init) if isinstance(x, ast.Try)) if init else ():
+    for t in (x for x in source.walk(init) if isinstance(x, ast.Try)) if init else ():
         if not any("ImportError" in ast.unparse(h.type) for h in t.handlers if h.type is not None):
             continue
-        mods: list[str] = [c.args[0].value for b in t.body for c in ast.walk(b) if isinstance(c, ast.Call)
+        mods: list[str] = [c.args[0].value for b in t.body for c in source.walk(b) if isinstance(c, ast.Call)
                            and ast.unparse(c.func).endswith("import_module") and c.args
                            and isinstance(c.args[0], ast.Constant) and isinstance(c.args[0].value, str)]
         if not mods:
@@ -404,7 +404,7 @@ def find_pcie_world_size_rule(root: Path) -> tuple[int, str] | None:
             tree = source.parse(p)
         except SyntaxError:
             continue
-        for node in ast.walk(tree):
+        for node in source.walk(tree):
             if not (isinstance(node, ast.If) and isinstance(node.test, ast.BoolOp) and isinstance(node.test.op, ast.And)):
                 continue
             limit, nvl = None, False
@@ -422,7 +422,7 @@ def find_pcie_world_size_rule(root: Path) -> tuple[int, str] | None:
 def _car_max_size(engine: se.Engine, rel: str):
     """CustomAllreduce's default ``max_size``: the first ``_MAX_CAR_SIZE = ...`` in ``rel`` (the CUDA one; the
     later ones are ROCm's), evaluated; UNKNOWN when absent."""
-    node = next((n for n in ast.walk(engine.tree(rel)) if isinstance(n, ast.Assign)
+    node = next((n for n in source.walk(engine.tree(rel)) if isinstance(n, ast.Assign)
                  and any(isinstance(t, ast.Name) and t.id == "_MAX_CAR_SIZE" for t in n.targets)), None)
     if node is None:
         return UNKNOWN
@@ -494,7 +494,7 @@ def _method_of(body: list) -> str | None:
 
 
 def _hands_off(body: list) -> bool:
-    return any(isinstance(n, ast.Return) for st in body for n in ast.walk(st))
+    return any(isinstance(n, ast.Return) for st in body for n in source.walk(st))
 
 
 def read_dispatch(engine: se.Engine, ctx, workload=None, config=None) -> Dispatch:
@@ -506,7 +506,7 @@ def read_dispatch(engine: se.Engine, ctx, workload=None, config=None) -> Dispatc
     tensor = DecodeTensor.from_workload(workload)
     st = _State(engine, ctx, config, tensor)
     tree = engine.tree(PS_FILE)
-    gc = next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "GroupCoordinator"), None)
+    gc = next((n for n in source.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "GroupCoordinator"), None)
     fns = {n.name: n for n in (gc.body if gc else []) if isinstance(n, ast.FunctionDef)}
     if "all_reduce" not in fns:
         raise se.GateNotFound(f"gate not found in sglang {engine.version} at sglang/{PS_FILE}: no "

@@ -91,7 +91,10 @@ class Engine:
         hits = []
         for p in sorted(self.root.rglob("*.py")):
             try:
-                for i, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+                text = p.read_text(encoding="utf-8", errors="replace")
+                if not pat.search(text):      # the needles hold no line break: no hit in the file, none in a line
+                    continue
+                for i, line in enumerate(text.splitlines(), 1):
                     if pat.search(line):
                         hits.append(f"{short(p)}:{i}")
                         if len(hits) >= 5:

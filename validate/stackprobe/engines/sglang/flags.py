@@ -146,13 +146,13 @@ def server_flags(engine: se.Engine) -> dict[str, FlagSpec]:
             continue
     fields: dict[str, tuple] = {}
     for path, tree in trees.items():
-        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for cls in (n for n in source.walk(tree) if isinstance(n, ast.ClassDef)):
             for node in cls.body:
                 if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
                     fields.setdefault(node.target.id, (_literal(node.value), f"{se.short(path)}:{node.lineno}"))
     out: dict[str, FlagSpec] = {}
     for path, tree in trees.items():
-        for node in ast.walk(tree):
+        for node in source.walk(tree):
             specs = []
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
                 specs = _from_add_argument(node, path, fields)

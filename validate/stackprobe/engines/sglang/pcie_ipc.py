@@ -232,7 +232,7 @@ def pcie_ipc_admission(engine: se.Engine, config, tensor, world_size: int = 8) -
     should = fns.get("should_pcie_ipc_ar")
     if should is None:
         raise se.GateNotFound(f"gate not found in sglang {engine.version} at {here}: no should_pcie_ipc_ar")
-    checks = [ast.unparse(n.test) for n in ast.walk(should) if isinstance(n, ast.If)]
+    checks = [ast.unparse(n.test) for n in source.walk(should) if isinstance(n, ast.If)]
     out.append(Evidence("per-call checks (should_pcie_ipc_ar)", checks, f"{here}:{should.lineno} should_pcie_ipc_ar"))
     b = row_bound(engine, config, tensor)
     out.append(Evidence("row bound", b, b["where"]))
@@ -267,7 +267,7 @@ def _deterministic(engine: se.Engine, config) -> dict:
     from .startup import startup_overwrites
 
     rel = "srt/distributed/parallel_state.py"
-    fn = next((n for n in ast.walk(engine.tree(rel)) if isinstance(n, ast.FunctionDef)
+    fn = next((n for n in source.walk(engine.tree(rel)) if isinstance(n, ast.FunctionDef)
                and n.name == "_deterministic_collectives_enabled"), None)
     if fn is None:
         return {"on": None, "where": f"sglang/{rel} (not found)",

@@ -41,10 +41,10 @@ def env_write(stmt: ast.AST) -> tuple[str, ast.AST] | None:
 
 def reads_on(expr: ast.AST, dest: str) -> bool:
     """Whether ``expr`` reads ``.dest`` (or ``dest``) other than under a ``not``: true when the flag is on."""
-    negated = {id(x) for n in ast.walk(expr) if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not)
-               for x in ast.walk(n.operand)}
+    negated = {id(x) for n in source.walk(expr) if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not)
+               for x in source.walk(n.operand)}
     return any(id(n) not in negated and ((isinstance(n, ast.Attribute) and n.attr == dest)
-                                         or (isinstance(n, ast.Name) and n.id == dest)) for n in ast.walk(expr))
+                                         or (isinstance(n, ast.Name) and n.id == dest)) for n in source.walk(expr))
 
 
 _OVERWRITES: dict[str, dict[str, dict]] = {}
@@ -71,10 +71,10 @@ def _startup_overwrites(eng, flag_of: dict[str, str]) -> dict[str, dict]:
     trees = [(se.short(path), tree) for path, tree in arg_trees(eng)]
     writes: dict[str, dict[str, Any]] = {}
     for at, tree in trees:
-        for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        for fn in (n for n in source.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
             for stmt in fn.body:
                 w = env_write(stmt)
-                dest = next((n.attr for n in ast.walk(w[1]) if isinstance(n, ast.Attribute) and n.attr in flag_of),
+                dest = next((n.attr for n in source.walk(w[1]) if isinstance(n, ast.Attribute) and n.attr in flag_of),
                             None) if w else None
                 if w and dest and w[0] not in writes:
                     writes[w[0]] = {"variable": w[0], "flag": flag_of[dest], "dest": dest,
@@ -82,7 +82,7 @@ def _startup_overwrites(eng, flag_of: dict[str, str]) -> dict[str, dict]:
     out = {}
     for var, info in writes.items():
         for at, tree in trees:
-            call = next(((fn.name, s) for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+            call = next(((fn.name, s) for fn in source.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
                          for s in fn.body if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
                          and info["function"] in [getattr(s.value.func, "id", "")]
                          + [a.id for a in s.value.args[:1] if isinstance(a, ast.Name)]), None)
@@ -93,8 +93,8 @@ def _startup_overwrites(eng, flag_of: dict[str, str]) -> dict[str, dict]:
             continue        # not seen to run: no claim that it overwrites anything
         on: dict[int, tuple[int, str]] = {}     # each declaring call -> its innermost `if`
         for at, tree in trees:
-            for n in (x for x in ast.walk(tree) if isinstance(x, ast.If)):
-                for c in (c for b in n.body for c in ast.walk(b)):
+            for n in (x for x in source.walk(tree) if isinstance(x, ast.If)):
+                for c in (c for b in n.body for c in source.walk(b)):
                     if (isinstance(c, ast.Call) and "declare_resolution" in ast.unparse(c.func) and any(
                             k.arg == info["dest"] and isinstance(k.value, ast.Constant) and k.value.value is True
                             for k in c.keywords) and n.lineno >= on.get(id(c), (0, ""))[0]):
@@ -177,14 +177,14 @@ def _cond_writes(eng, var: str) -> list[tuple[ast.AST | None, ast.AST, str]]:
     if key not in _COND_WRITES:
         found: list = []
         for path, tree in arg_trees(eng):
-            for fn in (x for x in ast.walk(tree) if isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            for fn in (x for x in source.walk(tree) if isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef))):
                 for stmt in fn.body:    # a statement of a function's own body: written whenever the function runs
                     w = env_write(stmt)
                     if w and w[0] == var:
                         found.append((None, w[1], f"{se.short(path)}:{stmt.lineno} in {fn.name}"))
-            for n in (x for x in ast.walk(tree) if isinstance(x, ast.If)):
-                inner = {id(c) for b in n.body for i in ast.walk(b) if isinstance(i, ast.If) for c in ast.walk(i)}
-                for node in (c for b in n.body for c in ast.walk(b) if id(c) not in inner):
+            for n in (x for x in source.walk(tree) if isinstance(x, ast.If)):
+                inner = {id(c) for b in n.body for i in source.walk(b) if isinstance(i, ast.If) for c in source.walk(i)}
+                for node in (c for b in n.body for c in source.walk(b) if id(c) not in inner):
                     w = env_write(node)
                     if w and w[0] == var:
                         found.append((n.test, w[1], f"{se.short(path)}:{getattr(node, 'lineno', n.lineno)}"))

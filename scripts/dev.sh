@@ -155,26 +155,38 @@ case "$cmd" in
       log "mypy (against scripts/mypy-baseline.txt)"
       python scripts/mypy_baseline.py
       set +e
-      if [ $# -eq 0 ] && [ "${CUDASTACK_TEST_LANES:-2}" = 2 ]; then
-        # Two lanes at once (CUDASTACK_TEST_LANES=1 runs one pytest): the fast lane's tests (no Docker, registry
-        # or network: tests/fast_lane.py makes every service unreachable for them, so they share nothing with the
-        # other lane but the CPU) in a second pytest with its own temporary folder, beside every test that needs a
-        # service. The two selections are complements, so together they run every test once.
+      if [ $# -eq 0 ] && [ "${CUDASTACK_TEST_LANES:-3}" = 3 ]; then
+        # Three lanes at once (CUDASTACK_TEST_LANES=1 runs one pytest): the fast lane's tests (no Docker, registry
+        # or network: tests/fast_lane.py makes every service unreachable for them) and the network lane's (PyPI
+        # and nothing else: Docker unreachable for them) each in a background pytest with its own temporary
+        # folder, beside every test that needs Docker, the registry, a GPU or a stack here. The shared wheel and
+        # venv caches are made under a lock (tests/validate_support.cache_lock). The three selections partition
+        # the tests, so together they run every test once (tests/test_suite_lanes.py).
         fast_expr="not docker and not registry and not network and not gpu and not stack"
+        net_expr="network and not docker and not registry and not gpu and not stack"
         lane_dir=$(mktemp -d)
-        log "two lanes: the fast lane in the background (its output follows the other lane's), the rest here"
+        log "three lanes: fast and network in the background (their output follows), Docker/registry/GPU here"
         CUDASTACK_FAST_LANE=1 python -m pytest -ra --durations=15 -p no:cacheprovider --basetemp="$lane_dir/tmp" \
           -m "$fast_expr" > "$lane_dir/fast.log" 2>&1 &
         fast_pid=$!
-        python -m pytest -ra --durations=25 -m "not ($fast_expr)"
+        CUDASTACK_NETWORK_LANE=1 python -m pytest -ra --durations=25 -p no:cacheprovider \
+          --basetemp="$lane_dir/net-tmp" -m "$net_expr" > "$lane_dir/net.log" 2>&1 &
+        net_pid=$!
+        python -m pytest -ra --durations=25 -m "not ($fast_expr) and not ($net_expr)"
         rc=$?
+        rc_svc=$rc
         wait "$fast_pid"
         rc_fast=$?
+        wait "$net_pid"
+        rc_net=$?
+        echo "================ the network lane (ran beside the lane above) ================"
+        cat "$lane_dir/net.log"
         echo "================ the fast lane (ran beside the lane above) ================"
         cat "$lane_dir/fast.log"
         rm -rf "$lane_dir"
+        [ $rc -eq 0 ] && rc=$rc_net
         [ $rc -eq 0 ] && rc=$rc_fast
-        echo "lanes: services lane exit $rc, fast lane exit $rc_fast" >&2
+        echo "lanes: services lane exit $rc_svc, network lane exit $rc_net, fast lane exit $rc_fast" >&2
       else
         python -m pytest -ra --durations=25 "$@"
         rc=$?

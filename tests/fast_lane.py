@@ -10,8 +10,12 @@ to run), the lane makes every service unreachable for the whole run:
   127.0.0.1:9), pip does not retry, uv is offline, and in this process a connection to any address other than
   loopback raises :class:`ServiceNotMarked` naming the test and the marker it lacks.
 
+The network lane (``CUDASTACK_NETWORK_LANE=1``: the tests marked network and no other service, run beside the
+Docker lane by ``scripts/dev.sh test``) gets the Docker half only: ``DOCKER_HOST`` points nowhere, so a test there
+that reaches for the engine fails naming the marker it lacks, instead of racing the Docker lane's builds.
+
 In CI mode (``CUDASTACK_REQUIRE_ALL``, tests/require_all.py) a test that skips because the engine is missing
-fails too. Off the fast lane this plugin does nothing.
+fails too. Off these lanes this plugin does nothing.
 """
 from __future__ import annotations
 
@@ -32,6 +36,10 @@ class ServiceNotMarked(ConnectionRefusedError):
 
 def active() -> bool:
     return os.environ.get("CUDASTACK_FAST_LANE", "").strip().lower() in ("1", "true", "yes")
+
+
+def network_lane() -> bool:
+    return os.environ.get("CUDASTACK_NETWORK_LANE", "").strip().lower() in ("1", "true", "yes")
 
 
 def _loopback(address) -> bool:
@@ -57,7 +65,20 @@ def _guarded(orig):
     return connect
 
 
+def _docker_guarded(orig):
+    def connect(self, address):
+        if address == NO_DOCKER.removeprefix("unix://"):
+            raise ServiceNotMarked(f"network lane: {_current['test']} connected to Docker ({NO_DOCKER}), but it "
+                                   "carries no docker marker. Mark it @pytest.mark.docker.")
+        return orig(self, address)
+    return connect
+
+
 def pytest_configure(config):
+    if network_lane() and not active():
+        os.environ.update({"DOCKER_HOST": NO_DOCKER, "DOCKER_CONTEXT": ""})
+        socket.socket.connect = _docker_guarded(socket.socket.connect)      # type: ignore[method-assign]
+        return
     if not active():
         return
     os.environ.update({"DOCKER_HOST": NO_DOCKER, "DOCKER_CONTEXT": "", "HTTP_PROXY": DEAD_PROXY,
@@ -78,9 +99,15 @@ def pytest_runtest_protocol(item, nextitem):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
-    if not active() or not rep.failed:
+    if not rep.failed:
         return
     text = str(rep.longrepr)
+    if network_lane() and not active() and "fast-lane-no-docker" in text:
+        rep.sections.append(("network lane", "This test reached Docker, which the network lane makes unreachable: "
+                             "it needs the docker marker."))
+        return
+    if not active():
+        return
     if "fast-lane-no-docker" in text or "127.0.0.1:9" in text or "ServiceNotMarked" in text:
         rep.sections.append(("fast lane", "This test reached Docker or the network, which the fast lane makes "
                              "unreachable: it needs the marker of that service (docker, registry, network)."))

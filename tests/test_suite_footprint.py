@@ -135,6 +135,32 @@ def test_the_fast_lane_fails_a_test_that_needs_a_service_without_its_marker(tmp_
     assert off.returncode == 0, off.stdout[-800:]
 
 
+def test_the_network_lane_fails_a_network_test_that_reaches_docker_without_its_marker(tmp_path):
+    """The network lane (CUDASTACK_NETWORK_LANE=1) runs beside the Docker lane: a test there that reaches the
+    engine fails naming the docker marker; the internet stays reachable for it (only checked as not refused by the
+    guard: the marked internet test is deselected here, so no connection leaves this host)."""
+    (tmp_path / "test_guarded.py").write_text(GUARDED)
+    env = {**os.environ, "CUDASTACK_NETWORK_LANE": "1", "PYTHONPATH": str(ROOT / "tests")}
+    env.pop("DOCKER_HOST", None)
+    env.pop("CUDASTACK_FAST_LANE", None)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "fast_lane", "-p", "no:cacheprovider", "-q", "-rA",
+                        "-k", "reaches_docker or needs_nothing", str(tmp_path / "test_guarded.py")],
+                       capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "FAILED test_guarded.py::test_unmarked_reaches_docker" in out and "fast-lane-no-docker" in out
+    assert "carries no docker marker" in out and "it needs the docker marker" in out
+    assert "PASSED test_guarded.py::test_needs_nothing" in out
+    # the twin: without the lane's variable the guard leaves DOCKER_HOST alone
+    env_off = {**env, "CUDASTACK_NETWORK_LANE": "0", "DOCKER_HOST": "unix:///nonexistent/elsewhere.sock"}
+    off = subprocess.run([sys.executable, "-m", "pytest", "-p", "fast_lane", "-p", "no:cacheprovider", "-q", "-rA",
+                          "-k", "reaches_docker", str(tmp_path / "test_guarded.py")], capture_output=True, text=True,
+                         timeout=300, env=env_off, cwd=tmp_path)
+    text = off.stdout + off.stderr
+    assert "FAILED test_guarded.py::test_unmarked_reaches_docker" in text      # no engine at elsewhere.sock
+    assert "network lane" not in text and "fast-lane-no-docker" not in text and "docker marker" not in text
+
+
 def test_dev_sh_names_each_package_once():
     text = (ROOT / "scripts" / "dev.sh").read_text()
     start, end = text.index("need_pkgs=()"), text.index("python3 -c 'import venv, ensurepip'")

@@ -1,5 +1,6 @@
-"""CI's two lanes (scripts/dev.sh test): the fast lane runs beside the lane of tests that need a service. The two
-marker expressions must be complements, so together they run every test exactly once."""
+"""CI's three lanes (scripts/dev.sh test): the fast lane and the network lane run beside the lane of tests that
+need Docker, the registry, a GPU or a stack. The three marker expressions must partition the tests, so together
+they run every test exactly once."""
 from __future__ import annotations
 
 import re
@@ -8,16 +9,20 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-#: files with tests on both sides of the split (fast, docker, network, registry)
-SAMPLE = ["tests/test_radar.py", "tests/test_host.py", "tests/test_node_cache.py", "tests/test_readme_facts.py"]
+#: files with tests on more than one side of the split (fast, docker, network, registry)
+SAMPLE = ["tests/test_radar.py", "tests/test_host.py", "tests/test_node_cache.py", "tests/test_readme_facts.py",
+          "tests/test_images.py"]
 
 
-def _lane_expressions(script: str) -> tuple[str, str]:
+def _lane_expressions(script: str) -> tuple[str, str, str]:
+    """(fast, network, services) -m expressions of dev.sh's three lanes, the variables substituted."""
     fast = re.search(r'fast_expr="([^"]+)"', script)
-    assert fast, "scripts/dev.sh names no fast_expr for its two lanes"
+    net = re.search(r'net_expr="([^"]+)"', script)
+    assert fast and net, "scripts/dev.sh names no fast_expr / net_expr for its lanes"
     services = re.search(r'python -m pytest -ra --durations=25 -m "([^"]+)"\n', script)
     assert services, "scripts/dev.sh runs no services lane with a -m expression"
-    return fast.group(1), services.group(1).replace("$fast_expr", fast.group(1))
+    expr = services.group(1).replace("$fast_expr", fast.group(1)).replace("$net_expr", net.group(1))
+    return fast.group(1), net.group(1), expr
 
 
 def _collected(expr: str | None) -> set[str]:
@@ -28,23 +33,33 @@ def _collected(expr: str | None) -> set[str]:
     return {line for line in out.splitlines() if "::" in line}
 
 
-def _partition(fast: str, services: str) -> tuple[set[str], set[str], set[str]]:
-    return _collected(fast), _collected(services), _collected(None)
+def _check_partition(lanes: list[str]) -> tuple[list[set[str]], set[str]]:
+    return [_collected(e) for e in lanes], _collected(None)
 
 
-def test_the_two_lanes_run_every_test_once():
+def test_the_three_lanes_run_every_test_once():
     script = (ROOT / "scripts" / "dev.sh").read_text()
-    fast, services = _lane_expressions(script)
+    fast, net, services = _lane_expressions(script)
     # the fast lane of `dev.sh test --fast` and the background lane select the same tests
     assert f'-m "{fast}"' in script.replace('"$fast_expr"', f'"{fast}"')
-    a, b, everything = _partition(fast, services)
-    assert a and b, (len(a), len(b))
-    assert not (a & b), sorted(a & b)[:5]
-    assert a | b == everything, sorted(everything - (a | b))[:5]
+    assert 'CUDASTACK_NETWORK_LANE=1' in script and '-m "$net_expr"' in script
+    (a, n, b), everything = _check_partition([fast, net, services])
+    assert a and n and b, (len(a), len(n), len(b))
+    assert not (a & b) and not (a & n) and not (n & b), sorted((a & b) | (a & n) | (n & b))[:5]
+    assert a | n | b == everything, sorted(everything - (a | n | b))[:5]
+    # the network lane holds only tests that need PyPI and no other service
+    assert any("test_radar.py" in t for t in n) and not any("test_build_dry_run_plans_13_2" in t for t in n)
 
 
 def test_twin_a_services_lane_that_drops_network_tests_misses_some():
     script = (ROOT / "scripts" / "dev.sh").read_text()
-    fast, _ = _lane_expressions(script)
-    a, b, everything = _partition(fast, "docker or registry")   # forgets network, gpu, stack
+    fast, _, _ = _lane_expressions(script)
+    (a, b), everything = _check_partition([fast, "docker or registry"])   # forgets network, gpu, stack
     assert a | b != everything and any("test_radar.py" in t for t in everything - (a | b))
+
+
+def test_twin_a_network_lane_that_admits_docker_tests_runs_some_twice():
+    script = (ROOT / "scripts" / "dev.sh").read_text()
+    fast, _, services = _lane_expressions(script)
+    (_, n, b), _ = _check_partition([fast, "network", services])          # forgets "and not docker"
+    assert n & b and any("test_build_dry_run_plans_13_2" in t for t in n & b)

@@ -12,6 +12,8 @@ exact pins, so a rerun costs seconds:
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -39,6 +41,34 @@ def _run(cmd: list, **kw) -> subprocess.CompletedProcess:
     return p
 
 
+@contextlib.contextmanager
+def cache_lock(d: Path):
+    """Hold an exclusive lock (``flock``) on ``<d>.lock`` beside the cache folder ``d`` while it is checked and
+    made: the test lanes (scripts/dev.sh) run pytest processes side by side over one cache, and a folder another
+    process is still filling must be neither taken as ready nor deleted under it."""
+    lock = d.parent / f".{d.name}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def made_once(d: Path, make) -> Path:
+    """``d`` made by ``make(d)`` once: a ``.ready`` marker written last says it is whole; under ``cache_lock`` so
+    concurrent test processes wait for one maker. Returns ``d``."""
+    if (d / ".ready").is_file():
+        return d
+    with cache_lock(d):
+        if not (d / ".ready").is_file():
+            shutil.rmtree(d, ignore_errors=True)
+            make(d)
+            (d / ".ready").write_text("ok")
+    return d
+
+
 def _key(*parts) -> str:
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:10]
 
@@ -46,14 +76,11 @@ def _key(*parts) -> str:
 def suite_venv() -> Path:
     """The venv's python. Created once (CPU torch + FlashInfer's light import deps + pyelftools)."""
     d = CACHE / f"venv-validate-{_key(TORCH_SPEC, VENV_DEPS, sys.version_info[:2])}"
-    py = d / "bin" / "python"
-    if (d / ".ready").is_file():
-        return py
-    shutil.rmtree(d, ignore_errors=True)
-    _run([sys.executable, "-m", "venv", d])
-    _run([py, "-m", "pip", "install", "-q", TORCH_SPEC] + VENV_DEPS, timeout=1800)
-    (d / ".ready").write_text("ok")
-    return py
+
+    def make(d: Path) -> None:
+        _run([sys.executable, "-m", "venv", d])
+        _run([d / "bin" / "python", "-m", "pip", "install", "-q", TORCH_SPEC] + VENV_DEPS, timeout=1800)
+    return made_once(d, make) / "bin" / "python"
 
 
 
@@ -62,15 +89,10 @@ def suite_venv() -> Path:
 def pip_target(spec: str, *, deps: bool = False) -> Path:
     """``pip install [--no-deps] --target <cache>/<spec>``; returns the folder."""
     d = CACHE / "targets" / (spec.replace("==", "-").replace("[", "_").replace("]", "").replace(",", "_") + ("" if not deps else "-deps"))
-    if (d / ".ready").is_file():
-        return d
-    shutil.rmtree(d, ignore_errors=True)
     cmd = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--target", d]
     if not deps:
         cmd.append("--no-deps")
-    _run(cmd + [spec], timeout=1800)
-    (d / ".ready").write_text("ok")
-    return d
+    return made_once(d, lambda d: _run(cmd + [spec], timeout=1800))
 
 
 def pip_requirements(path: Path) -> Path:
@@ -78,13 +100,8 @@ def pip_requirements(path: Path) -> Path:
     line ``name==version``); returns the folder."""
     text = Path(path).read_text()
     d = CACHE / "targets" / f"{Path(path).stem}-{_key(text)}"
-    if (d / ".ready").is_file():
-        return d
-    shutil.rmtree(d, ignore_errors=True)
-    _run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", "--target", d,
-          "-r", path], timeout=1800)
-    (d / ".ready").write_text("ok")
-    return d
+    return made_once(d, lambda d: _run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                                         "--no-deps", "--target", d, "-r", path], timeout=1800))
 
 
 def cuda_home() -> Path:
@@ -92,7 +109,8 @@ def cuda_home() -> Path:
     home = pip_target(CUDA_TOOLKIT_SPEC, deps=True) / "nvidia" / "cu13"
     lib64 = home / "lib64"
     if not lib64.exists():
-        lib64.symlink_to("lib")   # the wheels use lib/ where nvcc expects lib64/ (FACTS)
+        with contextlib.suppress(FileExistsError):   # another test process made it first
+            lib64.symlink_to("lib")   # the wheels use lib/ where nvcc expects lib64/ (FACTS)
     return home
 
 
@@ -102,16 +120,19 @@ def cuobjdump() -> Path:
     exe = d / "bin" / "cuobjdump"
     if exe.is_file():
         return exe
-    dl = CACHE / "dl"
-    _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", dl, CUOBJDUMP_SPEC])
-    whl = next(dl.glob(CUOBJDUMP_SPEC.replace("-", "_").split("==")[0] + "-*.whl"))
-    with zipfile.ZipFile(whl) as z:
-        member = next(n for n in z.namelist() if n.endswith("/bin/cuobjdump"))
-        exe.parent.mkdir(parents=True, exist_ok=True)
-        tmp = exe.with_suffix(".tmp")
-        tmp.write_bytes(z.read(member))
-        tmp.chmod(0o755)
-        tmp.replace(exe)
+    with cache_lock(d):
+        if exe.is_file():
+            return exe
+        dl = CACHE / "dl"
+        _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", dl, CUOBJDUMP_SPEC])
+        whl = next(dl.glob(CUOBJDUMP_SPEC.replace("-", "_").split("==")[0] + "-*.whl"))
+        with zipfile.ZipFile(whl) as z:
+            member = next(n for n in z.namelist() if n.endswith("/bin/cuobjdump"))
+            exe.parent.mkdir(parents=True, exist_ok=True)
+            tmp = exe.with_suffix(".tmp")
+            tmp.write_bytes(z.read(member))
+            tmp.chmod(0o755)
+            tmp.replace(exe)
     return exe
 
 

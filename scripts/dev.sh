@@ -156,37 +156,47 @@ case "$cmd" in
       python scripts/mypy_baseline.py
       set +e
       if [ $# -eq 0 ] && [ "${CUDASTACK_TEST_LANES:-3}" = 3 ]; then
-        # Three lanes at once (CUDASTACK_TEST_LANES=1 runs one pytest): the fast lane's tests (no Docker, registry
-        # or network: tests/fast_lane.py makes every service unreachable for them) and the network lane's (PyPI
-        # and nothing else: Docker unreachable for them) each in a background pytest with its own temporary
-        # folder, beside every test that needs Docker, the registry, a GPU or a stack here. The shared wheel and
-        # venv caches are made under a lock (tests/validate_support.cache_lock). The three selections partition
-        # the tests, so together they run every test once (tests/test_suite_lanes.py).
+        # Three lanes at once (CUDASTACK_TEST_LANES=1 runs one pytest), each selection its own pytest with its own
+        # temporary folder: the fast lane (no Docker, registry or network: tests/fast_lane.py makes every service
+        # unreachable for it); the network lane (tests that need PyPI and nothing else; Docker unreachable for
+        # them) as two shards of whole files (CUDASTACK_LANE_SHARD, tests/fast_lane.py), one from the start and
+        # one after the fast lane; and here every test that needs Docker, the registry, a GPU or a stack. So no
+        # more than three pytest processes share the two cores, and the CPU-bound readers fill what the Docker
+        # builds and downloads leave idle. The wheel and venv caches the lanes share are made under a lock
+        # (tests/validate_support.cache_lock). The selections partition the tests (tests/test_suite_lanes.py).
         fast_expr="not docker and not registry and not network and not gpu and not stack"
         net_expr="network and not docker and not registry and not gpu and not stack"
         lane_dir=$(mktemp -d)
-        log "three lanes: fast and network in the background (their output follows), Docker/registry/GPU here"
-        CUDASTACK_FAST_LANE=1 python -m pytest -ra --durations=15 -p no:cacheprovider --basetemp="$lane_dir/tmp" \
-          -m "$fast_expr" > "$lane_dir/fast.log" 2>&1 &
-        fast_pid=$!
-        CUDASTACK_NETWORK_LANE=1 python -m pytest -ra --durations=25 -p no:cacheprovider \
-          --basetemp="$lane_dir/net-tmp" -m "$net_expr" > "$lane_dir/net.log" 2>&1 &
-        net_pid=$!
+        log "three lanes: fast then network 1/2, and network 0/2, in the background (their output follows); Docker/registry/GPU here"
+        (
+          CUDASTACK_FAST_LANE=1 python -m pytest -ra --durations=15 -p no:cacheprovider --basetemp="$lane_dir/tmp" \
+            -m "$fast_expr" > "$lane_dir/fast.log" 2>&1
+          echo $? > "$lane_dir/fast.rc"
+          CUDASTACK_NETWORK_LANE=1 CUDASTACK_LANE_SHARD=1/2 python -m pytest -ra --durations=15 -p no:cacheprovider \
+            --basetemp="$lane_dir/net1-tmp" -m "$net_expr" > "$lane_dir/net1.log" 2>&1
+          echo $? > "$lane_dir/net1.rc"
+        ) &
+        chain_pid=$!
+        CUDASTACK_NETWORK_LANE=1 CUDASTACK_LANE_SHARD=0/2 python -m pytest -ra --durations=15 -p no:cacheprovider \
+          --basetemp="$lane_dir/net0-tmp" -m "$net_expr" > "$lane_dir/net0.log" 2>&1 &
+        net0_pid=$!
         python -m pytest -ra --durations=25 -m "not ($fast_expr) and not ($net_expr)"
         rc=$?
         rc_svc=$rc
-        wait "$fast_pid"
-        rc_fast=$?
-        wait "$net_pid"
-        rc_net=$?
-        echo "================ the network lane (ran beside the lane above) ================"
-        cat "$lane_dir/net.log"
+        wait "$net0_pid"
+        rc_net0=$?
+        wait "$chain_pid"
+        rc_fast=$(cat "$lane_dir/fast.rc" 2>/dev/null || echo 1)
+        rc_net1=$(cat "$lane_dir/net1.rc" 2>/dev/null || echo 1)
+        echo "================ the network lane, shard 0/2 (ran beside the lane above) ================"
+        cat "$lane_dir/net0.log"
+        echo "================ the network lane, shard 1/2 (ran after the fast lane) ================"
+        cat "$lane_dir/net1.log"
         echo "================ the fast lane (ran beside the lane above) ================"
         cat "$lane_dir/fast.log"
         rm -rf "$lane_dir"
-        [ $rc -eq 0 ] && rc=$rc_net
-        [ $rc -eq 0 ] && rc=$rc_fast
-        echo "lanes: services lane exit $rc_svc, network lane exit $rc_net, fast lane exit $rc_fast" >&2
+        for r in "$rc_net0" "$rc_net1" "$rc_fast"; do [ "$rc" -eq 0 ] && rc=$r; done
+        echo "lanes: services lane exit $rc_svc, network lane exits $rc_net0 and $rc_net1, fast lane exit $rc_fast" >&2
       else
         python -m pytest -ra --durations=25 "$@"
         rc=$?

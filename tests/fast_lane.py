@@ -14,6 +14,11 @@ The network lane (``CUDASTACK_NETWORK_LANE=1``: the tests marked network and no 
 Docker lane by ``scripts/dev.sh test``) gets the Docker half only: ``DOCKER_HOST`` points nowhere, so a test there
 that reaches for the engine fails naming the marker it lacks, instead of racing the Docker lane's builds.
 
+``CUDASTACK_LANE_SHARD=k/n`` runs shard ``k`` of ``n`` of whatever the run selects (``-m``): whole test files
+(module fixtures stay in one process) dealt to the shards largest first, each to the shard with the fewest tests
+so far, so ``n`` processes started with ``0/n`` .. ``n-1/n`` run every selected test once (the network lane runs as
+two, scripts/dev.sh).
+
 In CI mode (``CUDASTACK_REQUIRE_ALL``, tests/require_all.py) a test that skips because the engine is missing
 fails too. Off these lanes this plugin does nothing.
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import socket
 
 import pytest
@@ -75,6 +81,8 @@ def _docker_guarded(orig):
 
 
 def pytest_configure(config):
+    _SHARD["value"] = os.environ.pop("CUDASTACK_LANE_SHARD", "")
+    shard()                                     # a bad value stops the run here, before collection
     if network_lane() and not active():
         os.environ.update({"DOCKER_HOST": NO_DOCKER, "DOCKER_CONTEXT": ""})
         socket.socket.connect = _docker_guarded(socket.socket.connect)      # type: ignore[method-assign]
@@ -111,3 +119,49 @@ def pytest_runtest_makereport(item, call):
     if "fast-lane-no-docker" in text or "127.0.0.1:9" in text or "ServiceNotMarked" in text:
         rep.sections.append(("fast lane", "This test reached Docker or the network, which the fast lane makes "
                              "unreachable: it needs the marker of that service (docker, registry, network)."))
+
+
+_SHARD: dict[str, str] = {}
+
+
+def shard() -> tuple[int, int] | None:
+    """``(k, n)`` from ``CUDASTACK_LANE_SHARD`` as this run found it (None when unset); a value that is not ``k/n``
+    with 0 <= k < n is a usage error naming the variable. The variable is taken out of the environment at
+    configure time, so a pytest that a test starts runs its own selection whole."""
+    value = _SHARD.get("value", os.environ.get("CUDASTACK_LANE_SHARD", "")).strip()
+    if not value:
+        return None
+    m = re.fullmatch(r"(\d+)/(\d+)", value)
+    if not m or not int(m.group(1)) < int(m.group(2)):
+        raise pytest.UsageError(f"CUDASTACK_LANE_SHARD={value!r}: give k/n with 0 <= k < n (e.g. 0/2 and 1/2 for two "
+                                "processes), or leave it unset to run every selected test")
+    return int(m.group(1)), int(m.group(2))
+
+
+def deal(counts: dict[str, int], n: int) -> list[set[str]]:
+    """Files (name -> number of selected tests) dealt to ``n`` shards: largest first (ties by name), each to the
+    shard with the fewest tests so far (ties to the lowest index). Deterministic: every process computes the same."""
+    shards: list[set[str]] = [set() for _ in range(n)]
+    load = [0] * n
+    for name in sorted(counts, key=lambda f: (-counts[f], f)):
+        i = min(range(n), key=lambda j: (load[j], j))
+        shards[i].add(name)
+        load[i] += counts[name]
+    return shards
+
+
+@pytest.hookimpl(trylast=True)      # after -m / -k deselected theirs: deal only what this run selects
+def pytest_collection_modifyitems(config, items):
+    sh = shard()
+    if sh is None:
+        return
+    k, n = sh
+    counts: dict[str, int] = {}
+    for it in items:
+        counts[str(it.path)] = counts.get(str(it.path), 0) + 1
+    mine = deal(counts, n)[k]
+    keep = [it for it in items if str(it.path) in mine]
+    drop = [it for it in items if str(it.path) not in mine]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+    items[:] = keep

@@ -3,10 +3,13 @@ need Docker, the registry, a GPU or a stack. The three marker expressions must p
 they run every test exactly once."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+from fast_lane import deal
 
 ROOT = Path(__file__).resolve().parents[1]
 #: files with tests on more than one side of the split (fast, docker, network, registry)
@@ -25,11 +28,14 @@ def _lane_expressions(script: str) -> tuple[str, str, str]:
     return fast.group(1), net.group(1), expr
 
 
-def _collected(expr: str | None) -> set[str]:
+def _collected(expr: str | None, shard: str = "") -> set[str]:
     cmd = [sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", *SAMPLE]
     if expr is not None:
         cmd += ["-m", expr]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300).stdout
+    env = {k: v for k, v in os.environ.items() if k != "CUDASTACK_LANE_SHARD"}
+    if shard:
+        env["CUDASTACK_LANE_SHARD"] = shard
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env).stdout
     return {line for line in out.splitlines() if "::" in line}
 
 
@@ -63,3 +69,36 @@ def test_twin_a_network_lane_that_admits_docker_tests_runs_some_twice():
     fast, _, services = _lane_expressions(script)
     (_, n, b), _ = _check_partition([fast, "network", services])          # forgets "and not docker"
     assert n & b and any("test_build_dry_run_plans_13_2" in t for t in n & b)
+
+
+def test_the_network_lanes_two_shards_run_each_of_its_tests_once():
+    script = (ROOT / "scripts" / "dev.sh").read_text()
+    _, net, _ = _lane_expressions(script)
+    assert "CUDASTACK_LANE_SHARD=0/2" in script and "CUDASTACK_LANE_SHARD=1/2" in script
+    whole, a, b = _collected(net), _collected(net, "0/2"), _collected(net, "1/2")
+    assert a and b and not (a & b) and a | b == whole, (len(a), len(b), len(whole))
+    files = lambda tests: {t.split("::")[0] for t in tests}     # noqa: E731
+    assert not (files(a) & files(b)), files(a) & files(b)          # whole files: module fixtures stay in one process
+
+
+def test_twin_a_shard_out_of_range_is_a_usage_error_not_an_empty_run():
+    r = subprocess.run([sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", SAMPLE[0]], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "CUDASTACK_LANE_SHARD": "2/2"})
+    assert r.returncode != 0 and "CUDASTACK_LANE_SHARD='2/2': give k/n with 0 <= k < n" in r.stdout + r.stderr
+
+
+def test_files_are_dealt_largest_first_to_the_lightest_shard():
+    shards = deal({"a": 10, "b": 7, "c": 4, "d": 3, "e": 1}, 2)
+    assert shards == [{"a", "d"}, {"b", "c", "e"}]                 # loads 13 and 12
+    assert deal({"x": 1}, 2) == [{"x"}, set()]
+
+
+def test_a_pytest_started_by_a_sharded_test_does_not_inherit_the_shard(tmp_path):
+    """Tests that start pytest themselves (test_suite_footprint) must run their selection whole: the plugin takes
+    CUDASTACK_LANE_SHARD out of the environment once it has read it."""
+    (tmp_path / "test_child.py").write_text("import os\n\ndef test_env():\n"
+                                            "    assert 'CUDASTACK_LANE_SHARD' not in os.environ\n")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "fast_lane", "-p", "no:cacheprovider",
+                        str(tmp_path / "test_child.py")], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "CUDASTACK_LANE_SHARD": "0/1", "PYTHONPATH": str(ROOT / "tests")})
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout[-1500:]

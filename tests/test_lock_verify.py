@@ -37,6 +37,7 @@ def _edit_one_sha256(text: str, package: str, node: str) -> tuple[str, str, str]
 
 
 @pytest.mark.network
+@pytest.mark.docker     # the dry run rehearses the build's checks, the engine among them (exit 5 without one)
 def test_hand_edited_lock_is_refused_by_the_dry_run_naming_package_and_node(tmp_path):
     src = (ROOT / "lockfiles" / "13.1.lock.yaml").read_text()
     good = tmp_path / "good"

@@ -72,7 +72,14 @@ stop_dockerd() {
   fi
   log "stopping the dockerd this script started (pid $dockerd_pid; --keep-dockerd or CUDASTACK_KEEP_DOCKERD=1 keeps it)"
   kill -TERM "$dockerd_pid" 2>/dev/null || return 0
-  for _ in $(seq 1 30); do kill -0 "$dockerd_pid" 2>/dev/null || return 0; sleep 1; done
+  # gone, or a zombie (it exited; this shell, busy in its EXIT trap, has not reaped it yet): stopped
+  for _ in $(seq 1 30); do
+    if ! kill -0 "$dockerd_pid" 2>/dev/null || grep -q '^State:[[:space:]]*Z' "/proc/$dockerd_pid/status" 2>/dev/null; then
+      wait "$dockerd_pid" 2>/dev/null
+      return 0
+    fi
+    sleep 1
+  done
   log "dockerd (pid $dockerd_pid) still runs 30 s after SIGTERM; see /tmp/cudastack-dockerd.log"
 }
 trap stop_dockerd EXIT
@@ -204,8 +211,8 @@ case "$cmd" in
     fi
     python3 scripts/test_footprint.py after "${fast_flag[@]}"
     set -e
-    [ $rc -eq 5 ] && { echo "pytest collected no tests" >&2; exit 1; }
-    exit $rc
+    [ "$rc" -eq 5 ] && { echo "pytest collected no tests" >&2; exit 1; }
+    exit "$rc"
     ;;
   bench)
     set +e

@@ -82,7 +82,10 @@ def _docker_guarded(orig):
 
 def pytest_configure(config):
     _SHARD["value"] = os.environ.pop("CUDASTACK_LANE_SHARD", "")
-    shard()                                     # a bad value stops the run here, before collection
+    _SHARD["start"] = os.environ.pop("CUDASTACK_LANE_SHARD_START", "")
+    sh = shard()                                # a bad value stops the run here, before collection
+    if sh is not None:
+        handicap(sh[1])
     if network_lane() and not active():
         os.environ.update({"DOCKER_HOST": NO_DOCKER, "DOCKER_CONTEXT": ""})
         socket.socket.connect = _docker_guarded(socket.socket.connect)      # type: ignore[method-assign]
@@ -138,11 +141,26 @@ def shard() -> tuple[int, int] | None:
     return int(m.group(1)), int(m.group(2))
 
 
-def deal(counts: dict[str, int], n: int) -> list[set[str]]:
+def handicap(n: int) -> list[int] | None:
+    """``CUDASTACK_LANE_SHARD_START`` as this run found it: ``n`` comma-separated test counts, each shard's load
+    before dealing (scripts/dev.sh gives the shard that runs after the fast lane a head start's worth of tests to
+    the other); unset: none. Every shard of a lane must be given the same value."""
+    value = _SHARD.get("start", os.environ.get("CUDASTACK_LANE_SHARD_START", "")).strip()
+    if not value:
+        return None
+    parts = value.split(",")
+    if len(parts) != n or not all(x.strip().isdigit() for x in parts):
+        raise pytest.UsageError(f"CUDASTACK_LANE_SHARD_START={value!r}: give {n} comma-separated whole numbers, one "
+                                "per shard (e.g. 0,60), or leave it unset")
+    return [int(x) for x in parts]
+
+
+def deal(counts: dict[str, int], n: int, start: list[int] | None = None) -> list[set[str]]:
     """Files (name -> number of selected tests) dealt to ``n`` shards: largest first (ties by name), each to the
-    shard with the fewest tests so far (ties to the lowest index). Deterministic: every process computes the same."""
+    shard with the fewest tests so far (ties to the lowest index). ``start``: each shard's load before the first
+    file (a shard that starts later begins with a handicap). Deterministic: every process computes the same."""
     shards: list[set[str]] = [set() for _ in range(n)]
-    load = [0] * n
+    load = list(start) if start else [0] * n
     for name in sorted(counts, key=lambda f: (-counts[f], f)):
         i = min(range(n), key=lambda j: (load[j], j))
         shards[i].add(name)
@@ -159,7 +177,7 @@ def pytest_collection_modifyitems(config, items):
     counts: dict[str, int] = {}
     for it in items:
         counts[str(it.path)] = counts.get(str(it.path), 0) + 1
-    mine = deal(counts, n)[k]
+    mine = deal(counts, n, handicap(n))[k]
     keep = [it for it in items if str(it.path) in mine]
     drop = [it for it in items if str(it.path) not in mine]
     if drop:

@@ -28,13 +28,15 @@ def _lane_expressions(script: str) -> tuple[str, str, str]:
     return fast.group(1), net.group(1), expr
 
 
-def _collected(expr: str | None, shard: str = "") -> set[str]:
+def _collected(expr: str | None, shard: str = "", start: str = "") -> set[str]:
     cmd = [sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", *SAMPLE]
     if expr is not None:
         cmd += ["-m", expr]
-    env = {k: v for k, v in os.environ.items() if k != "CUDASTACK_LANE_SHARD"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDASTACK_LANE_SHARD")}
     if shard:
         env["CUDASTACK_LANE_SHARD"] = shard
+    if start:
+        env["CUDASTACK_LANE_SHARD_START"] = start
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env).stdout
     return {line for line in out.splitlines() if "::" in line}
 
@@ -75,8 +77,14 @@ def test_the_network_lanes_two_shards_run_each_of_its_tests_once():
     script = (ROOT / "scripts" / "dev.sh").read_text()
     _, net, _ = _lane_expressions(script)
     assert "CUDASTACK_LANE_SHARD=0/2" in script and "CUDASTACK_LANE_SHARD=1/2" in script
-    whole, a, b = _collected(net), _collected(net, "0/2"), _collected(net, "1/2")
-    assert a and b and not (a & b) and a | b == whole, (len(a), len(b), len(whole))
+    start = re.search(r'net_start="([^"]+)"', script).group(1)
+    assert script.count('CUDASTACK_LANE_SHARD_START="$net_start"') == 2      # both shards deal alike
+    whole = _collected(net)
+    # with the script's head start (this sample is small: shard 1 may get nothing), and with none (both get some)
+    for given in (start, "0,0"):
+        a, b = _collected(net, "0/2", given), _collected(net, "1/2", given)
+        assert not (a & b) and a | b == whole, (given, len(a), len(b), len(whole))
+    assert a and b, (len(a), len(b))
     files = lambda tests: {t.split("::")[0] for t in tests}     # noqa: E731
     assert not (files(a) & files(b)), files(a) & files(b)          # whole files: module fixtures stay in one process
 
@@ -91,6 +99,15 @@ def test_files_are_dealt_largest_first_to_the_lightest_shard():
     shards = deal({"a": 10, "b": 7, "c": 4, "d": 3, "e": 1}, 2)
     assert shards == [{"a", "d"}, {"b", "c", "e"}]                 # loads 13 and 12
     assert deal({"x": 1}, 2) == [{"x"}, set()]
+    # a shard that starts later carries a handicap: the other takes the largest file and more
+    assert deal({"a": 10, "b": 7, "c": 4, "d": 3, "e": 1}, 2, [0, 12]) == [{"a", "b", "e"}, {"c", "d"}]  # 18, 19
+
+
+def test_twin_a_start_list_of_the_wrong_length_is_a_usage_error():
+    r = subprocess.run([sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", SAMPLE[0]], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "CUDASTACK_LANE_SHARD": "0/2", "CUDASTACK_LANE_SHARD_START": "60"})
+    assert r.returncode != 0 and "CUDASTACK_LANE_SHARD_START='60': give 2 comma-separated" in r.stdout + r.stderr
 
 
 def test_a_pytest_started_by_a_sharded_test_does_not_inherit_the_shard(tmp_path):

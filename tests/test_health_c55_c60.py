@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from validate_support import CACHE, evidence, pip_target, run_suite, suite_env, verdict
+from validate_support import CACHE, evidence, made_once, pip_target, run_suite, suite_env, verdict
 
 pytestmark = pytest.mark.network
 
@@ -137,13 +137,12 @@ def nccl_swapped(torch_site: Path) -> Path:
     """torch 2.14.1's install (with its CUDA 13 wheels) where ``nvidia/nccl/lib/libnccl.so.2`` of nvidia-nccl-cu13
     is replaced by nvidia-nccl-cu12 2.26.2's file (pytorch/pytorch#186591's state); everything else symlinked."""
     root = CACHE / "health-c55" / "site"
-    if (root.parent / ".ready").is_file():
-        return root
-    shutil.rmtree(root.parent, ignore_errors=True)
-    cu12 = pip_target("nvidia-nccl-cu12==2.26.2") / "nvidia" / "nccl" / "lib" / "libnccl.so.2"
-    assert (torch_site / "nvidia" / "nccl" / "lib" / "libnccl.so.2").is_file(), "torch 2.14.1's NCCL moved"
-    _link_tree(torch_site, root, {"nvidia/nccl/lib/libnccl.so.2": cu12})
-    (root.parent / ".ready").write_text("ok")
+
+    def make(_: Path) -> None:
+        cu12 = pip_target("nvidia-nccl-cu12==2.26.2") / "nvidia" / "nccl" / "lib" / "libnccl.so.2"
+        assert (torch_site / "nvidia" / "nccl" / "lib" / "libnccl.so.2").is_file(), "torch 2.14.1's NCCL moved"
+        _link_tree(torch_site, root, {"nvidia/nccl/lib/libnccl.so.2": cu12})
+    made_once(root.parent, make)
     return root
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from validate_support import CACHE, cuda_home, evidence, fake_nvcc, pip_target, run_suite, suite_venv, verdict
+from validate_support import CACHE, cuda_home, evidence, fake_nvcc, made_once, pip_target, run_suite, suite_venv, verdict
 
 pytestmark = pytest.mark.network
 
@@ -93,31 +93,32 @@ def jit_cache_linking(cudart_major: int, version: str = "0.7.2+cu129") -> Path:
     nvcc 13.1) and link a ``libcudart.so.<major>`` (a stub made with gcc: only its soname matters)."""
     root = CACHE / "health-jit-cache" / f"cudart{cudart_major}"
     site = root / "site"
-    if (root / ".ready").is_file():
-        return site
-    b = _builder()
-    stub = root / "stub"
-    stub.mkdir(parents=True, exist_ok=True)
-    (stub / "rt.c").write_text("int stub_runtime_probe(int *v) { *v = 0; return 0; }\n")
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(stub / "libcudart.so"), str(stub / "rt.c"),
-                    f"-Wl,-soname,libcudart.so.{cudart_major}"], check=True, capture_output=True)
-    src = root / "k.cu"
-    src.write_text('extern "C" int stub_runtime_probe(int *);\n'
-                   'extern "C" __global__ void k(float *x) { x[threadIdx.x] += 1.0f; }\n'
-                   'extern "C" int host() { int v; return stub_runtime_probe(&v); }\n')
-    stage = root / "stage"
-    for m in ("trtllm_comm", "pcie_ipc_comm"):
-        so = stage / b.PKG / "jit_cache" / m / f"{m}.so"
-        so.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([str(cuda_home() / "bin" / "nvcc"), "-shared", "-Xcompiler", "-fPIC", "-cudart", "none",
-                        "-gencode", "arch=compute_120f,code=sm_120f", "-o", str(so), str(src), f"-L{stub}", "-lcudart",
-                        "-Xlinker", "--no-as-needed"], check=True, capture_output=True, timeout=600)
-    (stage / b.PKG / "__init__.py").write_text(b.INIT_TEMPLATE.format(version=version, archs=("sm120f",),
-                                                                      modules=("trtllm_comm", "pcie_ipc_comm"), dist=b.DIST))
-    whl = b.write_wheel(stage, root / "dist", version, f"flashinfer-python=={version.split('+')[0]}")
-    with zipfile.ZipFile(whl) as z:
-        z.extractall(site)
-    (root / ".ready").write_text("ok")
+
+    def make(root: Path) -> None:
+        b = _builder()
+        stub = root / "stub"
+        stub.mkdir(parents=True, exist_ok=True)
+        (stub / "rt.c").write_text("int stub_runtime_probe(int *v) { *v = 0; return 0; }\n")
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(stub / "libcudart.so"), str(stub / "rt.c"),
+                        f"-Wl,-soname,libcudart.so.{cudart_major}"], check=True, capture_output=True)
+        src = root / "k.cu"
+        src.write_text('extern "C" int stub_runtime_probe(int *);\n'
+                       'extern "C" __global__ void k(float *x) { x[threadIdx.x] += 1.0f; }\n'
+                       'extern "C" int host() { int v; return stub_runtime_probe(&v); }\n')
+        stage = root / "stage"
+        for m in ("trtllm_comm", "pcie_ipc_comm"):
+            so = stage / b.PKG / "jit_cache" / m / f"{m}.so"
+            so.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run([str(cuda_home() / "bin" / "nvcc"), "-shared", "-Xcompiler", "-fPIC", "-cudart", "none",
+                            "-gencode", "arch=compute_120f,code=sm_120f", "-o", str(so), str(src), f"-L{stub}", "-lcudart",
+                            "-Xlinker", "--no-as-needed"], check=True, capture_output=True, timeout=600)
+        (stage / b.PKG / "__init__.py").write_text(b.INIT_TEMPLATE.format(version=version, archs=("sm120f",),
+                                                                          modules=("trtllm_comm", "pcie_ipc_comm"), dist=b.DIST))
+        whl = b.write_wheel(stage, root / "dist", version, f"flashinfer-python=={version.split('+')[0]}")
+        with zipfile.ZipFile(whl) as z:
+            z.extractall(site)
+
+    made_once(root, make)
     return site
 
 

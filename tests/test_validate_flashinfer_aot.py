@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from validate_support import CACHE, cuda_home, evidence, pip_target, run_suite, suite_venv, verdict
+from validate_support import CACHE, cuda_home, evidence, made_once, pip_target, run_suite, suite_venv, verdict
 
 pytestmark = pytest.mark.network
 
@@ -34,26 +34,27 @@ def jit_cache(name: str, gencode: str, version: str, modules=("trtllm_comm", "pc
     """An installed (unpacked) flashinfer-jit-cache ``version`` whose modules carry ``gencode`` only."""
     root = CACHE / "aot-jit-cache" / name
     site = root / "site"
-    if (root / ".ready").is_file():
-        return site
-    b = _builder()
-    stage = root / "stage"
-    src = root / "k.cu"
-    src.parent.mkdir(parents=True, exist_ok=True)
-    src.write_text('extern "C" __global__ void k(float *x) { x[threadIdx.x] += 1.0f; }\n')
-    nvcc = cuda_home() / "bin" / "nvcc"
-    for m in modules:
-        so = stage / b.PKG / "jit_cache" / m / f"{m}.so"
-        so.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([str(nvcc), "-shared", "-Xcompiler", "-fPIC", "-cudart", "none", "-gencode", gencode,
-                        "-o", str(so), str(src)], check=True, capture_output=True, timeout=600)
-    sm = "sm" + gencode.split("sm_")[1]
-    (stage / b.PKG / "__init__.py").write_text(b.INIT_TEMPLATE.format(version=version, archs=(sm,),
-                                                                      modules=tuple(modules), dist=b.DIST))
-    whl = b.write_wheel(stage, root / "dist", version, f"flashinfer-python=={version.split('+')[0]}")
-    with zipfile.ZipFile(whl) as z:
-        z.extractall(site)
-    (root / ".ready").write_text("ok")
+
+    def make(root: Path) -> None:
+        b = _builder()
+        stage = root / "stage"
+        src = root / "k.cu"
+        src.parent.mkdir(parents=True, exist_ok=True)
+        src.write_text('extern "C" __global__ void k(float *x) { x[threadIdx.x] += 1.0f; }\n')
+        nvcc = cuda_home() / "bin" / "nvcc"
+        for m in modules:
+            so = stage / b.PKG / "jit_cache" / m / f"{m}.so"
+            so.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run([str(nvcc), "-shared", "-Xcompiler", "-fPIC", "-cudart", "none", "-gencode", gencode,
+                            "-o", str(so), str(src)], check=True, capture_output=True, timeout=600)
+        sm = "sm" + gencode.split("sm_")[1]
+        (stage / b.PKG / "__init__.py").write_text(b.INIT_TEMPLATE.format(version=version, archs=(sm,),
+                                                                          modules=tuple(modules), dist=b.DIST))
+        whl = b.write_wheel(stage, root / "dist", version, f"flashinfer-python=={version.split('+')[0]}")
+        with zipfile.ZipFile(whl) as z:
+            z.extractall(site)
+
+    made_once(root, make)
     return site
 
 
